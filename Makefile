@@ -1,0 +1,55 @@
+# edgespec — the two commands a fresh machine needs: `make serve` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+EDGESPEC := $(VENV)/bin/edgespec
+# CUDA=1 builds llama-cpp-python with -DGGML_CUDA=on (CUDA_ARCHITECTURES="80;86;89;90" by default).
+CUDA ?= 0
+export CUDA
+HOST ?= 127.0.0.1
+PORT ?= 50051
+PYTEST_ARGS ?=
+
+.PHONY: all venv install proto models serve test test-fast bundle clean bench
+
+all: install
+
+# The venv is (re)made when pyproject.toml changes. llama-cpp-python comes from a wheel we build
+# ourselves with explicit CMake flags (see tools/build-llama-wheel.sh: pip's cache ignores CMAKE_ARGS).
+$(VENV)/.installed: pyproject.toml tools/build-llama-wheel.sh
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel
+	WHEEL=$$(tools/build-llama-wheel.sh $(PY) | tail -n1) && \
+	  $(PIP) install -q --no-deps --force-reinstall "$$WHEEL"
+	$(PIP) install -q -e '.[dev]'
+	touch $@
+
+venv install: $(VENV)/.installed proto
+
+# Generated protobuf/gRPC modules are build products (never committed, never stale:
+# a test regenerates them and compares).
+proto: $(VENV)/.installed
+	$(PY) tools/gen_protos.py
+
+models: install
+	$(EDGESPEC) models prepare-demo
+
+serve: install models
+	$(EDGESPEC) serve --host $(HOST) --port $(PORT)
+
+test: install models
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+bench: install models
+	$(EDGESPEC) bench --suite structured --modes plain,chain,tree,auto
+
+bundle: install models
+	tools/make-bundle.sh
+
+clean:
+	rm -rf $(VENV) build dist edgespec/proto *.egg-info

@@ -1,0 +1,43 @@
+"""The small exception tree every layer raises; the gRPC layer maps it to status codes in one place."""
+
+from __future__ import annotations
+
+
+class EdgespecError(Exception):
+    """Base of every error edgespec raises on purpose."""
+
+
+class BadRequest(EdgespecError):
+    """The caller sent something invalid. `field` names the offending field."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class ConfigError(EdgespecError):
+    """A configuration file/env/flag value is invalid. `key` names it."""
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        super().__init__(f"{key}: {message}")
+
+
+class Overloaded(EdgespecError):
+    """The admission queue is full."""
+
+
+class ModelError(EdgespecError):
+    """A model file is missing, corrupt, or llama.cpp failed on it."""
+
+
+class IncompatibleDraft(ModelError):
+    """The draft model cannot draft for the target (vocabulary differs)."""
+
+
+class Cancelled(EdgespecError):
+    """The request was cancelled by its caller."""
+
+
+class NotReady(EdgespecError):
+    """The daemon is loading or draining."""

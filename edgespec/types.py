@@ -1,0 +1,105 @@
+"""Domain types shared by the engine, the CLI, the daemon and the benchmarks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from edgespec.errors import BadRequest
+from edgespec.sampling import SamplingParams
+
+Mode = Literal["plain", "chain", "tree", "auto"]
+MODES: tuple[str, ...] = ("plain", "chain", "tree", "auto")
+FinishReason = Literal["stop", "length", "eos", "cancelled", "deadline", "error"]
+
+# Limits on speculation shapes a request may ask for.
+MAX_DRAFT_TOKENS = 16
+MAX_TREE_NODES = 64
+MAX_TREE_DEPTH = 16
+
+
+@dataclass(frozen=True)
+class SpeculationParams:
+    """How to speculate. Defaults are the explicit-mode defaults of the issue: chain drafts 4,
+    a tree verifies at most 16 nodes, at most 6 deep."""
+
+    mode: Mode = "auto"
+    draft_tokens: int = 4  # chain length
+    tree_nodes: int = 16  # tree node budget (excluding the root)
+    tree_depth: int = 6
+    ngram: bool = True  # also use model-free prompt-lookup drafts
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise BadRequest("mode", f"must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not isinstance(self.draft_tokens, int) or not 1 <= self.draft_tokens <= MAX_DRAFT_TOKENS:
+            raise BadRequest("draft_tokens", f"must be in [1, {MAX_DRAFT_TOKENS}], got {self.draft_tokens!r}")
+        if not isinstance(self.tree_nodes, int) or not 1 <= self.tree_nodes <= MAX_TREE_NODES:
+            raise BadRequest("tree_nodes", f"must be in [1, {MAX_TREE_NODES}], got {self.tree_nodes!r}")
+        if not isinstance(self.tree_depth, int) or not 1 <= self.tree_depth <= MAX_TREE_DEPTH:
+            raise BadRequest("tree_depth", f"must be in [1, {MAX_TREE_DEPTH}], got {self.tree_depth!r}")
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt_tokens: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    speculation: SpeculationParams = field(default_factory=SpeculationParams)
+    request_id: str = ""
+
+
+@dataclass
+class SpecStats:
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    drafted_tokens: int = 0  # tree/chain nodes sent to the target for verification
+    accepted_tokens: int = 0  # draft tokens accepted (excludes the bonus/recovered token)
+    emitted_tokens: int = 0
+    accepted_per_depth: list[int] = field(default_factory=list)  # [depth-1] -> count
+    steps_per_mode: dict[str, int] = field(default_factory=dict)
+    breaker_transitions: int = 0
+    seconds: float = 0.0
+    python_overhead_seconds: float = 0.0  # time outside llama_decode in steps
+
+    @property
+    def tau(self) -> float:
+        """Mean emitted tokens per target forward."""
+        return self.emitted_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.emitted_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "target_forwards": self.target_forwards,
+            "draft_forwards": self.draft_forwards,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "emitted_tokens": self.emitted_tokens,
+            "tau": round(self.tau, 4),
+            "tokens_per_second": round(self.tokens_per_second, 3),
+            "seconds": round(self.seconds, 4),
+            "python_overhead_seconds": round(self.python_overhead_seconds, 4),
+            "accepted_per_depth": list(self.accepted_per_depth),
+            "steps_per_mode": dict(self.steps_per_mode),
+            "breaker_transitions": self.breaker_transitions,
+        }
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What one engine step emitted (possibly several tokens when a tree accepts several)."""
+
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: FinishReason | None = None
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    prompt_tokens: int
+    stats: SpecStats
