@@ -1,0 +1,288 @@
+"""Bench reports: per-category summaries with speedups over plain, the llama.cpp anchor ratios,
+the machine description, and the JSON / markdown renderings."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+from collections.abc import Iterable, Sequence
+from importlib import metadata
+from typing import Any
+
+from edgespec.bench.runner import Row
+
+STRUCTURED = ("code", "json", "legal", "rag")
+DRIFT = ("drift",)
+OVERALL = "overall"
+
+
+def _cell(rows: Sequence[Row]) -> dict[str, Any]:
+    tokens = sum(r.tokens for r in rows)
+    seconds = sum(r.seconds for r in rows)
+    forwards = sum(r.target_forwards for r in rows)
+    return {
+        "n": len(rows),
+        "tokens": tokens,
+        "seconds": round(seconds, 4),
+        # throughput of the whole category: summed tokens over summed seconds
+        "tokens_per_second": round(tokens / seconds, 3) if seconds > 0 else 0.0,
+        "mean_tokens_per_second": round(sum(r.tokens_per_second for r in rows) / len(rows), 3),
+        "mean_tau": round(sum(r.tau for r in rows) / len(rows), 4),
+        # tau of the whole category: summed tokens over summed target forwards
+        "tau": round(tokens / forwards, 4) if forwards else 0.0,
+    }
+
+
+def _categories(rows: Iterable[Row]) -> list[str]:
+    seen: dict[str, None] = {}
+    for r in rows:
+        seen.setdefault(r.category, None)
+    return list(seen)
+
+
+def _modes(rows: Iterable[Row]) -> list[str]:
+    seen: dict[str, None] = {}
+    for r in rows:
+        seen.setdefault(r.mode, None)
+    return list(seen)
+
+
+def summarize(rows: Sequence[Row]) -> dict[str, dict[str, dict[str, Any]]]:
+    """{category | "overall": {mode: cell}}, each cell with `speedup` = its tokens_per_second
+    (summed tokens / summed seconds) over plain's in the same category (None without plain)."""
+    groups = {cat: [r for r in rows if r.category == cat] for cat in _categories(rows)}
+    groups[OVERALL] = list(rows)
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for cat, cat_rows in groups.items():
+        cells = {m: _cell([r for r in cat_rows if r.mode == m]) for m in _modes(cat_rows)}
+        plain = cells.get("plain")
+        for cell in cells.values():
+            cell["speedup"] = (
+                round(cell["tokens_per_second"] / plain["tokens_per_second"], 3)
+                if plain and plain["tokens_per_second"] > 0
+                else None
+            )
+        out[cat] = cells
+    return out
+
+
+# ---- the llama.cpp anchor ---------------------------------------------------------------------
+
+# edgespec mode -> the llama.cpp run it is set beside
+ANCHOR_MODE = {"plain": "plain", "chain": "speculative", "tree": "speculative", "auto": "speculative"}
+
+
+def anchor_ratios(rows: Sequence[Row], anchor: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """{category | "overall": {edgespec mode: {edgespec_tps, llama_cpp_mode, llama_cpp_tps, ratio}}}
+    over the prompt ids both runs have."""
+    arows = [anchor_row(r) for r in anchor["results"]]
+    ids = {r.id for r in arows}
+    mine = [r for r in rows if r.id in ids]
+    ids &= {r.id for r in mine}
+    arows = [r for r in arows if r.id in ids]
+    ours, theirs = summarize(mine), summarize(arows)
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for cat, cells in ours.items():
+        for mode, cell in cells.items():
+            other = theirs.get(cat, {}).get(ANCHOR_MODE.get(mode, ""))
+            if not other:
+                continue
+            out.setdefault(cat, {})[mode] = {
+                "edgespec_tokens_per_second": cell["tokens_per_second"],
+                "llama_cpp_mode": ANCHOR_MODE[mode],
+                "llama_cpp_tokens_per_second": other["tokens_per_second"],
+                "ratio": round(cell["tokens_per_second"] / other["tokens_per_second"], 3)
+                if other["tokens_per_second"] > 0
+                else None,
+            }
+    return out
+
+
+def anchor_row(r: dict[str, Any]) -> Row:
+    """A row of the anchor's JSON (tools/llama-anchor.sh) as a bench Row."""
+    return Row(
+        id=r["id"],
+        category=r["category"],
+        mode=r["mode"],
+        tokens=int(r["tokens"]),
+        seconds=float(r["seconds"]),
+        tokens_per_second=float(r["tokens_per_second"]),
+        tau=float(r.get("tau") or 0.0),
+        target_forwards=int(r.get("target_forwards") or 0),
+    )
+
+
+# ---- headline figures against the issue's goals ------------------------------------------------
+
+
+def headline(summary: dict, ratios: dict | None = None) -> dict[str, Any]:
+    """The figures the README quotes: best speculative speedup and tree tau on the structured
+    categories, auto over plain on drift prompts, and auto over llama.cpp's speculation."""
+    spec_modes = ("chain", "tree", "auto")
+
+    def pooled(cats: Sequence[str], mode: str) -> dict[str, float] | None:
+        cells = [summary[c][mode] for c in cats if c in summary and mode in summary[c]]
+        if not cells:
+            return None
+        tokens = sum(c["tokens"] for c in cells)
+        seconds = sum(c["seconds"] for c in cells)
+        forwards = sum(c["tokens"] / c["tau"] for c in cells if c["tau"] > 0)
+        return {"tps": tokens / seconds if seconds else 0.0, "tau": tokens / forwards if forwards else 0.0}
+
+    out: dict[str, Any] = {}
+    plain = pooled(STRUCTURED, "plain")
+    if plain and plain["tps"] > 0:
+        best = {m: p["tps"] / plain["tps"] for m in spec_modes if (p := pooled(STRUCTURED, m))}
+        if best:
+            mode = max(best, key=lambda m: best[m])
+            out["structured_best_mode"] = mode
+            out["structured_best_speedup"] = round(best[mode], 3)
+    tree = pooled(STRUCTURED, "tree")
+    if tree:
+        out["structured_tree_tau"] = round(tree["tau"], 3)
+    if "drift" in summary and "auto" in summary["drift"]:
+        out["drift_auto_speedup"] = summary["drift"]["auto"]["speedup"]
+    if ratios and "auto" in ratios.get(OVERALL, {}):
+        out["auto_over_llama_cpp_speculative"] = ratios[OVERALL]["auto"]["ratio"]
+    if ratios and "plain" in ratios.get(OVERALL, {}):
+        out["plain_over_llama_cpp_plain"] = ratios[OVERALL]["plain"]["ratio"]
+    return out
+
+
+# ---- machine description -----------------------------------------------------------------------
+
+
+def machine_info(backend: str | None = None) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "llama_cpp_python": _version("llama-cpp-python"),
+        "edgespec": _version("edgespec"),
+        "gpu": _gpu(),
+    }
+    if backend:
+        info["backend"] = backend
+    return info
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _gpu() -> str | None:
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+# ---- renderings --------------------------------------------------------------------------------
+
+
+def build_report(
+    rows: Sequence[Row],
+    *,
+    command: str,
+    machine: dict[str, Any],
+    settings: dict[str, Any],
+    anchor: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    summary = summarize(rows)
+    report: dict[str, Any] = {
+        "command": command,
+        "machine": machine,
+        "settings": settings,
+        "results": [r.as_dict() for r in rows],
+        "summary": summary,
+    }
+    ratios = None
+    if anchor is not None:
+        ratios = anchor_ratios(rows, anchor)
+        report["anchor"] = {
+            "command": anchor.get("command"),
+            "settings": anchor.get("settings"),
+            "summary": summarize([anchor_row(r) for r in anchor["results"]]),
+            "edgespec_over_llama_cpp": ratios,
+        }
+    report["headline"] = headline(summary, ratios)
+    return report
+
+
+def write_json(report: dict[str, Any], path: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+
+
+def _fmt(x: Any, spec: str) -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def to_markdown(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    s = report["settings"]
+    lines = [
+        "# edgespec bench",
+        "",
+        f"- machine: {m.get('cpu')} ({m.get('cores')} cores), GPU: {m.get('gpu') or 'none'}, "
+        f"llama-cpp-python {m.get('llama_cpp_python')}",
+        f"- target: `{s.get('target')}`, draft: `{s.get('draft')}`, max tokens {s.get('max_tokens')}, "
+        f"greedy, modes interleaved per prompt",
+        f"- command: `{report['command']}`",
+        "",
+        "| category | mode | prompts | tokens | tok/s | speedup vs plain | tau |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for cat, cells in report["summary"].items():
+        for mode, c in cells.items():
+            lines.append(
+                f"| {cat} | {mode} | {c['n']} | {c['tokens']} | {c['tokens_per_second']:.1f} | "
+                f"{_fmt(c['speedup'], '.2f')} | {c['tau']:.2f} |"
+            )
+    anchor = report.get("anchor")
+    if anchor:
+        lines += [
+            "",
+            "## edgespec over llama.cpp (same models, prompts, token budget)",
+            "",
+            f"llama.cpp command: `{anchor.get('command')}`",
+            "",
+            "| category | edgespec mode | edgespec tok/s | llama.cpp | llama.cpp tok/s | ratio |",
+            "|---|---|---:|---|---:|---:|",
+        ]
+        for cat, cells in anchor["edgespec_over_llama_cpp"].items():
+            for mode, c in cells.items():
+                lines.append(
+                    f"| {cat} | {mode} | {c['edgespec_tokens_per_second']:.1f} | {c['llama_cpp_mode']} | "
+                    f"{c['llama_cpp_tokens_per_second']:.1f} | {_fmt(c['ratio'], '.2f')} |"
+                )
+    h = report.get("headline") or {}
+    if h:
+        lines += ["", "## Headline", ""]
+        lines += [f"- {k}: {v}" for k, v in h.items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,130 @@
+"""The interleaved benchmark loop: one engine, every prompt run in every mode, the mode order
+rotated prompt by prompt (A B C, B C A, C A B, ...) so slow machine drift hits all modes alike."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from edgespec.bench.suite import Prompt
+from edgespec.errors import BadRequest
+from edgespec.sampling import SamplingParams
+from edgespec.types import MODES, GenerationRequest, GenerationResult, SpeculationParams
+
+
+class BenchEngine(Protocol):
+    """The part of `edgespec.engine.Engine` the bench uses (a fake stands in for it in tests)."""
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+    def chat_prompt(self, messages: list[tuple[str, str]]) -> str: ...
+    def generate(self, req: GenerationRequest) -> GenerationResult: ...
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    category: str
+    mode: str
+    tokens: int
+    seconds: float
+    tokens_per_second: float
+    tau: float
+    target_forwards: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_modes(text: str) -> tuple[str, ...]:
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    if not modes:
+        raise BadRequest("modes", f"give at least one of {', '.join(MODES)}")
+    for m in modes:
+        if m not in MODES:
+            raise BadRequest("modes", f"must be among {', '.join(MODES)}, got {m!r}")
+    if len(set(modes)) != len(modes):
+        raise BadRequest("modes", f"duplicate mode in {text!r}")
+    return modes
+
+
+def mode_order(modes: Sequence[str], index: int) -> list[str]:
+    """The modes rotated left by `index`: prompt 0 runs A B C, prompt 1 B C A, ..."""
+    k = index % len(modes)
+    return list(modes[k:]) + list(modes[:k])
+
+
+def prompt_tokens(engine: BenchEngine, prompt: Prompt) -> tuple[int, ...]:
+    """The user prompt in the target's chat template, tokenized as llama.cpp's tools do
+    (add_special, parse_special), so the anchor binaries see the same tokens."""
+    text = engine.chat_prompt([("user", prompt.prompt)])
+    return tuple(engine.tokenize(text, add_special=True, parse_special=True))
+
+
+def request(tokens: tuple[int, ...], mode: str, max_tokens: int) -> GenerationRequest:
+    return GenerationRequest(
+        prompt_tokens=tokens,
+        sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens),
+        speculation=SpeculationParams(mode=mode),  # type: ignore[arg-type]
+    )
+
+
+def run_one(engine: BenchEngine, prompt: Prompt, tokens: tuple[int, ...], mode: str, max_tokens: int) -> Row:
+    stats = engine.generate(request(tokens, mode, max_tokens)).stats
+    return Row(
+        id=prompt.id,
+        category=prompt.category,
+        mode=mode,
+        tokens=stats.emitted_tokens,
+        seconds=round(stats.seconds, 6),
+        tokens_per_second=round(stats.tokens_per_second, 3),
+        tau=round(stats.tau, 4),
+        target_forwards=stats.target_forwards,
+    )
+
+
+def run(
+    engine: BenchEngine,
+    prompts: Sequence[Prompt],
+    modes: Sequence[str],
+    max_tokens: int,
+    *,
+    warmup: bool = True,
+    progress: bool = True,
+    on_row: Callable[[Row], None] | None = None,
+) -> list[Row]:
+    """Every prompt in every mode, interleaved. A warm-up generation (first prompt, every mode,
+    a few tokens) runs first and is not recorded."""
+    if max_tokens < 1:
+        raise BadRequest("max_tokens", f"must be >= 1, got {max_tokens}")
+    if warmup and prompts:
+        tokens = prompt_tokens(engine, prompts[0])
+        for mode in modes:
+            engine.generate(request(tokens, mode, min(8, max_tokens)))
+
+    bar = _progress_bar(len(prompts) * len(modes), enabled=progress)
+    rows: list[Row] = []
+    try:
+        for i, prompt in enumerate(prompts):
+            tokens = prompt_tokens(engine, prompt)
+            for mode in mode_order(modes, i):
+                row = run_one(engine, prompt, tokens, mode, max_tokens)
+                rows.append(row)
+                if on_row is not None:
+                    on_row(row)
+                if bar is not None:
+                    bar.set_postfix_str(f"{prompt.id} {mode} {row.tokens_per_second:.1f} tok/s tau {row.tau:.2f}")
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return rows
+
+
+def _progress_bar(total: int, *, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="bench", unit="run", file=sys.stderr, dynamic_ncols=True)

@@ -1,0 +1,83 @@
+"""Prompt suites: JSON lines `{"id", "category", "prompt"}`.
+
+A suite is named (a shipped file under `suites/`, or a virtual union: `structured`, `all`) or
+given as a file path. Every line is validated; errors name the file, the line and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgespec.errors import BadRequest
+
+SUITES_DIR = Path(__file__).parent / "suites"
+SHIPPED = ("code", "json", "legal", "rag", "chat", "chinese", "drift")
+VIRTUAL = {
+    "structured": ("code", "json", "legal", "rag"),
+    "all": SHIPPED,
+}
+FIELDS = ("id", "category", "prompt")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    category: str
+    prompt: str
+
+
+def suite_names() -> tuple[str, ...]:
+    return SHIPPED + tuple(VIRTUAL)
+
+
+def resolve(suite: str) -> list[Path]:
+    """NAME (shipped or virtual) or FILE -> the suite files to read."""
+    if suite in VIRTUAL:
+        return [SUITES_DIR / f"{name}.jsonl" for name in VIRTUAL[suite]]
+    if suite in SHIPPED:
+        return [SUITES_DIR / f"{suite}.jsonl"]
+    path = Path(suite)
+    if path.is_file():
+        return [path]
+    raise BadRequest("suite", f"no shipped suite or file named {suite!r} (shipped: {', '.join(suite_names())})")
+
+
+def read_suite_file(path: Path) -> list[Prompt]:
+    prompts = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise BadRequest("suite", f"{where}: not valid JSON ({exc.msg})") from None
+            if not isinstance(obj, dict):
+                raise BadRequest("suite", f"{where}: expected a JSON object")
+            for name in FIELDS:
+                value = obj.get(name)
+                if value is None:
+                    raise BadRequest("suite", f"{where}: missing field {name!r}")
+                if not isinstance(value, str) or not value.strip():
+                    raise BadRequest("suite", f"{where}: field {name!r} must be a non-empty string")
+            prompts.append(Prompt(obj["id"], obj["category"], obj["prompt"]))
+    return prompts
+
+
+def load_suite(suite: str, limit: int | None = None) -> list[Prompt]:
+    """All prompts of a suite, ids unique. `limit` keeps the first N prompts of each file."""
+    prompts: list[Prompt] = []
+    for path in resolve(suite):
+        got = read_suite_file(path)
+        prompts.extend(got[:limit] if limit else got)
+    if not prompts:
+        raise BadRequest("suite", f"{suite}: no prompts")
+    seen: set[str] = set()
+    for p in prompts:
+        if p.id in seen:
+            raise BadRequest("suite", f"{suite}: duplicate id {p.id!r}")
+        seen.add(p.id)
+    return prompts

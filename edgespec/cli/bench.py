@@ -1,0 +1,127 @@
+"""`edgespec bench`: run a prompt suite in several modes, interleaved, and write JSON / markdown /
+PNG reports (optionally beside llama.cpp's own binaries, see tools/llama-anchor.sh)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from edgespec.cli.common import user_errors
+
+DEFAULT_TARGET = "SmolLM2-135M-Instruct.F32.gguf"
+DEFAULT_DRAFT = "SmolLM2-135M-Instruct.Q4_0.gguf"
+
+
+def _model_path(given: Optional[str], default_name: str) -> str:
+    if given:
+        return given
+    from edgespec.config import models_dir
+
+    return str(models_dir() / default_name)
+
+
+def bench(
+    suite: str = typer.Option("structured", help="shipped suite (code, json, legal, rag, chat, chinese, drift, "
+                              "structured, all) or a JSONL file"),
+    modes: str = typer.Option("plain,chain,tree,auto", help="comma-separated modes, run interleaved per prompt"),
+    max_tokens: int = typer.Option(128, "--max-tokens", help="tokens generated per prompt and mode"),
+    target: Optional[str] = typer.Option(None, help="target GGUF (default: the demo F32 target)"),
+    draft: Optional[str] = typer.Option(None, help="draft GGUF (default: the demo Q4_0 draft; 'none' = n-gram only)"),
+    n_gpu_layers: int = typer.Option(0, "--n-gpu-layers", help="-1 = all layers on the GPU (CUDA build; "
+                                     "a CPU build ignores it)"),
+    threads: int = typer.Option(0, help="CPU threads (0 = all cores)"),
+    n_ctx: int = typer.Option(2048, "--n-ctx", help="context size of each model"),
+    limit: Optional[int] = typer.Option(None, help="use only the first N prompts of each suite file"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write the JSON report here"),
+    markdown_out: Optional[Path] = typer.Option(None, "--markdown", help="write the markdown table here"),
+    plot_out: Optional[Path] = typer.Option(None, "--plot", help="write the PNG plot here"),
+    anchor: Optional[Path] = typer.Option(None, help="merge llama.cpp anchor results (tools/llama-anchor.sh --json)"),
+    progress: bool = typer.Option(True, help="progress bar on stderr"),
+    warmup: bool = typer.Option(True, help="one unrecorded warm-up generation per mode first"),
+) -> None:
+    """Benchmark edgespec's modes on a prompt suite (greedy, interleaved, same engine)."""
+    with user_errors():
+        from edgespec.bench import report as rep
+        from edgespec.bench.runner import parse_modes, run
+        from edgespec.bench.suite import load_suite
+        from edgespec.config import EngineConfig, ModelConfig
+        from edgespec.errors import BadRequest
+
+        mode_list = parse_modes(modes)
+        if max_tokens < 1:
+            raise BadRequest("max_tokens", f"must be >= 1, got {max_tokens}")
+        if limit is not None and limit < 1:
+            raise BadRequest("limit", f"must be >= 1, got {limit}")
+        prompts = load_suite(suite, limit=limit)
+        anchor_data = _read_anchor(anchor) if anchor else None
+
+        target_path = _model_path(target, DEFAULT_TARGET)
+        draft_path = None if draft == "none" else _model_path(draft, DEFAULT_DRAFT)
+        for p in (target_path, draft_path):
+            if p is not None and not Path(p).is_file():
+                raise FileNotFoundError(2, "model not found (run `edgespec models prepare-demo`)", p)
+
+        def model(path: str) -> ModelConfig:
+            return ModelConfig(path=path, n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, threads=threads)
+
+        cfg = EngineConfig(target=model(target_path), draft=model(draft_path) if draft_path else None)
+        cfg.validate()
+
+        from edgespec.engine import Engine
+
+        engine = Engine.load(cfg)
+        try:
+            backend = (engine.model_info() or {}).get("backend")
+            rows = run(engine, prompts, mode_list, max_tokens, warmup=warmup, progress=progress)
+        finally:
+            engine.close()
+
+        report = rep.build_report(
+            rows,
+            command="edgespec " + shlex.join(sys.argv[1:]),
+            machine=rep.machine_info(backend),
+            settings={
+                "suite": suite,
+                "modes": list(mode_list),
+                "max_tokens": max_tokens,
+                "target": target_path,
+                "draft": draft_path,
+                "n_gpu_layers": n_gpu_layers,
+                "threads": cfg.target.n_threads,
+                "n_ctx": n_ctx,
+                "temperature": 0.0,
+                "prompts": len(prompts),
+            },
+            anchor=anchor_data,
+        )
+        markdown = rep.to_markdown(report)
+        if json_out:
+            rep.write_json(report, str(json_out))
+        if markdown_out:
+            markdown_out.write_text(markdown, encoding="utf-8")
+        if plot_out:
+            from edgespec.bench.plot import plot
+
+            plot(report, str(plot_out))
+        typer.echo(markdown)
+
+
+def _read_anchor(path: Path) -> dict:
+    from edgespec.errors import BadRequest
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise BadRequest("anchor", f"{path}: not valid JSON ({exc.msg})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("results"), list):
+        raise BadRequest("anchor", f"{path}: expected an object with a 'results' list")
+    return data
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench")(bench)

@@ -1,0 +1,38 @@
+"""A fake engine for the bench's unit tests: deterministic stats per mode, every call recorded."""
+
+from __future__ import annotations
+
+from edgespec.types import GenerationRequest, GenerationResult, SpecStats
+
+# mode -> (tokens per target forward, seconds per target forward)
+SHAPES = {"plain": (1, 0.010), "chain": (2, 0.012), "tree": (4, 0.016), "auto": (3, 0.012)}
+
+
+class FakeEngine:
+    def __init__(self) -> None:
+        self.calls: list[tuple[tuple[int, ...], str, int]] = []
+        self.closed = False
+
+    def chat_prompt(self, messages: list[tuple[str, str]]) -> str:
+        return "".join(f"<|{role}|>{text}" for role, text in messages) + "<|assistant|>"
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        assert parse_special, "chat prompts must be tokenized with parse_special"
+        return [ord(c) for c in text]
+
+    def model_info(self) -> dict:
+        return {"backend": "cpu"}
+
+    def generate(self, req: GenerationRequest) -> GenerationResult:
+        mode = req.speculation.mode
+        assert req.sampling.temperature == 0.0
+        n = req.sampling.max_tokens
+        per_forward, seconds = SHAPES[mode]
+        forwards = -(-n // per_forward)
+        self.calls.append((req.prompt_tokens, mode, n))
+        stats = SpecStats(target_forwards=forwards, emitted_tokens=n, seconds=forwards * seconds)
+        return GenerationResult(text="x" * n, token_ids=[0] * n, finish_reason="length",
+                                prompt_tokens=len(req.prompt_tokens), stats=stats)
+
+    def close(self) -> None:
+        self.closed = True

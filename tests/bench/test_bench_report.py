@@ -1,0 +1,114 @@
+import json
+
+import pytest
+
+from edgespec.bench import report as rep
+from edgespec.bench.plot import plot
+from edgespec.bench.runner import Row, run
+from edgespec.bench.suite import Prompt
+
+from .fake_engine import FakeEngine
+
+MODES = ("plain", "chain", "tree", "auto")
+PROMPTS = [Prompt(f"{c}-{i}", c, f"{c} prompt {i}") for c in ("code", "json", "drift") for i in range(2)]
+ROW_KEYS = {"id", "category", "mode", "tokens", "seconds", "tokens_per_second", "tau", "target_forwards"}
+
+
+def row(id, cat, mode, tokens, seconds, forwards):
+    return Row(id, cat, mode, tokens, seconds, tokens / seconds, tokens / forwards, forwards)
+
+
+def make_report(anchor=None):
+    rows = run(FakeEngine(), PROMPTS, MODES, 16, progress=False)
+    machine = {"cpu": "Fake CPU", "cores": 2, "gpu": None, "llama_cpp_python": "0.3.36"}
+    settings = {"max_tokens": 16, "target": "t.gguf", "draft": "d.gguf"}
+    return rep.build_report(rows, command="edgespec bench --suite x", machine=machine, settings=settings, anchor=anchor)
+
+
+def test_summary_arithmetic():
+    rows = [
+        row("a", "code", "plain", 10, 1.0, 10),
+        row("b", "code", "plain", 30, 1.0, 30),  # 40 tokens / 2 s = 20 tok/s; mean of 10 and 30 = 20
+        row("a", "code", "tree", 10, 0.25, 2),
+        row("b", "code", "tree", 30, 1.75, 10),  # 40 / 2.0 = 20 tok/s ... speedup 1.0; tau 40/12
+        row("c", "chat", "plain", 8, 0.5, 8),
+        row("c", "chat", "tree", 8, 0.25, 4),
+    ]
+    s = rep.summarize(rows)
+    assert list(s) == ["code", "chat", "overall"]
+    p, t = s["code"]["plain"], s["code"]["tree"]
+    assert (p["n"], p["tokens"], p["tokens_per_second"], p["mean_tokens_per_second"], p["speedup"]) == (2, 40, 20.0, 20.0, 1.0)
+    assert t["tokens_per_second"] == 20.0 and t["mean_tokens_per_second"] == pytest.approx((40 + 30 / 1.75) / 2, abs=1e-3)
+    assert t["tau"] == pytest.approx(40 / 12, abs=1e-4) and t["mean_tau"] == pytest.approx((5 + 3) / 2)
+    assert s["chat"]["tree"]["speedup"] == 2.0
+    # overall pools every row: plain 48 tokens / 2.5 s, tree 48 / 2.25 s
+    assert s["overall"]["tree"]["speedup"] == pytest.approx((48 / 2.25) / (48 / 2.5), abs=1e-3)
+
+
+def test_no_plain_means_no_speedup():
+    s = rep.summarize([row("a", "code", "tree", 10, 1.0, 5)])
+    assert s["code"]["tree"]["speedup"] is None
+
+
+def test_json_schema(tmp_path):
+    report = make_report()
+    out = tmp_path / "r.json"
+    rep.write_json(report, str(out))
+    data = json.loads(out.read_text())
+    assert {"command", "machine", "settings", "results", "summary", "headline"} <= set(data)
+    assert len(data["results"]) == len(PROMPTS) * len(MODES)
+    assert all(set(r) == ROW_KEYS for r in data["results"])
+    assert set(data["summary"]) == {"code", "json", "drift", "overall"}
+    assert set(data["summary"]["code"]) == set(MODES)
+    # the fake: tree = 4 tokens per forward at 1.6x the forward time -> 2.5x plain
+    assert data["summary"]["code"]["tree"]["speedup"] == 2.5
+    h = data["headline"]
+    assert h["structured_best_mode"] == "tree" and h["structured_best_speedup"] == 2.5
+    assert h["structured_tree_tau"] == 4.0
+    assert h["drift_auto_speedup"] == data["summary"]["drift"]["auto"]["speedup"]
+
+
+def anchor_data():
+    results = []
+    for p in PROMPTS:
+        results.append({"id": p.id, "category": p.category, "mode": "plain", "tokens": 16, "seconds": 0.32,
+                        "tokens_per_second": 50.0})
+        results.append({"id": p.id, "category": p.category, "mode": "speculative", "tokens": 16, "seconds": 0.2,
+                        "tokens_per_second": 80.0, "n_drafted": 12, "n_accept": 9})
+    results.append({"id": "only-in-anchor", "category": "chat", "mode": "plain", "tokens": 16, "seconds": 1.0,
+                    "tokens_per_second": 16.0})
+    return {"command": "tools/llama-anchor.sh run ...", "settings": {"draft_max": 4}, "results": results}
+
+
+def test_anchor_ratios():
+    report = make_report(anchor_data())
+    ratios = report["anchor"]["edgespec_over_llama_cpp"]
+    assert "chat" not in ratios  # only prompts both runs have
+    # edgespec plain: 16 tokens / 0.16 s = 100 tok/s vs 50 -> 2.0; tree 250 vs speculative 80
+    assert ratios["code"]["plain"]["ratio"] == 2.0
+    assert ratios["overall"]["tree"] == {"edgespec_tokens_per_second": 250.0, "llama_cpp_mode": "speculative",
+                                         "llama_cpp_tokens_per_second": 80.0, "ratio": 3.125}
+    assert report["headline"]["auto_over_llama_cpp_speculative"] == ratios["overall"]["auto"]["ratio"]
+    assert report["headline"]["plain_over_llama_cpp_plain"] == 2.0
+
+
+def test_markdown():
+    md = rep.to_markdown(make_report(anchor_data()))
+    assert "| category | mode | prompts | tokens | tok/s | speedup vs plain | tau |" in md
+    assert "| code | tree | 2 | 32 | 250.0 | 2.50 | 4.00 |" in md
+    assert "| overall | plain | 6 | 96 | 100.0 | 1.00 | 1.00 |" in md
+    assert "## edgespec over llama.cpp" in md and "| overall | tree | 250.0 | speculative | 80.0 | 3.12 |" in md
+    assert "Fake CPU (2 cores)" in md and "`edgespec bench --suite x`" in md
+
+
+@pytest.mark.parametrize("with_anchor", [False, True])
+def test_plot_is_png(tmp_path, with_anchor):
+    out = tmp_path / "p.png"
+    plot(make_report(anchor_data() if with_anchor else None), str(out))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_machine_info_keys():
+    m = rep.machine_info("cpu")
+    assert {"cpu", "cores", "llama_cpp_python", "gpu", "backend"} <= set(m)
+    assert m["llama_cpp_python"] == "0.3.36"

@@ -1,0 +1,65 @@
+import pytest
+
+from edgespec.bench.runner import mode_order, parse_modes, prompt_tokens, run
+from edgespec.bench.suite import Prompt
+from edgespec.errors import BadRequest
+
+from .fake_engine import FakeEngine
+
+PROMPTS = [Prompt(f"p{i}", "code" if i < 2 else "drift", f"prompt {i}") for i in range(4)]
+
+
+def test_mode_order_rotates():
+    modes = ["plain", "chain", "tree"]
+    assert [mode_order(modes, i) for i in range(4)] == [
+        ["plain", "chain", "tree"],
+        ["chain", "tree", "plain"],
+        ["tree", "plain", "chain"],
+        ["plain", "chain", "tree"],
+    ]
+
+
+def test_parse_modes():
+    assert parse_modes("plain, tree,auto") == ("plain", "tree", "auto")
+    with pytest.raises(BadRequest, match="modes"):
+        parse_modes("plain,fast")
+    with pytest.raises(BadRequest, match="duplicate"):
+        parse_modes("plain,plain")
+    with pytest.raises(BadRequest, match="at least one"):
+        parse_modes(" , ")
+
+
+def test_run_interleaves_modes_prompt_by_prompt_after_warmup():
+    engine = FakeEngine()
+    modes = ("plain", "chain", "tree", "auto")
+    rows = run(engine, PROMPTS, modes, 16, progress=False)
+    warm, recorded = engine.calls[: len(modes)], engine.calls[len(modes):]
+    assert [c[1] for c in warm] == list(modes) and all(c[2] == 8 for c in warm)
+    assert [c[1] for c in recorded] == [m for i in range(4) for m in mode_order(modes, i)]
+    assert [(r.id, r.mode) for r in rows] == [(p.id, m) for i, p in enumerate(PROMPTS) for m in mode_order(modes, i)]
+    # every mode of one prompt gets the same prompt tokens: the chat template applied once
+    for i, p in enumerate(PROMPTS):
+        toks = {c[0] for c in recorded[4 * i: 4 * i + 4]}
+        assert toks == {prompt_tokens(engine, p)}
+    assert "<|user|>prompt 0<|assistant|>" == "".join(map(chr, recorded[0][0]))
+
+
+def test_rows_come_from_stats():
+    engine = FakeEngine()
+    rows = run(engine, PROMPTS[:1], ("plain", "tree"), 16, warmup=False, progress=False)
+    plain, tree = rows
+    assert plain.as_dict() == {"id": "p0", "category": "code", "mode": "plain", "tokens": 16, "seconds": 0.16,
+                               "tokens_per_second": 100.0, "tau": 1.0, "target_forwards": 16}
+    assert (tree.tokens, tree.target_forwards, tree.tau, tree.seconds) == (16, 4, 4.0, 0.064)
+    assert len(engine.calls) == 2
+
+
+def test_progress_bar_on_stderr(capsys):
+    run(FakeEngine(), PROMPTS[:2], ("plain", "chain"), 4, warmup=False, progress=True)
+    err = capsys.readouterr().err
+    assert "bench" in err and "4/4" in err
+
+
+def test_bad_max_tokens():
+    with pytest.raises(BadRequest, match="max_tokens"):
+        run(FakeEngine(), PROMPTS, ("plain",), 0, progress=False)

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The llama.cpp anchor: build llama.cpp's own binaries from the llama.cpp vendored in the
+# llama-cpp-python sdist we pin (same source as the engine's backend), then run plain decoding
+# (llama-completion) and llama.cpp's own draft-model speculation (llama-speculative-simple) on
+# the same models, prompts and token counts as `edgespec bench`.
+#
+# usage:
+#   tools/llama-anchor.sh build                      # prints the bin dir on its last line
+#   tools/llama-anchor.sh run --suite structured --target T.gguf --draft D.gguf \
+#        [--max-tokens 128] [--threads 2] [--draft-max 4] [--json anchor.json] [--limit N]
+#   then: edgespec bench ... --anchor anchor.json
+#
+# env: LLAMA_CPP_VERSION (default 0.3.36), CUDA=1 (adds -DGGML_CUDA=on), CUDA_ARCHITECTURES,
+#      EDGESPEC_ANCHOR_CACHE (default ~/.cache/edgespec), JOBS (default 2), PYTHON (default .venv/bin/python)
+# The sdist and the build live in the cache, never in the repository.
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(dirname "$HERE")
+VERSION=${LLAMA_CPP_VERSION:-0.3.36}
+CACHE=${EDGESPEC_ANCHOR_CACHE:-$HOME/.cache/edgespec}
+PY=${PYTHON:-$ROOT/.venv/bin/python}
+JOBS=${JOBS:-2}
+TARGETS=(llama-speculative-simple llama-completion llama-bench)
+FLAGS="-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF"
+if [[ "${CUDA:-0}" == "1" ]]; then
+  FLAGS="$FLAGS -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES:-80;86;89;90}"
+fi
+
+sdist() {
+  # the sdist, downloaded once from the package registry (or placed there by tools/gpu-prep.sh)
+  local dir="$CACHE/sdist"
+  local f="$dir/llama_cpp_python-$VERSION.tar.gz"
+  if [[ ! -f "$f" ]]; then
+    mkdir -p "$dir"
+    echo "downloading llama-cpp-python==$VERSION sdist" >&2
+    "$PY" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$dir" >&2
+  fi
+  echo "$f"
+}
+
+build() {
+  local key src bin tarball
+  key=$(printf '%s|%s|%s' "$VERSION" "$FLAGS" "${TARGETS[*]}" | sha256sum | cut -c1-16)
+  bin="$CACHE/llama-anchor/$key/bin"
+  if [[ -x "$bin/llama-speculative-simple" && -x "$bin/llama-completion" && -x "$bin/llama-bench" ]]; then
+    echo "reusing $bin" >&2
+    echo "$bin"
+    return
+  fi
+  tarball=$(sdist)
+  src="$CACHE/llama-anchor/$key/src"
+  rm -rf "$src" && mkdir -p "$src"
+  tar xzf "$tarball" -C "$src" --strip-components=1
+  echo "$FLAGS" > "$CACHE/llama-anchor/$key/FLAGS"
+  echo "building ${TARGETS[*]} (llama.cpp from llama-cpp-python $VERSION) with: $FLAGS" >&2
+  local t0=$SECONDS
+  # shellcheck disable=SC2086
+  cmake -S "$src/vendor/llama.cpp" -B "$src/build" -G Ninja $FLAGS >&2
+  cmake --build "$src/build" -j "$JOBS" --target "${TARGETS[@]}" >&2
+  mkdir -p "$bin"
+  cp -a "$src/build/bin/." "$bin/"
+  rm -rf "$src"  # keep only the (statically linked) binaries
+  echo "built in $((SECONDS - t0)) s" >&2
+  echo "$bin"
+}
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+  build) build ;;
+  run)
+    bin=$(build | tail -n1)
+    exec "$PY" -m edgespec.bench.anchor --bin "$bin" "$@"
+    ;;
+  *) sed -n '2,16p' "$0" >&2; exit 2 ;;
+esac
