@@ -1,0 +1,94 @@
+"""`edgespec plan`: will target + draft + KV caches + compute buffers fit the device?"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import typer
+
+from edgespec.cli.common import user_errors
+
+
+def _detect_device_bytes() -> tuple[int, str]:
+    """GPU 0's total memory via nvidia-smi when there is one, else this machine's RAM."""
+    from edgespec.plan import system_memory_bytes
+
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run(
+                [smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
+                capture_output=True, text=True, timeout=10, check=True,
+            ).stdout.strip()
+            return int(float(out.splitlines()[0])) << 20, "GPU 0 (nvidia-smi)"
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            pass
+    return system_memory_bytes(), "system RAM (no GPU found)"
+
+
+def _render(plan, device_bytes: int, device: str, headroom: float) -> str:
+    from edgespec.plan import explain, fmt_bytes
+
+    rows = [("", "params", "weights", "KV/slot", "compute/slot", "total")]
+    for m in plan.models:
+        rows.append((
+            m.role, f"{m.facts.n_params / 1e6:,.1f} M", fmt_bytes(m.weights_bytes), fmt_bytes(m.kv_bytes),
+            fmt_bytes(m.compute_bytes + m.output_bytes), fmt_bytes(m.total(plan.parallel)),
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.append(
+        f"n_ctx {plan.n_ctx} x {plan.parallel} slot(s), KV {plan.kv_type}, n_ubatch {plan.n_ubatch}, "
+        f"flash_attn {'on' if plan.flash_attn else 'off'}"
+    )
+    if plan.draft_ratio is not None:
+        lines.append(f"draft/target parameters: {plan.draft_ratio:.1%}")
+    lines += [f"warning: {w}" for w in plan.warnings]
+    lines.append(explain(plan, device_bytes, headroom, device))
+    return "\n".join(lines)
+
+
+def plan_cmd(
+    target: Path = typer.Option(..., "--target", help="Target model GGUF."),
+    draft: Path | None = typer.Option(None, "--draft", help="Draft model GGUF (omit for n-gram drafting only)."),
+    n_ctx: int = typer.Option(4096, "--n-ctx", help="Context cells per slot (each model)."),
+    parallel: int = typer.Option(1, "--parallel", help="Slots decoded concurrently; each has its own KV caches."),
+    vram: float | None = typer.Option(None, "--vram", help="Device memory in GiB (default: detect GPU 0, else RAM)."),
+    kv_type: str = typer.Option("f16", "--kv-type", help="KV cache type: f16, q8_0, q4_0 (f32 also accepted)."),
+    n_batch: int = typer.Option(512, "--n-batch", help="Micro-batch (n_ubatch) llama.cpp reserves compute for."),
+    n_outputs: int = typer.Option(64, "--n-outputs", help="Logit rows per decode (tree nodes verified at once)."),
+    flash_attn: bool = typer.Option(False, "--flash-attn/--no-flash-attn", help="Flash attention (no KQ buffer)."),
+    cpu: bool = typer.Option(False, "--cpu", help="Plan for CPU inference (no CUDA runtime overhead)."),
+    headroom: float = typer.Option(0.05, "--headroom", help="Fraction of the device kept free."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Memory plan from GGUF metadata; exit 0 if it fits, 1 if it does not."""
+    from edgespec.plan import GIB, plan_memory, read_model_facts
+
+    with user_errors():
+        if not 0 <= headroom < 1:
+            from edgespec.errors import BadRequest
+
+            raise BadRequest("headroom", f"must be in [0, 1), got {headroom}")
+        plan = plan_memory(
+            read_model_facts(target),
+            read_model_facts(draft) if draft else None,
+            n_ctx=n_ctx, parallel=parallel, kv_type=kv_type, n_ubatch=n_batch,
+            n_outputs=n_outputs, flash_attn=flash_attn, gpu=not cpu,
+        )
+        if vram is not None:
+            device_bytes, device = int(vram * GIB), f"--vram {vram:g} GiB"
+        else:
+            device_bytes, device = _detect_device_bytes()
+    if as_json:
+        typer.echo(json.dumps({**plan.as_dict(device_bytes, headroom), "device": device}, indent=2))
+    else:
+        typer.echo(_render(plan, device_bytes, device, headroom))
+    raise typer.Exit(0 if plan.fits(device_bytes, headroom) else 1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan_cmd)

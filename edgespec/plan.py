@@ -1,0 +1,378 @@
+"""Memory plan for a target + draft pair: will both models, their KV caches and compute buffers fit?
+
+Pure: reads GGUF metadata with the `gguf` package (never llama_cpp), does arithmetic, returns data.
+
+Per model, per slot (every slot has its own target and draft context, each of n_ctx cells):
+    weights  = sum of the tensors' data bytes (what llama_model_size() reports; shared by slots)
+    kv       = cells * n_layer * n_head_kv * (key_length + value_length) * bytes(kv_type)
+               cells = n_ctx rounded up to 256 (llama.cpp pads the cache)
+    compute  = 4 * n_ubatch * (max(n_vocab, attn) + n_ff + n_embd)        [f32 scratch]
+               attn = n_head * cells without flash attention (the KQ matrix), else 0;
+               the logits row per batch token dominates small models (measured within ~2 % of
+               llama.cpp's "compute buffer size" for SmolLM2-135M at n_ubatch 64..512)
+    output   = 4 * n_vocab * n_outputs                                     [logit rows per decode]
+total = weights(target) + weights(draft) + parallel * sum(kv + compute + output) per model.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from edgespec.config import KV_TYPES, EngineConfig
+from edgespec.errors import ConfigError, ModelError
+
+GIB = 1 << 30
+MIB = 1 << 20
+# bytes per KV element: quantised types store blocks of 32 values (+ one f16 scale)
+KV_BYTES = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+KV_PAD = 256
+# A separate draft model pays off when it is ~3-5 % of the target's parameters.
+DRAFT_RATIO_BAND = (0.03, 0.05)
+DEFAULT_HEADROOM = 0.05  # keep 5 % of the device free (fragmentation, CUDA context, driver)
+CUDA_CONTEXT_BYTES = 512 * MIB  # CUDA runtime + cuBLAS workspace per process, roughly
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the GGUF header says about one model."""
+
+    path: str
+    arch: str
+    n_params: int
+    weights_bytes: int
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    key_length: int
+    value_length: int
+    n_ff: int
+    n_vocab: int
+    n_ctx_train: int
+
+    def kv_bytes_per_cell(self, kv_type: str) -> float:
+        """Bytes one cached token costs across all layers (K and V)."""
+        return self.n_layer * self.n_head_kv * (self.key_length + self.value_length) * KV_BYTES[kv_type]
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    role: str  # "target" | "draft"
+    facts: ModelFacts
+    weights_bytes: int
+    kv_bytes: int  # one slot
+    compute_bytes: int  # one slot
+    output_bytes: int  # one slot
+
+    def total(self, parallel: int) -> int:
+        return self.weights_bytes + parallel * (self.kv_bytes + self.compute_bytes + self.output_bytes)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    target: ModelPlan
+    draft: ModelPlan | None
+    n_ctx: int
+    parallel: int
+    kv_type: str
+    n_ubatch: int
+    flash_attn: bool
+    overhead_bytes: int  # per-process runtime (CUDA context) counted once
+    draft_ratio: float | None  # draft params / target params
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def models(self) -> tuple[ModelPlan, ...]:
+        return (self.target,) if self.draft is None else (self.target, self.draft)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(m.total(self.parallel) for m in self.models) + self.overhead_bytes
+
+    def required_bytes(self, headroom: float = DEFAULT_HEADROOM) -> int:
+        return math.ceil(self.total_bytes / (1 - headroom))
+
+    def fits(self, device_bytes: int, headroom: float = DEFAULT_HEADROOM) -> bool:
+        return self.required_bytes(headroom) <= device_bytes
+
+    def as_dict(self, device_bytes: int | None = None, headroom: float = DEFAULT_HEADROOM) -> dict:
+        out = {
+            "n_ctx": self.n_ctx,
+            "parallel": self.parallel,
+            "kv_type": self.kv_type,
+            "n_ubatch": self.n_ubatch,
+            "flash_attn": self.flash_attn,
+            "models": {
+                m.role: {
+                    "path": m.facts.path,
+                    "arch": m.facts.arch,
+                    "n_params": m.facts.n_params,
+                    "weights_bytes": m.weights_bytes,
+                    "kv_bytes_per_slot": m.kv_bytes,
+                    "compute_bytes_per_slot": m.compute_bytes,
+                    "output_bytes_per_slot": m.output_bytes,
+                    "total_bytes": m.total(self.parallel),
+                }
+                for m in self.models
+            },
+            "overhead_bytes": self.overhead_bytes,
+            "total_bytes": self.total_bytes,
+            "draft_ratio": self.draft_ratio,
+            "warnings": list(self.warnings),
+        }
+        if device_bytes is not None:
+            out.update(
+                device_bytes=device_bytes,
+                headroom=headroom,
+                required_bytes=self.required_bytes(headroom),
+                fits=self.fits(device_bytes, headroom),
+            )
+        return out
+
+
+# --- GGUF metadata ----------------------------------------------------------------------------
+
+
+def _scalar(fields: dict, key: str):
+    f = fields.get(key)
+    return None if f is None else f.contents()
+
+
+def read_model_facts(path: str | os.PathLike[str]) -> ModelFacts:
+    """Read sizes and shapes from a GGUF file's header and tensor table (no weights are loaded)."""
+    from gguf import GGUFReader  # numpy memmap; imported lazily to keep CLI start-up fast
+
+    p = Path(path)
+    if not p.is_file():
+        raise ModelError(f"model file not found: {p}")
+    try:
+        reader = GGUFReader(str(p))
+    except Exception as exc:  # gguf raises ValueError/struct errors on non-GGUF files
+        raise ModelError(f"{p}: not a readable GGUF file ({exc})") from exc
+    fields = reader.fields
+    arch = _scalar(fields, "general.architecture")
+    if not arch:
+        raise ModelError(f"{p}: GGUF has no general.architecture")
+
+    def get(key: str, default: int | None = None) -> int:
+        value = _scalar(fields, f"{arch}.{key}")
+        if value is None:
+            if default is None:
+                raise ModelError(f"{p}: GGUF lacks {arch}.{key}")
+            return default
+        if isinstance(value, list):  # per-layer arrays (e.g. head_count_kv): plan for the largest
+            value = max(value)
+        return int(value)
+
+    n_embd = get("embedding_length")
+    n_head = get("attention.head_count")
+    head_dim = n_embd // n_head
+    vocab = _scalar(fields, f"{arch}.vocab_size")
+    if vocab is None:
+        tokens = fields.get("tokenizer.ggml.tokens")
+        vocab = len(tokens.data) if tokens is not None else 0
+    return ModelFacts(
+        path=str(p),
+        arch=str(arch),
+        n_params=sum(int(t.n_elements) for t in reader.tensors),
+        weights_bytes=sum(int(t.n_bytes) for t in reader.tensors),
+        n_layer=get("block_count"),
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=get("attention.head_count_kv", n_head),
+        key_length=get("attention.key_length", head_dim),
+        value_length=get("attention.value_length", head_dim),
+        n_ff=get("feed_forward_length", 4 * n_embd),
+        n_vocab=int(vocab),
+        n_ctx_train=get("context_length", 0),
+    )
+
+
+# --- the plan ---------------------------------------------------------------------------------
+
+
+def _model_plan(
+    role: str, facts: ModelFacts, *, n_ctx: int, kv_type: str, n_ubatch: int, n_outputs: int, flash_attn: bool
+) -> ModelPlan:
+    cells = -(-n_ctx // KV_PAD) * KV_PAD
+    attn = 0 if flash_attn else facts.n_head * cells
+    return ModelPlan(
+        role=role,
+        facts=facts,
+        weights_bytes=facts.weights_bytes,
+        kv_bytes=math.ceil(cells * facts.kv_bytes_per_cell(kv_type)),
+        compute_bytes=4 * n_ubatch * (max(facts.n_vocab, attn) + facts.n_ff + facts.n_embd),
+        output_bytes=4 * facts.n_vocab * n_outputs,
+    )
+
+
+def draft_ratio_warning(ratio: float) -> str | None:
+    lo, hi = DRAFT_RATIO_BAND
+    if ratio >= 0.5:
+        return (
+            f"draft has {ratio:.0%} of the target's parameters: a draft this large saves little or "
+            "nothing per accepted token (the demo pair is one model in two quantisations; it "
+            f"demonstrates exact speculation, not speed). A useful separate draft is {lo:.0%}-{hi:.0%}."
+        )
+    if ratio > hi:
+        return f"draft/target parameter ratio {ratio:.1%} is above the useful {lo:.0%}-{hi:.0%}: drafting costs too much"
+    if ratio < lo:
+        return f"draft/target parameter ratio {ratio:.1%} is below the useful {lo:.0%}-{hi:.0%}: expect low acceptance"
+    return None
+
+
+def plan_memory(
+    target: ModelFacts,
+    draft: ModelFacts | None,
+    *,
+    n_ctx: int,
+    parallel: int = 1,
+    kv_type: str = "f16",
+    n_ubatch: int = 512,
+    n_outputs: int = 64,
+    flash_attn: bool = False,
+    gpu: bool = True,
+) -> MemoryPlan:
+    """Bytes for target + draft with `parallel` slots of `n_ctx` cells each."""
+    if kv_type not in KV_BYTES:
+        raise ConfigError("kv_type", f"must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
+    if n_ctx < 1:
+        raise ConfigError("n_ctx", f"must be >= 1, got {n_ctx}")
+    if parallel < 1:
+        raise ConfigError("parallel", f"must be >= 1, got {parallel}")
+    common = dict(n_ctx=n_ctx, kv_type=kv_type, n_ubatch=n_ubatch, n_outputs=n_outputs, flash_attn=flash_attn)
+    warnings: list[str] = []
+    ratio = None
+    if draft is not None:
+        ratio = draft.n_params / target.n_params if target.n_params else None
+        message = draft_ratio_warning(ratio) if ratio is not None else None
+        if message:
+            warnings.append(message)
+        if draft.n_vocab != target.n_vocab:
+            warnings.append(f"draft vocabulary ({draft.n_vocab}) differs from the target's ({target.n_vocab})")
+    for facts in (target, draft):
+        if facts is not None and facts.n_ctx_train and n_ctx > facts.n_ctx_train:
+            warnings.append(f"n_ctx {n_ctx} exceeds {Path(facts.path).name}'s training context {facts.n_ctx_train}")
+    if kv_type in ("q8_0", "q4_0") and not flash_attn:
+        warnings.append(f"llama.cpp needs flash attention for a quantised V cache ({kv_type})")
+    return MemoryPlan(
+        target=_model_plan("target", target, **common),
+        draft=None if draft is None else _model_plan("draft", draft, **common),
+        n_ctx=n_ctx,
+        parallel=parallel,
+        kv_type=kv_type,
+        n_ubatch=n_ubatch,
+        flash_attn=flash_attn,
+        overhead_bytes=CUDA_CONTEXT_BYTES if gpu else 0,
+        draft_ratio=ratio,
+        warnings=tuple(warnings),
+    )
+
+
+def plan_for_config(cfg: EngineConfig, *, gpu: bool | None = None, n_outputs: int = 64) -> MemoryPlan:
+    """The plan for the daemon's engine config (target/draft sections, parallel slots)."""
+    target = read_model_facts(cfg.target.path)
+    draft = read_model_facts(cfg.draft.path) if cfg.draft is not None else None
+    on_gpu = cfg.target.n_gpu_layers != 0 if gpu is None else gpu
+    return plan_memory(
+        target,
+        draft,
+        n_ctx=cfg.target.n_ctx,
+        parallel=cfg.parallel,
+        kv_type=cfg.target.kv_type,
+        n_ubatch=cfg.target.n_batch,
+        n_outputs=n_outputs,
+        flash_attn=cfg.target.flash_attn,
+        gpu=on_gpu,
+    )
+
+
+# --- verdicts ---------------------------------------------------------------------------------
+
+
+def fmt_bytes(n: float) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / MIB:.1f} MiB"
+
+
+def explain(plan: MemoryPlan, device_bytes: int, headroom: float = DEFAULT_HEADROOM, device: str = "device") -> str:
+    """One paragraph: what needs how much, and whether it fits."""
+    parts = []
+    for m in plan.models:
+        parts.append(
+            f"{m.role} {fmt_bytes(m.weights_bytes)} weights + {plan.parallel} x "
+            f"({fmt_bytes(m.kv_bytes)} KV + {fmt_bytes(m.compute_bytes + m.output_bytes)} compute)"
+        )
+    need = plan.required_bytes(headroom)
+    verdict = "fits" if need <= device_bytes else "does NOT fit"
+    text = (
+        f"{verdict}: needs {fmt_bytes(plan.total_bytes)} ({'; '.join(parts)}"
+        + (f"; runtime {fmt_bytes(plan.overhead_bytes)}" if plan.overhead_bytes else "")
+        + f"), {fmt_bytes(need)} with {headroom:.0%} headroom, {device} has {fmt_bytes(device_bytes)}"
+    )
+    if need > device_bytes:
+        text += (
+            f"; short by {fmt_bytes(need - device_bytes)}: lower n_ctx or parallel, use kv_type q8_0/q4_0 "
+            "with flash_attn, or a smaller quantisation"
+        )
+    return text
+
+
+def check_fits(plan: MemoryPlan, device_bytes: int, headroom: float = DEFAULT_HEADROOM, device: str = "device") -> None:
+    """Raise ConfigError (key "engine") with the full explanation when the plan does not fit."""
+    if not plan.fits(device_bytes, headroom):
+        raise ConfigError("engine", explain(plan, device_bytes, headroom, device))
+
+
+def system_memory_bytes() -> int:
+    """Physical RAM (sysconf; works under ProcSubset=pid, unlike /proc/meminfo)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+# --- comparison with llama.cpp ----------------------------------------------------------------
+
+_LOG_PATTERNS = {
+    "weights_bytes": re.compile(r"model buffer size\s*=\s*([\d.]+) MiB"),
+    "kv_bytes": re.compile(r"KV buffer size\s*=\s*([\d.]+) MiB"),
+    "compute_bytes": re.compile(r"compute buffer size\s*=\s*([\d.]+) MiB"),
+}
+
+
+def parse_llama_log(text: str) -> dict[str, int]:
+    """Sum the buffer sizes llama.cpp logs at load (all backends: CPU, CUDA0, CUDA_Host, ...).
+
+    Keys: weights_bytes, kv_bytes, compute_bytes (absent when not logged).
+    """
+    out = {}
+    for key, pattern in _LOG_PATTERNS.items():
+        values = [float(v) for v in pattern.findall(text)]
+        if values:
+            out[key] = round(sum(values) * MIB)
+    return out
+
+
+@dataclass(frozen=True)
+class Comparison:
+    item: str
+    estimated: int
+    reported: int
+
+    @property
+    def rel_error(self) -> float:
+        return (self.estimated - self.reported) / self.reported if self.reported else math.inf
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "rel_error": self.rel_error}
+
+
+def compare_with_reported(model: ModelPlan, **reported: int | None) -> list[Comparison]:
+    """Estimate vs llama.cpp for one model: pass weights_bytes (llama_model_size), kv_bytes,
+    compute_bytes (e.g. from parse_llama_log) for ONE context; missing values are skipped."""
+    estimates = {"weights_bytes": model.weights_bytes, "kv_bytes": model.kv_bytes, "compute_bytes": model.compute_bytes}
+    unknown = set(reported) - set(estimates)
+    if unknown:
+        raise TypeError(f"unknown reported sizes: {sorted(unknown)}")
+    return [Comparison(k, estimates[k], int(v)) for k, v in reported.items() if v is not None]

@@ -1,0 +1,208 @@
+"""Memory plan: GGUF facts, arithmetic, verdicts, the CLI, and (slow) agreement with llama.cpp."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+
+import gguf
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from edgespec.config import EngineConfig, ModelConfig, models_dir
+from edgespec.errors import ConfigError, ModelError
+from edgespec.plan import (
+    GIB,
+    MIB,
+    check_fits,
+    compare_with_reported,
+    draft_ratio_warning,
+    parse_llama_log,
+    plan_for_config,
+    plan_memory,
+    read_model_facts,
+)
+
+
+def write_gguf(path, *, n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_vocab=100, n_ff=128, params_scale=1):
+    """A tiny llama-shaped GGUF: header facts plus f32 tensors of known sizes (not a runnable model)."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(n_layer)
+    w.add_embedding_length(n_embd)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_feed_forward_length(n_ff)
+    w.add_context_length(2048)
+    w.add_token_list([f"t{i}" for i in range(n_vocab)])  # no llama.vocab_size: count the tokens
+    w.add_tensor("token_embd.weight", np.zeros((n_vocab, n_embd * params_scale), dtype=np.float32))
+    w.add_tensor("blk.0.ffn_up.weight", np.zeros((n_ff, n_embd), dtype=np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    return write_gguf(tmp_path / "tiny.gguf")
+
+
+def test_read_model_facts(tiny):
+    f = read_model_facts(tiny)
+    assert (f.arch, f.n_layer, f.n_embd, f.n_head, f.n_head_kv, f.n_vocab, f.n_ff) == ("llama", 2, 64, 4, 2, 100, 128)
+    assert f.key_length == f.value_length == 16  # n_embd / n_head when key_length is absent
+    assert f.n_params == 100 * 64 + 128 * 64
+    assert f.weights_bytes == 100 * 64 * 4 + 128 * 64 * 2
+    assert f.n_ctx_train == 2048
+    # per cell: layers * kv heads * (k + v) dims * bytes
+    assert f.kv_bytes_per_cell("f16") == 2 * 2 * 32 * 2
+    assert f.kv_bytes_per_cell("q8_0") == 2 * 2 * 32 * 34 / 32
+
+
+def test_read_model_facts_errors(tmp_path):
+    with pytest.raises(ModelError, match="not found"):
+        read_model_facts(tmp_path / "missing.gguf")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf at all" * 10)
+    with pytest.raises(ModelError, match="not a readable GGUF"):
+        read_model_facts(bad)
+
+
+def test_plan_arithmetic(tiny):
+    f = read_model_facts(tiny)
+    p = plan_memory(f, f, n_ctx=1000, parallel=3, kv_type="f16", n_ubatch=32, n_outputs=8, gpu=False)
+    cells = 1024  # padded to 256
+    t = p.target
+    assert t.kv_bytes == cells * 256
+    # no flash attention: KQ (n_head * cells = 4096) outgrows the logits row (100)
+    assert t.compute_bytes == 4 * 32 * (4 * cells + 128 + 64)
+    assert t.output_bytes == 4 * 100 * 8
+    assert t.total(3) == f.weights_bytes + 3 * (t.kv_bytes + t.compute_bytes + t.output_bytes)
+    assert p.total_bytes == 2 * t.total(3)
+    fa = plan_memory(f, None, n_ctx=1000, flash_attn=True, n_ubatch=32, kv_type="q8_0", gpu=True)
+    assert fa.target.compute_bytes == 4 * 32 * (100 + 128 + 64)
+    assert fa.target.kv_bytes == math.ceil(cells * 2 * 2 * 32 * 34 / 32)
+    assert fa.overhead_bytes > 0 and fa.draft is None and fa.draft_ratio is None
+
+
+def test_plan_rejects_bad_values(tiny):
+    f = read_model_facts(tiny)
+    with pytest.raises(ConfigError, match="kv_type"):
+        plan_memory(f, None, n_ctx=512, kv_type="q5_1")
+    with pytest.raises(ConfigError, match="parallel"):
+        plan_memory(f, None, n_ctx=512, parallel=0)
+
+
+@pytest.mark.parametrize(
+    "ratio, expect",
+    [(0.04, None), (0.03, None), (0.05, None), (0.02, "below"), (0.2, "above"), (1.0, "demo pair")],
+)
+def test_draft_ratio_band(ratio, expect):
+    message = draft_ratio_warning(ratio)
+    assert (message is None) if expect is None else (expect in message)
+
+
+def test_ratio_and_quantised_kv_warnings(tmp_path):
+    target = read_model_facts(write_gguf(tmp_path / "t.gguf", params_scale=25))
+    draft = read_model_facts(write_gguf(tmp_path / "d.gguf"))
+    p = plan_memory(target, draft, n_ctx=256, kv_type="q4_0")
+    assert 0.05 < p.draft_ratio < 0.2
+    assert any("above the useful" in w for w in p.warnings)
+    assert any("flash attention" in w for w in p.warnings)
+
+
+def test_check_fits_and_explanation(tiny):
+    f = read_model_facts(tiny)
+    p = plan_memory(f, f, n_ctx=4096, parallel=2, gpu=False)
+    check_fits(p, 1 * GIB)  # fits: no exception
+    with pytest.raises(ConfigError) as exc:
+        check_fits(p, p.total_bytes, device="CUDA0")  # no room for the 5 % headroom
+    text = str(exc.value)
+    assert exc.value.key == "engine"
+    assert "does NOT fit" in text and "CUDA0" in text and "target" in text and "draft" in text and "KV" in text
+    d = p.as_dict(1 * GIB)
+    assert d["fits"] is True and d["models"]["draft"]["kv_bytes_per_slot"] == p.draft.kv_bytes
+
+
+def test_plan_for_config(tiny):
+    cfg = EngineConfig(
+        target=ModelConfig(path=str(tiny), n_ctx=512, n_batch=64, n_gpu_layers=-1),
+        draft=ModelConfig(path=str(tiny), n_ctx=512, n_batch=64),
+        parallel=2,
+    )
+    p = plan_for_config(cfg)
+    assert (p.n_ctx, p.parallel, p.n_ubatch, p.kv_type) == (512, 2, 64, "f16") and p.overhead_bytes > 0
+
+
+def test_parse_llama_log_sums_backends():
+    log = (
+        "load_tensors:   CPU_Mapped model buffer size =    92.10 MiB\n"
+        "load_tensors:        CUDA0 model buffer size =  1000.00 MiB\n"
+        "llama_kv_cache:        CPU KV buffer size =    90.00 MiB\n"
+        "sched_reserve:        CPU compute buffer size =    99.38 MiB\n"
+        "sched_reserve:      CUDA0 compute buffer size =    10.00 MiB\n"
+    )
+    got = parse_llama_log(log)
+    assert got["weights_bytes"] == round(1092.10 * MIB)
+    assert got["kv_bytes"] == 90 * MIB
+    assert got["compute_bytes"] == round(109.38 * MIB)
+
+
+def test_cli_plan(tiny):
+    from edgespec.cli.main import app
+
+    runner = CliRunner()
+    ok = runner.invoke(app, ["plan", "--target", str(tiny), "--draft", str(tiny), "--n-ctx", "512", "--vram", "1"])
+    assert ok.exit_code == 0, ok.output
+    assert "fits:" in ok.output and "demo pair" in ok.output
+    no = runner.invoke(app, ["plan", "--target", str(tiny), "--n-ctx", "4096", "--parallel", "64", "--vram", "0.01"])
+    assert no.exit_code == 1 and "does NOT fit" in no.output
+    js = runner.invoke(app, ["plan", "--target", str(tiny), "--n-ctx", "512", "--vram", "1", "--cpu", "--json"])
+    data = json.loads(js.output)
+    assert data["fits"] is True and data["overhead_bytes"] == 0 and "target" in data["models"]
+    bad = runner.invoke(app, ["plan", "--target", str(tiny), "--kv-type", "q5"])
+    assert bad.exit_code == 2
+
+
+def _demo_gguf():
+    for name in ("SmolLM2-135M-Instruct.Q4_0.gguf", "SmolLM2-135M-Instruct.F32.gguf"):
+        path = models_dir() / name
+        if path.is_file():
+            return path
+    pytest.skip(f"demo models not prepared in {models_dir()} (run `edgespec models prepare-demo`)")
+
+
+@pytest.mark.slow
+def test_estimates_match_llama_cpp_at_load():
+    """Load the demo GGUF with llama.cpp and compare its reported buffer sizes with the plan."""
+    import llama_cpp  # only this test may import llama_cpp directly
+
+    path = _demo_gguf()
+    n_ctx, n_batch = 1024, 256
+    facts = read_model_facts(path)
+    plan = plan_memory(facts, None, n_ctx=n_ctx, n_ubatch=n_batch, gpu=False)
+    lines: list[str] = []
+
+    @llama_cpp.llama_log_callback
+    def capture(level, text, user_data):
+        lines.append(text.decode(errors="replace"))
+
+    llama_cpp.llama_log_set(capture, ctypes.c_void_p(0))
+    try:
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, verbose=False)
+        model_size = llama_cpp.llama_model_size(llm.model)
+        llm.close()
+    finally:
+        from llama_cpp._logger import llama_log_callback  # llama-cpp-python's own, set at import
+
+        llama_cpp.llama_log_set(llama_log_callback, ctypes.c_void_p(0))
+    reported = parse_llama_log("".join(lines))
+    checks = compare_with_reported(plan.target, **{**reported, "weights_bytes": model_size})
+    by_item = {c.item: c for c in checks}
+    assert {"kv_bytes", "compute_bytes"} <= set(by_item), reported  # the log was captured
+    assert abs(by_item["weights_bytes"].rel_error) < 0.03, by_item
+    assert abs(by_item["kv_bytes"].rel_error) < 0.01, by_item  # exact arithmetic
+    assert -0.05 < by_item["compute_bytes"].rel_error < 0.10, by_item  # an estimate
