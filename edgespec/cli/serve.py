@@ -1,0 +1,54 @@
+"""`edgespec serve`: the gRPC daemon (thin over edgespec.server.daemon)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from edgespec.cli.common import user_errors
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("serve")
+    def serve(
+        config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config (default: $EDGESPEC_CONFIG, else built-in defaults)."),
+        host: Optional[str] = typer.Option(None, "--host", help="Listen address [default: 127.0.0.1]."),
+        port: Optional[int] = typer.Option(None, "--port", help="Listen port [default: 50051; 0 = any free port]."),
+        reflection: bool = typer.Option(False, "--reflection", help="Enable gRPC server reflection."),
+        insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback address without auth tokens."),
+        parallel: Optional[int] = typer.Option(None, "--parallel", help="Requests decoded at once (engine slots)."),
+        log_level: Optional[str] = typer.Option(None, "--log-level", help="debug|info|warning|error."),
+    ) -> None:
+        """Run the gRPC daemon (health NOT_SERVING until both models are loaded and warmed)."""
+        with user_errors():
+            from edgespec.server import config as daemon_config
+
+            overrides: dict[str, dict] = {"server": {}, "logging": {}}
+            if host is not None:
+                overrides["server"]["host"] = host
+            if port is not None:
+                overrides["server"]["port"] = port
+            if reflection:
+                overrides["server"]["reflection"] = True
+            if insecure:
+                overrides["server"]["insecure"] = True
+            if parallel is not None:
+                overrides["server"]["parallel"] = parallel
+            if log_level is not None:
+                overrides["logging"]["level"] = log_level
+            path = config or (Path(os.environ["EDGESPEC_CONFIG"]) if os.environ.get("EDGESPEC_CONFIG") else None)
+            cfg = daemon_config.load(path, overrides=overrides, check_models=True)
+
+            from edgespec import logs  # logging before the heavy imports (grpc, llama_cpp)
+
+            js = cfg.logging.json
+            logs.configure(level=cfg.logging.level, json=None if js == "auto" else bool(js))
+
+            from edgespec.server.daemon import run
+
+            code = run(cfg)
+        sys.exit(code)

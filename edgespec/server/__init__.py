@@ -1,0 +1,1 @@
+"""The gRPC daemon: config, engine thread, servicers, auth, metrics. Heavy imports stay lazy."""

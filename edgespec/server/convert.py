@@ -1,0 +1,153 @@
+"""protobuf <-> domain types, and request validation (every field, named, with its range).
+The servicers stay thin: they call these and the engine loop."""
+
+from __future__ import annotations
+
+import math
+
+from edgespec.errors import BadRequest
+from edgespec.proto.edgespec.v1 import admin_pb2, inference_pb2 as pb
+from edgespec.sampling import MAX_STOP_STRINGS, SamplingParams
+from edgespec.server.policy import Policy
+from edgespec.types import GenerationResult, SpeculationParams
+
+ROLES = ("system", "user", "assistant", "tool")
+_MODES = {pb.AUTO: "auto", pb.OFF: "plain", pb.CHAIN: "chain", pb.TREE: "tree"}
+FINISH = {
+    "stop": pb.STOP, "length": pb.LENGTH, "eos": pb.EOS,
+    "cancelled": pb.CANCELLED, "deadline": pb.DEADLINE, "error": pb.ERROR,
+}
+_POLICY_IN = {admin_pb2.SPECULATION_POLICY_AUTO: "auto", admin_pb2.SPECULATION_POLICY_OFF: "off"}
+_POLICY_OUT = {v: k for k, v in _POLICY_IN.items()}
+
+
+def messages_from(msgs: object, field: str = "messages") -> tuple[tuple[str, str], ...]:
+    out = []
+    for i, m in enumerate(msgs):  # type: ignore[attr-defined]
+        if m.role not in ROLES:
+            raise BadRequest(f"{field}[{i}].role", f"must be one of {', '.join(ROLES)}, got {m.role!r}")
+        out.append((m.role, m.content))
+    return tuple(out)
+
+
+def sampling_from(s: pb.SamplingOptions, policy: Policy) -> SamplingParams:
+    """Unset fields take defaults; every set field is range-checked (BadRequest names it)."""
+    def opt(name: str, default):  # noqa: ANN001, ANN202
+        return getattr(s, name) if s.HasField(name) else default
+
+    temperature = opt("temperature", 0.0)
+    if not math.isfinite(temperature) or not 0.0 <= temperature <= 100.0:
+        raise BadRequest("sampling.temperature", f"must be in [0, 100], got {temperature!r}")
+    top_k = opt("top_k", 0)
+    if top_k < 0:
+        raise BadRequest("sampling.top_k", f"must be >= 0 (0 = off), got {top_k}")
+    top_p = opt("top_p", 1.0)
+    if not math.isfinite(top_p) or not 0.0 < top_p <= 1.0:
+        raise BadRequest("sampling.top_p", f"must be in (0, 1], got {top_p!r}")
+    min_p = opt("min_p", 0.0)
+    if not math.isfinite(min_p) or not 0.0 <= min_p < 1.0:
+        raise BadRequest("sampling.min_p", f"must be in [0, 1), got {min_p!r}")
+    seed = opt("seed", None)
+    if seed is not None and seed < 0:
+        raise BadRequest("sampling.seed", f"must be in [0, 2^63), got {seed}")
+    max_tokens = opt("max_tokens", policy.default_max_tokens)
+    if not 1 <= max_tokens <= policy.max_tokens:
+        raise BadRequest("sampling.max_tokens", f"must be in [1, {policy.max_tokens}], got {max_tokens}")
+    stop = tuple(s.stop)
+    if len(stop) > MAX_STOP_STRINGS:
+        raise BadRequest("sampling.stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}")
+    for i, st in enumerate(stop):
+        if not st:
+            raise BadRequest(f"sampling.stop[{i}]", "must be a non-empty string")
+        if len(st) > 256:
+            raise BadRequest(f"sampling.stop[{i}]", f"at most 256 characters, got {len(st)}")
+    try:
+        return SamplingParams(temperature=float(temperature), top_k=top_k, top_p=float(top_p), min_p=float(min_p),
+                              seed=seed, max_tokens=max_tokens, stop=stop)
+    except BadRequest as exc:
+        raise BadRequest(f"sampling.{exc.field}", str(exc).split(": ", 1)[-1]) from None
+
+
+def speculation_from(s: pb.SpeculationOptions, policy: Policy) -> SpeculationParams:
+    if s.mode not in _MODES:
+        raise BadRequest("speculation.mode", f"must be one of AUTO, OFF, CHAIN, TREE, got {s.mode}")
+    mode = _MODES[s.mode]
+    if mode == "auto" and policy.default_mode != "auto":
+        mode = "plain" if policy.default_mode == "off" else policy.default_mode
+    if policy.speculation == "off":
+        mode = "plain"
+    values = {}
+    for name, default, cap in (("draft_tokens", policy.draft_tokens, policy.max_draft_tokens),
+                               ("tree_nodes", policy.tree_nodes, policy.max_tree_nodes),
+                               ("tree_depth", policy.tree_depth, policy.max_tree_depth)):
+        if s.HasField(name):
+            v = getattr(s, name)
+            if not 1 <= v <= cap:
+                raise BadRequest(f"speculation.{name}", f"must be in [1, {cap}], got {v}")
+        else:
+            v = min(default, cap)
+        values[name] = v
+    ngram = s.ngram if s.HasField("ngram") else policy.ngram
+    try:
+        return SpeculationParams(mode=mode, ngram=ngram, **values)  # type: ignore[arg-type]
+    except BadRequest as exc:
+        raise BadRequest(f"speculation.{exc.field}", str(exc).split(": ", 1)[-1]) from None
+
+
+def prompt_from(req: pb.GenerateRequest) -> tuple[str, tuple[tuple[str, str], ...]]:
+    if req.prompt and req.messages:
+        raise BadRequest("prompt", "set either prompt or messages, not both")
+    if not req.prompt and not req.messages:
+        raise BadRequest("prompt", "one of prompt or messages is required")
+    return req.prompt, messages_from(req.messages)
+
+
+def validate_request_id(rid: str) -> str:
+    if len(rid) > 128 or any(not (c.isalnum() or c in "-_.:") for c in rid):
+        raise BadRequest("request_id", "at most 128 characters of [A-Za-z0-9-_.:]")
+    return rid
+
+
+def response(result: GenerationResult | None, *, text: str, token_ids: list[int] | tuple[int, ...],
+             timings: dict[str, float] | None, request_id: str, prompt_tokens: int = 0) -> pb.GenerateResponse:
+    """A unary response / a final stream chunk (when `result` is set) / a plain chunk (result None)."""
+    out = pb.GenerateResponse(text=text, token_ids=list(token_ids), request_id=request_id)
+    if result is None:
+        return out
+    st = result.stats
+    out.finish_reason = FINISH.get(result.finish_reason, pb.ERROR)
+    out.usage.prompt_tokens = result.prompt_tokens or prompt_tokens
+    out.usage.completion_tokens = len(result.token_ids)
+    sp = out.speculation
+    sp.target_forwards = st.target_forwards
+    sp.draft_forwards = st.draft_forwards
+    sp.drafted_tokens = st.drafted_tokens
+    sp.accepted_tokens = st.accepted_tokens
+    sp.tau = st.tau
+    sp.breaker_transitions = st.breaker_transitions
+    sp.accepted_per_depth.extend(st.accepted_per_depth)
+    for mode, n in st.steps_per_mode.items():
+        sp.steps_per_mode[mode] = n
+    if timings:
+        out.timings.queue_seconds = timings["queue_seconds"]
+        out.timings.time_to_first_token_seconds = timings["time_to_first_token_seconds"]
+        out.timings.total_seconds = timings["total_seconds"]
+    return out
+
+
+def policy_to_pb(p: Policy) -> admin_pb2.Policy:
+    return admin_pb2.Policy(speculation=_POLICY_OUT[p.speculation], max_draft_tokens=p.max_draft_tokens,
+                            max_tree_nodes=p.max_tree_nodes, max_tree_depth=p.max_tree_depth, max_tokens=p.max_tokens)
+
+
+def policy_update(req: admin_pb2.SetPolicyRequest, current: Policy) -> Policy:
+    changes: dict[str, object] = {}
+    if req.speculation != admin_pb2.SPECULATION_POLICY_UNSPECIFIED:
+        if req.speculation not in _POLICY_IN:
+            raise BadRequest("speculation", "must be SPECULATION_POLICY_AUTO or SPECULATION_POLICY_OFF")
+        changes["speculation"] = _POLICY_IN[req.speculation]
+    for name in ("max_draft_tokens", "max_tree_nodes", "max_tree_depth", "max_tokens"):
+        if req.HasField(name):
+            changes[name] = getattr(req, name)
+    new = current.replace(**changes)
+    return new.replace(default_max_tokens=min(new.default_max_tokens, new.max_tokens))

@@ -1,0 +1,234 @@
+"""Assemble and run the daemon: gRPC server (+ health, optional reflection), engine thread,
+metrics endpoint, signals (SIGTERM/SIGINT: graceful shutdown, SIGHUP: reload policy) and
+systemd notifications (through edgespec.notify when present)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from edgespec.errors import ConfigError
+from edgespec.logs import get_logger
+from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2, inference_pb2_grpc
+from edgespec.server.auth import TokenAuth
+from edgespec.server.config import DaemonConfig, reload_speculation
+from edgespec.server.engine_loop import EngineLoop
+from edgespec.server.metrics import Metrics, serve_metrics
+from edgespec.server.policy import Policy
+from edgespec.server.servicers import AdminServicer, InferenceServicer
+from edgespec.server.status import ServerInterceptor
+
+log = get_logger("edgespec.server")
+
+INFERENCE = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
+ADMIN = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
+SPARE_THREADS = 32  # handler threads beyond parallel + queue_size (health, admin, tokenize, rejections)
+
+
+def notify(**kwargs: Any) -> None:
+    """systemd sd_notify through edgespec.notify when that module exists; never fails the daemon."""
+    try:
+        from edgespec.notify import notify as sd_notify
+    except ImportError:
+        return
+    try:
+        sd_notify(**kwargs)
+    except Exception as exc:  # noqa: BLE001
+        log.debug("notify_failed", error=str(exc))
+
+
+def default_engine_factory(cfg: DaemonConfig) -> Callable[[], Any]:
+    def load() -> Any:
+        from edgespec.engine import Engine
+
+        return Engine.load(cfg.engine)
+
+    return load
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+class Daemon:
+    def __init__(self, cfg: DaemonConfig, engine_factory: Callable[[], Any] | None = None):
+        self.cfg = cfg
+        self._policy = Policy.from_config(cfg.speculation, cfg.server)
+        self._policy_lock = threading.Lock()
+        self.metrics = Metrics()
+        self.auth = TokenAuth.from_files(cfg.auth.tokens_file, cfg.auth.admin_tokens_file)
+        self.health = health.HealthServicer(experimental_non_blocking=True)
+        self.loop = EngineLoop(
+            engine_factory or default_engine_factory(cfg),
+            parallel=cfg.server.parallel,
+            queue_size=cfg.server.queue_size,
+            metrics=self.metrics,
+            on_ready=self._on_ready,
+            on_heartbeat=lambda: notify(watchdog=True),
+            log_text=cfg.logging.log_text,
+        )
+        self.metrics.state = self.loop.stats
+        self.started = time.monotonic()
+        self.server: grpc.Server | None = None
+        self.port = 0
+        self._metrics_server = None
+        self._stopped = threading.Event()
+
+    # ---- policy ----------------------------------------------------------------------------
+
+    def policy(self) -> Policy:
+        with self._policy_lock:
+            return self._policy
+
+    def set_policy(self, p: Policy) -> None:
+        with self._policy_lock:
+            self._policy = p
+        log.info("policy_set", speculation=p.speculation, max_draft_tokens=p.max_draft_tokens,
+                 max_tree_nodes=p.max_tree_nodes, max_tree_depth=p.max_tree_depth, max_tokens=p.max_tokens)
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the policy sections of the config file; in-flight requests are untouched."""
+        try:
+            spec = reload_speculation(self.cfg)
+        except ConfigError as exc:
+            log.error("reload_failed", error=str(exc))
+            return
+        self.set_policy(Policy.from_config(spec, self.cfg.server))
+        log.info("config_reloaded", source=self.cfg.source)
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def _set_health(self, status: int) -> None:
+        for name in ("", INFERENCE, ADMIN):
+            self.health.set(name, status)
+
+    def _on_ready(self) -> None:
+        if self._stopped.is_set() or self.loop.draining:
+            return
+        self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        addr = format_address(self.cfg.server.host, self.port)
+        log.info("serving", address=addr, tls=self.cfg.tls.enabled, mtls=bool(self.cfg.tls.client_ca),
+                 auth=self.auth.enabled, reflection=self.cfg.server.reflection)
+        print(f"SERVING {addr}", flush=True)  # a line for scripts and tests
+        notify(ready=True, status=f"serving on {addr}")
+
+    def _drain(self, on: bool) -> None:
+        self.loop.drain(on)
+        if on:
+            self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        elif self.loop.ready:
+            self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        log.info("drain", draining=on)
+
+    def start(self) -> int:
+        """Bind and start serving (health NOT_SERVING), then load the engine in its thread."""
+        s = self.cfg.server
+        workers = s.parallel + s.queue_size + SPARE_THREADS
+        options = [
+            ("grpc.max_receive_message_length", s.max_message_bytes),
+            ("grpc.max_send_message_length", s.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="edgespec-rpc"),
+            interceptors=[ServerInterceptor(self.auth)],
+            options=options,
+            maximum_concurrent_rpcs=workers,
+        )
+        inference_pb2_grpc.add_InferenceServicer_to_server(
+            InferenceServicer(self.loop, self.policy, parallel=s.parallel), server)
+        admin_pb2_grpc.add_AdminServicer_to_server(
+            AdminServicer(self.loop, self.policy, self.set_policy, self._drain, self.started), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        if s.reflection:
+            from grpc_reflection.v1alpha import reflection
+
+            reflection.enable_server_reflection(
+                (INFERENCE, ADMIN, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+                server,
+            )
+        addr = format_address(s.host, s.port)
+        try:
+            if self.cfg.tls.enabled:
+                t = self.cfg.tls
+                ca = Path(t.client_ca).expanduser().read_bytes() if t.client_ca else None
+                creds = grpc.ssl_server_credentials(
+                    [(Path(t.key).expanduser().read_bytes(), Path(t.cert).expanduser().read_bytes())],
+                    root_certificates=ca,
+                    require_client_auth=ca is not None,
+                )
+                self.port = server.add_secure_port(addr, creds)
+            else:
+                self.port = server.add_insecure_port(addr)
+        except RuntimeError as exc:
+            raise ConfigError("server.port", f"cannot listen on {addr}: {exc}") from None
+        if not self.port:
+            raise ConfigError("server.port", f"cannot listen on {addr}")
+        server.start()
+        self.server = server
+        log.info("listening", address=format_address(s.host, self.port), workers=workers)
+        if self.cfg.metrics.enabled:
+            m = self.cfg.metrics
+            self._metrics_server = serve_metrics(self.metrics, m.host, m.port)
+            log.info("metrics_listening", address=format_address(m.host, self._metrics_server.server_address[1]))
+        notify(status="loading models")
+        self.loop.start()
+        return self.port
+
+    @property
+    def metrics_port(self) -> int:
+        return self._metrics_server.server_address[1] if self._metrics_server else 0
+
+    def shutdown(self, grace: float | None = None) -> None:
+        """Health NOT_SERVING, stop accepting, give in-flight requests `grace` seconds, stop the engine."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        grace = self.cfg.server.grace_seconds if grace is None else grace
+        log.info("shutting_down", grace_seconds=grace, **{k: v for k, v in self.loop.stats().items()
+                                                           if k in ("active_requests", "queue_depth")})
+        notify(stopping=True, status="draining")
+        self.health.enter_graceful_shutdown()
+        self.loop.drain(True)
+        if self.server is not None:
+            self.server.stop(grace).wait(grace + 5)
+        self.loop.stop()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+        log.info("stopped")
+
+
+def run(cfg: DaemonConfig, engine_factory: Callable[[], Any] | None = None) -> int:
+    """The `edgespec serve` main loop. Returns the exit code (0 on SIGTERM/SIGINT)."""
+    daemon = Daemon(cfg, engine_factory)
+    stop = threading.Event()
+    reload = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, lambda *_: reload.set())
+    daemon.start()
+    code = 0
+    while not stop.wait(0.2):
+        if reload.is_set():
+            reload.clear()
+            daemon.reload()
+        if daemon.loop.stopped:
+            err = daemon.loop.error
+            log.error("engine_failed", error=str(err) if err else "stopped")
+            print(f"error: the engine failed: {err}", file=sys.stderr, flush=True)
+            code = 1
+            break
+    daemon.shutdown()
+    return code

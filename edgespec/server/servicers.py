@@ -1,0 +1,159 @@
+"""Thin servicers: protobuf -> domain (convert.py) -> engine loop -> protobuf. Errors are raised
+as domain exceptions and mapped to status codes by status.ServerInterceptor."""
+
+from __future__ import annotations
+
+import queue
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+
+from edgespec.errors import BadRequest, Cancelled, NotReady
+from edgespec.logs import bind_request_id
+from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2 as pb, inference_pb2_grpc
+from edgespec.server import convert
+from edgespec.server.engine_loop import EngineLoop, Job
+from edgespec.server.policy import Policy
+from edgespec.server.status import DeadlineExceeded
+from edgespec.types import GenerationResult
+
+POLL_SECONDS = 0.25
+
+
+class InferenceServicer(inference_pb2_grpc.InferenceServicer):
+    def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], *, parallel: int):
+        self.loop = loop
+        self.policy = policy
+        self.parallel = parallel
+
+    # ---- helpers -------------------------------------------------------------------------
+
+    def _submit(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Job:
+        rid = convert.validate_request_id(request.request_id) or uuid.uuid4().hex[:16]
+        bind_request_id(request_id=rid)
+        policy = self.policy()
+        prompt, messages = convert.prompt_from(request)
+        sampling = convert.sampling_from(request.sampling, policy)
+        speculation = convert.speculation_from(request.speculation, policy)
+        remaining = context.time_remaining()
+        deadline = time.monotonic() + remaining if remaining is not None and remaining < 1e8 else None
+        job = Job(request_id=rid, sampling=sampling, speculation=speculation, prompt=prompt,
+                  messages=messages, deadline=deadline)
+        self.loop.submit(job)
+        context.add_callback(job.cancel)  # client cancel / deadline / server stop -> engine stops within a step
+        return job
+
+    def _events(self, job: Job) -> Iterator[tuple[str, Any]]:
+        """Yield ("chunk", Chunk) until the job's result; raise its error."""
+        while True:
+            try:
+                kind, value = job.events.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                if self.loop.stopped:
+                    raise NotReady("the engine stopped") from None
+                continue
+            if kind == "error":
+                raise value
+            yield kind, value
+            if kind == "result":
+                return
+
+    @staticmethod
+    def _check_end(result: GenerationResult, job: Job) -> None:
+        if result.finish_reason == "deadline":
+            raise DeadlineExceeded(f"deadline exceeded after {len(result.token_ids)} generated tokens")
+        if result.finish_reason == "cancelled":
+            raise Cancelled("the request was cancelled")
+
+    # ---- RPCs ----------------------------------------------------------------------------
+
+    def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> pb.GenerateResponse:  # noqa: N802
+        job = self._submit(request, context)
+        for kind, value in self._events(job):
+            if kind == "result":
+                self._check_end(value, job)
+                return convert.response(value, text=value.text, token_ids=value.token_ids,
+                                        timings=job.timings(), request_id=job.request_id, prompt_tokens=job.prompt_tokens)
+        raise NotReady("the engine stopped")  # pragma: no cover
+
+    def GenerateStream(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:  # noqa: N802
+        job = self._submit(request, context)
+        held = None  # the finishing chunk is merged into the final message
+        for kind, value in self._events(job):
+            if kind == "chunk":
+                if value.finish_reason:
+                    held = value
+                elif value.token_ids or value.text:
+                    yield convert.response(None, text=value.text, token_ids=value.token_ids, timings=None,
+                                           request_id=job.request_id)
+            else:
+                self._check_end(value, job)
+                yield convert.response(value, text=held.text if held else "", token_ids=held.token_ids if held else (),
+                                       timings=job.timings(), request_id=job.request_id, prompt_tokens=job.prompt_tokens)
+
+    def Tokenize(self, request: pb.TokenizeRequest, context: grpc.ServicerContext) -> pb.TokenizeResponse:  # noqa: N802
+        if request.text and request.messages:
+            raise BadRequest("text", "set either text or messages, not both")
+        messages = convert.messages_from(request.messages)
+
+        def run(engine: Any) -> list[int]:
+            if messages:
+                return engine.tokenize(engine.chat_prompt(list(messages)), add_special=True, parse_special=True)
+            return engine.tokenize(request.text, add_special=request.add_special, parse_special=request.parse_special)
+
+        ids = self.loop.call(run)
+        return pb.TokenizeResponse(token_ids=ids, count=len(ids))
+
+    def ModelInfo(self, request: pb.ModelInfoRequest, context: grpc.ServicerContext) -> pb.ModelInfoResponse:  # noqa: N802
+        info = dict(self.loop.call(lambda engine: engine.model_info()))
+        out = pb.ModelInfoResponse(parallel=self.parallel)
+        for key, attr, cast in (("target_path", "target_path", str), ("draft_path", "draft_path", str),
+                                ("n_ctx", "n_ctx", int), ("vocab_size", "vocab_size", int), ("backend", "backend", str)):
+            if info.get(key) is not None:
+                setattr(out, attr, cast(info.pop(key)))
+        for key, value in info.items():
+            out.details[str(key)] = str(value)
+        return out
+
+
+class AdminServicer(admin_pb2_grpc.AdminServicer):
+    def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], set_policy: Callable[[Policy], None],
+                 drain: Callable[[bool], None], started: float):
+        self.loop = loop
+        self.policy = policy
+        self.set_policy = set_policy
+        self.drain = drain
+        self.started = started
+
+    def Stats(self, request: admin_pb2.StatsRequest, context: grpc.ServicerContext) -> admin_pb2.StatsResponse:  # noqa: N802
+        s = self.loop.stats()
+        out = admin_pb2.StatsResponse(
+            active_requests=s["active_requests"], queue_depth=s["queue_depth"], queue_capacity=s["queue_capacity"],
+            parallel=s["parallel"], ready=s["ready"], draining=s["draining"],
+            uptime_seconds=time.monotonic() - self.started, requests_total=s.get("requests_total", 0),
+            rejected_overloaded_total=s.get("rejected_overloaded_total", 0),
+            generated_tokens_total=s.get("generated_tokens_total", 0),
+            target_forwards_total=s.get("target_forwards_total", 0),
+            drafted_tokens_total=s.get("drafted_tokens_total", 0),
+            accepted_tokens_total=s.get("accepted_tokens_total", 0),
+            breaker_transitions_total=s.get("breaker_transitions_total", 0),
+            policy=convert.policy_to_pb(self.policy()),
+        )
+        for key, value in s.items():
+            if key.startswith("finished_"):
+                out.finished_by_reason[key[len("finished_"):]] = value
+        return out
+
+    def SetPolicy(self, request: admin_pb2.SetPolicyRequest, context: grpc.ServicerContext) -> admin_pb2.Policy:  # noqa: N802
+        new = convert.policy_update(request, self.policy())
+        self.set_policy(new)
+        return convert.policy_to_pb(new)
+
+    def Drain(self, request: admin_pb2.DrainRequest, context: grpc.ServicerContext) -> admin_pb2.DrainResponse:  # noqa: N802
+        self.drain(not request.resume)
+        s = self.loop.stats()
+        return admin_pb2.DrainResponse(draining=s["draining"], active_requests=s["active_requests"],
+                                       queue_depth=s["queue_depth"])
