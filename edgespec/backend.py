@@ -1,0 +1,337 @@
+"""The llama.cpp backend: the ONLY module that imports llama_cpp.
+
+Everything else talks to `Model` (weights + vocabulary) and `Context` (a KV cache with a
+reusable batch). Batches are filled through numpy views over the llama_batch arrays and logits
+are read as numpy views over llama.cpp's output buffer, so a step's Python overhead stays small.
+
+Tree verification needs no special API: a token can carry several sequence ids. With
+`kv_unified=True` a KV cell shared by several sequences is stored once, so a tree node carries the
+ids of every leaf below it and attends exactly to its ancestors.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp as ll
+import numpy as np
+
+from edgespec.config import ModelConfig
+from edgespec.errors import IncompatibleDraft, ModelError
+
+_init_lock = threading.Lock()
+_initialised = False
+_log_cb = None  # keep the ctypes callback alive
+
+
+def _init() -> None:
+    global _initialised, _log_cb
+    with _init_lock:
+        if _initialised:
+            return
+        ll.llama_backend_init()
+        verbose = os.environ.get("EDGESPEC_LLAMA_LOG", "") not in ("", "0")
+
+        @ll.llama_log_callback
+        def _cb(level, text, user_data):  # noqa: ANN001
+            if verbose:
+                os.write(2, text)
+
+        _log_cb = _cb
+        ll.llama_log_set(_log_cb, ctypes.c_void_p(0))
+        _initialised = True
+
+
+_KV_TYPES = {"f32": ll.GGML_TYPE_F32, "f16": ll.GGML_TYPE_F16, "q8_0": ll.GGML_TYPE_Q8_0, "q4_0": ll.GGML_TYPE_Q4_0}
+_FTYPES = {
+    "f32": ll.LLAMA_FTYPE_ALL_F32,
+    "f16": ll.LLAMA_FTYPE_MOSTLY_F16,
+    "q8_0": ll.LLAMA_FTYPE_MOSTLY_Q8_0,
+    "q4_0": ll.LLAMA_FTYPE_MOSTLY_Q4_0,
+    "q4_1": ll.LLAMA_FTYPE_MOSTLY_Q4_1,
+    "q2_k": ll.LLAMA_FTYPE_MOSTLY_Q2_K,
+}
+FTYPES = tuple(_FTYPES)
+
+
+def gpu_offload_supported() -> bool:
+    _init()
+    return bool(ll.llama_supports_gpu_offload())
+
+
+def system_info() -> str:
+    _init()
+    return ll.llama_print_system_info().decode(errors="replace")
+
+
+def quantize(src: Path, dst: Path, ftype: str, threads: int = 0) -> None:
+    """Write `dst` as `src` converted to `ftype` with llama.cpp's own quantizer."""
+    _init()
+    if ftype not in _FTYPES:
+        raise ModelError(f"unknown ftype {ftype!r}; one of {', '.join(_FTYPES)}")
+    params = ll.llama_model_quantize_default_params()
+    params.ftype = _FTYPES[ftype]
+    params.nthread = threads or (os.cpu_count() or 1)
+    params.allow_requantize = True
+    rc = ll.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise ModelError(f"llama_model_quantize({src} -> {ftype}) failed with code {rc}")
+
+
+class Model:
+    """Weights and vocabulary of one GGUF model (shared by all its contexts)."""
+
+    def __init__(self, path: str | Path, n_gpu_layers: int = 0):
+        _init()
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ModelError(f"model file not found: {self.path}")
+        mp = ll.llama_model_default_params()
+        mp.n_gpu_layers = 10_000 if n_gpu_layers < 0 else n_gpu_layers
+        self._model = ll.llama_model_load_from_file(str(self.path).encode(), mp)
+        if not self._model:
+            raise ModelError(f"llama.cpp could not load {self.path} (not a valid GGUF?)")
+        self._vocab = ll.llama_model_get_vocab(self._model)
+        self.n_vocab = int(ll.llama_vocab_n_tokens(self._vocab))
+        self.bos = int(ll.llama_vocab_bos(self._vocab))
+        self.eos = int(ll.llama_vocab_eos(self._vocab))
+        self.add_bos = bool(ll.llama_vocab_get_add_bos(self._vocab))
+        self.vocab_type = int(ll.llama_vocab_type(self._vocab))
+        self.n_params = int(ll.llama_model_n_params(self._model))
+        self.size_bytes = int(ll.llama_model_size(self._model))
+        self.n_layer = int(ll.llama_model_n_layer(self._model))
+        self.n_embd = int(ll.llama_model_n_embd(self._model))
+        self.n_ctx_train = int(ll.llama_model_n_ctx_train(self._model))
+        buf = ctypes.create_string_buffer(256)
+        ll.llama_model_desc(self._model, buf, 256)
+        self.desc = buf.value.decode(errors="replace")
+        self._eog = np.array([bool(ll.llama_vocab_is_eog(self._vocab, t)) for t in range(self.n_vocab)])
+        self._piece_cache: dict[int, bytes] = {}
+        tmpl = ll.llama_model_chat_template(self._model, None)
+        self.chat_template: bytes | None = tmpl if tmpl else None
+
+    # -- vocabulary ---------------------------------------------------------------------------
+    def is_eog(self, token: int) -> bool:
+        return bool(self._eog[token])
+
+    def token_text(self, token: int) -> bytes:
+        return ll.llama_vocab_get_text(self._vocab, token) or b""
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        arr = (ll.llama_token * n_max)()
+        n = ll.llama_tokenize(self._vocab, data, len(data), arr, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            arr = (ll.llama_token * n_max)()
+            n = ll.llama_tokenize(self._vocab, data, len(data), arr, n_max, add_special, parse_special)
+        return list(arr[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a token renders as (special tokens rendered empty)."""
+        b = self._piece_cache.get(token)
+        if b is None:
+            buf = ctypes.create_string_buffer(64)
+            n = ll.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = ll.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+            b = buf.raw[:n]
+            self._piece_cache[token] = b
+        return b
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> str:
+        """Apply the GGUF's chat template (llama.cpp's built-in template matcher), with the
+        assistant generation prompt appended."""
+        if not messages:
+            raise ModelError("chat needs at least one message")
+        arr = (ll.llama_chat_message * len(messages))()
+        keep = []
+        for i, (role, content) in enumerate(messages):
+            r, c = role.encode(), content.encode()
+            keep += [r, c]
+            arr[i].role, arr[i].content = r, c
+        size = 4 * sum(len(c) for c in keep) + 1024
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            n = ll.llama_chat_apply_template(self.chat_template, arr, len(messages), True, buf, size)
+            if n < 0:
+                raise ModelError("the model's chat template is not supported by llama.cpp; use a raw prompt")
+            if n <= size:
+                return buf.raw[:n].decode("utf-8", errors="replace")
+            size = n + 1
+        raise ModelError("chat template output too large")
+
+    def close(self) -> None:
+        if getattr(self, "_model", None):
+            ll.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def check_compatible(target: Model, draft: Model) -> None:
+    """The draft must speak the target's vocabulary token for token (as llama.cpp's
+    common/speculative.cpp requires). Raises IncompatibleDraft saying what differs."""
+    diffs = []
+    if target.vocab_type != draft.vocab_type:
+        diffs.append(f"vocab type {target.vocab_type} vs {draft.vocab_type}")
+    if target.n_vocab != draft.n_vocab:
+        diffs.append(f"vocab size {target.n_vocab} vs {draft.n_vocab}")
+    if target.bos != draft.bos:
+        diffs.append(f"BOS {target.bos} vs {draft.bos}")
+    if target.eos != draft.eos:
+        diffs.append(f"EOS {target.eos} vs {draft.eos}")
+    if target.add_bos != draft.add_bos:
+        diffs.append(f"add_bos {target.add_bos} vs {draft.add_bos}")
+    if not diffs:
+        for t in range(target.n_vocab):
+            a, b = target.token_text(t), draft.token_text(t)
+            if a != b:
+                diffs.append(f"token {t} text {a!r} vs {b!r}")
+                break
+    if diffs:
+        raise IncompatibleDraft(
+            f"draft {draft.path.name} cannot draft for target {target.path.name}: " + "; ".join(diffs)
+        )
+
+
+@dataclass
+class BatchEntry:
+    token: int
+    pos: int
+    seq_ids: Sequence[int]
+    logits: bool
+
+
+class Context:
+    """One llama.cpp context (its own KV cache) over a loaded Model, plus a reusable batch."""
+
+    def __init__(self, model: Model, cfg: ModelConfig, n_seq_max: int = 1):
+        self.model = model
+        self.n_seq_max = n_seq_max
+        cp = ll.llama_context_default_params()
+        cp.n_ctx = cfg.n_ctx
+        cp.n_batch = cfg.n_batch
+        cp.n_ubatch = cfg.n_batch
+        cp.n_seq_max = n_seq_max
+        cp.n_threads = cfg.n_threads
+        cp.n_threads_batch = cfg.n_threads
+        cp.kv_unified = True
+        cp.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if cfg.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cp.type_k = _KV_TYPES[cfg.kv_type]
+        cp.type_v = _KV_TYPES[cfg.kv_type]
+        cp.no_perf = True
+        self._ctx = ll.llama_init_from_model(model._model, cp)
+        if not self._ctx:
+            raise ModelError(f"llama.cpp could not create a context for {model.path} (n_ctx={cfg.n_ctx})")
+        self.n_ctx = int(ll.llama_n_ctx(self._ctx))
+        self.n_batch = cfg.n_batch
+        self._mem = ll.llama_get_memory(self._ctx)
+        self._batch = ll.llama_batch_init(self.n_batch, 0, n_seq_max)
+        b = self._batch
+        nb = self.n_batch
+        self._tok = np.ctypeslib.as_array(b.token, shape=(nb,))
+        self._pos = np.ctypeslib.as_array(b.pos, shape=(nb,))
+        self._nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(nb,))
+        self._out = np.ctypeslib.as_array(b.logits, shape=(nb,))
+        self._seq = [np.ctypeslib.as_array(b.seq_id[i], shape=(n_seq_max,)) for i in range(nb)]
+        self.n_vocab = model.n_vocab
+        self.decode_calls = 0
+        self.decode_seconds = 0.0  # wall time inside llama_decode (the rest of a step is overhead)
+
+    # -- decoding -----------------------------------------------------------------------------
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
+               logits: Sequence[bool]) -> None:
+        """One llama_decode. Batches larger than n_batch are split (only for prompts, whose
+        tokens all belong to the same sequences)."""
+        n = len(tokens)
+        start = 0
+        while start < n:
+            m = min(self.n_batch, n - start)
+            self._tok[:m] = tokens[start:start + m]
+            self._pos[:m] = positions[start:start + m]
+            for j in range(m):
+                s = seq_ids[start + j]
+                self._nseq[j] = len(s)
+                self._seq[j][: len(s)] = s
+            self._out[:m] = logits[start:start + m]
+            self._batch.n_tokens = m
+            t0 = time.perf_counter()
+            rc = ll.llama_decode(self._ctx, self._batch)
+            self.decode_seconds += time.perf_counter() - t0
+            self.decode_calls += 1
+            if rc != 0:
+                raise ModelError(f"llama_decode failed with code {rc} (batch of {m} tokens, KV cache full?)")
+            start += m
+        self._last_n = n
+
+    def decode_seq(self, tokens: Sequence[int], start_pos: int, seq_ids: Sequence[int] = (0,),
+                   last_logits: bool = True) -> None:
+        """Decode a run of tokens on the same sequences; logits for the last one only."""
+        n = len(tokens)
+        if n == 0:
+            return
+        self.decode(tokens, range(start_pos, start_pos + n), [seq_ids] * n,
+                    [False] * (n - 1) + [last_logits])
+
+    def logits(self, i: int) -> np.ndarray:
+        """[vocab] float32 logits of batch entry i of the LAST decode call (i counted within that
+        call's last sub-batch; -1 = last). A view: copy it before the next decode."""
+        ptr = ll.llama_get_logits_ith(self._ctx, i)
+        if not ptr:
+            raise ModelError(f"no logits for batch entry {i}")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def logits_rows(self, n_rows: int) -> np.ndarray:
+        """[n_rows, vocab] logits of the last decode's outputs, in batch order (a view)."""
+        ptr = ll.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
+
+    # -- KV cache -----------------------------------------------------------------------------
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
+        ll.llama_memory_seq_rm(self._mem, seq, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        ll.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def seq_keep(self, seq: int) -> None:
+        ll.llama_memory_seq_keep(self._mem, seq)
+
+    def pos_max(self, seq: int) -> int:
+        return int(ll.llama_memory_seq_pos_max(self._mem, seq))
+
+    def pos_min(self, seq: int) -> int:
+        return int(ll.llama_memory_seq_pos_min(self._mem, seq))
+
+    def clear(self) -> None:
+        ll.llama_memory_clear(self._mem, True)
+
+    def state_size(self) -> int:
+        return int(ll.llama_state_get_size(self._ctx))
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            ll.llama_batch_free(self._batch)
+            ll.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self) -> None:  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass

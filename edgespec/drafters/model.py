@@ -1,0 +1,212 @@
+"""The draft-model drafter: grows a token tree level by level, one draft forward per level.
+
+Level 1 decodes the tokens the draft has not seen yet plus the root; every later level decodes
+the `expand` frontier nodes of highest cumulative draft probability and gives each its
+top-`width` children. A chain is width 1; "chain + runner-ups" is expand 1 with width > 1
+(the runner-ups are leaves: no extra draft forward).
+
+Exactness at temperature > 0 constrains how the tree may be shaped: whether a node gets a
+candidate child may depend on everything drafted before that candidate, never on the candidate
+itself. So at T > 0 children are drawn without replacement (Gumbel-top-k from q) and kept in
+draw order, the node budget is spent in that order, and there is no final re-ranking. At T = 0
+the verifier only compares with the target's argmax, so the tree is grown EAGLE-2 style and
+re-ranked: the `nodes` nodes of highest cumulative draft probability are kept.
+
+Draft KV: the committed context lives in seq 0. A decoded node's cells live in the seq of its
+branch: the first expanded child of a node reuses its parent's seq, later ones get a copy.
+`accept` copies the deepest accepted decoded node's cells into seq 0 and drops everything else.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from edgespec.backend import Context
+from edgespec.controller.shapes import Shape
+from edgespec.drafters.base import DraftReport
+from edgespec.sampling import SamplingParams, logits_to_probs
+from edgespec.tree import DraftTree
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    z = np.exp(x - x.max())
+    return z / z.sum()
+
+
+def _gumbel_topk(q: np.ndarray, k: int, rng: np.random.Generator) -> list[int]:
+    """k draws without replacement from q, in draw order (the Gumbel-top-k trick)."""
+    support = np.flatnonzero(q > 0)
+    k = min(k, len(support))
+    if k == 0:
+        return []
+    keys = np.log(q[support]) + rng.gumbel(size=len(support))
+    top = np.argpartition(-keys, k - 1)[:k] if k < len(support) else np.arange(len(support))
+    top = top[np.argsort(-keys[top])]
+    return [int(support[i]) for i in top]
+
+
+class ModelDrafter:
+    name = "model"
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.n_seq = ctx.n_seq_max
+        self.n_past = 0  # context tokens in draft seq 0
+        self._decoded: dict[int, int] = {}  # final tree node -> draft seq holding its cells
+        self._used_seqs: set[int] = set()
+        self._root_pos = 0
+
+    def begin(self, tokens: list[int]) -> None:
+        self.ctx.clear()
+        self.n_past = 0
+
+    def sync(self, tokens: list[int]) -> None:
+        """Bring seq 0 up to tokens[:-1] without drafting (used after plain steps before a probe)."""
+        catch = tokens[self.n_past:-1]
+        if catch:
+            self.ctx.decode_seq(catch, self.n_past, (0,), last_logits=False)
+            self.n_past += len(catch)
+
+    def propose(self, tree: DraftTree, tokens: list[int], shape: Shape, sampling: SamplingParams,
+                rng: np.random.Generator) -> DraftReport:
+        t0 = time.perf_counter()
+        rep = DraftReport()
+        ctx = self.ctx
+        root_pos = len(tokens) - 1
+        self._root_pos = root_pos
+        depth = min(shape.depth, ctx.n_ctx - root_pos - 2)
+        if depth <= 0 or shape.nodes <= 0:
+            return rep
+        greedy = sampling.greedy
+        # local candidate tree; node 0 = root
+        parent = [-1]
+        token = [tokens[-1]]
+        cum = [1.0]
+        qs: list[np.ndarray | None] = [None]
+        dep = [0]
+        seq_of: dict[int, int] = {0: 0}
+        used = {0}
+
+        catch = tokens[self.n_past:]
+        ctx.decode_seq(catch, self.n_past, (0,), last_logits=True)
+        rep.batches.append(len(catch))
+        logits = {0: ctx.logits(-1).copy()}
+        expand_now = [0]
+        budget = shape.nodes
+        width = max(1, shape.width)
+        for level in range(1, depth + 1):
+            rep.levels = level
+            new: list[int] = []
+            for n in expand_now:
+                if not greedy and budget <= 0:
+                    break
+                lg = logits[n]
+                if greedy:
+                    k = min(width, len(lg))
+                    top = np.argpartition(-lg, k - 1)[:k]
+                    top = top[np.argsort(-lg[top])]
+                    pr = _softmax(lg)
+                    kids = [(int(t), float(pr[t])) for t in top]
+                else:
+                    q = logits_to_probs(lg, sampling)
+                    qs[n] = q
+                    kids = [(t, float(q[t])) for t in _gumbel_topk(q, min(width, budget), rng)]
+                for t, pt in kids:
+                    parent.append(n)
+                    token.append(t)
+                    cum.append(cum[n] * pt)
+                    qs.append(None)
+                    dep.append(level)
+                    new.append(len(token) - 1)
+                    budget -= 1
+            if level == depth or not new or (not greedy and budget <= 0):
+                break
+            if shape.stop_prob > 0 and max(cum[i] for i in new) < shape.stop_prob:
+                break
+            # the next level expands the best frontier nodes: decode them in one draft forward
+            frontier = sorted(new, key=lambda i: -cum[i])
+            expand_now = frontier[: max(1, shape.expand)]
+            seqs = self._assign_seqs(expand_now, parent, seq_of, used, root_pos)
+            ctx.decode([token[i] for i in expand_now], [root_pos + dep[i] for i in expand_now],
+                       [(s,) for s in seqs], [True] * len(expand_now))
+            rep.batches.append(len(expand_now))
+            for j, i in enumerate(expand_now):
+                logits[i] = ctx.logits(j).copy()
+
+        # the final tree: at T = 0 keep the best `nodes` by cumulative draft probability
+        order = list(range(1, len(token)))
+        if greedy and len(order) > shape.nodes:
+            order = sorted(order, key=lambda i: (-cum[i], dep[i], i))[: shape.nodes]
+            order.sort()
+        remap = {0: 0}
+        base = len(tree)
+        assert base == 1, "the model drafter grows the tree first"
+        if not greedy:
+            tree.q[0] = qs[0]
+        for i in order:
+            remap[i] = tree.add(remap[parent[i]], token[i], point=greedy)
+            if not greedy:
+                tree.q[remap[i]] = qs[i]
+        self._decoded = {remap[i]: s for i, s in seq_of.items() if i in remap}
+        self._used_seqs = used
+        rep.seconds = time.perf_counter() - t0
+        return rep
+
+    def _assign_seqs(self, nodes: list[int], parent: list[int], seq_of: dict[int, int], used: set[int],
+                     root_pos: int) -> list[int]:
+        """A draft seq per node to decode: the first child of a node inherits its parent's seq; the
+        others get a free seq holding a copy of the parent's (prefix + ancestors)."""
+        claimed: set[int] = set()
+        out: list[int | None] = [None] * len(nodes)
+        for j, i in enumerate(nodes):
+            s = seq_of[parent[i]]
+            if s not in claimed:
+                claimed.add(s)
+                out[j] = s
+        live_parents = {seq_of[parent[i]] for i in nodes}
+        free = [s for s in range(self.n_seq) if s not in claimed and s not in live_parents]
+        for j, i in enumerate(nodes):
+            if out[j] is None:
+                s = free.pop(0)
+                src = seq_of[parent[i]]
+                if s in used:  # recycle a dead branch's seq: its nodes no longer have cells there
+                    for node in [n for n, ns in seq_of.items() if ns == s]:
+                        del seq_of[node]
+                    self.ctx.seq_rm(s, root_pos + 1, -1)
+                    self.ctx.seq_cp(src, s, root_pos + 1, -1)
+                else:
+                    self.ctx.seq_cp(src, s, -1, -1)
+                    used.add(s)
+                out[j] = s
+        for j, i in enumerate(nodes):
+            seq_of[i] = out[j]
+        return out  # type: ignore[return-value]
+
+    def accept(self, tree: DraftTree, accepted: list[int], tokens: list[int]) -> None:
+        ctx = self.ctx
+        root_pos = self._root_pos
+        if not self._used_seqs:  # nothing drafted this step
+            return
+        keep_end = root_pos + 1  # the root is in seq 0
+        src = 0
+        for node in accepted:  # the deepest accepted node still holding its cells (and its ancestors')
+            s = self._decoded.get(node)
+            if s is not None:
+                src, keep_end = s, root_pos + tree.depths[node] + 1
+        if src != 0:
+            ctx.seq_rm(0, root_pos + 1, -1)
+            ctx.seq_cp(src, 0, root_pos + 1, keep_end)
+        else:
+            ctx.seq_rm(0, keep_end, -1)
+        for s in self._used_seqs:
+            if s != 0:
+                ctx.seq_rm(s, -1, -1)
+        self.n_past = keep_end
+        self._decoded = {}
+        self._used_seqs = set()
+
+    def end(self) -> None:
+        self.ctx.clear()
+        self.n_past = 0

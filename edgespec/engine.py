@@ -1,0 +1,471 @@
+"""The speculative engine: slots, sessions and the step loop.
+
+A session's context is `tokens` = prompt + emitted. Invariant between steps: the target's seq 0
+holds exactly tokens[:-1]; tokens[-1] (the root) is decoded by the next step together with the
+drafted tree, in ONE target forward. Plain decoding is the same step with an empty tree.
+
+One step:
+    shape  = controller.choose()                  (or the fixed shape of an explicit mode)
+    tree   = drafters propose (draft model levels, then n-gram graft)
+    target decodes [root] + tree; node i carries the seq ids of every leaf below it
+    result = verify(tree, target distributions)   (greedy or exact rejection sampling)
+    commit: seq 0 := tokens + accepted; every other seq is emptied (rejected cells are gone)
+    emit accepted tokens + the bonus/recovered token, stopping exactly where plain decoding would
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgespec import backend
+from edgespec.config import EngineConfig
+from edgespec.controller.shapes import PLAIN, Shape, StepOutcome, chain, eagle
+from edgespec.drafters import ModelDrafter, NgramDrafter
+from edgespec.errors import BadRequest, ModelError, Overloaded
+from edgespec.logs import get_logger
+from edgespec.sampling import SamplingParams, logits_to_probs
+from edgespec.tree import DraftTree
+from edgespec.types import Chunk, FinishReason, GenerationRequest, GenerationResult, SpecStats
+from edgespec.verify import VerifyResult, verify_greedy, verify_stochastic
+
+log = get_logger("edgespec.engine")
+
+# explicit-mode tree defaults beyond the request's (depth, nodes): EAGLE-2 top-4 branching,
+# two frontier nodes expanded per level
+TREE_WIDTH = 4
+TREE_EXPAND = 2
+
+
+def fixed_shape(mode: str, draft_tokens: int, tree_nodes: int, tree_depth: int) -> Shape:
+    if mode == "plain":
+        return PLAIN
+    if mode == "chain":
+        return chain(draft_tokens)
+    return eagle(tree_depth, TREE_WIDTH, TREE_EXPAND, tree_nodes)
+
+
+@dataclass
+class Slot:
+    index: int
+    target: backend.Context
+    draft: backend.Context | None
+    busy: bool = False
+
+
+class Engine:
+    """Loaded models, per-slot contexts, the shared cost model and acceptance prior."""
+
+    def __init__(self, cfg: EngineConfig, target: backend.Model, draft: backend.Model | None, slots: list[Slot]):
+        self.cfg = cfg
+        self.target = target
+        self.draft = draft
+        self.slots = slots
+        from edgespec.controller import AcceptancePrior, ControllerConfig, CostModel
+
+        self.controller_cfg = ControllerConfig()
+        self.cost = CostModel()
+        self.prior = AcceptancePrior()
+        self._owner = threading.get_ident()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    @classmethod
+    def load(cls, cfg: EngineConfig, controller_cfg=None, calibrate: bool = True) -> Engine:
+        cfg.validate()
+        target = backend.Model(cfg.target.path, cfg.target.n_gpu_layers)
+        draft = None
+        if cfg.draft is not None:
+            draft = backend.Model(cfg.draft.path, cfg.draft.n_gpu_layers)
+            backend.check_compatible(target, draft)
+        n_seq = cfg.max_tree_leaves + 1
+        slots = []
+        for i in range(cfg.parallel):
+            t = backend.Context(target, cfg.target, n_seq_max=n_seq)
+            d = backend.Context(draft, cfg.draft, n_seq_max=n_seq) if draft is not None else None
+            slots.append(Slot(i, t, d))
+        eng = cls(cfg, target, draft, slots)
+        if controller_cfg is not None:
+            eng.controller_cfg = controller_cfg
+        if calibrate:
+            eng.calibrate()
+        log.info("engine_loaded", target=str(cfg.target.path), draft=str(cfg.draft.path) if cfg.draft else None,
+                 slots=cfg.parallel, backend=eng.backend_name)
+        return eng
+
+    @property
+    def backend_name(self) -> str:
+        return "cuda" if (self.cfg.target.n_gpu_layers != 0 and backend.gpu_offload_supported()) else "cpu"
+
+    def calibrate(self, sizes: Sequence[int] = (1, 2, 4, 8, 16, 32)) -> None:
+        """Time one target and one draft forward per batch size on slot 0 (well under a second on
+        this CPU), so the controller's cost model describes this machine."""
+        slot = self.slots[0]
+
+        def measure(kind: str, n: int) -> float:
+            ctx = slot.target if kind == "target" else slot.draft
+            if ctx is None:
+                return 0.0
+            ctx.clear()
+            ctx.decode_seq([self.target.bos] * 8, 0, (0,), last_logits=False)  # a short prefix
+            toks = [self.target.bos] * n
+            t0 = time.perf_counter()
+            ctx.decode(toks, range(8, 8 + n), [(0,)] * n, [True] * n)
+            dt = time.perf_counter() - t0
+            ctx.clear()
+            return dt
+
+        measure("target", 4)  # warm-up: first decodes allocate buffers
+        if slot.draft is not None:
+            measure("draft", 4)
+        self.cost.calibrate(measure, sizes=tuple(s for s in sizes if s <= self.cfg.target.n_batch))
+
+    def warmup(self) -> None:
+        toks = self.tokenize("Hello")
+        self.generate(GenerationRequest(tuple(toks), SamplingParams(max_tokens=2)))
+
+    def close(self) -> None:
+        for s in self.slots:
+            s.target.close()
+            if s.draft is not None:
+                s.draft.close()
+        self.target.close()
+        if self.draft is not None:
+            self.draft.close()
+
+    # -- text ---------------------------------------------------------------------------------
+    @property
+    def n_ctx(self) -> int:
+        return self.slots[0].target.n_ctx
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.target.tokenize(text, add_special, parse_special)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.target.detokenize(ids)
+
+    def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> str:
+        return self.target.chat_prompt(messages)
+
+    def encode_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
+        """Chat template -> tokens (special tokens in the template are parsed)."""
+        return self.tokenize(self.chat_prompt(messages), add_special=True, parse_special=True)
+
+    def model_info(self) -> dict:
+        t, d = self.target, self.draft
+        return {
+            "target": {"path": str(t.path), "desc": t.desc, "n_params": t.n_params, "size_bytes": t.size_bytes},
+            "draft": None if d is None else {"path": str(d.path), "desc": d.desc, "n_params": d.n_params,
+                                             "size_bytes": d.size_bytes},
+            "n_vocab": t.n_vocab,
+            "n_ctx": self.n_ctx,
+            "parallel": len(self.slots),
+            "backend": self.backend_name,
+        }
+
+    # -- sessions -----------------------------------------------------------------------------
+    @property
+    def free_slots(self) -> int:
+        return sum(not s.busy for s in self.slots)
+
+    def open_session(self, req: GenerationRequest) -> Session:
+        if not req.prompt_tokens:
+            raise BadRequest("prompt", "is empty")
+        n_prompt = len(req.prompt_tokens)
+        budget = self.n_ctx - 2 - (req.speculation.tree_depth + 1)
+        if n_prompt + req.sampling.max_tokens > budget:
+            raise BadRequest(
+                "prompt",
+                f"{n_prompt} prompt tokens + max_tokens {req.sampling.max_tokens} exceed the context "
+                f"({self.n_ctx} tokens, {budget} usable with speculation headroom)",
+            )
+        bad = [t for t in req.prompt_tokens if not 0 <= t < self.target.n_vocab]
+        if bad:
+            raise BadRequest("prompt_tokens", f"token id {bad[0]} outside [0, {self.target.n_vocab})")
+        slot = next((s for s in self.slots if not s.busy), None)
+        if slot is None:
+            raise Overloaded(f"all {len(self.slots)} slots are busy")
+        slot.busy = True
+        try:
+            return Session(self, slot, req)
+        except BaseException:
+            slot.busy = False
+            raise
+
+    def generate(self, req: GenerationRequest) -> GenerationResult:
+        sess = self.open_session(req)
+        try:
+            while not sess.done:
+                sess.step()
+            return sess.result()
+        finally:
+            sess.close()
+
+
+class Session:
+    """One request on one slot. Not thread-safe: driven by the engine thread."""
+
+    def __init__(self, engine: Engine, slot: Slot, req: GenerationRequest):
+        from edgespec.controller import Controller
+
+        self.engine = engine
+        self.slot = slot
+        self.req = req
+        self.sampling = req.sampling
+        self.spec = req.speculation
+        seed = req.sampling.seed if req.sampling.seed is not None else int.from_bytes(os.urandom(8), "little")
+        self.rng = np.random.default_rng(seed)
+        self.tokens: list[int] = list(req.prompt_tokens)
+        self.n_prompt = len(self.tokens)
+        self.out: list[int] = []
+        self.stats = SpecStats()
+        self.finish_reason: FinishReason | None = None
+        self._text_bytes = b""
+        self._sent_chars = 0
+        self._t_start = time.perf_counter()
+        self.check_kv = False  # tests turn this on: assert the KV invariants after every step
+        has_draft = slot.draft is not None
+        self.drafter = ModelDrafter(slot.draft) if has_draft else None
+        self.ngram = NgramDrafter() if self.spec.ngram else None
+        self.controller = None
+        max_depth = self.spec.tree_depth
+        if self.spec.mode == "auto":
+            self.controller = Controller(engine.controller_cfg, engine.cost, engine.prior,
+                                         max_depth=max_depth, max_nodes=self.spec.tree_nodes,
+                                         has_draft_model=has_draft)
+        if self.spec.mode in ("chain", "tree") and not has_draft and not self.ngram:
+            raise BadRequest("mode", f"{self.spec.mode} needs a draft model or n-gram drafting")
+        slot.target.clear()
+        if self.drafter is not None:
+            self.drafter.begin(self.tokens)
+        # prefill: everything but the last prompt token (the first root)
+        if len(self.tokens) > 1:
+            slot.target.decode_seq(self.tokens[:-1], 0, (0,), last_logits=False)
+        self.n_past = len(self.tokens) - 1
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    # -- one step -----------------------------------------------------------------------------
+    def _shape(self) -> Shape:
+        if self.controller is not None:
+            return self.controller.choose()
+        return fixed_shape(self.spec.mode, self.spec.draft_tokens, self.spec.tree_nodes, self.spec.tree_depth)
+
+    def step(self) -> Chunk:
+        if self.done:
+            raise RuntimeError("session is finished")
+        t_step = time.perf_counter()
+        decode_before = self._decode_seconds()
+        shape = self._shape()
+        remaining = self.sampling.max_tokens - len(self.out)
+        tree = DraftTree.root(self.tokens[-1])
+        draft_seconds, draft_batches, levels = 0.0, (), 0
+        if shape.mode != "plain" and remaining > 1:
+            if self.drafter is not None and shape.depth > 0:
+                rep = self.drafter.propose(tree, self.tokens, shape, self.sampling, self.rng)
+                draft_seconds, draft_batches, levels = rep.seconds, tuple(rep.batches), rep.levels
+                self.stats.draft_forwards += len(rep.batches)
+            if self.ngram is not None:
+                self.ngram.propose(tree, self.tokens, shape, self.sampling, self.rng)
+
+        # ONE target forward over [root] + tree
+        tgt = self.slot.target
+        leaves, below = tree.leaf_sets()
+        if len(leaves) > tgt.n_seq_max:
+            raise ModelError(f"tree has {len(leaves)} leaves > n_seq_max {tgt.n_seq_max}")
+        seq_of_leaf = self._leaf_seqs(tree, leaves)
+        for s in seq_of_leaf:
+            if s != 0:
+                tgt.seq_cp(0, s, -1, -1)
+        root_pos = self.n_past
+        t0 = time.perf_counter()
+        tgt.decode(tree.tokens, [root_pos + d for d in tree.depths],
+                   [[seq_of_leaf[li] for li in below[i]] for i in range(len(tree))], [True] * len(tree))
+        verify_seconds = time.perf_counter() - t0
+        rows = tgt.logits_rows(len(tree))
+        if self.sampling.greedy:
+            res = verify_greedy(tree, np.argmax(rows, axis=1))
+        else:
+            res = verify_stochastic(tree, lambda i: logits_to_probs(rows[i], self.sampling), self.rng)
+
+        # commit the KV: seq 0 := context + accepted path; every other seq emptied
+        self._commit(tree, res, leaves, below, seq_of_leaf, root_pos)
+        new_tokens = [tree.tokens[i] for i in res.accepted] + [res.token]
+        self.tokens.extend(new_tokens)
+        if self.drafter is not None:
+            if shape.mode != "plain" and draft_batches:
+                self.drafter.accept(tree, res.accepted, self.tokens)
+        if self.check_kv:
+            self.assert_kv_invariants()
+
+        # stats + controller feedback
+        st = self.stats
+        st.target_forwards += 1
+        st.drafted_tokens += tree.n_draft
+        st.accepted_tokens += len(res.accepted)
+        for d in range(len(res.accepted)):
+            if len(st.accepted_per_depth) <= d:
+                st.accepted_per_depth.append(0)
+            st.accepted_per_depth[d] += 1
+        st.steps_per_mode[shape.kind] = st.steps_per_mode.get(shape.kind, 0) + 1
+        if self.engine.cost is not None:
+            self.engine.cost.observe("target", len(tree), verify_seconds)
+        chunk = self._emit(new_tokens)
+        step_seconds = time.perf_counter() - t_step
+        st.python_overhead_seconds += step_seconds - (self._decode_seconds() - decode_before)
+        if self.controller is not None:
+            self.controller.observe(StepOutcome(
+                shape=shape, accepted_ranks=tuple(res.ranks), offered=tuple(res.offered),
+                emitted=len(new_tokens), draft_seconds=draft_seconds, draft_batches=draft_batches,
+                verify_seconds=verify_seconds, verify_tokens=len(tree), depth_drafted=levels,
+                overhead_seconds=max(0.0, step_seconds - verify_seconds - draft_seconds)))
+            st.breaker_transitions = self.controller.summary().get("breaker_transitions", 0)
+        st.seconds = time.perf_counter() - self._t_start
+        return chunk
+
+    @staticmethod
+    def _leaf_seqs(tree: DraftTree, leaves: list[int]) -> list[int]:
+        """Seq id per leaf ordinal: the leaf on the first-child spine gets seq 0 (the common
+        case then commits without a copy), the others 1, 2, ..."""
+        spine = 0
+        children = tree.children()
+        while children[spine]:
+            spine = children[spine][0]
+        out, nxt = [], 1
+        for leaf in leaves:
+            if leaf == spine:
+                out.append(0)
+            else:
+                out.append(nxt)
+                nxt += 1
+        return out
+
+    def _commit(self, tree: DraftTree, res: VerifyResult, leaves: list[int], below: list[list[int]],
+                seq_of_leaf: list[int], root_pos: int) -> None:
+        tgt = self.slot.target
+        last = res.accepted[-1] if res.accepted else 0
+        end = root_pos + 1 + len(res.accepted)  # cells to keep: [0, end)
+        src = seq_of_leaf[below[last][0]]
+        if 0 in (seq_of_leaf[li] for li in below[last]):
+            src = 0
+        if src != 0:
+            tgt.seq_rm(0, root_pos + 1, -1)
+            tgt.seq_cp(src, 0, root_pos + 1, end)
+        else:
+            tgt.seq_rm(0, end, -1)
+        for s in seq_of_leaf:
+            if s != 0:
+                tgt.seq_rm(s, -1, -1)
+        self.n_past = end
+
+    def _decode_seconds(self) -> float:
+        d = self.slot.draft
+        return self.slot.target.decode_seconds + (d.decode_seconds if d is not None else 0.0)
+
+    def assert_kv_invariants(self) -> None:
+        """Main sequence = context minus the pending root, nothing else survives (target and draft)."""
+        tgt = self.slot.target
+        assert tgt.pos_min(0) in (0, -1) and tgt.pos_max(0) == len(self.tokens) - 2, \
+            f"target seq 0 holds [{tgt.pos_min(0)}, {tgt.pos_max(0)}], expected [0, {len(self.tokens) - 2}]"
+        for s in range(1, tgt.n_seq_max):
+            assert tgt.pos_max(s) == -1, f"target seq {s} still holds cells (up to pos {tgt.pos_max(s)})"
+        if self.drafter is not None:
+            d = self.drafter.ctx
+            assert d.pos_max(0) == self.drafter.n_past - 1, \
+                f"draft seq 0 ends at {d.pos_max(0)}, expected {self.drafter.n_past - 1}"
+            assert self.drafter.n_past <= len(self.tokens) - 1
+            for s in range(1, d.n_seq_max):
+                assert d.pos_max(s) == -1, f"draft seq {s} still holds cells"
+
+    # -- output -------------------------------------------------------------------------------
+    def _emit(self, new_tokens: list[int]) -> Chunk:
+        """Append tokens one by one, ending exactly where plain decoding would (EOS, stop string,
+        max_tokens); returns the chunk of newly final text."""
+        model = self.engine.target
+        taken: list[int] = []
+        stop = self.sampling.stop
+        for t in new_tokens:
+            if model.is_eog(t):
+                self.finish_reason = "eos"
+                break
+            self.out.append(t)
+            taken.append(t)
+            self._text_bytes += model.piece(t)
+            if stop:
+                text = self._text_bytes.decode("utf-8", errors="replace")
+                cut = _find_stop(text, stop, self._sent_chars)
+                if cut is not None:
+                    self._final_text = text[:cut]
+                    self.finish_reason = "stop"
+                    break
+            if len(self.out) >= self.sampling.max_tokens:
+                self.finish_reason = "length"
+                break
+        self.stats.emitted_tokens = len(self.out)
+        text = self._visible_text()
+        delta = text[self._sent_chars:]
+        self._sent_chars = len(text)
+        return Chunk(tuple(taken), delta, self.finish_reason)
+
+    def _visible_text(self) -> str:
+        if self.finish_reason == "stop":
+            return self._final_text
+        text = self._text_bytes.decode("utf-8", errors="replace")
+        if self.finish_reason is None:
+            # hold back an incomplete UTF-8 tail and anything that may start a stop string
+            while text.endswith("\ufffd"):
+                text = text[:-1]
+            hold = max((_overlap(text, s) for s in self.sampling.stop), default=0)
+            text = text[: len(text) - hold]
+        return text
+
+    @property
+    def text(self) -> str:
+        return self._visible_text()
+
+    def result(self) -> GenerationResult:
+        self.stats.seconds = time.perf_counter() - self._t_start
+        return GenerationResult(self._visible_text(), list(self.out), self.finish_reason or "length",
+                                self.n_prompt, self.stats)
+
+    def controller_summary(self) -> dict | None:
+        return self.controller.summary() if self.controller is not None else None
+
+    def close(self, reason: FinishReason | None = None) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = reason or "cancelled"
+        if self.controller is not None:
+            try:
+                self.engine.prior.update_from(self.controller)
+            except Exception:  # the prior is an optimisation; never fail a request on it
+                log.warning("prior_update_failed", exc_info=True)
+            self.controller = None
+        if self.slot.busy:
+            if self.drafter is not None:
+                self.drafter.end()
+            self.slot.target.clear()
+            self.slot.busy = False
+
+
+def _find_stop(text: str, stops: Sequence[str], since: int) -> int | None:
+    """Index where the earliest stop string starts, searching only text not yet sent."""
+    best = None
+    for s in stops:
+        i = text.find(s, max(0, since - len(s) + 1))
+        if i != -1 and (best is None or i < best):
+            best = i
+    return best
+
+
+def _overlap(text: str, stop: str) -> int:
+    """Length of the longest suffix of text that is a proper prefix of stop."""
+    for k in range(min(len(stop) - 1, len(text)), 0, -1):
+        if text.endswith(stop[:k]):
+            return k
+    return 0
