@@ -224,6 +224,21 @@ class DaemonConfig:
     source: str = ""  # the file it came from ("" = defaults only)
 
 
+def _check_controller(table: dict[str, Any]) -> list[tuple[str, str]]:
+    """The [controller] table belongs to edgespec.controller; ask it (when present) what is wrong."""
+    try:
+        from edgespec.controller import ControllerConfig
+    except ImportError:
+        return []
+    try:
+        ControllerConfig.from_dict(table)
+    except ConfigError as exc:
+        return [(exc.key, str(exc).split(": ", 1)[-1])]
+    except (TypeError, ValueError) as exc:
+        return [("controller", str(exc))]
+    return []
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -369,6 +384,8 @@ def load(
     if not isinstance(controller, Mapping):
         problems.append(("controller", "must be a table"))
         controller = {}
+    elif controller:
+        problems += _check_controller(dict(controller))
 
     s = values["server"]
     if s["default_max_tokens"] > s["max_tokens"]:

@@ -34,23 +34,44 @@ ADMIN = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
 SPARE_THREADS = 32  # handler threads beyond parallel + queue_size (health, admin, tokenize, rejections)
 
 
-def notify(**kwargs: Any) -> None:
-    """systemd sd_notify through edgespec.notify when that module exists; never fails the daemon."""
-    try:
-        from edgespec.notify import notify as sd_notify
-    except ImportError:
-        return
-    try:
-        sd_notify(**kwargs)
-    except Exception as exc:  # noqa: BLE001
-        log.debug("notify_failed", error=str(exc))
+class _Systemd:
+    """sd_notify through edgespec.notify when that module exists; never fails the daemon."""
+
+    def __init__(self) -> None:
+        try:
+            from edgespec import notify as mod
+        except ImportError:
+            mod = None
+        self._mod = mod
+        self._watchdog = mod.Watchdog() if mod is not None else None
+
+    def __call__(self, name: str, *args: Any) -> None:
+        if self._mod is None:
+            return
+        try:
+            getattr(self._mod, name)(*args)
+        except Exception as exc:  # noqa: BLE001
+            log.debug("notify_failed", call=name, error=str(exc))
+
+    def kick(self) -> None:
+        """WATCHDOG=1 (rate-limited) from the engine loop: it made progress or is idle-healthy."""
+        if self._watchdog is not None:
+            try:
+                self._watchdog.kick()
+            except Exception:  # noqa: BLE001
+                pass
 
 
 def default_engine_factory(cfg: DaemonConfig) -> Callable[[], Any]:
     def load() -> Any:
         from edgespec.engine import Engine
 
-        return Engine.load(cfg.engine)
+        controller_cfg = None
+        if cfg.controller:
+            from edgespec.controller import ControllerConfig
+
+            controller_cfg = ControllerConfig.from_dict(dict(cfg.controller))
+        return Engine.load(cfg.engine, controller_cfg=controller_cfg)
 
     return load
 
@@ -67,13 +88,14 @@ class Daemon:
         self.metrics = Metrics()
         self.auth = TokenAuth.from_files(cfg.auth.tokens_file, cfg.auth.admin_tokens_file)
         self.health = health.HealthServicer(experimental_non_blocking=True)
+        self.systemd = _Systemd()
         self.loop = EngineLoop(
             engine_factory or default_engine_factory(cfg),
             parallel=cfg.server.parallel,
             queue_size=cfg.server.queue_size,
             metrics=self.metrics,
             on_ready=self._on_ready,
-            on_heartbeat=lambda: notify(watchdog=True),
+            on_heartbeat=self.systemd.kick,
             log_text=cfg.logging.log_text,
         )
         self.metrics.state = self.loop.stats
@@ -119,7 +141,7 @@ class Daemon:
         log.info("serving", address=addr, tls=self.cfg.tls.enabled, mtls=bool(self.cfg.tls.client_ca),
                  auth=self.auth.enabled, reflection=self.cfg.server.reflection)
         print(f"SERVING {addr}", flush=True)  # a line for scripts and tests
-        notify(ready=True, status=f"serving on {addr}")
+        self.systemd("ready", f"serving on {addr}")
 
     def _drain(self, on: bool) -> None:
         self.loop.drain(on)
@@ -181,7 +203,8 @@ class Daemon:
             m = self.cfg.metrics
             self._metrics_server = serve_metrics(self.metrics, m.host, m.port)
             log.info("metrics_listening", address=format_address(m.host, self._metrics_server.server_address[1]))
-        notify(status="loading models")
+        self.systemd("status", "loading models")
+        self.systemd("extend_timeout", 600.0)
         self.loop.start()
         return self.port
 
@@ -197,7 +220,7 @@ class Daemon:
         grace = self.cfg.server.grace_seconds if grace is None else grace
         log.info("shutting_down", grace_seconds=grace, **{k: v for k, v in self.loop.stats().items()
                                                            if k in ("active_requests", "queue_depth")})
-        notify(stopping=True, status="draining")
+        self.systemd("stopping", "draining")
         self.health.enter_graceful_shutdown()
         self.loop.drain(True)
         if self.server is not None:

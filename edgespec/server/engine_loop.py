@@ -220,7 +220,6 @@ class EngineLoop:
         if self._on_ready:
             self._on_ready()
         active: list[_Active] = []
-        last_beat = 0.0
         try:
             while True:
                 to_open: list[Job] = []
@@ -234,9 +233,6 @@ class EngineLoop:
                     self._calls.clear()
                     if not active and not to_open and not calls:
                         self._wake.wait(HEARTBEAT_SECONDS)
-                        idle = True
-                    else:
-                        idle = False
                 for fn, out in calls:
                     try:
                         out.put((True, fn(engine)))
@@ -248,9 +244,7 @@ class EngineLoop:
                     self._step(engine, a, active)
                 with self._lock:
                     self._active_n = len(active)
-                now = time.monotonic()
-                if self._on_heartbeat and (idle or now - last_beat >= HEARTBEAT_SECONDS):
-                    last_beat = now
+                if self._on_heartbeat:  # progress made, or an idle wait came round: healthy
                     self._on_heartbeat()
         except BaseException as exc:  # noqa: BLE001 - the loop itself must not die silently
             log.error("engine_loop_crashed", error=str(exc), exc_info=True)
@@ -264,10 +258,15 @@ class EngineLoop:
         keep: collections.deque[Job] = collections.deque()
         for job in self._pending:
             if job.cancelled or job.expired(now):
-                self._finish_unstarted(job, "cancelled" if job.cancelled else "deadline")
+                self._finish_unstarted(job, self._stop_reason(job, now))
             else:
                 keep.append(job)
         self._pending = keep
+
+    @staticmethod
+    def _stop_reason(job: Job, now: float) -> str:
+        """A passed deadline also cancels the RPC: report it as the deadline."""
+        return "deadline" if job.expired(now) else "cancelled"
 
     def _finish_unstarted(self, job: Job, reason: str) -> None:
         job.finished = time.monotonic()
@@ -280,7 +279,7 @@ class EngineLoop:
     def _open(self, engine: Any, job: Job, active: list[_Active]) -> None:
         now = time.monotonic()
         if job.cancelled or job.expired(now):
-            self._finish_unstarted(job, "cancelled" if job.cancelled else "deadline")
+            self._finish_unstarted(job, self._stop_reason(job, now))
             return
         job.started = now
         try:
@@ -307,7 +306,7 @@ class EngineLoop:
         job, sess = a.job, a.session
         now = time.monotonic()
         if job.cancelled or job.expired(now):
-            self._end(a, active, close_reason="cancelled" if job.cancelled else "deadline")
+            self._end(a, active, close_reason=self._stop_reason(job, now))
             return
         try:
             chunk: Chunk = sess.step()

@@ -109,11 +109,19 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     def ModelInfo(self, request: pb.ModelInfoRequest, context: grpc.ServicerContext) -> pb.ModelInfoResponse:  # noqa: N802
         info = dict(self.loop.call(lambda engine: engine.model_info()))
-        out = pb.ModelInfoResponse(parallel=self.parallel)
-        for key, attr, cast in (("target_path", "target_path", str), ("draft_path", "draft_path", str),
-                                ("n_ctx", "n_ctx", int), ("vocab_size", "vocab_size", int), ("backend", "backend", str)):
-            if info.get(key) is not None:
-                setattr(out, attr, cast(info.pop(key)))
+        target, draft = info.pop("target", None) or {}, info.pop("draft", None) or {}
+        out = pb.ModelInfoResponse(
+            target_path=str(target.get("path", "")),
+            draft_path=str(draft.get("path", "")),
+            n_ctx=int(info.pop("n_ctx", 0) or 0),
+            vocab_size=int(info.pop("n_vocab", 0) or 0),
+            backend=str(info.pop("backend", "")),
+            parallel=int(info.pop("parallel", self.parallel) or self.parallel),
+        )
+        for prefix, d in (("target", target), ("draft", draft)):
+            for key, value in d.items():
+                if key != "path":
+                    out.details[f"{prefix}.{key}"] = str(value)
         for key, value in info.items():
             out.details[str(key)] = str(value)
         return out

@@ -1,0 +1,120 @@
+"""A fake engine with the real Engine's API: no llama.cpp, deterministic, with a configurable
+step time so cancel/deadline/overload can be exercised quickly. It records the threads that
+call it so tests can assert the one-engine-thread rule."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from edgespec.errors import BadRequest, Overloaded
+from edgespec.types import Chunk, GenerationRequest, GenerationResult, SpecStats
+
+WORDS = ("alpha ", "beta ", "gamma ", "delta ")
+
+
+class FakeSession:
+    def __init__(self, engine: "FakeEngine", req: GenerationRequest):
+        self.engine, self.req = engine, req
+        self.out: list[int] = []
+        self.text = ""
+        self.finish_reason: str | None = None
+        self.stats = SpecStats()
+        self.closed = False
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def step(self) -> Chunk:
+        self.engine._touch()
+        if self.engine.fail_on_step:
+            raise RuntimeError("boom")
+        time.sleep(self.engine.step_seconds)
+        # a "tree" accepts two tokens on odd steps, one on even ones
+        n = 2 if self.stats.target_forwards % 2 else 1
+        n = min(n, self.req.sampling.max_tokens - len(self.out))
+        new = [(len(self.out) + i) % 4 + 10 for i in range(n)]
+        self.out += new
+        piece = "".join(WORDS[t - 10] for t in new)
+        self.text += piece
+        self.stats.target_forwards += 1
+        self.stats.drafted_tokens += 3
+        self.stats.accepted_tokens += n - 1
+        self.stats.emitted_tokens += n
+        mode = self.req.speculation.mode
+        self.stats.steps_per_mode[mode] = self.stats.steps_per_mode.get(mode, 0) + 1
+        if n > 1:
+            self.stats.accepted_per_depth = [self.stats.accepted_tokens]
+        if len(self.out) >= self.req.sampling.max_tokens:
+            self.finish_reason = "length"
+        return Chunk(tuple(new), piece, self.finish_reason)
+
+    def result(self) -> GenerationResult:
+        return GenerationResult(self.text, list(self.out), self.finish_reason or "length",
+                                len(self.req.prompt_tokens), self.stats)
+
+    def close(self, reason: str | None = None) -> None:
+        self.engine._touch()
+        if self.finish_reason is None:
+            self.finish_reason = reason or "cancelled"
+        if not self.closed:
+            self.closed = True
+            self.engine.busy -= 1
+
+
+class FakeEngine:
+    def __init__(self, parallel: int = 2, n_ctx: int = 256, step_seconds: float = 0.01, load_seconds: float = 0.0):
+        self.parallel = parallel
+        self.n_ctx = n_ctx
+        self.step_seconds = step_seconds
+        self.busy = 0
+        self.threads: set[int] = set()
+        self.requests: list[GenerationRequest] = []
+        self.fail_on_step = False
+        self.closed = False
+        time.sleep(load_seconds)
+        self._touch()
+
+    def _touch(self) -> None:
+        self.threads.add(threading.get_ident())
+
+    def warmup(self) -> None:
+        self._touch()
+
+    def close(self) -> None:
+        self._touch()
+        self.closed = True
+
+    @property
+    def free_slots(self) -> int:
+        return self.parallel - self.busy
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        self._touch()
+        return ([1] if add_special else []) + [ord(c) % 200 + 20 for c in text]
+
+    def detokenize(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+    def chat_prompt(self, messages: list[tuple[str, str]]) -> str:
+        self._touch()
+        return "".join(f"<{role}>{content}\n" for role, content in messages) + "<assistant>"
+
+    def model_info(self) -> dict:
+        self._touch()
+        return {"target": {"path": "/fake/target.gguf", "n_params": 1}, "draft": {"path": "/fake/draft.gguf"},
+                "n_vocab": 256, "n_ctx": self.n_ctx, "parallel": self.parallel, "backend": "cpu"}
+
+    def open_session(self, req: GenerationRequest) -> FakeSession:
+        self._touch()
+        if not req.prompt_tokens:
+            raise BadRequest("prompt", "is empty")
+        if len(req.prompt_tokens) + req.sampling.max_tokens > self.n_ctx:
+            raise BadRequest("prompt", f"{len(req.prompt_tokens)} prompt tokens + max_tokens "
+                                       f"{req.sampling.max_tokens} exceed the context ({self.n_ctx} tokens)")
+        if self.busy >= self.parallel:
+            raise Overloaded("all slots busy")
+        self.busy += 1
+        self.requests.append(req)
+        return FakeSession(self, req)

@@ -1,0 +1,72 @@
+"""Daemon config: every problem listed by key, env overrides, the shipped file documents every key."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from edgespec.server.config import SCHEMA, InvalidConfig, load
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_defaults_are_valid_and_loopback():
+    cfg = load(None, env={})
+    assert (cfg.server.host, cfg.server.port, cfg.server.reflection) == ("127.0.0.1", 50051, False)
+    assert cfg.engine.target.path.endswith("SmolLM2-135M-Instruct.F32.gguf")
+    assert cfg.engine.draft.path.endswith("SmolLM2-135M-Instruct.Q4_0.gguf")
+
+
+def test_every_problem_is_listed_with_its_key(tmp_path):
+    f = tmp_path / "bad.toml"
+    f.write_text('[server]\nport = 70000\nparallel = "two"\nwat = 1\n[tls]\nkey = "/nonexistent.pem"\n'
+                 '[speculation]\npolicy = "sometimes"\n[nosuch]\nx = 1\n[controller]\nwindow = -3\n')
+    with pytest.raises(InvalidConfig) as e:
+        load(f, env={})
+    keys = [k for k, _ in e.value.problems]
+    for key in ("server.port", "server.parallel", "server.wat", "tls.key", "speculation.policy", "nosuch",
+                "controller.window"):
+        assert key in keys, (key, e.value.problems)
+    msgs = dict(e.value.problems)
+    assert "[0, 65535]" in msgs["server.port"] and "auto, off" in msgs["speculation.policy"]
+
+
+def test_env_then_flags_override_file(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text("[server]\nport = 1000\nparallel = 3\n")
+    cfg = load(f, env={"EDGESPEC_SERVER_PORT": "2000", "EDGESPEC_LOGGING_JSON": "true", "EDGESPEC_HOME": "/x"},
+               overrides={"server": {"parallel": 4}})
+    assert (cfg.server.port, cfg.server.parallel, cfg.engine.parallel, cfg.logging.json) == (2000, 4, 4, True)
+    with pytest.raises(InvalidConfig) as e:
+        load(f, env={"EDGESPEC_SERVER_PORT": "many", "EDGESPEC_SERVER_NOPE": "1"})
+    assert {k.split(" ")[0] for k, _ in e.value.problems} == {"server.port", "server.nope"}
+
+
+def test_non_loopback_without_tokens_needs_insecure(tmp_path):
+    with pytest.raises(InvalidConfig) as e:
+        load(None, env={}, overrides={"server": {"host": "0.0.0.0"}})
+    assert e.value.problems[0][0] == "server.host" and "--insecure" in e.value.problems[0][1]
+    assert load(None, env={}, overrides={"server": {"host": "0.0.0.0", "insecure": True}}).server.insecure
+    tokens = tmp_path / "t"
+    tokens.write_text("a" * 64 + "\n")
+    assert load(None, env={}, overrides={"server": {"host": "0.0.0.0"}, "auth": {"tokens_file": str(tokens)}})
+    tokens.write_text("not-a-hash\n")
+    with pytest.raises(InvalidConfig) as e:
+        load(None, env={}, overrides={"auth": {"tokens_file": str(tokens)}})
+    assert e.value.problems[0][0] == "auth.tokens_file"
+
+
+def test_shipped_config_documents_every_key_and_validates():
+    path = ROOT / "configs" / "edgespec.toml"
+    text = path.read_text()
+    data = tomllib.loads(text)
+    lines = text.splitlines()
+    for section, keys in SCHEMA.items():
+        assert section in data, section
+        for key in keys:
+            assert key in data[section], f"{section}.{key} missing from configs/edgespec.toml"
+            i = next(n for n, line in enumerate(lines) if line.startswith(f"{key} ="))
+            assert lines[i - 1].startswith("#"), f"{section}.{key} has no comment"
+    load(path, env={})
