@@ -70,7 +70,7 @@ case "$cmd" in
   build) build ;;
   run)
     bin=$(build | tail -n1)
-    exec "$PY" -m edgespec.bench.anchor --bin "$bin" "$@"
+    PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$PY" -m edgespec.bench.anchor --bin "$bin" "$@"
     ;;
   *) sed -n '2,16p' "$0" >&2; exit 2 ;;
 esac
