@@ -1,0 +1,152 @@
+"""Offline bundle: build it, install it with the network cut off, generate, and refuse corruption.
+
+Builds a small bundle (the demo draft model only, fast gzip) with tools/make-bundle.sh, unpacks
+it, runs install.sh --no-systemd into a temporary prefix inside `unshare -n` (no network at all),
+then `edgespec generate` from that prefix, also offline. Then: one flipped byte anywhere, or a
+file not in SHA256SUMS, makes install.sh refuse (exit 3) before touching anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from edgespec.config import models_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "SmolLM2-135M-Instruct.Q4_0.gguf"
+
+pytestmark = pytest.mark.slow
+
+
+def _can_unshare_net() -> bool:
+    if not shutil.which("unshare"):
+        return False
+    return subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
+
+
+def _offline(cmd: list[str], **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["unshare", "-n", *map(str, cmd)], capture_output=True, text=True, **kw)
+
+
+def _flip_byte(path: Path, offset: int | None = None) -> None:
+    with open(path, "r+b") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(size // 2 if offset is None else offset)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    if not _can_unshare_net():
+        pytest.skip("`unshare -n` not permitted here (needs root or user namespaces)")
+    if not (models_dir() / MODEL).is_file():
+        pytest.skip(f"demo models not prepared in {models_dir()} (run `edgespec models prepare-demo`)")
+    dist = tmp_path_factory.mktemp("dist")
+    env = {**os.environ, "DIST": str(dist), "MODELS": MODEL, "GZIP_LEVEL": "1", "PYTHON": sys.executable}
+    proc = subprocess.run(
+        [ROOT / "tools/make-bundle.sh"], capture_output=True, text=True, env=env, timeout=1800
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    tarball = Path(proc.stdout.strip().splitlines()[-1])
+    assert tarball.name.startswith("edgespec-bundle-") and tarball.is_file()
+    unpacked = tmp_path_factory.mktemp("unpacked")
+    with tarfile.open(tarball) as tar:
+        tar.extractall(unpacked, filter="tar")
+    (root,) = unpacked.iterdir()
+    return tarball, root
+
+
+def test_bundle_contents(bundle):
+    tarball, root = bundle
+    assert (tarball.parent / (tarball.name + ".sha256")).is_file()
+    listed = {line.split("  ", 1)[1] for line in (root / "SHA256SUMS").read_text().splitlines()}
+    present = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name != "SHA256SUMS"}
+    assert listed == present  # a checksum for every file
+    wheels = {p.name.split("-")[0] for p in (root / "wheelhouse").glob("*.whl")}
+    assert {"edgespec", "llama_cpp_python", "numpy", "gguf", "grpcio", "typer", "structlog"} <= wheels
+    assert (root / "models" / MODEL).is_file()
+    assert set(json.loads((root / "models/manifest.json").read_text())["files"]) == {MODEL}
+    for name in ("install.sh", "BUNDLE_INFO", "config/edgespec.toml", "systemd/edgespec.service",
+                 "systemd/edgespec-models-check.service", "systemd/edgespec.service.d/override.conf.example"):
+        assert (root / name).is_file(), name
+    assert "CUDA=0" in (root / "BUNDLE_INFO").read_text()
+
+
+def test_offline_install_generates_and_upgrades(bundle, tmp_path):
+    _, root = bundle
+    prefix = tmp_path / "pfx"
+    proc = _offline([root / "install.sh", "--prefix", prefix, "--no-systemd"], timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    exe = prefix / "bin/edgespec"
+    assert exe.exists()
+    env = {**os.environ, "EDGESPEC_HOME": str(prefix / "var")}
+    model = prefix / "var/models" / MODEL
+    run = _offline(
+        [exe, "generate", "Hi", "--max-tokens", "8", "--target", model, "--draft", model, "--n-ctx", "512"],
+        env=env, timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip(), "no text generated"
+
+    # Upgrade/reinstall: the operator's config stays, the packaged one lands beside it as .new,
+    # the models are kept, and the previous version is kept for a rollback.
+    conf = prefix / "etc/edgespec.toml"
+    conf.write_text(conf.read_text() + "\n# operator was here\n")
+    first = os.readlink(prefix / "current")
+    model_inode = model.stat().st_ino
+    again = _offline([root / "install.sh", "--prefix", prefix, "--no-systemd"], timeout=900)
+    assert again.returncode == 0, again.stderr
+    assert "operator was here" in conf.read_text() and (prefix / "etc/edgespec.toml.new").is_file()
+    assert os.readlink(prefix / "current") != first and (prefix / first).is_dir()
+    assert model.stat().st_ino == model_inode  # unchanged model not copied again
+    assert _offline([exe, "version"]).returncode == 0
+
+    # Uninstall keeps config and models; --purge removes them.
+    gone = subprocess.run([root / "install.sh", "--uninstall", "--no-systemd", "--prefix", prefix], capture_output=True)
+    assert gone.returncode == 0 and not exe.exists() and not (prefix / "versions").exists()
+    assert conf.is_file() and model.is_file()
+    subprocess.run([root / "install.sh", "--uninstall", "--no-systemd", "--purge", "--prefix", prefix], check=True)
+    assert not prefix.exists()
+
+
+@pytest.mark.parametrize("victim", ["model", "wheel", "installer", "extra-file"])
+def test_corrupted_bundle_is_refused(bundle, tmp_path, victim):
+    _, clean = bundle
+    root = tmp_path / clean.name
+    shutil.copytree(clean, root, copy_function=os.link if victim == "extra-file" else shutil.copy2)
+    if victim == "model":
+        _flip_byte(root / "models" / MODEL)
+    elif victim == "wheel":
+        _flip_byte(next((root / "wheelhouse").glob("numpy-*.whl")))
+    elif victim == "installer":
+        text = (root / "install.sh").read_bytes()
+        (root / "install.sh").write_bytes(text.replace(b"offline installer", b"offline installeR", 1))
+    else:
+        (root / "wheelhouse/evil-1.0-py3-none-any.whl").write_bytes(b"not listed")
+    prefix = tmp_path / "pfx"
+    proc = _offline([root / "install.sh", "--prefix", prefix, "--no-systemd"], timeout=300)
+    assert proc.returncode == 3, proc.stderr
+    assert "refusing to install" in proc.stderr
+    assert not prefix.exists()  # nothing was touched
+
+
+def test_flipped_byte_in_archive_is_detected(bundle, tmp_path):
+    tarball, _ = bundle
+    bad = tmp_path / tarball.name
+    shutil.copyfile(tarball, bad)
+    _flip_byte(bad)
+    shutil.copyfile(tarball.parent / (tarball.name + ".sha256"), tmp_path / (tarball.name + ".sha256"))
+    check = subprocess.run(["sha256sum", "-c", tarball.name + ".sha256"], cwd=tmp_path, capture_output=True)
+    assert check.returncode != 0
+    unpack = subprocess.run(["tar", "-xzf", bad, "-C", tmp_path], capture_output=True)
+    assert unpack.returncode != 0  # gzip's CRC catches it too
