@@ -1,0 +1,184 @@
+"""Controller: one per request. Before every step `choose()` returns the shape that maximises expected
+tokens per second under the measured cost model and this request's acceptance; `observe()` feeds
+back what happened. The circuit breaker decides when to stop drafting altogether.
+
+    closed     -> the argmax over speculative candidates (chains, chain + runner-ups, EAGLE-2 trees)
+    open       -> plain (zero drafting) for the cooldown
+    half_open  -> a small probe chain, judged on the probes' own acceptance
+"""
+
+from __future__ import annotations
+
+from edgespec.controller.acceptance import (
+    AcceptancePrior,
+    DropDetector,
+    AcceptanceWindow,
+    Counts,
+    estimate,
+    step_events,
+)
+from edgespec.controller.breaker import CLOSED, HALF_OPEN, OPEN, Breaker
+from edgespec.controller.config import MAX_WIDTH_LIMIT, ControllerConfig
+from edgespec.controller.cost import CostModel
+from edgespec.controller.policy import Choice, ShapePolicy
+from edgespec.controller.shapes import PLAIN, Shape, StepOutcome
+from edgespec.logs import get_logger
+
+
+class Controller:
+    def __init__(self, cfg: ControllerConfig, cost: CostModel, prior: AcceptancePrior, *,
+                 max_depth: int, max_nodes: int, has_draft_model: bool = True,
+                 max_leaves: int | None = None, request_id: str = ""):
+        self.cfg = cfg
+        self.cost = cost
+        self.prior = prior
+        self.policy = ShapePolicy(cfg, max_depth=max_depth, max_nodes=max_nodes,
+                                  has_draft_model=has_draft_model, max_leaves=max_leaves)
+        D, R = self.policy.max_depth, min(cfg.max_width, MAX_WIDTH_LIMIT)
+        self._depths, self._ranks = D, R
+        self._prior = prior.view(D, R)
+        self.window = AcceptanceWindow(cfg.window, D, R, cfg.decay)
+        self.probe_window = AcceptanceWindow(cfg.probe_steps, D, R)
+        self.request_counts = Counts(D, R)  # the whole request, for the cross-request prior
+        self.breaker = Breaker(cfg, request_id)
+        self.drift = DropDetector(cfg.drift_threshold, cfg.drift_drop)
+        self.drift_alarms = 0
+        self._log = get_logger("edgespec.controller")
+        self._request_id = request_id
+        self.disabled = not self.policy.has_speculative
+        self.steps = 0
+        self.tokens = 0
+        self.steps_per_mode: dict[str, int] = {}
+        self.steps_per_kind: dict[str, int] = {}
+        self.last_shape: Shape = PLAIN
+        self.last_speculative_shape: Shape | None = None
+        self.last_choice: Choice | None = None
+        self.catchup = 1  # draft batch of the first draft forward (measured)
+        self._prev_speculative = False
+        self._overhead = {"plain": 0.0, "spec": 0.0}
+        self._open_estimate = self._prior  # the estimate the breaker last opened on
+
+    # ------------------------------------------------------------------ decisions
+    @property
+    def state(self) -> str:
+        return OPEN if self.disabled else self.breaker.state
+
+    def acceptance(self, window: AcceptanceWindow | None = None) -> list[list[float]]:
+        """a[depth-1][rank]. The probe window is blended with the estimate the breaker opened on, so a
+        probe must show real acceptance to close it (the cross-request prior would be too kind)."""
+        if window is self.probe_window:
+            return estimate(window.counts, self._open_estimate, self.cfg.prior_weight)
+        return estimate((window or self.window).counts, self._prior, self.cfg.prior_weight)
+
+    def _best(self, window: AcceptanceWindow | None = None) -> Choice:
+        return self.policy.best(self.acceptance(window), self.cost, catchup=self.catchup,
+                                overhead_spec=self._overhead["spec"], overhead_plain=self._overhead["plain"])
+
+    def choose(self) -> Shape:
+        """The shape of the next step. Cheap: one analytic pass over a fixed candidate set."""
+        if self.disabled or self.breaker.state == OPEN:
+            shape = PLAIN
+        elif self.breaker.state == HALF_OPEN:
+            shape = self.policy.probe_shape()
+        else:
+            choice = self._best()
+            self.last_choice = choice
+            a = self.acceptance()
+            if self.breaker.closed_check(choice.speedup, self.tokens, self.steps,
+                                         top1_acceptance=round(a[0][0], 4)):
+                self._open_estimate = a
+                shape = PLAIN
+            else:
+                shape = choice.shape
+        self.last_shape = shape
+        return shape
+
+    def _top1(self, window: AcceptanceWindow | None = None) -> float:
+        return self.acceptance(window)[0][0]
+
+    # ------------------------------------------------------------------ feedback
+    def observe(self, outcome: StepOutcome) -> None:
+        self.steps += 1
+        self.tokens += outcome.emitted
+        mode, kind = outcome.shape.mode, outcome.shape.kind
+        self.steps_per_mode[mode] = self.steps_per_mode.get(mode, 0) + 1
+        self.steps_per_kind[kind] = self.steps_per_kind.get(kind, 0) + 1
+        self._refine_costs(outcome)
+
+        if not outcome.speculative:
+            self._prev_speculative = False
+            self.breaker.plain_tokens(outcome.emitted, self.tokens, self.steps)
+            return
+
+        self.last_speculative_shape = outcome.shape
+        if self._prev_speculative and outcome.draft_batches:
+            # the first draft forward absorbs what the draft lacks from the previous step (not the
+            # backlog of a plain phase, which is a one-off)
+            self.catchup = max(1, outcome.draft_batches[0])
+        self._prev_speculative = True
+        events = step_events(outcome, self._depths, self._ranks)
+        self.request_counts.add(events)
+        if self.breaker.state == HALF_OPEN:
+            self.probe_window.add(events)
+            if self.breaker.probe_step_done():
+                choice = self._best(self.probe_window)
+                self.breaker.probe_result(choice.speedup, self.tokens, self.steps,
+                                          top1_acceptance=round(self._top1(self.probe_window), 4))
+                if self.breaker.state == OPEN:
+                    self._open_estimate = self.acceptance(self.probe_window)
+                if self.breaker.state == CLOSED:
+                    self.drift.reset()
+                    # what came before the breaker opened describes text no longer being generated
+                    self.window.replace_with(self.probe_window)
+                self.probe_window.clear()
+        else:
+            if self.breaker.state == CLOSED and outcome.offered and outcome.offered[0] > 0:
+                p0 = self.acceptance()[0][0]
+                run = self.drift.update(bool(outcome.accepted_ranks) and outcome.accepted_ranks[0] == 0, p0)
+            else:
+                run = 0
+            self.window.add(events)
+            if run:
+                self.window.keep_last(run)
+                self.drift_alarms += 1
+                self._log.info("acceptance_drift", request_id=self._request_id, token=self.tokens,
+                               step=self.steps, window_estimate=round(p0, 4), kept_steps=run)
+            if self.breaker.state == CLOSED:
+                self.breaker.closed_step_done()
+
+    def _refine_costs(self, o: StepOutcome) -> None:
+        cost = self.cost
+        if o.verify_tokens >= 1 and o.verify_seconds > 0:
+            cost.observe("target", o.verify_tokens, o.verify_seconds)
+        if o.draft_batches and o.draft_seconds > 0:
+            # split the step's draft time over its forwards in proportion to their predicted times
+            preds = [cost.draft_seconds(b) for b in o.draft_batches]
+            total = sum(preds)
+            for b, pr in zip(o.draft_batches, preds):
+                cost.observe("draft", b, o.draft_seconds * pr / total)
+        if o.overhead_seconds > 0:
+            key = "spec" if o.speculative else "plain"
+            a = self.cfg.ewma_alpha
+            self._overhead[key] += a * (o.overhead_seconds - self._overhead[key]) if self._overhead[key] else o.overhead_seconds
+
+    # ------------------------------------------------------------------ reporting
+    def summary(self) -> dict:
+        a = self.acceptance()
+        lc = self.last_choice
+        return {
+            "state": self.state,
+            "disabled": self.disabled,
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "steps_per_mode": dict(self.steps_per_mode),
+            "steps_per_kind": dict(self.steps_per_kind),
+            "breaker_transitions": len(self.breaker.transitions),
+            "transitions": [t.as_dict() for t in self.breaker.transitions],
+            "final_shape": self.last_shape.as_dict(),
+            "final_speculative_shape": self.last_speculative_shape.as_dict() if self.last_speculative_shape else None,
+            "expected_speedup": round(lc.speedup, 4) if lc else None,
+            "cooldown_tokens": self.breaker.cooldown,
+            "acceptance_top1_by_depth": [round(row[0], 4) for row in a],
+            "candidates": self.policy.n_candidates,
+            "drift_alarms": self.drift_alarms,
+        }

@@ -1,0 +1,148 @@
+"""CostModel: seconds of one target (verification) or draft forward as a function of its batch size.
+
+Measured on the machine it runs on: `calibrate()` times a few batch sizes at load, `observe()`
+refines the table online with an EWMA. Between calibrated sizes the time is piecewise linear;
+beyond the largest it extrapolates the last segment linearly. Lookups are made non-decreasing in
+the batch size (a bigger batch never costs less), which keeps noisy timings from inverting choices.
+
+One per engine, shared by its requests, confined to the engine thread.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import Callable, Iterable
+
+KINDS = ("target", "draft")
+
+# Placeholders until calibrate(): the measured CPU curves (2 threads, SmolLM2-135M; F32 target,
+# Q4_0 draft), seconds per forward by batch size.
+DEFAULT_TABLES: dict[str, dict[int, float]] = {
+    "target": {1: 0.036, 2: 0.036, 4: 0.047, 8: 0.065, 16: 0.080},
+    "draft": {1: 0.011, 2: 0.015, 4: 0.022, 8: 0.036, 16: 0.064},
+}
+
+
+class _Curve:
+    """Piecewise-linear seconds(n) over sorted sizes; EWMA updates spread over the two neighbours."""
+
+    __slots__ = ("sizes", "secs", "_mono", "_cache")
+
+    def __init__(self, table: dict[int, float]):
+        if not table:
+            raise ValueError("empty cost table")
+        items = sorted((int(n), float(s)) for n, s in table.items())
+        if items[0][0] < 1 or any(s <= 0 for _, s in items):
+            raise ValueError(f"cost table needs sizes >= 1 and seconds > 0, got {table!r}")
+        self.sizes = [n for n, _ in items]
+        self.secs = [s for _, s in items]
+        self._refresh()
+
+    def _refresh(self) -> None:
+        mono, m = [], 0.0
+        for s in self.secs:
+            m = max(m, s)
+            mono.append(m)
+        self._mono = mono
+        self._cache: dict[int, float] = {}
+
+    def _weights(self, n: int) -> list[tuple[int, float]]:
+        """[(index, weight)] of the table entries whose weighted sum is the value at n."""
+        sz = self.sizes
+        if len(sz) == 1:
+            return [(0, n / sz[0])]  # one point: proportional
+        if n <= sz[0]:
+            return [(0, 1.0)]
+        i = bisect_left(sz, n)
+        if i < len(sz) and sz[i] == n:
+            return [(i, 1.0)]
+        if i >= len(sz):  # extrapolate the last segment
+            i = len(sz) - 1
+        lo, hi = sz[i - 1], sz[i]
+        w = (n - lo) / (hi - lo)
+        return [(i - 1, 1.0 - w), (i, w)]
+
+    def __call__(self, n: int) -> float:
+        v = self._cache.get(n)
+        if v is None:
+            v = sum(w * self._mono[i] for i, w in self._weights(n))
+            v = max(v, self._mono[0] * 0.5)  # never extrapolate to ~0 or below
+            self._cache[n] = v
+        return v
+
+    def observe(self, n: int, seconds: float, alpha: float) -> None:
+        pred = self(n)
+        err = seconds - pred
+        for i, w in self._weights(n):
+            if 0.0 <= w <= 1.0:  # extrapolation only updates the end point
+                self.secs[i] = max(1e-7, self.secs[i] + alpha * w * err)
+            elif w > 1.0:
+                self.secs[i] = max(1e-7, self.secs[i] + alpha * err / w)
+        self._refresh()
+
+    def as_dict(self) -> dict[str, float]:
+        return {str(n): round(s, 7) for n, s in zip(self.sizes, self.secs)}
+
+
+class CostModel:
+    """target/draft forward seconds by batch size. `version` changes on every update (cache key)."""
+
+    def __init__(self, alpha: float = 0.1, tables: dict[str, dict[int, float]] | None = None):
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+        self.alpha = alpha
+        tables = tables or DEFAULT_TABLES
+        self._curves = {k: _Curve(tables.get(k) or DEFAULT_TABLES[k]) for k in KINDS}
+        self.calibrated = False
+        self.observations = {k: 0 for k in KINDS}
+        self.version = 0
+
+    @classmethod
+    def from_tables(cls, target: dict[int, float], draft: dict[int, float], alpha: float = 0.1) -> "CostModel":
+        m = cls(alpha, {"target": target, "draft": draft})
+        m.calibrated = True
+        return m
+
+    def calibrate(
+        self,
+        measure: Callable[[str, int], float],
+        sizes: Iterable[int] = (1, 2, 4, 8, 16, 32),
+        kinds: Iterable[str] = KINDS,
+    ) -> None:
+        """measure(kind, batch) -> seconds of ONE forward. Replaces the tables of `kinds`."""
+        sizes = tuple(sizes)
+        for kind in kinds:
+            if kind not in KINDS:
+                raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+            self._curves[kind] = _Curve({n: float(measure(kind, n)) for n in sizes})
+        self.calibrated = True
+        self.version += 1
+
+    def verify_seconds(self, n: int) -> float:
+        """Seconds of one target forward over n tokens (n = nodes + 1)."""
+        return self._curves["target"](n)
+
+    def draft_seconds(self, n: int) -> float:
+        return self._curves["draft"](n)
+
+    def seconds(self, kind: str, n: int) -> float:
+        return self._curves[kind](n)
+
+    def observe(self, kind: str, n: int, seconds: float) -> None:
+        """Online refinement from one timed forward of batch n (EWMA, weight alpha)."""
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        if n < 1 or not seconds > 0 or self.alpha == 0.0:
+            return
+        self._curves[kind].observe(n, seconds, self.alpha)
+        self.observations[kind] += 1
+        self.version += 1
+
+    def as_dict(self) -> dict:
+        return {
+            "calibrated": self.calibrated,
+            "alpha": self.alpha,
+            "observations": dict(self.observations),
+            "target_seconds": self._curves["target"].as_dict(),
+            "draft_seconds": self._curves["draft"].as_dict(),
+        }

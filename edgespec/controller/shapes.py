@@ -1,0 +1,97 @@
+"""What the controller decides (Shape) and what the engine reports back after a step (StepOutcome)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+ShapeMode = Literal["plain", "chain", "tree"]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One step's speculation shape. The target batch is `nodes + 1` (the root = last emitted token).
+
+    - plain: no drafting, the target decodes one token.
+    - chain: `depth` drafted tokens, one draft forward each; nodes == depth.
+    - tree with runner_ups > 0: a chain of `depth` whose every position also gets the draft's next
+      `runner_ups` best tokens as leaves (no extra draft forward); width = 1 + runner_ups,
+      nodes = depth * (1 + runner_ups).
+    - tree with runner_ups == 0: EAGLE-2 style. Level 1 = the root's top-`width` children; each
+      further level expands the `expand` frontier nodes of highest cumulative draft probability
+      into their top-`width` children; after `depth` levels the `nodes` nodes of highest cumulative
+      draft probability are verified.
+    """
+
+    mode: ShapeMode
+    depth: int = 0  # draft levels = draft forwards (chain: number of drafted tokens)
+    width: int = 1  # max children per expanded node (top-k branching)
+    nodes: int = 0  # node budget excluding the root (chain: == depth)
+    runner_ups: int = 0  # chain + runner-ups (see above)
+    expand: int = 1  # EAGLE-2: frontier nodes expanded per level
+    stop_prob: float = 0.0  # drafter stops adding levels when the best frontier path's cumulative draft prob < this
+
+    @property
+    def verify_tokens(self) -> int:
+        return self.nodes + 1
+
+    @property
+    def kind(self) -> str:
+        """plain | chain | runner_ups | eagle — finer than `mode`, for stats."""
+        if self.mode == "tree":
+            return "runner_ups" if self.runner_ups > 0 else "eagle"
+        return self.mode
+
+    def as_dict(self) -> dict:
+        return {
+            "mode": self.mode,
+            "kind": self.kind,
+            "depth": self.depth,
+            "width": self.width,
+            "nodes": self.nodes,
+            "runner_ups": self.runner_ups,
+            "expand": self.expand,
+            "stop_prob": self.stop_prob,
+        }
+
+
+PLAIN = Shape("plain")
+
+
+def chain(depth: int, stop_prob: float = 0.0) -> Shape:
+    return Shape("chain", depth=depth, width=1, nodes=depth, stop_prob=stop_prob)
+
+
+def runner_ups(depth: int, r: int, stop_prob: float = 0.0) -> Shape:
+    return Shape("tree", depth=depth, width=1 + r, nodes=depth * (1 + r), runner_ups=r, expand=1, stop_prob=stop_prob)
+
+
+def eagle(depth: int, width: int, expand: int, nodes: int, stop_prob: float = 0.0) -> Shape:
+    return Shape("tree", depth=depth, width=width, nodes=nodes, runner_ups=0, expand=expand, stop_prob=stop_prob)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What happened in one engine step. Ranks are positions among the children offered at a node,
+    ordered by draft probability (0 = the draft's best)."""
+
+    shape: Shape
+    accepted_ranks: tuple[int, ...]  # [accepted depth] sibling rank of the accepted child at each depth
+    # [len(accepted_ranks) + 1] children offered at each node of the accepted path; the last entry is
+    # the node where verification stopped (0 = a leaf: the bonus token was taken)
+    offered: tuple[int, ...]
+    emitted: int  # tokens emitted (normally len(accepted_ranks) + 1)
+    draft_seconds: float
+    draft_batches: tuple[int, ...]  # [draft forwards] batch size of each draft forward this step
+    verify_seconds: float
+    verify_tokens: int  # target batch size (root + nodes)
+    depth_drafted: int  # levels actually drafted (< shape.depth when stop_prob cut it short)
+    overhead_seconds: float = 0.0  # optional: step time outside draft and target forwards
+
+    @property
+    def speculative(self) -> bool:
+        return self.shape.mode != "plain"
+
+
+def plain_outcome(verify_seconds: float, emitted: int = 1, overhead_seconds: float = 0.0) -> StepOutcome:
+    return StepOutcome(PLAIN, (), (0,), emitted, 0.0, (), verify_seconds, 1, 0, overhead_seconds)

@@ -1,0 +1,153 @@
+"""The controller and its breaker driven by a scripted drafter (edgespec.controller.sim) on the measured
+CPU cost curves (F32 target, Q4_0 draft) and a GPU-like model. Fast and seeded."""
+
+import pytest
+
+from edgespec.controller import (
+    AcceptancePrior,
+    Controller,
+    ControllerConfig,
+    plain_outcome,
+)
+from edgespec.controller.sim import ScriptedDrafter, cpu_cost, gpu_cost, simulate
+
+SEEDS = range(5)
+# Stated bounds (defaults: window 32, drift_threshold 4, open_after_steps 2, min_dwell_steps 4,
+# cooldown_tokens 32, probe_steps 3, open_margin 0.1, close_margin 0.05):
+OPEN_WITHIN = 10  # steps after acceptance collapses from 0.9 to 0 (measured 5-7 on the CPU curves)
+FLAP_MAX = 3  # transitions in 500 steps of steady 50 % acceptance (at most one open/probe/close cycle)
+
+
+def make(cost_fn=cpu_cost, cfg=None, **kw):
+    kw.setdefault("max_depth", 16)
+    kw.setdefault("max_nodes", 64)
+    return Controller(cfg or ControllerConfig(), cost_fn(), AcceptancePrior(), **kw)
+
+
+def first(states, start, want):
+    return next(i - start for i in range(start, len(states)) if states[i] == want)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_high_zero_high_opens_stays_plain_and_recovers(seed):
+    cfg = ControllerConfig()
+    ctrl = make(cfg=cfg)
+    back = 120  # acceptance returns before the first probe
+    script = ScriptedDrafter(lambda s: 0.9 if s < 100 or s >= back else 0.0)
+    res = simulate(ctrl, script, cpu_cost(), steps=260, seed=seed)
+    st = res.states
+    assert all(x == "closed" for x in st[:100])  # no spurious opening while acceptance is high
+    opened = first(st, 100, "open")
+    assert opened <= OPEN_WITHIN
+    # open = plain decoding, zero drafting
+    for i, x in enumerate(st):
+        if x == "open":
+            assert res.kinds[i] == "plain" and res.draft_forwards[i] == 0
+    # recovers within one cooldown + one probe after acceptance returns, then stays closed
+    recovered = first(st, back, "closed")
+    assert recovered <= cfg.cooldown_tokens + cfg.probe_steps + 1
+    assert all(x == "closed" for x in st[back + recovered :])
+    s = ctrl.summary()
+    assert [(t["from"], t["to"]) for t in s["transitions"]] == [
+        ("closed", "open"), ("open", "half_open"), ("half_open", "closed")]
+    assert s["breaker_transitions"] == 3
+    assert "expected speedup" in s["transitions"][0]["reason"]
+    assert s["transitions"][0]["token"] > 0
+    assert s["steps_per_mode"]["plain"] >= cfg.cooldown_tokens
+
+
+def test_long_outage_probes_with_growing_cooldown():
+    cfg = ControllerConfig()
+    ctrl = make(cfg=cfg)
+    res = simulate(ctrl, ScriptedDrafter(lambda s: 0.9 if s < 50 or s >= 400 else 0.0), cpu_cost(), steps=900)
+    tr = ctrl.summary()["transitions"]
+    failed = [t for t in tr if t["from"] == "half_open" and t["to"] == "open"]
+    assert len(failed) >= 2
+    gaps = [b["token"] - a["token"] for a, b in zip(tr, tr[1:]) if a["to"] == "open"]
+    assert gaps == sorted(gaps) and gaps[-1] > cfg.cooldown_tokens  # backs off
+    assert max(gaps) <= cfg.max_cooldown_tokens
+    assert tr[-1]["to"] == "closed" and res.states[-1] == "closed"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_steady_half_acceptance_does_not_flap(seed):
+    ctrl = make()
+    res = simulate(ctrl, ScriptedDrafter(lambda s: 0.5), cpu_cost(), steps=500, seed=seed)
+    assert ctrl.summary()["breaker_transitions"] <= FLAP_MAX
+    assert res.speedup > 1.0  # at 50 % a short chain still pays on the CPU curves
+
+
+@pytest.mark.parametrize("cost_fn", [cpu_cost, gpu_cost])
+@pytest.mark.parametrize("backlog_cap", [0, 64])
+def test_useless_drafter_goes_plain_fast_and_costs_under_5_percent(cost_fn, backlog_cap):
+    ctrl = make(cost_fn)
+    res = simulate(ctrl, ScriptedDrafter(lambda s: 0.0), cost_fn(), tokens=1000, backlog_cap=backlog_cap)
+    first_open = first(res.states, 0, "open")
+    assert first_open <= (10 if cost_fn is cpu_cost else 40)  # GPU break-even acceptance is lower
+    assert res.speedup >= 0.95
+    assert res.kinds.count("plain") > 0.9 * res.steps
+
+
+def test_high_acceptance_speedup_and_shapes():
+    cpu = make(cpu_cost)
+    r_cpu = simulate(cpu, ScriptedDrafter(lambda s: 0.9), cpu_cost(), steps=200)
+    gpu = make(gpu_cost)
+    r_gpu = simulate(gpu, ScriptedDrafter(lambda s: 0.9), gpu_cost(), steps=200)
+    assert r_cpu.speedup > 1.2 and r_gpu.speedup > 2.0
+    s_cpu, s_gpu = cpu.summary()["final_shape"], gpu.summary()["final_shape"]
+    assert s_cpu["kind"] in ("chain", "runner_ups")
+    assert s_gpu["nodes"] > s_cpu["nodes"] and s_gpu["mode"] == "tree"
+    assert cpu.summary()["breaker_transitions"] == 0
+
+
+def test_summary_and_stats_shape():
+    ctrl = make()
+    simulate(ctrl, ScriptedDrafter(lambda s: 0.8), cpu_cost(), steps=20)
+    s = ctrl.summary()
+    for key in ("steps_per_mode", "breaker_transitions", "transitions", "final_shape", "state"):
+        assert key in s
+    assert sum(s["steps_per_mode"].values()) == 20
+    assert s["final_shape"]["depth"] >= 1 and s["final_shape"]["width"] >= 1
+    assert s["state"] == ctrl.state == "closed"
+
+
+def test_disabled_controller_is_plain_without_transitions():
+    cfg = ControllerConfig(enable_chain=False, enable_tree=False, enable_runner_ups=False)
+    ctrl = make(cfg=cfg)
+    for _ in range(50):
+        assert ctrl.choose().mode == "plain"
+        ctrl.observe(plain_outcome(0.036))
+    assert ctrl.state == "open" and ctrl.summary()["breaker_transitions"] == 0
+
+
+def test_no_draft_model_uses_free_ngram_chains():
+    ctrl = make(has_draft_model=False, max_depth=6, max_nodes=16)
+    assert ctrl.choose().mode == "chain"
+
+
+def test_choose_is_cheap():
+    ctrl = make(gpu_cost)
+    ctrl.choose()
+    assert ctrl.last_choice.evaluated == ctrl.policy.n_candidates <= 300
+    # open and half-open choices do not evaluate candidates at all
+    ctrl.breaker.state = "open"
+    ctrl.last_choice = None
+    assert ctrl.choose().mode == "plain" and ctrl.last_choice is None
+
+
+def test_cost_model_is_refined_from_outcomes():
+    cost = cpu_cost()
+    ctrl = Controller(ControllerConfig(), cost, AcceptancePrior(), max_depth=8, max_nodes=16)
+    before = cost.verify_seconds(1)
+    for _ in range(50):
+        ctrl.observe(plain_outcome(before * 2))
+    assert cost.verify_seconds(1) > 1.8 * before
+
+
+def test_prior_learns_from_a_finished_request():
+    prior = AcceptancePrior()
+    ctrl = Controller(ControllerConfig(), cpu_cost(), prior, max_depth=8, max_nodes=16)
+    simulate(ctrl, ScriptedDrafter(lambda s: 0.2), cpu_cost(), steps=30)
+    before = prior.rates[0][0]
+    prior.update_from(ctrl)
+    assert prior.rates[0][0] < before and prior.requests == 1
