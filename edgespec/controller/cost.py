@@ -125,6 +125,10 @@ class CostModel:
     def draft_seconds(self, n: int) -> float:
         return self._curves["draft"](n)
 
+    def curve(self, kind: str) -> Callable[[int], float]:
+        """The memoised seconds(n) lookup of `kind` (valid until the next update)."""
+        return self._curves[kind]
+
     def seconds(self, kind: str, n: int) -> float:
         return self._curves[kind](n)
 

@@ -23,6 +23,7 @@ Without a draft model the only drafter is the model-free n-gram lookup: chains w
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 from edgespec.controller.config import ControllerConfig
 from edgespec.controller.cost import CostModel
@@ -157,7 +158,7 @@ class ShapePolicy:
     def best(self, a: list[list[float]], cost: CostModel, *, catchup: int = 1,
              overhead_spec: float = 0.0, overhead_plain: float = 0.0) -> Choice:
         """argmax over the speculative candidates of E[tokens] / E[seconds] (plain is the baseline)."""
-        verify = cost.verify_seconds
+        verify = cost.curve("target")  # the memoised lookup itself (hot loop)
         plain_rate = 1.0 / (verify(1) + overhead_plain)
         draft1 = cost.draft_seconds(max(1, catchup)) if self.has_draft_model else 0.0
         step = cost.draft_seconds(1) if self.has_draft_model else 0.0
@@ -206,8 +207,9 @@ class ShapePolicy:
             for w, ex, per_depth in self.eagle:
                 dmax = per_depth[-1][0]
                 want = dict(per_depth)
+                top_n = max(ns[-1] for _, ns in per_depth)
                 level = p[0][:w]
-                values = list(level)
+                srt = sorted(level, reverse=True)  # the top_n node values so far, descending
                 dsecs = draft1
                 for d in range(1, dmax + 1):
                     if d > 1:
@@ -215,17 +217,14 @@ class ShapePolicy:
                         dsecs += cost.draft_seconds(len(parents))
                         row = p[d - 1][:w]
                         level = [v * q for v in parents for q in row]
-                        values.extend(level)
+                        srt = sorted(srt + level, reverse=True)[:top_n]
                     ns = want.get(d)
                     if not ns:
                         continue
-                    srt = sorted(values, reverse=True)
-                    acc, i = 0.0, 0
+                    cum = list(accumulate(srt))
+                    last = len(cum) - 1
                     for nodes in ns:
-                        while i < nodes and i < len(srt):
-                            acc += srt[i]
-                            i += 1
-                        e = 1.0 + acc
+                        e = 1.0 + cum[nodes - 1 if nodes <= last else last]
                         secs = dsecs + verify(nodes + 1) + overhead_spec
                         n += 1
                         if e / secs > best_rate:
