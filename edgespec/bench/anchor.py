@@ -4,8 +4,7 @@ throughput: `llama-completion` for plain decoding, `llama-speculative-simple` fo
 draft-model speculation, optionally `llama-bench` for the synthetic text-generation figure.
 
 Both binaries get the same text as `edgespec bench`: the user prompt in the target's chat
-template (rendered from the GGUF like llama-cpp-python does), tokenized by llama.cpp with
-add_special and parse_special; greedy (--temp 0), the same token budget (-n), the same threads. Their tok/s
+template (the engine's `chat_prompt`), tokenized by llama.cpp with add_special and parse_special; greedy (--temp 0), the same token budget (-n), the same threads. Their tok/s
 count decoding only (prompt processing excluded), as does the engine's `stats.seconds`.
 
 usage: python -m edgespec.bench.anchor --bin DIR --suite NAME|FILE --target T --draft D [...]
@@ -93,29 +92,16 @@ def _run(cmd: list[str], timeout: float) -> str:
 
 
 def chat_texts(target: str, prompts: Sequence[Prompt]) -> dict[str, str]:
-    """The prompts in the target's chat template, rendered from the GGUF's own template the way
-    llama-cpp-python renders it (a slow test checks it equals the engine's `chat_prompt`)."""
-    template = gguf_chat_template(target)
-    return {p.id: render_chat(template, [("user", p.prompt)]) for p in prompts}
+    """The prompts in the target's chat template, from the engine's own `chat_prompt` (the
+    target alone, no calibration), so the llama.cpp binaries get the very text the bench sends."""
+    from edgespec.config import EngineConfig, ModelConfig
+    from edgespec.engine import Engine
 
-
-def gguf_chat_template(path: str) -> str:
-    import gguf
-
-    field = gguf.GGUFReader(path).fields.get("tokenizer.chat_template")
-    if field is None:
-        raise AnchorError(f"{path}: no tokenizer.chat_template in the GGUF")
-    return str(field.contents())
-
-
-def render_chat(template: str, messages: Sequence[tuple[str, str]]) -> str:
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(template).render(
-        messages=[{"role": r, "content": c} for r, c in messages], add_generation_prompt=True,
-        bos_token="", eos_token="",
-    )
+    engine = Engine.load(EngineConfig(target=ModelConfig(path=target, n_ctx=512), draft=None), calibrate=False)
+    try:
+        return {p.id: engine.chat_prompt([("user", p.prompt)]) for p in prompts}
+    finally:
+        engine.close()
 
 
 def llama_bench(bin_dir: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
@@ -155,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": "python -m edgespec.bench.anchor " + shlex.join(sys.argv[1:] if argv is None else list(argv)),
         "settings": {"suite": a.suite, "max_tokens": a.max_tokens, "threads": a.threads, "n_ctx": a.n_ctx,
                      "n_gpu_layers": a.n_gpu_layers, "draft_max": a.draft_max, "target": a.target,
-                     "draft": a.draft, "temperature": 0.0, "prompt_text": "user prompt in the target GGUF's chat template",
+                     "draft": a.draft, "temperature": 0.0, "prompt_text": "engine.chat_prompt([('user', prompt)])",
                      "binaries": {"plain": "llama-completion", "speculative": "llama-speculative-simple"}},
         "machine": machine_info(),
         "example_commands": {},

@@ -272,9 +272,14 @@ def to_markdown(report: dict[str, Any]) -> str:
             "",
             f"llama.cpp command: `{anchor.get('command')}`",
             "",
-            "| category | edgespec mode | edgespec tok/s | llama.cpp | llama.cpp tok/s | ratio |",
-            "|---|---|---:|---|---:|---:|",
         ]
+        if not anchor["edgespec_over_llama_cpp"]:
+            lines.append("No prompt ids in common with the anchor run: run both on the same suite.")
+        else:
+            lines += [
+                "| category | edgespec mode | edgespec tok/s | llama.cpp | llama.cpp tok/s | ratio |",
+                "|---|---|---:|---|---:|---:|",
+            ]
         for cat, cells in anchor["edgespec_over_llama_cpp"].items():
             for mode, c in cells.items():
                 lines.append(

@@ -15,6 +15,7 @@ from edgespec.cli.common import user_errors
 
 DEFAULT_TARGET = "SmolLM2-135M-Instruct.F32.gguf"
 DEFAULT_DRAFT = "SmolLM2-135M-Instruct.Q4_0.gguf"
+ANCHOR_FIELDS = ("id", "category", "mode", "tokens", "seconds", "tokens_per_second")
 
 
 def _model_path(given: Optional[str], default_name: str) -> str:
@@ -120,6 +121,10 @@ def _read_anchor(path: Path) -> dict:
         raise BadRequest("anchor", f"{path}: not valid JSON ({exc.msg})") from None
     if not isinstance(data, dict) or not isinstance(data.get("results"), list):
         raise BadRequest("anchor", f"{path}: expected an object with a 'results' list")
+    for i, row in enumerate(data["results"]):
+        missing = [k for k in ANCHOR_FIELDS if not isinstance(row, dict) or k not in row]
+        if missing:
+            raise BadRequest("anchor", f"{path}: results[{i}] lacks {', '.join(missing)}")
     return data
 
 

@@ -112,3 +112,13 @@ def test_machine_info_keys():
     m = rep.machine_info("cpu")
     assert {"cpu", "cores", "llama_cpp_python", "gpu", "backend"} <= set(m)
     assert m["llama_cpp_python"] == "0.3.36"
+
+
+def test_markdown_anchor_without_common_prompts():
+    anchor = anchor_data()
+    for r in anchor["results"]:
+        r["id"] = "other-" + r["id"]
+    report = make_report(anchor)
+    assert report["anchor"]["edgespec_over_llama_cpp"] == {}
+    assert "No prompt ids in common with the anchor run" in rep.to_markdown(report)
+    assert "auto_over_llama_cpp_speculative" not in report["headline"]

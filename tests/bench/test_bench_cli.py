@@ -1,0 +1,47 @@
+"""`edgespec bench` argument errors: one line, exit 2, before any model is loaded."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from edgespec.cli.main import app
+
+
+@pytest.fixture()
+def invoke():
+    runner = CliRunner()
+
+    def _invoke(*args):
+        return runner.invoke(app, ["bench", *args])
+
+    return _invoke
+
+
+def test_bench_is_registered(invoke):
+    res = invoke("--help")
+    assert res.exit_code == 0 and "--modes" in res.output and "--n-gpu-layers" in res.output
+
+
+def test_unknown_mode(invoke):
+    res = invoke("--modes", "plain,warp")
+    assert res.exit_code == 2 and "error: modes: must be among plain, chain, tree, auto, got 'warp'" in res.output
+
+
+def test_bad_suite_line(invoke, tmp_path):
+    f = tmp_path / "s.jsonl"
+    f.write_text('{"id": "a", "category": "c", "prompt": "p"}\n{"id": "b", "prompt": "p"}\n')
+    res = invoke("--suite", str(f))
+    assert res.exit_code == 2 and f"{f}:2: missing field 'category'" in res.output
+
+
+def test_missing_model(invoke, tmp_path):
+    res = invoke("--suite", "code", "--target", str(tmp_path / "nope.gguf"), "--draft", "none")
+    assert res.exit_code == 2 and "nope.gguf" in res.output
+
+
+def test_bad_anchor_file(invoke, tmp_path):
+    f = tmp_path / "a.json"
+    f.write_text(json.dumps({"results": [{"id": "x", "mode": "plain"}]}))
+    res = invoke("--anchor", str(f))
+    assert res.exit_code == 2 and "results[0] lacks category, tokens, seconds, tokens_per_second" in res.output
