@@ -91,7 +91,8 @@ chmod 755 "$B/install.sh"
 # 6. The archive, and its own checksum for transfer.
 mkdir -p "$DIST"
 OUT=$DIST/$NAME.tar.gz
-tar -C "$STAGE" --owner=0 --group=0 --numeric-owner -cf - "$NAME" | gzip -"${GZIP_LEVEL:-6}" > "$OUT.tmp"
+GZ=$(command -v pigz || command -v gzip)  # pigz: same format, all cores
+tar -C "$STAGE" --owner=0 --group=0 --numeric-owner -cf - "$NAME" | "$GZ" -"${GZIP_LEVEL:-6}" > "$OUT.tmp"
 mv "$OUT.tmp" "$OUT"
 (cd "$DIST" && sha256sum "$NAME.tar.gz" > "$NAME.tar.gz.sha256")
 log "wrote $OUT ($(du -h "$OUT" | cut -f1), $(wc -l < "$B/SHA256SUMS") files)"
