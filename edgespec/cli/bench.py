@@ -13,17 +13,15 @@ import typer
 
 from edgespec.cli.common import user_errors
 
-DEFAULT_TARGET = "SmolLM2-135M-Instruct.F32.gguf"
-DEFAULT_DRAFT = "SmolLM2-135M-Instruct.Q4_0.gguf"
 ANCHOR_FIELDS = ("id", "category", "mode", "tokens", "seconds", "tokens_per_second")
 
 
-def _model_path(given: Optional[str], default_name: str) -> str:
+def _model_path(given: Optional[str], which: str) -> str:
     if given:
         return given
-    from edgespec.config import models_dir
+    from edgespec.models import default_pair  # the demo pair: F32 target, Q4_0 draft
 
-    return str(models_dir() / default_name)
+    return str(getattr(default_pair(), which))
 
 
 def bench(
@@ -61,8 +59,8 @@ def bench(
         prompts = load_suite(suite, limit=limit)
         anchor_data = _read_anchor(anchor) if anchor else None
 
-        target_path = _model_path(target, DEFAULT_TARGET)
-        draft_path = None if draft == "none" else _model_path(draft, DEFAULT_DRAFT)
+        target_path = _model_path(target, "target")
+        draft_path = None if draft == "none" else _model_path(draft, "draft")
         for p in (target_path, draft_path):
             if p is not None and not Path(p).is_file():
                 raise FileNotFoundError(2, "model not found (run `edgespec models prepare-demo`)", p)
@@ -84,7 +82,7 @@ def bench(
 
         report = rep.build_report(
             rows,
-            command="edgespec " + shlex.join(sys.argv[1:]),
+            command=_command_line(),
             machine=rep.machine_info(backend),
             settings={
                 "suite": suite,
@@ -110,6 +108,14 @@ def bench(
 
             plot(report, str(plot_out))
         typer.echo(markdown)
+
+
+def _command_line() -> str:
+    """The command as a user would retype it (also when run as `python -m edgespec.bench`)."""
+    args = sys.argv[1:]
+    if args[:1] == ["bench"]:
+        args = args[1:]
+    return "edgespec bench " + shlex.join(args)
 
 
 def _read_anchor(path: Path) -> dict:
