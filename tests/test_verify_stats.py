@@ -136,7 +136,12 @@ def assert_all_pass(results: list[CheckResult]) -> None:
 
 @pytest.mark.parametrize(
     "pair",
-    ["far", "zero_mass", pytest.param("close", marks=pytest.mark.slow), pytest.param("concentrated", marks=pytest.mark.slow)],
+    [
+        "far",
+        "zero_mass",
+        pytest.param("close", marks=pytest.mark.slow),
+        pytest.param("concentrated", marks=pytest.mark.slow),
+    ],
 )
 def test_chain_and_tree_are_exact(pair):
     p, q = PAIRS[pair]
@@ -324,6 +329,21 @@ def test_broken_verifier_is_detected_by_every_check_that_can_see_it(name, monkey
     # a residual that is only unnormalised is invisible to a chain (sample() renormalises)
     want = {"tree"} if name == "residual not renormalised" else set(selftest.CHECKS)
     assert caught == want, results
+
+
+def test_zero_mass_draft_removes_the_targets_top_tokens():
+    q0 = selftest.zero_mass_draft(P, PAIRS["far"][1])
+    assert q0[:2].sum() == 0 and q0.sum() == pytest.approx(1.0) and (q0[2:] > 0).all()
+    # q entirely on those tokens: uniform over the rest
+    q0 = selftest.zero_mass_draft(P, norm([1, 1, 0, 0, 0, 0, 0, 0]))
+    np.testing.assert_allclose(q0, [0, 0] + [1 / 6] * 6)
+
+
+def test_joint_probs_is_the_chain_rule():
+    target = rolled(P)
+    joint = selftest.joint_probs(target, 8, 2)
+    assert joint.sum() == pytest.approx(1.0)
+    assert joint[3 * 8 + 5] == pytest.approx(P[3] * np.roll(P, 4)[5])
 
 
 def test_run_statistical_checks_validates_its_input():
