@@ -52,8 +52,9 @@ done
 [[ $PREFIX == /* ]] || PREFIX=$(pwd)/$PREFIX
 if [[ $(id -u) != 0 ]]; then SYSTEMD=0; fi
 if [[ $SYSTEMD == 1 ]]; then
-  CONF_DIR=/etc/edgespec
-  STATE_DIR=/var/lib/edgespec
+  # overridable only to stage or test an install (tests/appliance/test_bundle.py)
+  CONF_DIR=${EDGESPEC_CONF_DIR:-/etc/edgespec}
+  STATE_DIR=${EDGESPEC_STATE_DIR:-/var/lib/edgespec}
 else
   CONF_DIR=$PREFIX/etc
   STATE_DIR=$PREFIX/var

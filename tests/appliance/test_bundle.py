@@ -150,3 +150,65 @@ def test_flipped_byte_in_archive_is_detected(bundle, tmp_path):
     assert check.returncode != 0
     unpack = subprocess.run(["tar", "-xzf", bad, "-C", tmp_path], capture_output=True)
     assert unpack.returncode != 0  # gzip's CRC catches it too
+
+
+STUB_SYSTEMCTL = r"""#!/usr/bin/env bash
+# Records calls; ActiveState after the N-th restart of edgespec.service is word N of $STUB_HEALTH.
+echo "systemctl $*" >> "$STUB_LOG"
+case "$1" in
+  restart) [[ "$2" == edgespec.service ]] && echo x >> "$STUB_RESTARTS" ;;
+  show) n=$(wc -l < "$STUB_RESTARTS"); set -- $STUB_HEALTH; echo "${!n:-failed}" ;;
+esac
+exit 0
+"""
+
+
+def test_systemd_install_upgrade_and_rollback(bundle, tmp_path):
+    """Root/systemd mode against stubbed systemctl/useradd/chown (no systemd PID 1 in CI)."""
+    if os.geteuid() != 0:
+        pytest.skip("systemd mode needs root")
+    _, root = bundle
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    (stubs / "systemctl").write_text(STUB_SYSTEMCTL)
+    for tool in ("journalctl", "useradd", "usermod", "chown", "userdel"):
+        (stubs / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> "$STUB_LOG"\n')
+    (stubs / "id").write_text('#!/bin/sh\n[ "$1" = edgespec ] && exit 0\nexec /usr/bin/id "$@"\n')
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    prefix, units = tmp_path / "opt", tmp_path / "units"
+    log = tmp_path / "calls.log"
+    env = {
+        **os.environ,
+        "PATH": f"{stubs}:{os.environ['PATH']}",
+        "EDGESPEC_UNIT_DIR": str(units),
+        "EDGESPEC_CONF_DIR": str(tmp_path / "etc"),
+        "EDGESPEC_STATE_DIR": str(tmp_path / "var"),
+        "STUB_LOG": str(log),
+    }
+
+    def install(health: str) -> subprocess.CompletedProcess[str]:
+        restarts = tmp_path / "restarts"
+        restarts.write_text("")
+        cmd = [root / "install.sh", "--prefix", prefix, "--health-timeout", "10"]
+        return _offline(cmd, env={**env, "STUB_HEALTH": health, "STUB_RESTARTS": str(restarts)}, timeout=900)
+
+    first = install("active")
+    assert first.returncode == 0, first.stderr
+    unit = (units / "edgespec.service").read_text()
+    assert f"ExecStart={prefix}/bin/edgespec serve --config /etc/edgespec/edgespec.toml" in unit
+    assert (units / "edgespec-models-check.service").is_file()
+    assert (units / "edgespec.service.d/override.conf.example").is_file()
+    calls = log.read_text()
+    assert "systemctl enable edgespec.service" in calls and "systemctl restart edgespec.service" in calls
+    assert "useradd" not in calls  # the stubbed `id` says the user exists
+    assert (tmp_path / "var/models" / MODEL).is_file() and (tmp_path / "etc/edgespec.toml").is_file()
+    good = os.readlink(prefix / "current")
+
+    # The upgrade never becomes healthy: back to the previous version, restarted, exit 4.
+    second = install("failed active")
+    assert second.returncode == 4, second.stderr
+    assert "rolling back" in second.stderr
+    assert os.readlink(prefix / "current") == good
+    assert _offline([prefix / "bin/edgespec", "version"]).returncode == 0
+    assert log.read_text().count("systemctl restart edgespec.service") == 3
