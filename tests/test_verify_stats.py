@@ -180,6 +180,25 @@ def test_branching_two_level_tree_joint_of_two_tokens_is_exact(pair):
     assert r.passed, r
 
 
+def test_point_child_grafted_after_sampled_siblings_is_exact():
+    """The n-gram drafter's graft onto a model tree: sampled siblings first (drawn from q without
+    replacement), then the n-gram's point token unless a sibling already holds it."""
+    draft, target = rolled(PAIRS["far"][1]), rolled(P)
+
+    def build(prefix, rng):
+        t = DraftTree.root(prefix[-1] if prefix else 0)
+        t.q[0] = draft(prefix)
+        for x in gumbel_top_k(t.q[0], 2, rng):
+            t.add(0, x, point=False)
+        guess = int(np.argmax(target(prefix)))  # an n-gram that often agrees with the target
+        if guess not in t.child_tokens(0):
+            t.add(0, guess, point=True)
+        return t
+
+    r = check_tree_exact("graft", target, build, n_tokens=1, trials=TRIALS, rng=np.random.default_rng(7))
+    assert r.passed, r
+
+
 def test_point_only_chain_is_exact():
     """An n-gram chain: three point children (no draft distribution at all)."""
 
