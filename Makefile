@@ -40,9 +40,11 @@ serve: install models
 	$(EDGESPEC) serve --host $(HOST) --port $(PORT)
 
 test: install models
+	tools/ensure-test-deps.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install
+	tools/ensure-test-deps.sh
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 bench: install models

@@ -28,3 +28,25 @@ def user_errors() -> Iterator[None]:
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
+
+
+def engine_config(target: str | None, draft: str | None, *, n_ctx: int = 4096, n_gpu_layers: int = 0,
+                  threads: int = 0, no_draft: bool = False, parallel: int = 1):
+    """EngineConfig for the CLI: the demo pair unless paths are given; missing files are a user
+    error naming the file."""
+    from pathlib import Path
+
+    from edgespec.config import EngineConfig, ModelConfig
+    from edgespec.models import default_pair
+
+    pair = default_pair()
+    t = Path(target) if target else pair.target
+    d = None if no_draft else (Path(draft) if draft else pair.draft)
+    for what, p in (("--target", t), ("--draft", d)):
+        if p is not None and not p.is_file():
+            hint = " (run `edgespec models prepare-demo`)" if not (target if what == "--target" else draft) else ""
+            raise BadRequest(what, f"model file not found: {p}{hint}")
+    mk = lambda p: ModelConfig(path=str(p), n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, threads=threads)  # noqa: E731
+    cfg = EngineConfig(target=mk(t), draft=mk(d) if d is not None else None, parallel=parallel)
+    cfg.validate()
+    return cfg

@@ -1,0 +1,77 @@
+"""`edgespec generate`: local generation, no daemon."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from edgespec.cli.common import engine_config, user_errors
+
+
+def register(app: typer.Typer) -> None:
+    app.command("generate")(generate)
+
+
+def generate(
+    prompt: Annotated[str, typer.Argument(help="The prompt (a user message unless --raw).")],
+    mode: Annotated[str, typer.Option(help="plain | chain | tree | auto")] = "auto",
+    draft_tokens: Annotated[int, typer.Option(help="chain length")] = 4,
+    tree_nodes: Annotated[int, typer.Option(help="tree node budget")] = 16,
+    tree_depth: Annotated[int, typer.Option(help="tree depth limit")] = 6,
+    temperature: Annotated[float, typer.Option(help="0 = greedy")] = 0.0,
+    top_k: Annotated[int, typer.Option(help="0 = off")] = 0,
+    top_p: Annotated[float, typer.Option(help="in (0, 1]")] = 1.0,
+    min_p: Annotated[float, typer.Option(help="in [0, 1)")] = 0.0,
+    seed: Annotated[Optional[int], typer.Option(help="sampling seed")] = None,
+    max_tokens: Annotated[int, typer.Option(help="tokens to generate at most")] = 128,
+    stop: Annotated[Optional[list[str]], typer.Option(help="stop string (repeatable)")] = None,
+    raw: Annotated[bool, typer.Option(help="no chat template")] = False,
+    ngram: Annotated[bool, typer.Option(help="add model-free prompt-lookup drafts")] = True,
+    target: Annotated[Optional[str], typer.Option(help="target GGUF (default: demo F32)")] = None,
+    draft: Annotated[Optional[str], typer.Option(help="draft GGUF (default: demo Q4_0)")] = None,
+    n_ctx: Annotated[int, typer.Option(help="context size")] = 4096,
+    n_gpu_layers: Annotated[int, typer.Option(help="layers on the GPU (-1 = all; CUDA build)")] = 0,
+    threads: Annotated[int, typer.Option(help="CPU threads (0 = all cores)")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """Generate text locally with plain, chain, tree or adaptive (auto) speculative decoding."""
+    with user_errors():
+        from edgespec.sampling import SamplingParams
+        from edgespec.types import SpeculationParams
+
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                                  max_tokens=max_tokens, stop=tuple(stop or ()))
+        spec = SpeculationParams(mode=mode, draft_tokens=draft_tokens, tree_nodes=tree_nodes,
+                                 tree_depth=tree_depth, ngram=ngram)
+        cfg = engine_config(target, draft, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, threads=threads,
+                            no_draft=False)
+        from edgespec.engine import Engine
+        from edgespec.types import GenerationRequest
+
+        engine = Engine.load(cfg)
+        tokens = engine.tokenize(prompt) if raw else engine.encode_chat([("user", prompt)])
+        sess = engine.open_session(GenerationRequest(tuple(tokens), sampling, spec))
+        try:
+            while not sess.done:
+                chunk = sess.step()
+                if not as_json and chunk.text:
+                    sys.stdout.write(chunk.text)
+                    sys.stdout.flush()
+            res = sess.result()
+            summary = sess.controller_summary()
+        finally:
+            sess.close()
+        if as_json:
+            stats = res.stats.as_dict()
+            if summary is not None:
+                stats["controller"] = summary
+            typer.echo(json.dumps({"text": res.text, "tokens": res.token_ids, "finish_reason": res.finish_reason,
+                                   "stats": stats}))
+        else:
+            sys.stdout.write("\n")
+            st = res.stats
+            typer.echo(f"[{res.finish_reason}] {st.emitted_tokens} tokens, {st.target_forwards} target forwards, "
+                       f"tau {st.tau:.2f}, {st.tokens_per_second:.1f} tok/s", err=True)

@@ -1,0 +1,82 @@
+"""`edgespec selftest`: prove exactness on this appliance's own models.
+
+Statistical checks: real target/draft next-token distributions (temperature 1, restricted to
+their top tokens and renormalised) go through the production verifier for chains and trees,
+>= 100k trials each, chi-square goodness of fit at alpha = 1e-3 (edgespec.selftest). End-to-end
+check: greedy tree decoding reproduces plain decoding token for token.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Optional
+
+import numpy as np
+import typer
+
+from edgespec.cli.common import engine_config, user_errors
+
+PROMPTS = (
+    "Write a Python function that returns the factorial of n.",
+    "Extract the name and the city as JSON: Maria Lopez moved to Lisbon in 2019.",
+    "Continue the clause: The Supplier shall indemnify the Buyer against",
+)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("selftest")(selftest)
+
+
+def model_dists(engine, prompts=PROMPTS, support: int = 8) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(name, p, q) per prompt: target and draft next-token distributions at temperature 1 over
+    the union of their top-`support` tokens, renormalised."""
+    out = []
+    for i, prompt in enumerate(prompts):
+        tl, dl = engine.next_logits(engine.encode_chat([("user", prompt)]))
+        if dl is None:
+            dl = tl
+        idx = np.union1d(np.argsort(-tl)[:support], np.argsort(-dl)[:support])
+        p = np.exp(tl[idx] - tl[idx].max())
+        q = np.exp(dl[idx] - dl[idx].max())
+        out.append((f"prompt{i}", p / p.sum(), q / q.sum()))
+    return out
+
+
+def selftest(
+    target: Annotated[Optional[str], typer.Option(help="target GGUF (default: demo F32)")] = None,
+    draft: Annotated[Optional[str], typer.Option(help="draft GGUF (default: demo Q4_0)")] = None,
+    trials: Annotated[int, typer.Option(help="trials per statistical check")] = 100_000,
+    alpha: Annotated[float, typer.Option(help="significance level")] = 1e-3,
+    seed: int = 0,
+    n_gpu_layers: int = 0,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Run the exactness checks against the given models; exit 1 if any fails."""
+    with user_errors():
+        from edgespec.engine import Engine
+        from edgespec.sampling import SamplingParams
+        from edgespec.selftest import run_statistical_checks
+        from edgespec.types import GenerationRequest, SpeculationParams
+
+        engine = Engine.load(engine_config(target, draft, n_ctx=2048, n_gpu_layers=n_gpu_layers), calibrate=False)
+        dists = model_dists(engine)
+        checks = [
+            {"name": r.name, "p_value": float(r.p_value), "passed": bool(r.passed)}
+            for r in run_statistical_checks(dists, trials=trials, seed=seed, alpha=alpha)
+        ]
+        prompt = tuple(engine.encode_chat([("user", PROMPTS[0])]))
+        runs = {
+            m: engine.generate(GenerationRequest(prompt, SamplingParams(max_tokens=48), SpeculationParams(mode=m)))
+            for m in ("plain", "tree")
+        }
+        same = runs["plain"].token_ids == runs["tree"].token_ids
+        checks.append({"name": "greedy_tree_equals_plain", "p_value": 1.0 if same else 0.0, "passed": same})
+        passed = all(c["passed"] for c in checks)
+        if as_json:
+            typer.echo(json.dumps({"passed": passed, "checks": checks}))
+        else:
+            for c in checks:
+                typer.echo(f"{'PASS' if c['passed'] else 'FAIL'}  {c['name']:<32} p={c['p_value']:.4g}")
+            typer.echo("selftest passed" if passed else "selftest FAILED")
+        if not passed:
+            raise typer.Exit(1)
