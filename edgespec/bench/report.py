@@ -27,6 +27,7 @@ def _cell(rows: Sequence[Row]) -> dict[str, Any]:
         "n": len(rows),
         "tokens": tokens,
         "seconds": round(seconds, 4),
+        "target_forwards": forwards,
         # throughput of the whole category: summed tokens over summed seconds
         "tokens_per_second": round(tokens / seconds, 3) if seconds > 0 else 0.0,
         "mean_tokens_per_second": round(sum(r.tokens_per_second for r in rows) / len(rows), 3),
@@ -129,7 +130,7 @@ def headline(summary: dict, ratios: dict | None = None) -> dict[str, Any]:
             return None
         tokens = sum(c["tokens"] for c in cells)
         seconds = sum(c["seconds"] for c in cells)
-        forwards = sum(c["tokens"] / c["tau"] for c in cells if c["tau"] > 0)
+        forwards = sum(c["target_forwards"] for c in cells)
         return {"tps": tokens / seconds if seconds else 0.0, "tau": tokens / forwards if forwards else 0.0}
 
     out: dict[str, Any] = {}
