@@ -1,5 +1,6 @@
 """`edgespec bench` end to end on the demo pair: a 2-prompt suite, 16 tokens, every mode,
-`--n-gpu-layers -1` (ignored by a CPU build: the same command runs unchanged on a CUDA build)."""
+`--n-gpu-layers -1` (ignored by a CPU build: the same command runs unchanged on a CUDA build).
+One thread: on a shared 2-core box, 2 OpenMP threads spin on a taken core and run 10x slower."""
 
 import json
 import subprocess
@@ -26,9 +27,9 @@ def test_bench_end_to_end(tmp_path):
     )
     out = tmp_path / "r"
     cmd = [sys.executable, "-m", "edgespec.cli.main", "bench", "--suite", str(suite), "--max-tokens", "16",
-           "--modes", "plain,chain,tree,auto", "--n-gpu-layers", "-1",
+           "--modes", "plain,chain,tree,auto", "--n-gpu-layers", "-1", "--threads", "1",
            "--json", f"{out}.json", "--markdown", f"{out}.md", "--plot", f"{out}.png"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=840)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "bench: 100%" in proc.stderr and "8/8" in proc.stderr  # the progress bar
     report = json.loads(open(f"{out}.json").read())
@@ -45,6 +46,7 @@ def test_bench_end_to_end(tmp_path):
         assert len({r["tokens"] for r in rows if r["id"] == pid}) == 1
     assert set(report["summary"]) == {"code", "drift", "overall"}
     assert report["machine"]["backend"] == "cpu" and report["settings"]["n_gpu_layers"] == -1
+    assert report["settings"]["threads"] == 1
     assert "| code | plain | 1 |" in open(f"{out}.md").read()
     assert open(f"{out}.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
