@@ -335,3 +335,38 @@ class Context:
             self.close()
         except Exception:
             pass
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    kind: str  # "cpu" | "gpu" | "igpu" | "accel"
+    free_bytes: int
+    total_bytes: int
+
+
+def devices() -> list[Device]:
+    """The ggml backend devices llama.cpp would use, with their memory (GPU memory on CUDA)."""
+    _init()
+    from llama_cpp import _ggml
+
+    lib = _ggml.libggml
+    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_name.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_name.restype = ctypes.c_char_p
+    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_type.restype = ctypes.c_int
+    lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                            ctypes.POINTER(ctypes.c_size_t)]
+    lib.ggml_backend_dev_memory.restype = None
+    kinds = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
+    out = []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        out.append(Device(lib.ggml_backend_dev_name(dev).decode(), kinds.get(lib.ggml_backend_dev_type(dev), "?"),
+                          int(free.value), int(total.value)))
+    return out

@@ -167,6 +167,22 @@ class Engine:
             "backend": self.backend_name,
         }
 
+    def next_logits(self, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray | None]:
+        """Target and draft logits for the token after `tokens` (uses a free slot; for selftest)."""
+        slot = next((s for s in self.slots if not s.busy), None)
+        if slot is None:
+            raise Overloaded("no free slot")
+        out = []
+        for ctx in (slot.target, slot.draft):
+            if ctx is None:
+                out.append(None)
+                continue
+            ctx.clear()
+            ctx.decode_seq(list(tokens), 0, (0,), last_logits=True)
+            out.append(ctx.logits(-1).copy())
+            ctx.clear()
+        return out[0], out[1]
+
     # -- sessions -----------------------------------------------------------------------------
     @property
     def free_slots(self) -> int:
@@ -314,8 +330,10 @@ class Session:
                 st.accepted_per_depth.append(0)
             st.accepted_per_depth[d] += 1
         st.steps_per_mode[shape.kind] = st.steps_per_mode.get(shape.kind, 0) + 1
-        if self.engine.cost is not None:
+        if self.controller is None:  # in auto mode the controller's observe() refines the costs
             self.engine.cost.observe("target", len(tree), verify_seconds)
+            for b in draft_batches:
+                self.engine.cost.observe("draft", b, draft_seconds / len(draft_batches))
         chunk = self._emit(new_tokens)
         step_seconds = time.perf_counter() - t_step
         st.python_overhead_seconds += step_seconds - (self._decode_seconds() - decode_before)

@@ -71,9 +71,24 @@ def default_engine_factory(cfg: DaemonConfig) -> Callable[[], Any]:
             from edgespec.controller import ControllerConfig
 
             controller_cfg = ControllerConfig.from_dict(dict(cfg.controller))
+        check_memory(cfg.engine)
         return Engine.load(cfg.engine, controller_cfg=controller_cfg)
 
     return load
+
+
+def check_memory(engine_cfg: Any) -> None:
+    """Refuse, with the memory plan's explanation, a configuration that does not fit the device it
+    would run on (GPU memory when layers are offloaded to a GPU, else RAM)."""
+    from edgespec import backend
+    from edgespec.plan import check_fits, plan_for_config, system_memory_bytes
+
+    gpus = [d for d in backend.devices() if d.kind == "gpu"] if engine_cfg.target.n_gpu_layers != 0 else []
+    plan = plan_for_config(engine_cfg, gpu=bool(gpus))
+    if gpus:
+        check_fits(plan, gpus[0].total_bytes, device=gpus[0].name)
+    else:
+        check_fits(plan, system_memory_bytes(), device="RAM")
 
 
 def format_address(host: str, port: int) -> str:

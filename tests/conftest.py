@@ -1,0 +1,30 @@
+"""Shared fixtures: the real demo models (prepared once from the package registry) and a loaded
+engine. Tests that use them are end-to-end and marked slow; CI runs them."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgespec.models import DemoPair
+
+
+@pytest.fixture(scope="session")
+def demo_pair() -> DemoPair:
+    from edgespec.models import prepare_demo
+
+    return prepare_demo()
+
+
+@pytest.fixture(scope="session")
+def engine(demo_pair: DemoPair):
+    from edgespec.config import EngineConfig, ModelConfig
+    from edgespec.engine import Engine
+
+    cfg = EngineConfig(
+        target=ModelConfig(path=str(demo_pair.target), n_ctx=2048),
+        draft=ModelConfig(path=str(demo_pair.draft), n_ctx=2048),
+        parallel=2,
+    )
+    eng = Engine.load(cfg)
+    yield eng
+    eng.close()
