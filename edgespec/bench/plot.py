@@ -25,9 +25,12 @@ def plot(report: dict[str, Any], path: str) -> None:
     width = 0.8 / max(1, len(modes))
 
     def bars(ax, key: str, ylabel: str, title: str) -> None:
+        top = 0.0
         for i, mode in enumerate(modes):
             vals = [summary[c].get(mode, {}).get(key, 0.0) or 0.0 for c in cats]
+            top = max([top, *vals])
             ax.bar(x + (i - (len(modes) - 1) / 2) * width, vals, width, label=mode)
+        ax.set_ylim(0, (top or 1.0) * 1.25)  # headroom for the legend
         ax.set_xticks(x, cats)
         ax.set_ylabel(ylabel)
         ax.set_title(title)
@@ -43,15 +46,18 @@ def plot(report: dict[str, Any], path: str) -> None:
         rmodes = [m for m in modes if any(m in ratios[c] for c in rcats)]
         rx = np.arange(len(rcats))
         w = 0.8 / max(1, len(rmodes))
+        top = 1.0
         for i, mode in enumerate(rmodes):
             vals = [(ratios[c].get(mode) or {}).get("ratio") or 0.0 for c in rcats]
+            top = max([top, *vals])
             ax.bar(rx + (i - (len(rmodes) - 1) / 2) * w, vals, w, label=f"{mode} / llama.cpp {'plain' if mode == 'plain' else 'spec'}")
         ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_ylim(0, top * 1.35)
         ax.set_xticks(rx, rcats)
         ax.set_ylabel("edgespec / llama.cpp tok/s")
         ax.set_title("edgespec over llama.cpp's own binaries (same models, prompts, tokens)")
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize="small")
+        ax.legend(fontsize="small", ncols=2, loc="upper left")
     m = report.get("machine", {})
     fig.suptitle(f"edgespec bench — {m.get('cpu')} ({m.get('cores')} cores), GPU: {m.get('gpu') or 'none'}", fontsize="medium")
     fig.tight_layout()
