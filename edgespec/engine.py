@@ -27,6 +27,7 @@ from edgespec import backend
 from edgespec.config import EngineConfig
 from edgespec.controller.shapes import PLAIN, Shape, StepOutcome, chain, eagle
 from edgespec.drafters import ModelDrafter, NgramDrafter
+from edgespec.drafters.ngram import lookup
 from edgespec.errors import BadRequest, ModelError, Overloaded
 from edgespec.logs import get_logger
 from edgespec.sampling import SamplingParams, logits_to_probs
@@ -40,6 +41,9 @@ log = get_logger("edgespec.engine")
 # two frontier nodes expanded per level
 TREE_WIDTH = 4
 TREE_EXPAND = 2
+# prompt lookup in auto mode's plain steps: at most this many tokens, reach learnt with this EWMA weight
+NGRAM_MAX = 4
+NGRAM_EWMA = 0.15
 
 
 def fixed_shape(mode: str, draft_tokens: int, tree_nodes: int, tree_depth: int) -> Shape:
@@ -101,28 +105,42 @@ class Engine:
     def backend_name(self) -> str:
         return "cuda" if (self.cfg.target.n_gpu_layers != 0 and backend.gpu_offload_supported()) else "cpu"
 
-    def calibrate(self, sizes: Sequence[int] = (1, 2, 4, 8, 16, 32)) -> None:
-        """Time one target and one draft forward per batch size on slot 0 (well under a second on
-        this CPU), so the controller's cost model describes this machine."""
+    def calibrate(self, sizes: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16, 32), repeats: int = 2,
+                  budget_seconds: float = 0.25) -> None:
+        """Time target and draft forwards per batch size on slot 0 (the fastest of `repeats`,
+        sizes in increasing order until `budget_seconds` per model is spent: about 0.6 s on this
+        CPU, far less on a GPU), so the controller's cost model describes this machine."""
         slot = self.slots[0]
 
         def measure(kind: str, n: int) -> float:
             ctx = slot.target if kind == "target" else slot.draft
-            if ctx is None:
-                return 0.0
-            ctx.clear()
-            ctx.decode_seq([self.target.bos] * 8, 0, (0,), last_logits=False)  # a short prefix
-            toks = [self.target.bos] * n
-            t0 = time.perf_counter()
-            ctx.decode(toks, range(8, 8 + n), [(0,)] * n, [True] * n)
-            dt = time.perf_counter() - t0
-            ctx.clear()
-            return dt
+            best = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                ctx.decode([self.target.bos] * n, range(32, 32 + n), [(0,)] * n, [True] * n)
+                best = min(best, time.perf_counter() - t0)
+                ctx.seq_rm(0, 32, -1)
+            return best
 
-        measure("target", 4)  # warm-up: first decodes allocate buffers
-        if slot.draft is not None:
-            measure("draft", 4)
-        self.cost.calibrate(measure, sizes=tuple(s for s in sizes if s <= self.cfg.target.n_batch))
+        kinds = ("target", "draft") if slot.draft is not None else ("target",)
+        table: dict[str, dict[int, float]] = {}
+        for kind in kinds:
+            ctx = slot.target if kind == "target" else slot.draft
+            ctx.clear()
+            ctx.decode_seq([self.target.bos] * 32, 0, (0,), last_logits=False)  # a short prefix
+            measure(kind, 4)  # warm-up: the first decodes allocate buffers
+            spent, table[kind] = 0.0, {}
+            for n in (s for s in sizes if s <= self.cfg.target.n_batch):
+                if spent > budget_seconds and len(table[kind]) >= 4:
+                    break  # the cost model extrapolates linearly beyond the last size
+                table[kind][n] = measure(kind, n)
+                spent += table[kind][n] * repeats
+        measured = tuple(sorted(set(table["target"]) & set(table.get("draft", table["target"]))))
+        self.cost.calibrate(lambda kind, n: table[kind][n], sizes=measured, kinds=kinds)
+        for s in self.slots:
+            s.target.clear()
+            if s.draft is not None:
+                s.draft.clear()
 
     def warmup(self) -> None:
         toks = self.tokenize("Hello")
@@ -247,6 +265,8 @@ class Session:
         has_draft = slot.draft is not None
         self.drafter = ModelDrafter(slot.draft) if has_draft else None
         self.ngram = NgramDrafter() if self.spec.ngram else None
+        self._ngram_reach = [0.5] * NGRAM_MAX  # P(target accepts >= j lookup tokens), learnt
+        self._lookups: list[tuple[int, list[int]]] = []  # (position, lookup) awaiting their fate
         self.controller = None
         max_depth = self.spec.tree_depth
         if self.spec.mode == "auto":
@@ -282,6 +302,7 @@ class Session:
         remaining = self.sampling.max_tokens - len(self.out)
         tree = DraftTree.root(self.tokens[-1])
         draft_seconds, draft_batches, levels = 0.0, (), 0
+        ngram_only = False
         if shape.mode != "plain" and remaining > 1:
             if self.drafter is not None and shape.depth > 0:
                 rep = self.drafter.propose(tree, self.tokens, shape, self.sampling, self.rng)
@@ -289,6 +310,16 @@ class Session:
                 self.stats.draft_forwards += len(rep.batches)
             if self.ngram is not None:
                 self.ngram.propose(tree, self.tokens, shape, self.sampling, self.rng)
+        elif self.controller is not None and self.ngram is not None and remaining > 1:
+            # auto mode decoding plainly: a prompt-lookup draft costs no forward pass, only a few
+            # more verification tokens; graft one when its measured yield pays for them
+            prop = lookup(self.tokens, NGRAM_MAX, self.ngram.n_max, self.ngram.n_min)
+            if prop:
+                self._lookups.append((len(self.tokens), prop))
+                k = self._ngram_budget()
+                if k:
+                    self.ngram.propose(tree, self.tokens, shape, self.sampling, self.rng, limit=k)
+                    ngram_only = tree.n_draft > 0
 
         # ONE target forward over [root] + tree
         tgt = self.slot.target
@@ -310,10 +341,14 @@ class Session:
         else:
             res = verify_stochastic(tree, lambda i: logits_to_probs(rows[i], self.sampling), self.rng)
 
+        if ngram_only:
+            self.stats.steps_per_mode["ngram"] = self.stats.steps_per_mode.get("ngram", 0) + 1
         # commit the KV: seq 0 := context + accepted path; every other seq emptied
         self._commit(tree, res, leaves, below, seq_of_leaf, root_pos)
         new_tokens = [tree.tokens[i] for i in res.accepted] + [res.token]
         self.tokens.extend(new_tokens)
+        if self._lookups:
+            self._score_lookups()
         if self.drafter is not None:
             if shape.mode != "plain" and draft_batches:
                 self.drafter.accept(tree, res.accepted, self.tokens)
@@ -329,7 +364,8 @@ class Session:
             if len(st.accepted_per_depth) <= d:
                 st.accepted_per_depth.append(0)
             st.accepted_per_depth[d] += 1
-        st.steps_per_mode[shape.kind] = st.steps_per_mode.get(shape.kind, 0) + 1
+        if not ngram_only:
+            st.steps_per_mode[shape.kind] = st.steps_per_mode.get(shape.kind, 0) + 1
         if self.controller is None:  # in auto mode the controller's observe() refines the costs
             self.engine.cost.observe("target", len(tree), verify_seconds)
             for b in draft_batches:
@@ -346,6 +382,38 @@ class Session:
             st.breaker_transitions = self.controller.summary().get("breaker_transitions", 0)
         st.seconds = time.perf_counter() - self._t_start
         return chunk
+
+    def _ngram_budget(self) -> int:
+        """Lookup tokens worth verifying in a plain step: the k <= NGRAM_MAX maximising expected
+        tokens per second, (1 + E[min(L, k)]) / verify(1 + k), if that beats plain's 1 / verify(1).
+        L is how many lookup tokens the target would accept; P(L >= j) is learnt for free by
+        scoring every lookup against the tokens actually emitted (`_score_lookups`)."""
+        cost = self.engine.cost
+        best, best_rate = 0, 1.0 / cost.verify_seconds(1)
+        expected = 0.0
+        for k in range(1, NGRAM_MAX + 1):
+            expected += self._ngram_reach[k - 1]
+            rate = (1.0 + expected) / cost.verify_seconds(1 + k)
+            if rate > best_rate * 1.02:
+                best, best_rate = k, rate
+        return best
+
+    def _score_lookups(self) -> None:
+        """Update P(L >= j) from lookups whose fate is now known (shadow evaluation: the lookup
+        at a position is compared with the tokens that were emitted after it)."""
+        keep = []
+        for start, prop in self._lookups:
+            got = self.tokens[start:start + len(prop)]
+            match = 0
+            while match < len(got) and got[match] == prop[match]:
+                match += 1
+            if match < len(got) or len(got) == len(prop):  # resolved: a mismatch seen, or all matched
+                for j in range(NGRAM_MAX):
+                    hit = 1.0 if match > j else 0.0
+                    self._ngram_reach[j] += NGRAM_EWMA * (hit - self._ngram_reach[j])
+            else:
+                keep.append((start, prop))
+        self._lookups = keep
 
     @staticmethod
     def _leaf_seqs(tree: DraftTree, leaves: list[int]) -> list[int]:

@@ -38,20 +38,24 @@ class NgramDrafter:
         self.max_tokens = max_tokens
         self.n_max = n_max
         self.n_min = n_min
+        self.nodes: list[int] = []  # the path grafted by the last propose()
 
     def begin(self, tokens: list[int]) -> None:
         pass
 
     def propose(self, tree: DraftTree, tokens: list[int], shape: Shape, sampling: SamplingParams,
-                rng: np.random.Generator) -> DraftReport:
+                rng: np.random.Generator, limit: int | None = None) -> DraftReport:
         """Graft the lookup continuation onto `tree`: follow existing children that already hold
         the proposed tokens, then append the rest as a chain of point nodes (after any sibling
-        the model proposed, so sampled siblings keep their proposal order)."""
-        cont = lookup(tokens, self.max_tokens, self.n_max, self.n_min)
+        the model proposed, so sampled siblings keep their proposal order). `self.nodes` lists
+        the nodes on the grafted path."""
+        cont = lookup(tokens, self.max_tokens if limit is None else limit, self.n_max, self.n_min)
         node = 0
+        self.nodes = []
         for tok in cont:
             existing = next((c for c in range(1, len(tree)) if tree.parents[c] == node and tree.tokens[c] == tok), None)
             node = existing if existing is not None else tree.add(node, tok, point=True)
+            self.nodes.append(node)
         return DraftReport()
 
     def accept(self, tree: DraftTree, accepted: list[int], tokens: list[int]) -> None:
