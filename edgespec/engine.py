@@ -282,6 +282,9 @@ class Session:
         if len(self.tokens) > 1:
             slot.target.decode_seq(self.tokens[:-1], 0, (0,), last_logits=False)
         self.n_past = len(self.tokens) - 1
+        # decoding time starts after the target's prefill (the same in every mode, like llama.cpp's
+        # eval time); the draft's own prefill happens in its first step and is counted
+        self._t_start = time.perf_counter()
 
     @property
     def done(self) -> bool:

@@ -24,6 +24,8 @@ from edgespec.controller.policy import Choice, ShapePolicy
 from edgespec.controller.shapes import PLAIN, Shape, StepOutcome
 from edgespec.logs import get_logger
 
+BIAS_ALPHA = 0.2  # EWMA weight of one step in the measured model bias
+
 
 class Controller:
     def __init__(self, cfg: ControllerConfig, cost: CostModel, prior: AcceptancePrior, *,
@@ -57,6 +59,11 @@ class Controller:
         self._prev_speculative = False
         self._overhead = {"plain": 0.0, "spec": 0.0}
         self._open_estimate = self._prior  # the estimate the breaker last opened on
+        # realized / predicted seconds of closed-state speculative steps (EWMA): corrects the
+        # analytic model for whatever it does not see (cache effects at long contexts, catch-up,
+        # Python work that scales with the shape), so the breaker acts on measured speed
+        self.spec_bias = 1.0
+        self._predicted_seconds: float | None = None
 
     # ------------------------------------------------------------------ decisions
     @property
@@ -74,8 +81,13 @@ class Controller:
         return self.policy.best(self.acceptance(window), self.cost, catchup=self.catchup,
                                 overhead_spec=self._overhead["spec"], overhead_plain=self._overhead["plain"])
 
+    def _speedup(self, choice: Choice) -> float:
+        """Expected speedup over plain, corrected by the measured bias of the step-time model."""
+        return choice.speedup / self.spec_bias
+
     def choose(self) -> Shape:
         """The shape of the next step. Cheap: one analytic pass over a fixed candidate set."""
+        self._predicted_seconds = None
         if self.disabled or self.breaker.state == OPEN:
             shape = PLAIN
         elif self.breaker.state == HALF_OPEN:
@@ -84,12 +96,13 @@ class Controller:
             choice = self._best()
             self.last_choice = choice
             a = self.acceptance()
-            if self.breaker.closed_check(choice.speedup, self.tokens, self.steps,
+            if self.breaker.closed_check(self._speedup(choice), self.tokens, self.steps,
                                          top1_acceptance=round(a[0][0], 4)):
                 self._open_estimate = a
                 shape = PLAIN
             else:
                 shape = choice.shape
+                self._predicted_seconds = choice.seconds
         self.last_shape = shape
         return shape
 
@@ -111,6 +124,10 @@ class Controller:
             return
 
         self.last_speculative_shape = outcome.shape
+        if self._predicted_seconds and self._prev_speculative:
+            realized = outcome.draft_seconds + outcome.verify_seconds + outcome.overhead_seconds
+            ratio = min(4.0, max(0.25, realized / self._predicted_seconds))
+            self.spec_bias += BIAS_ALPHA * (ratio - self.spec_bias)
         if self._prev_speculative and outcome.draft_batches:
             # the first draft forward absorbs what the draft lacks from the previous step (not the
             # backlog of a plain phase, which is a one-off)
@@ -122,7 +139,7 @@ class Controller:
             self.probe_window.add(events)
             if self.breaker.probe_step_done():
                 choice = self._best(self.probe_window)
-                self.breaker.probe_result(choice.speedup, self.tokens, self.steps,
+                self.breaker.probe_result(self._speedup(choice), self.tokens, self.steps,
                                           top1_acceptance=round(self._top1(self.probe_window), 4))
                 if self.breaker.state == OPEN:
                     self._open_estimate = self.acceptance(self.probe_window)
@@ -176,7 +193,8 @@ class Controller:
             "transitions": [t.as_dict() for t in self.breaker.transitions],
             "final_shape": self.last_shape.as_dict(),
             "final_speculative_shape": self.last_speculative_shape.as_dict() if self.last_speculative_shape else None,
-            "expected_speedup": round(lc.speedup, 4) if lc else None,
+            "expected_speedup": round(self._speedup(lc), 4) if lc else None,
+            "model_bias": round(self.spec_bias, 4),
             "cooldown_tokens": self.breaker.cooldown,
             "acceptance_top1_by_depth": [round(row[0], 4) for row in a],
             "candidates": self.policy.n_candidates,
