@@ -312,15 +312,17 @@ class Session:
                 draft_seconds, draft_batches, levels = rep.seconds, tuple(rep.batches), rep.levels
                 self.stats.draft_forwards += len(rep.batches)
             if self.ngram is not None:
-                self.ngram.propose(tree, self.tokens, shape, self.sampling, self.rng)
+                room = self.slot.target.n_ctx - len(self.tokens) - 2  # deepest position the KV can hold
+                self.ngram.propose(tree, self.tokens, shape, self.sampling, self.rng,
+                                   limit=None if room >= self.ngram.max_tokens else max(0, room))
         elif self.controller is not None and self.ngram is not None and remaining > 1:
             # auto mode decoding plainly: a prompt-lookup draft costs no forward pass, only a few
             # more verification tokens; graft one when its measured yield pays for them
             prop = lookup(self.tokens, NGRAM_MAX, self.ngram.n_max, self.ngram.n_min)
             if prop:
                 self._lookups.append((len(self.tokens), prop))
-                k = self._ngram_budget()
-                if k:
+                k = min(self._ngram_budget(), self.slot.target.n_ctx - len(self.tokens) - 2)
+                if k > 0:
                     self.ngram.propose(tree, self.tokens, shape, self.sampling, self.rng, limit=k)
                     ngram_only = tree.n_draft > 0
 

@@ -82,7 +82,7 @@ def speculative_cmd(bin_dir: Path, a: argparse.Namespace, text: str) -> list[str
 
 def _run(cmd: list[str], timeout: float) -> str:
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise AnchorError(f"timed out after {timeout:.0f} s: {shlex.join(cmd[:3])} ...") from None
     out = proc.stdout + proc.stderr

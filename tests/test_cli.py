@@ -1,0 +1,85 @@
+"""The local CLI: bad input is one line naming the value, exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+EDGESPEC = [sys.executable, "-m", "edgespec.cli.main"]
+
+
+def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([*EDGESPEC, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--mode", "fast"], "mode"),
+        (["--temperature", "-1"], "temperature"),
+        (["--top-p", "0"], "top_p"),
+        (["--top-p", "1.5"], "top_p"),
+        (["--min-p", "1"], "min_p"),
+        (["--max-tokens", "0"], "max_tokens"),
+        (["--tree-depth", "0"], "tree_depth"),
+        (["--target", "/nonexistent/model.gguf"], "/nonexistent/model.gguf"),
+    ],
+)
+def test_generate_bad_input_is_one_line_exit_2(args, needle):
+    r = run("generate", "hello", *args)
+    assert r.returncode == 2, r.stderr
+    err = r.stderr.strip()
+    assert err.startswith("error: ") and needle in err, err
+    assert "Traceback" not in r.stderr and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.slow
+def test_generate_json(demo_pair):
+    r = run("generate", "Name three colours.", "--mode", "tree", "--max-tokens", "12", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) == {"text", "tokens", "finish_reason", "stats"}
+    assert out["finish_reason"] in ("length", "eos") and 1 <= len(out["tokens"]) <= 12
+    st = out["stats"]
+    for k in ("target_forwards", "drafted_tokens", "accepted_tokens", "tau", "tokens_per_second", "seconds"):
+        assert k in st
+    assert st["tau"] == pytest.approx(len(out["tokens"]) / st["target_forwards"], rel=0.15)
+
+
+@pytest.mark.slow
+def test_generate_auto_reports_the_controller(demo_pair):
+    r = run("generate", "Write a Python function that adds two numbers.", "--max-tokens", "24", "--json")
+    assert r.returncode == 0, r.stderr
+    ctl = json.loads(r.stdout)["stats"]["controller"]
+    assert {"steps_per_mode", "breaker_transitions", "final_shape", "state"} <= set(ctl)
+
+
+@pytest.mark.slow
+def test_incompatible_draft_is_refused_naming_the_difference(demo_pair, tmp_path):
+    from gguf import GGUFReader
+
+    bad = tmp_path / "other-vocab.gguf"
+    shutil.copy(demo_pair.draft, bad)
+    reader = GGUFReader(bad, "r+")
+    field = reader.fields["tokenizer.ggml.eos_token_id"]
+    field.parts[field.data[0]][0] = 7  # a different EOS token: not the target's vocabulary
+    del reader
+    r = run("generate", "hi", "--draft", str(bad), "--max-tokens", "4")
+    assert r.returncode == 2, r.stderr
+    assert "cannot draft for target" in r.stderr and "EOS" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_selftest_json_passes_on_the_demo_pair(demo_pair):
+    r = run("selftest", "--json", "--trials", "20000")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    assert out["passed"] is True
+    names = {c["name"] for c in out["checks"]}
+    assert "greedy_tree_equals_plain" in names and any(n.endswith(":tree") for n in names)
+    assert all(set(c) == {"name", "p_value", "passed"} for c in out["checks"])
