@@ -196,6 +196,7 @@ class AcceptancePrior:
         self.alpha, self.full_trials = alpha, full_trials
         self.rates = [list(ra) for _ in range(depths)]
         self.requests = 0
+        self.spec_bias = 1.0  # realized / predicted seconds of speculative steps, across requests
 
     def view(self, depths: int, ranks: int) -> list[list[float]]:
         """The prior cut (or padded with its last row/column) to depths x ranks."""
@@ -207,6 +208,11 @@ class AcceptancePrior:
 
     def update_from(self, controller: "Controller") -> None:
         self.update_from_counts(controller.request_counts)
+        # the step-time model's measured bias is a property of the machine: carry it over
+        steps = getattr(controller, "bias_steps", 0)
+        if steps > 0:
+            w = self.alpha * min(1.0, steps / self.full_trials)
+            self.spec_bias += w * (controller.spec_bias - self.spec_bias)
 
     def update_from_counts(self, counts: Counts) -> None:
         if counts.total_trials() <= 0:

@@ -62,7 +62,8 @@ class Controller:
         # realized / predicted seconds of closed-state speculative steps (EWMA): corrects the
         # analytic model for whatever it does not see (cache effects at long contexts, catch-up,
         # Python work that scales with the shape), so the breaker acts on measured speed
-        self.spec_bias = 1.0
+        self.spec_bias = getattr(prior, "spec_bias", 1.0)
+        self.bias_steps = 0
         self._predicted_seconds: float | None = None
 
     # ------------------------------------------------------------------ decisions
@@ -128,6 +129,7 @@ class Controller:
             realized = outcome.draft_seconds + outcome.verify_seconds + outcome.overhead_seconds
             ratio = min(4.0, max(0.25, realized / self._predicted_seconds))
             self.spec_bias += BIAS_ALPHA * (ratio - self.spec_bias)
+            self.bias_steps += 1
         if self._prev_speculative and outcome.draft_batches:
             # the first draft forward absorbs what the draft lacks from the previous step (not the
             # backlog of a plain phase, which is a one-off)
