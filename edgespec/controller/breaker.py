@@ -81,11 +81,11 @@ class Breaker:
                       f"for {self.below} steps")
             self._go(OPEN, reason, token, step, speedup, **detail)
             return True
-        if step == 0 and not self.transitions and speedup < self.open_threshold - self.cfg.open_margin:
-            # a new request whose prior (learnt on this machine) says drafting clearly loses starts
-            # plain; the half-open probe after the cooldown re-checks on this request's own text
-            self._go(OPEN, f"prior expected speedup {speedup:.3f} < "
-                     f"{self.open_threshold - self.cfg.open_margin:.3f} at the start", token, step, speedup, **detail)
+        if step == 0 and not self.transitions and speedup < 1.0:
+            # a new request whose prior (learnt on this machine) says drafting does not pay starts
+            # plain: no hysteresis is owed before the first transition. The half-open probe after
+            # the cooldown re-checks on this request's own text
+            self._go(OPEN, f"prior expected speedup {speedup:.3f} < 1 at the start", token, step, speedup, **detail)
             return True
         return False
 
