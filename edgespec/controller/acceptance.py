@@ -197,6 +197,7 @@ class AcceptancePrior:
         self.rates = [list(ra) for _ in range(depths)]
         self.requests = 0
         self.spec_bias = 1.0  # realized / predicted seconds of speculative steps, across requests
+        self.cooldown_scale = 1.0  # first cooldown of a request, in units of cooldown_tokens
 
     def view(self, depths: int, ranks: int) -> list[list[float]]:
         """The prior cut (or padded with its last row/column) to depths x ranks."""
@@ -209,6 +210,14 @@ class AcceptancePrior:
     def update_from(self, controller: "Controller") -> None:
         self.update_from_counts(controller.request_counts)
         # the step-time model's measured bias is a property of the machine: carry it over
+        # probes that keep failing on this machine: later requests wait longer before probing
+        probes = [t.dst for t in getattr(getattr(controller, "breaker", None), "transitions", []) if t.src == "half_open"]
+        if "closed" in probes:
+            self.cooldown_scale = 1.0
+        elif probes:
+            cfg = controller.cfg
+            self.cooldown_scale = min(cfg.max_cooldown_tokens / cfg.cooldown_tokens,
+                                      self.cooldown_scale * cfg.cooldown_growth ** len(probes))
         steps = getattr(controller, "bias_steps", 0)
         if steps > 0:
             w = self.alpha * min(1.0, steps / self.full_trials)

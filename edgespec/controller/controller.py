@@ -43,6 +43,8 @@ class Controller:
         self.probe_window = AcceptanceWindow(cfg.probe_steps, D, R)
         self.request_counts = Counts(D, R)  # the whole request, for the cross-request prior
         self.breaker = Breaker(cfg, request_id)
+        scale = getattr(prior, "cooldown_scale", 1.0)
+        self.breaker.cooldown = min(cfg.max_cooldown_tokens, int(round(cfg.cooldown_tokens * scale)))
         self.drift = DropDetector(cfg.drift_threshold, cfg.drift_drop)
         self.drift_alarms = 0
         self._log = get_logger("edgespec.controller")

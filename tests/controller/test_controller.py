@@ -18,10 +18,10 @@ OPEN_WITHIN = 10  # steps after acceptance collapses from 0.9 to 0 (measured 5-7
 FLAP_MAX = 3  # transitions in 500 steps of steady 50 % acceptance (at most one open/probe/close cycle)
 
 
-def make(cost_fn=cpu_cost, cfg=None, **kw):
+def make(cost_fn=cpu_cost, cfg=None, prior=None, **kw):
     kw.setdefault("max_depth", 16)
     kw.setdefault("max_nodes", 64)
-    return Controller(cfg or ControllerConfig(), cost_fn(), AcceptancePrior(), **kw)
+    return Controller(cfg or ControllerConfig(), cost_fn(), prior or AcceptancePrior(), **kw)
 
 
 def first(states, start, want):
@@ -151,3 +151,18 @@ def test_prior_learns_from_a_finished_request():
     before = prior.rates[0][0]
     prior.update_from(ctrl)
     assert prior.rates[0][0] < before and prior.requests == 1
+
+
+def test_failed_probes_lengthen_the_next_requests_cooldown():
+    """Across requests: probes that keep failing make later requests wait longer (capped); a
+    successful probe resets it."""
+    from edgespec.controller import AcceptancePrior
+
+    cfg = ControllerConfig()
+    prior = AcceptancePrior()
+    ctrl = make(cfg=cfg, prior=prior)
+    simulate(ctrl, ScriptedDrafter(lambda s: 0.0), cpu_cost(), steps=200)
+    assert any(t["from"] == "half_open" and t["to"] == "open" for t in ctrl.summary()["transitions"])
+    prior.update_from(ctrl)
+    second = make(cfg=cfg, prior=prior)
+    assert cfg.cooldown_tokens < second.breaker.cooldown <= cfg.max_cooldown_tokens
