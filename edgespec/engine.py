@@ -384,7 +384,7 @@ class Session:
                 emitted=len(new_tokens), draft_seconds=draft_seconds, draft_batches=draft_batches,
                 verify_seconds=verify_seconds, verify_tokens=len(tree), depth_drafted=levels,
                 overhead_seconds=max(0.0, step_seconds - verify_seconds - draft_seconds)))
-            st.breaker_transitions = self.controller.summary().get("breaker_transitions", 0)
+            st.breaker_transitions = len(self.controller.breaker.transitions)
         st.seconds = time.perf_counter() - self._t_start
         return chunk
 
