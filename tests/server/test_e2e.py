@@ -176,3 +176,34 @@ def test_sigterm_during_stream_exits_zero(tmp_path):
         s.channel.close()
         if s.proc.poll() is None:
             s.proc.kill()
+
+
+def test_sighup_reloads_policy_without_dropping_a_stream(tmp_path):
+    """A real SIGHUP mid-stream: the stream completes, the new [speculation] policy (off = plain
+    decoding) applies to the next request."""
+    cfg = tmp_path / "edgespec.toml"
+    cfg.write_text('[speculation]\npolicy = "auto"\n')
+    s = start_server(tmp_path, "--config", str(cfg), "--log-level", "info")
+    try:
+        rq = pb.GenerateRequest(prompt="Once upon a time")
+        rq.sampling.max_tokens = 24
+        stream = s.inference.GenerateStream(rq, timeout=300)
+        next(stream)
+        cfg.write_text('[speculation]\npolicy = "off"\n')
+        s.proc.send_signal(signal.SIGHUP)
+        rest = list(stream)
+        assert rest and rest[-1].finish_reason in (pb.LENGTH, pb.EOS, pb.STOP)
+        deadline = time.monotonic() + 30
+        while "config_reloaded" not in (tmp_path / "serve.log").read_text():
+            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[-2000:]
+            time.sleep(0.2)
+        rq2 = pb.GenerateRequest(prompt="Write a Python function that adds two numbers.")
+        rq2.sampling.max_tokens = 16
+        out = s.inference.Generate(rq2, timeout=300)
+        assert out.speculation.drafted_tokens == 0 and out.speculation.target_forwards >= out.usage.completion_tokens
+        assert s.proc.poll() is None  # still serving
+    finally:
+        s.channel.close()
+        if s.proc.poll() is None:
+            s.proc.send_signal(signal.SIGTERM)
+            s.proc.wait(60)
