@@ -65,11 +65,6 @@ def gpu_offload_supported() -> bool:
     return bool(ll.llama_supports_gpu_offload())
 
 
-def system_info() -> str:
-    _init()
-    return ll.llama_print_system_info().decode(errors="replace")
-
-
 def quantize(src: Path, dst: Path, ftype: str, threads: int = 0) -> None:
     """Write `dst` as `src` converted to `ftype` with llama.cpp's own quantizer."""
     _init()
@@ -210,14 +205,6 @@ def check_compatible(target: Model, draft: Model) -> None:
         )
 
 
-@dataclass
-class BatchEntry:
-    token: int
-    pos: int
-    seq_ids: Sequence[int]
-    logits: bool
-
-
 class Context:
     """One llama.cpp context (its own KV cache) over a loaded Model, plus a reusable batch."""
 
@@ -251,7 +238,6 @@ class Context:
         self._out = np.ctypeslib.as_array(b.logits, shape=(nb,))
         self._seq = [np.ctypeslib.as_array(b.seq_id[i], shape=(n_seq_max,)) for i in range(nb)]
         self.n_vocab = model.n_vocab
-        self.decode_calls = 0
         self.decode_seconds = 0.0  # wall time inside llama_decode (the rest of a step is overhead)
 
     # -- decoding -----------------------------------------------------------------------------
@@ -274,7 +260,6 @@ class Context:
             t0 = time.perf_counter()
             rc = ll.llama_decode(self._ctx, self._batch)
             self.decode_seconds += time.perf_counter() - t0
-            self.decode_calls += 1
             if rc != 0:
                 raise ModelError(f"llama_decode failed with code {rc} (batch of {m} tokens, KV cache full?)")
             start += m
@@ -309,9 +294,6 @@ class Context:
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         ll.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
 
-    def seq_keep(self, seq: int) -> None:
-        ll.llama_memory_seq_keep(self._mem, seq)
-
     def pos_max(self, seq: int) -> int:
         return int(ll.llama_memory_seq_pos_max(self._mem, seq))
 
@@ -320,9 +302,6 @@ class Context:
 
     def clear(self) -> None:
         ll.llama_memory_clear(self._mem, True)
-
-    def state_size(self) -> int:
-        return int(ll.llama_state_get_size(self._ctx))
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):

@@ -54,7 +54,6 @@ class NgramDrafter:
         self.branches = branches  # continuations proposed at once (distinct first tokens)
         self.n_max = n_max
         self.n_min = n_min
-        self.nodes: list[int] = []  # the path grafted by the last propose()
 
     def begin(self, tokens: list[int]) -> None:
         pass
@@ -63,18 +62,15 @@ class NgramDrafter:
                 rng: np.random.Generator, limit: int | None = None) -> DraftReport:
         """Graft the lookup continuation onto `tree`: follow existing children that already hold
         the proposed tokens, then append the rest as a chain of point nodes (after any sibling
-        the model proposed, so sampled siblings keep their proposal order). `self.nodes` lists
-        the nodes on the grafted path."""
+        the model proposed, so sampled siblings keep their proposal order)."""
         conts = lookup_all(tokens, self.max_tokens if limit is None else limit, self.n_max, self.n_min,
                            self.branches if limit is None else 1)
-        self.nodes = []
         for cont in conts:  # several continuations graft as a tree (shared prefixes merge)
             node = 0
             for tok in cont:
                 existing = next((c for c in range(1, len(tree)) if tree.parents[c] == node and tree.tokens[c] == tok),
                                 None)
                 node = existing if existing is not None else tree.add(node, tok, point=True)
-                self.nodes.append(node)
         return DraftReport()
 
     def accept(self, tree: DraftTree, accepted: list[int], tokens: list[int]) -> None:
