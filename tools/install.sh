@@ -99,6 +99,15 @@ fi
 source ./BUNDLE_INFO
 say "bundle $VERSION verified ($(wc -l < SHA256SUMS) files)"
 
+# the llama.cpp in this bundle was compiled for these instruction sets: without them it dies of
+# SIGILL at the first forward, so refuse now (nothing was changed)
+if [[ -n "${LLAMA_CPU_FEATURES:-}" && -r "${CPUINFO:-/proc/cpuinfo}" ]]; then
+  cpu_flags=" $(grep -m1 '^flags' "${CPUINFO:-/proc/cpuinfo}" | cut -d: -f2) "
+  missing=""
+  for f in $LLAMA_CPU_FEATURES; do [[ "$cpu_flags" == *" $f "* ]] || missing="$missing $f"; done
+  [[ -z $missing ]] || die 1 "this CPU lacks${missing}, which the bundle's llama.cpp was built for; rebuild the bundle with EDGESPEC_CPU=portable make bundle (nothing was changed)"
+fi
+
 # --- 2. a matching Python --------------------------------------------------------------------
 py_ok() { "$1" -c "import sys, venv; sys.exit(0 if '%d.%d' % sys.version_info[:2] == '$PYTHON_VERSION' else 1)" 2>/dev/null; }
 if [[ -z $PYTHON_BIN ]]; then

@@ -140,6 +140,22 @@ def test_corrupted_bundle_is_refused(bundle, tmp_path, victim):
     assert not prefix.exists()  # nothing was touched
 
 
+def test_cpu_without_the_wheels_instruction_sets_is_refused(bundle, tmp_path):
+    """The bundle records the instruction sets its llama.cpp was compiled for; a CPU lacking one
+    would die of SIGILL at the first forward, so install.sh refuses before touching anything."""
+    _, clean = bundle
+    info = (clean / "BUNDLE_INFO").read_text()
+    assert "LLAMA_CPU_FEATURES=" in info and "avx2" in info
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2\n")
+    prefix = tmp_path / "pfx"
+    proc = subprocess.run([clean / "install.sh", "--prefix", prefix, "--no-systemd"], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "CPUINFO": str(cpuinfo)})
+    assert proc.returncode == 1, proc.stderr
+    assert "this CPU lacks" in proc.stderr and "avx2" in proc.stderr and "EDGESPEC_CPU=portable" in proc.stderr
+    assert not prefix.exists()
+
+
 def test_flipped_byte_in_archive_is_detected(bundle, tmp_path):
     tarball, _ = bundle
     bad = tmp_path / tarball.name
