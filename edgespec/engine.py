@@ -42,7 +42,7 @@ log = get_logger("edgespec.engine")
 TREE_WIDTH = 4
 TREE_EXPAND = 2
 # prompt lookup in auto mode's plain steps: at most this many tokens, reach learnt with this EWMA weight
-NGRAM_MAX = 4
+NGRAM_MAX = 8
 NGRAM_EWMA = 0.15
 
 
@@ -265,7 +265,7 @@ class Session:
         has_draft = slot.draft is not None
         self.drafter = ModelDrafter(slot.draft) if has_draft else None
         self.ngram = NgramDrafter() if self.spec.ngram else None
-        self._ngram_reach = [0.5] * NGRAM_MAX  # P(target accepts >= j lookup tokens), learnt
+        self._ngram_reach = [0.5 * 0.8 ** j for j in range(NGRAM_MAX)]  # P(target accepts > j lookup tokens), learnt
         self._lookups: list[tuple[int, list[int]]] = []  # (position, lookup) awaiting their fate
         self.controller = None
         max_depth = self.spec.tree_depth
@@ -306,25 +306,34 @@ class Session:
         tree = DraftTree.root(self.tokens[-1])
         draft_seconds, draft_batches, levels = 0.0, (), 0
         ngram_only = False
+        prop: list[int] = []
+        if self.ngram is not None and remaining > 1:
+            # prompt lookup costs no forward pass; every lookup is scored against what the target
+            # then emits (shadow evaluation), which sizes the grafts below
+            prop = lookup(self.tokens, NGRAM_MAX, self.ngram.n_max, self.ngram.n_min)
+            if prop:
+                self._lookups.append((len(self.tokens), prop))
+        room = self.slot.target.n_ctx - len(self.tokens) - 2  # deepest position the KV can hold
         if shape.mode != "plain" and remaining > 1:
             if self.drafter is not None and shape.depth > 0:
                 rep = self.drafter.propose(tree, self.tokens, shape, self.sampling, self.rng)
                 draft_seconds, draft_batches, levels = rep.seconds, tuple(rep.batches), rep.levels
                 self.stats.draft_forwards += len(rep.batches)
-            if self.ngram is not None:
-                room = self.slot.target.n_ctx - len(self.tokens) - 2  # deepest position the KV can hold
-                self.ngram.propose(tree, self.tokens, shape, self.sampling, self.rng,
-                                   limit=None if room >= self.ngram.max_tokens else max(0, room))
-        elif self.controller is not None and self.ngram is not None and remaining > 1:
-            # auto mode decoding plainly: a prompt-lookup draft costs no forward pass, only a few
-            # more verification tokens; graft one when its measured yield pays for them
-            prop = lookup(self.tokens, NGRAM_MAX, self.ngram.n_max, self.ngram.n_min)
             if prop:
-                self._lookups.append((len(self.tokens), prop))
-                k = min(self._ngram_budget(), self.slot.target.n_ctx - len(self.tokens) - 2)
-                if k > 0:
-                    self.ngram.propose(tree, self.tokens, shape, self.sampling, self.rng, limit=k)
-                    ngram_only = tree.n_draft > 0
+                if self.drafter is None:  # n-gram-only speculation: its own tree (several continuations)
+                    self.ngram.propose(tree, self.tokens, shape, self.sampling, self.rng,
+                                       limit=None if room >= self.ngram.max_tokens else max(0, room))
+                else:  # graft onto the model's tree as many lookup tokens as pay for their verification
+                    k = min(self._ngram_budget(len(tree)), room)
+                    if k > 0:
+                        self.ngram.propose(tree, self.tokens, shape, self.sampling, self.rng, limit=k)
+        elif self.controller is not None and prop:
+            # auto mode decoding plainly: graft a lookup when its measured yield pays for the
+            # extra verification tokens
+            k = min(self._ngram_budget(1), room)
+            if k > 0:
+                self.ngram.propose(tree, self.tokens, shape, self.sampling, self.rng, limit=k)
+                ngram_only = tree.n_draft > 0
 
         # ONE target forward over [root] + tree
         tgt = self.slot.target
@@ -336,11 +345,19 @@ class Session:
             if s != 0:
                 tgt.seq_cp(0, s, -1, -1)
         root_pos = self.n_past
+        # batch order = KV cell order: the root and the first-child spine first, so an accepted
+        # spine prefix sits in consecutive cells exactly as one-token decoding would place it (with
+        # the patched ggml, see tools/patches/, its logits and KV are then bit-identical to plain
+        # decoding's); the other branches follow
+        order = self._spine_first(tree)
+        seqs = [[seq_of_leaf[li] for li in below[i]] for i in range(len(tree))]
         t0 = time.perf_counter()
-        tgt.decode(tree.tokens, [root_pos + d for d in tree.depths],
-                   [[seq_of_leaf[li] for li in below[i]] for i in range(len(tree))], [True] * len(tree))
+        tgt.decode([tree.tokens[i] for i in order], [root_pos + tree.depths[i] for i in order],
+                   [seqs[i] for i in order], [True] * len(tree))
         verify_seconds = time.perf_counter() - t0
         rows = tgt.logits_rows(len(tree))
+        if order != list(range(len(tree))):
+            rows = rows[np.argsort(order)]  # back to node order (a copy)
         if self.sampling.greedy:
             res = verify_greedy(tree, np.argmax(rows, axis=1))
         else:
@@ -388,19 +405,22 @@ class Session:
         st.seconds = time.perf_counter() - self._t_start
         return chunk
 
-    def _ngram_budget(self) -> int:
-        """Lookup tokens worth verifying in a plain step: the k <= NGRAM_MAX maximising expected
-        tokens per second, (1 + E[min(L, k)]) / verify(1 + k), if that beats plain's 1 / verify(1).
-        L is how many lookup tokens the target would accept; P(L >= j) is learnt for free by
-        scoring every lookup against the tokens actually emitted (`_score_lookups`)."""
+    def _ngram_budget(self, base: int) -> int:
+        """Lookup tokens worth adding to a verification batch of `base` tokens: the k <= NGRAM_MAX
+        maximising E[min(L, k)] - (verify(base + k) - verify(base)) / verify(1), i.e. expected
+        extra tokens minus the extra verification time priced in plain-decoding tokens (0 if no k
+        gains). L is how many lookup tokens the target would accept; P(L > j) is learnt for free
+        by scoring every lookup against the tokens actually emitted (`_score_lookups`)."""
         cost = self.engine.cost
-        best, best_rate = 0, 1.0 / cost.verify_seconds(1)
+        unit = cost.verify_seconds(1)
+        v0 = cost.verify_seconds(base)
+        best, best_gain = 0, 0.02
         expected = 0.0
         for k in range(1, NGRAM_MAX + 1):
             expected += self._ngram_reach[k - 1]
-            rate = (1.0 + expected) / cost.verify_seconds(1 + k)
-            if rate > best_rate * 1.02:
-                best, best_rate = k, rate
+            gain = expected - (cost.verify_seconds(base + k) - v0) / unit
+            if gain > best_gain:
+                best, best_gain = k, gain
         return best
 
     def _score_lookups(self) -> None:
@@ -419,6 +439,20 @@ class Session:
             else:
                 keep.append((start, prop))
         self._lookups = keep
+
+    @staticmethod
+    def _spine_first(tree: DraftTree) -> list[int]:
+        """Node indices: root, its first child, that child's first child, ..., then the rest in
+        index order (the identity for a chain)."""
+        children = tree.children()
+        spine, n = [0], 0
+        while children[n]:
+            n = children[n][0]
+            spine.append(n)
+        if len(spine) == len(tree):
+            return spine
+        on_spine = set(spine)
+        return spine + [i for i in range(len(tree)) if i not in on_spine]
 
     @staticmethod
     def _leaf_seqs(tree: DraftTree, leaves: list[int]) -> list[int]:

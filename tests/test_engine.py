@@ -70,6 +70,20 @@ def test_greedy_equals_plain_token_for_token(engine, mode):
         assert np.mean(taus) > 2.5, taus
 
 
+def test_greedy_chain_is_bit_exact(engine):
+    """With the patched ggml (tools/patches/) a chain's verification forward computes what
+    one-token forwards compute, bit for bit, and its cells sit where plain decoding puts them:
+    greedy chain output equals plain output on every prompt, with no near-tie allowance."""
+    for prompt in PROMPTS:
+        toks = engine.encode_chat([("user", prompt)])
+        plain = run(engine, toks, "plain", check_kv=False)
+        req = GenerationRequest(tuple(toks), SamplingParams(max_tokens=96),
+                                SpeculationParams(mode="chain", ngram=False))
+        spec = engine.generate(req)
+        assert spec.stats.accepted_tokens > 0
+        assert spec.token_ids == plain.token_ids, prompt
+
+
 def test_tree_tau_beats_chain_tau(engine):
     chain_f = tree_f = emitted = 0
     for prompt in PROMPTS[:6]:
