@@ -18,7 +18,7 @@ all: install
 
 # The venv is (re)made when pyproject.toml changes. llama-cpp-python comes from a wheel we build
 # ourselves with explicit CMake flags (see tools/build-llama-wheel.sh: pip's cache ignores CMAKE_ARGS).
-$(VENV)/.installed: pyproject.toml tools/build-llama-wheel.sh $(wildcard tools/patches/*.patch)
+$(VENV)/.installed: pyproject.toml tools/build-llama-wheel.sh tools/cpu-flags.sh $(wildcard tools/patches/*.patch)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	WHEEL=$$(tools/build-llama-wheel.sh $(PY) | tail -n1) && \

@@ -21,28 +21,10 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PY=${1:-python3}
 VERSION=${LLAMA_CPP_VERSION:-0.3.36}
-# CPU instruction sets: explicit flags, never GGML_NATIVE (a native build here emits AMX tile
-# instructions the VM does not enable: SIGILL). EDGESPEC_CPU=auto (default) adds AVX-512 when
-# this machine's /proc/cpuinfo lists it (10-30 % faster verification and drafting on the EPYC
-# we measured); EDGESPEC_CPU=portable builds AVX2 only, for bundles meant for other CPUs.
-# The features a wheel needs are recorded beside it (CPU_FEATURES) and checked by install.sh.
-CPU_FEATURES="avx avx2 fma f16c bmi2"
-CPU_FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
-case "${EDGESPEC_CPU:-auto}" in
-  portable) ;;
-  auto)
-    CPUINFO_FLAGS=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2 || true) "
-    have() { [[ "$CPUINFO_FLAGS" == *" $1 "* ]]; }
-    if have avx512f && have avx512bw && have avx512vl && have avx512dq && have avx512cd; then
-      CPU_FLAGS="$CPU_FLAGS -DGGML_AVX512=ON"
-      CPU_FEATURES="$CPU_FEATURES avx512f avx512bw avx512vl avx512dq avx512cd"
-      if have avx512vbmi; then CPU_FLAGS="$CPU_FLAGS -DGGML_AVX512_VBMI=ON"; CPU_FEATURES="$CPU_FEATURES avx512vbmi"; fi
-      if have avx512_vnni; then CPU_FLAGS="$CPU_FLAGS -DGGML_AVX512_VNNI=ON"; CPU_FEATURES="$CPU_FEATURES avx512_vnni"; fi
-      if have avx512_bf16; then CPU_FLAGS="$CPU_FLAGS -DGGML_AVX512_BF16=ON"; CPU_FEATURES="$CPU_FEATURES avx512_bf16"; fi
-    fi
-    ;;
-  *) echo "EDGESPEC_CPU must be auto or portable, got '${EDGESPEC_CPU}'" >&2; exit 2 ;;
-esac
+# CPU instruction sets (EDGESPEC_CPU=auto|portable): see tools/cpu-flags.sh. The features a wheel
+# needs are recorded beside it (CPU_FEATURES) and checked by install.sh.
+# shellcheck source=tools/cpu-flags.sh
+source "$HERE/cpu-flags.sh"
 if [[ -z "${CMAKE_ARGS:-}" ]]; then
   if [[ "${CUDA:-0}" == "1" ]]; then
     # CUDA build: pick the GPU archs explicitly

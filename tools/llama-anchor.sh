@@ -10,7 +10,7 @@
 #        [--max-tokens 128] [--threads 2] [--draft-max 4] [--json anchor.json] [--limit N]
 #   then: edgespec bench ... --anchor anchor.json
 #
-# env: LLAMA_CPP_VERSION (default 0.3.36), CUDA=1 (adds -DGGML_CUDA=on), CUDA_ARCHITECTURES,
+# env: LLAMA_CPP_VERSION (default 0.3.36), EDGESPEC_CPU=auto|portable, CUDA=1 (adds -DGGML_CUDA=on), CUDA_ARCHITECTURES,
 #      EDGESPEC_ANCHOR_CACHE (default ~/.cache/edgespec), JOBS (default 2), PYTHON (default .venv/bin/python)
 # The sdist and the build live in the cache, never in the repository.
 set -euo pipefail
@@ -21,7 +21,10 @@ CACHE=${EDGESPEC_ANCHOR_CACHE:-$HOME/.cache/edgespec}
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 JOBS=${JOBS:-2}
 TARGETS=(llama-speculative-simple llama-completion llama-bench)
-FLAGS="-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF"
+# the same CPU instruction sets as the engine's wheel (tools/cpu-flags.sh), stock source (no patches)
+# shellcheck source=tools/cpu-flags.sh
+source "$HERE/cpu-flags.sh"
+FLAGS="-DCMAKE_BUILD_TYPE=Release $CPU_FLAGS -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF"
 if [[ "${CUDA:-0}" == "1" ]]; then
   FLAGS="$FLAGS -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES:-80;86;89;90}"
 fi
