@@ -105,22 +105,22 @@ class Engine:
     def backend_name(self) -> str:
         return "cuda" if (self.cfg.target.n_gpu_layers != 0 and backend.gpu_offload_supported()) else "cpu"
 
-    def calibrate(self, sizes: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16, 32), repeats: int = 2,
+    def calibrate(self, sizes: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16, 32), repeats: int = 3,
                   budget_seconds: float = 0.25) -> None:
-        """Time target and draft forwards per batch size on slot 0 (the fastest of `repeats`,
-        sizes in increasing order until `budget_seconds` per model is spent: about 0.6 s on this
-        CPU, far less on a GPU), so the controller's cost model describes this machine."""
+        """Time target and draft forwards per batch size on slot 0, so the controller's cost model
+        describes this machine. The sizes are those whose first timing, in increasing order, fits
+        in `budget_seconds` per model (about 0.25 s here, far less on a GPU); then `repeats - 1`
+        more rounds over all of them, and each size keeps its fastest. Rounds, not repeats in a
+        row: a slow moment (another tenant, the page cache still filling after load) then
+        inflates one timing of every size instead of every timing of the first sizes."""
         slot = self.slots[0]
 
-        def measure(kind: str, n: int) -> float:
-            ctx = slot.target if kind == "target" else slot.draft
-            best = float("inf")
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                ctx.decode([self.target.bos] * n, range(32, 32 + n), [(0,)] * n, [True] * n)
-                best = min(best, time.perf_counter() - t0)
-                ctx.seq_rm(0, 32, -1)
-            return best
+        def measure(ctx, n: int) -> float:
+            t0 = time.perf_counter()
+            ctx.decode([self.target.bos] * n, range(32, 32 + n), [(0,)] * n, [True] * n)
+            dt = time.perf_counter() - t0
+            ctx.seq_rm(0, 32, -1)
+            return dt
 
         kinds = ("target", "draft") if slot.draft is not None else ("target",)
         table: dict[str, dict[int, float]] = {}
@@ -128,13 +128,17 @@ class Engine:
             ctx = slot.target if kind == "target" else slot.draft
             ctx.clear()
             ctx.decode_seq([self.target.bos] * 32, 0, (0,), last_logits=False)  # a short prefix
-            measure(kind, 4)  # warm-up: the first decodes allocate buffers
+            for _ in range(2):
+                measure(ctx, 4)  # warm-up: the first decodes allocate buffers and fault pages in
             spent, table[kind] = 0.0, {}
             for n in (s for s in sizes if s <= self.cfg.target.n_batch):
                 if spent > budget_seconds and len(table[kind]) >= 4:
                     break  # the cost model extrapolates linearly beyond the last size
-                table[kind][n] = measure(kind, n)
-                spent += table[kind][n] * repeats
+                table[kind][n] = measure(ctx, n)
+                spent += table[kind][n]
+            for _ in range(repeats - 1):
+                for n in table[kind]:
+                    table[kind][n] = min(table[kind][n], measure(ctx, n))
         measured = tuple(sorted(set(table["target"]) & set(table.get("draft", table["target"]))))
         self.cost.calibrate(lambda kind, n: table[kind][n], sizes=measured, kinds=kinds)
         for s in self.slots:

@@ -4,6 +4,9 @@ Measured on the machine it runs on: `calibrate()` times a few batch sizes at loa
 refines the table online with an EWMA. Between calibrated sizes the time is piecewise linear;
 beyond the largest it extrapolates the last segment linearly. Lookups are made non-decreasing in
 the batch size (a bigger batch never costs less), which keeps noisy timings from inverting choices.
+A calibration table is first cut to its lower envelope (each size costs at most what any larger
+size cost): timing noise only ever adds, and one forward slowed by another tenant or a page fault
+must not make every larger batch look that slow too.
 
 One per engine, shared by its requests, confined to the engine thread.
 """
@@ -114,7 +117,11 @@ class CostModel:
         for kind in kinds:
             if kind not in KINDS:
                 raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-            self._curves[kind] = _Curve({n: float(measure(kind, n)) for n in sizes})
+            secs = {n: float(measure(kind, n)) for n in sizes}
+            low = float("inf")
+            for n in sorted(secs, reverse=True):  # lower envelope
+                low = secs[n] = min(secs[n], low)
+            self._curves[kind] = _Curve(secs)
         self.calibrated = True
         self.version += 1
 

@@ -44,3 +44,16 @@ def test_ewma_refinement_moves_estimates():
     assert m.as_dict()["observations"]["draft"] == 60
     with pytest.raises(ValueError):
         m.observe("verifier", 1, 0.1)
+
+
+def test_calibration_keeps_the_lower_envelope():
+    """One slow timing of a small batch (another tenant, page faults) must not inflate it, nor
+    (through monotonicity) every larger batch."""
+    measured = {("target", 1): 0.030, ("target", 2): 0.012, ("target", 4): 0.015, ("target", 8): 0.025,
+                ("draft", 1): 0.005, ("draft", 2): 0.004, ("draft", 4): 0.009, ("draft", 8): 0.014}
+    m = CostModel()
+    m.calibrate(lambda kind, n: measured[(kind, n)], sizes=(1, 2, 4, 8))
+    assert m.verify_seconds(1) == pytest.approx(0.012)
+    assert m.verify_seconds(4) == pytest.approx(0.015)
+    assert m.draft_seconds(1) == pytest.approx(0.004)
+    assert m.draft_seconds(8) == pytest.approx(0.014)
