@@ -297,7 +297,8 @@ class Session:
     # -- one step -----------------------------------------------------------------------------
     def _shape(self) -> Shape:
         if self.controller is not None:
-            return self.controller.choose()
+            backlog = len(self.tokens) - self.drafter.n_past if self.drafter is not None else 0
+            return self.controller.choose(remaining=self.sampling.max_tokens - len(self.out), draft_backlog=backlog)
         return fixed_shape(self.spec.mode, self.spec.draft_tokens, self.spec.tree_nodes, self.spec.tree_depth)
 
     def step(self) -> Chunk:

@@ -38,6 +38,8 @@ class ControllerConfig:
     cooldown_growth: float = 2.0  # cooldown multiplier after each failed probe
     probe_steps: int = 3  # speculative steps of a half-open probe
     probe_depth: int = 2  # the probe is a chain of this depth
+    probe_cost_fraction: float = 0.05  # skip a probe whose draft catch-up would cost more than this
+    # fraction of the request's remaining plain decoding (short requests after a long plain phase)
     # shapes
     min_depth: int = 1
     max_depth: int = 8
@@ -76,6 +78,7 @@ class ControllerConfig:
         rng("cooldown_growth", 1.0, 100.0, integer=False)
         rng("probe_steps", 1, 1000, integer=True)
         rng("probe_depth", 1, MAX_DEPTH_LIMIT, integer=True)
+        rng("probe_cost_fraction", 0.0, 1.0, integer=False)
         rng("min_depth", 1, MAX_DEPTH_LIMIT, integer=True)
         rng("max_depth", 1, MAX_DEPTH_LIMIT, integer=True)
         rng("max_nodes", 1, MAX_NODES_LIMIT, integer=True)

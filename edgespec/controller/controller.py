@@ -88,13 +88,15 @@ class Controller:
         """Expected speedup over plain, corrected by the measured bias of the step-time model."""
         return choice.speedup / self.spec_bias
 
-    def choose(self) -> Shape:
-        """The shape of the next step. Cheap: one analytic pass over a fixed candidate set."""
+    def choose(self, remaining: int | None = None, draft_backlog: int = 0) -> Shape:
+        """The shape of the next step. Cheap: one analytic pass over a fixed candidate set.
+        `remaining`: tokens the request may still emit; `draft_backlog`: context tokens the draft
+        model has not absorbed (after a plain phase its first forward must catch up on them)."""
         self._predicted_seconds = None
         if self.disabled or self.breaker.state == OPEN:
             shape = PLAIN
         elif self.breaker.state == HALF_OPEN:
-            shape = self.policy.probe_shape()
+            shape = self.policy.probe_shape() if self._probe_pays(remaining, draft_backlog) else PLAIN
         else:
             choice = self._best()
             self.last_choice = choice
@@ -108,6 +110,16 @@ class Controller:
                 self._predicted_seconds = choice.seconds
         self.last_shape = shape
         return shape
+
+    def _probe_pays(self, remaining: int | None, draft_backlog: int) -> bool:
+        """A probe first makes the draft absorb the plain phase's backlog (one forward over it). On
+        a short remainder that one-off can cost more than the probe could ever win back: skip the
+        probe (the breaker stays half-open, decoding plainly) when it would cost more than
+        `probe_cost_fraction` of the remaining plain decoding."""
+        if remaining is None or draft_backlog <= 1 or not self.policy.has_draft_model:
+            return True
+        catchup = self.cost.draft_seconds(draft_backlog)
+        return catchup <= self.cfg.probe_cost_fraction * remaining * self.cost.verify_seconds(1)
 
     def _top1(self, window: AcceptanceWindow | None = None) -> float:
         return self.acceptance(window)[0][0]

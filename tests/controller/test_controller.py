@@ -166,3 +166,26 @@ def test_failed_probes_lengthen_the_next_requests_cooldown():
     prior.update_from(ctrl)
     second = make(cfg=cfg, prior=prior)
     assert cfg.cooldown_tokens < second.breaker.cooldown <= cfg.max_cooldown_tokens
+
+
+def test_probe_skipped_when_the_draft_catch_up_would_cost_more_than_the_rest_can_win():
+    """Half-open: a probe makes the draft absorb the plain phase's backlog in one forward. With
+    few tokens left that one-off is not worth it: the controller stays plain (still half-open)
+    until the cost is small against what remains; the default (no remaining given) probes."""
+    cfg = ControllerConfig()
+    ctrl = make(cfg=cfg)
+    simulate(ctrl, ScriptedDrafter(lambda s: 0.0), cpu_cost(), steps=OPEN_WITHIN + 2)
+    assert ctrl.state == "open"
+    while ctrl.state == "open":
+        ctrl.observe(plain_outcome(ctrl.cost.verify_seconds(1)))
+    assert ctrl.state == "half_open"
+    cost = ctrl.cost
+    backlog = 200
+    catchup = cost.draft_seconds(backlog)
+    few = int(catchup / (cfg.probe_cost_fraction * cost.verify_seconds(1))) - 1  # just too few
+    assert few > 0
+    assert ctrl.choose(remaining=few, draft_backlog=backlog).mode == "plain"
+    assert ctrl.state == "half_open"
+    assert ctrl.choose(remaining=few + 2, draft_backlog=backlog).mode != "plain"
+    assert ctrl.choose(remaining=1, draft_backlog=1).mode != "plain"  # nothing to catch up
+    assert ctrl.choose().mode != "plain"
