@@ -269,8 +269,11 @@ class Session:
         has_draft = slot.draft is not None
         self.drafter = ModelDrafter(slot.draft) if has_draft else None
         self.ngram = NgramDrafter() if self.spec.ngram else None
-        self._ngram_reach = [0.5 * 0.8 ** j for j in range(NGRAM_MAX)]  # P(target accepts > j lookup tokens), learnt
-        self._lookups: list[tuple[int, list[int]]] = []  # (position, lookup) awaiting their fate
+        # P(target accepts > j lookup tokens), learnt per kind of lookup: [0] the context's last
+        # n >= n_min tokens occurred before, [1] only its last token did (weaker, but on a flat
+        # verification curve a 1-token guess costs almost nothing)
+        self._ngram_reach = [[0.5 * 0.8 ** j for j in range(NGRAM_MAX)], [0.2 * 0.5 ** j for j in range(NGRAM_MAX)]]
+        self._lookups: list[tuple[int, list[int], int]] = []  # (position, lookup, kind) awaiting their fate
         self.controller = None
         max_depth = self.spec.tree_depth
         if self.spec.mode == "auto":
@@ -312,12 +315,15 @@ class Session:
         draft_seconds, draft_batches, levels = 0.0, (), 0
         ngram_only = False
         prop: list[int] = []
+        kind = 0
         if self.ngram is not None and remaining > 1:
             # prompt lookup costs no forward pass; every lookup is scored against what the target
             # then emits (shadow evaluation), which sizes the grafts below
             prop = lookup(self.tokens, NGRAM_MAX, self.ngram.n_max, self.ngram.n_min)
+            if not prop and self.ngram.n_min > 1:
+                prop, kind = lookup(self.tokens, NGRAM_MAX, 1, 1), 1
             if prop:
-                self._lookups.append((len(self.tokens), prop))
+                self._lookups.append((len(self.tokens), prop, kind))
         room = self.slot.target.n_ctx - len(self.tokens) - 2  # deepest position the KV can hold
         if shape.mode != "plain" and remaining > 1:
             if self.drafter is not None and shape.depth > 0:
@@ -325,19 +331,19 @@ class Session:
                 draft_seconds, draft_batches, levels = rep.seconds, tuple(rep.batches), rep.levels
                 self.stats.draft_forwards += len(rep.batches)
             if prop:
-                if self.drafter is None:  # n-gram-only speculation: its own tree (several continuations)
+                if self.drafter is None and kind == 0:  # n-gram-only speculation: its own tree
                     self.ngram.propose(tree, self.tokens, shape, self.sampling, self.rng,
                                        limit=None if room >= self.ngram.max_tokens else max(0, room))
-                else:  # graft onto the model's tree as many lookup tokens as pay for their verification
-                    k = min(self._ngram_budget(len(tree)), room)
+                else:  # graft as many lookup tokens as pay for their verification
+                    k = min(self._ngram_budget(len(tree), kind), room)
                     if k > 0:
-                        self.ngram.propose(tree, self.tokens, shape, self.sampling, self.rng, limit=k)
+                        self.ngram.graft(tree, prop[:k])
         elif self.controller is not None and prop:
             # auto mode decoding plainly: graft a lookup when its measured yield pays for the
             # extra verification tokens
-            k = min(self._ngram_budget(1), room)
+            k = min(self._ngram_budget(1, kind), room)
             if k > 0:
-                self.ngram.propose(tree, self.tokens, shape, self.sampling, self.rng, limit=k)
+                self.ngram.graft(tree, prop[:k])
                 ngram_only = tree.n_draft > 0
 
         # ONE target forward over [root] + tree
@@ -410,7 +416,7 @@ class Session:
         st.seconds = time.perf_counter() - self._t_start
         return chunk
 
-    def _ngram_budget(self, base: int) -> int:
+    def _ngram_budget(self, base: int, kind: int = 0) -> int:
         """Lookup tokens worth adding to a verification batch of `base` tokens: the k <= NGRAM_MAX
         maximising E[min(L, k)] - (verify(base + k) - verify(base)) / verify(1), i.e. expected
         extra tokens minus the extra verification time priced in plain-decoding tokens (0 if no k
@@ -422,7 +428,7 @@ class Session:
         best, best_gain = 0, 0.02
         expected = 0.0
         for k in range(1, NGRAM_MAX + 1):
-            expected += self._ngram_reach[k - 1]
+            expected += self._ngram_reach[kind][k - 1]
             gain = expected - (cost.verify_seconds(base + k) - v0) / unit
             if gain > best_gain:
                 best, best_gain = k, gain
@@ -432,17 +438,18 @@ class Session:
         """Update P(L >= j) from lookups whose fate is now known (shadow evaluation: the lookup
         at a position is compared with the tokens that were emitted after it)."""
         keep = []
-        for start, prop in self._lookups:
+        for start, prop, kind in self._lookups:
             got = self.tokens[start:start + len(prop)]
             match = 0
             while match < len(got) and got[match] == prop[match]:
                 match += 1
             if match < len(got) or len(got) == len(prop):  # resolved: a mismatch seen, or all matched
+                reach = self._ngram_reach[kind]
                 for j in range(NGRAM_MAX):
                     hit = 1.0 if match > j else 0.0
-                    self._ngram_reach[j] += NGRAM_EWMA * (hit - self._ngram_reach[j])
+                    reach[j] += NGRAM_EWMA * (hit - reach[j])
             else:
-                keep.append((start, prop))
+                keep.append((start, prop, kind))
         self._lookups = keep
 
     @staticmethod

@@ -32,3 +32,29 @@ def test_graft_as_tree_and_merge_with_existing_children():
     kids = tree.children()
     assert [tree.tokens[c] for c in kids[0]] == [5, 4]  # 5 reused (not duplicated), 4 a new branch
     assert tree.child_tokens(first) == [6]
+
+
+def test_graft_budget_prices_extra_verification_in_plain_tokens():
+    """k lookup tokens are grafted when E[min(L, k)] beats the extra verification time counted in
+    plain-decoding tokens: on a flat curve even a weak 1-token guess pays, on a steep one only
+    a reliable long lookup does."""
+    from types import SimpleNamespace
+
+    from edgespec.controller.cost import CostModel
+    from edgespec.engine import NGRAM_MAX, Session
+
+    flat = CostModel.from_tables({1: 0.012, 2: 0.012, 4: 0.014, 8: 0.020, 16: 0.032}, {1: 0.005})
+    steep = CostModel.from_tables({1: 0.012, 2: 0.021, 4: 0.028, 8: 0.036, 16: 0.044}, {1: 0.005})
+    weak = [0.2] + [0.05] * (NGRAM_MAX - 1)
+    strong = [0.9 ** (j + 1) for j in range(NGRAM_MAX)]
+
+    def budget(cost, reach, base=1):
+        return Session._ngram_budget(SimpleNamespace(engine=SimpleNamespace(cost=cost), _ngram_reach=[reach, reach]), base)
+
+    assert budget(flat, weak) == 1
+    assert budget(steep, weak) == 0
+    assert budget(steep, strong) >= 4
+    assert budget(flat, strong) == NGRAM_MAX
+    # on top of a 5-token chain the marginal cost is what counts: on the steep curve a 6th token
+    # costs 2 ms (1/6 of a plain token) where a 2nd costs 9 ms, so the weak guess now pays
+    assert budget(steep, weak, base=5) == 1

@@ -66,12 +66,18 @@ class NgramDrafter:
         conts = lookup_all(tokens, self.max_tokens if limit is None else limit, self.n_max, self.n_min,
                            self.branches if limit is None else 1)
         for cont in conts:  # several continuations graft as a tree (shared prefixes merge)
-            node = 0
-            for tok in cont:
-                existing = next((c for c in range(1, len(tree)) if tree.parents[c] == node and tree.tokens[c] == tok),
-                                None)
-                node = existing if existing is not None else tree.add(node, tok, point=True)
+            self.graft(tree, cont)
         return DraftReport()
+
+    @staticmethod
+    def graft(tree: DraftTree, cont: list[int]) -> None:
+        """Add one continuation under the root as point nodes, following existing children that
+        already hold its tokens."""
+        node = 0
+        for tok in cont:
+            existing = next((c for c in range(1, len(tree)) if tree.parents[c] == node and tree.tokens[c] == tok),
+                            None)
+            node = existing if existing is not None else tree.add(node, tok, point=True)
 
     def accept(self, tree: DraftTree, accepted: list[int], tokens: list[int]) -> None:
         pass
