@@ -351,7 +351,8 @@ class Session:
         leaves, below = tree.leaf_sets()
         if len(leaves) > tgt.n_seq_max:
             raise ModelError(f"tree has {len(leaves)} leaves > n_seq_max {tgt.n_seq_max}")
-        seq_of_leaf = self._leaf_seqs(tree, leaves)
+        spine = self._spine(tree)
+        seq_of_leaf = self._leaf_seqs(leaves, spine[-1])
         for s in seq_of_leaf:
             if s != 0:
                 tgt.seq_cp(0, s, -1, -1)
@@ -360,7 +361,8 @@ class Session:
         # spine prefix sits in consecutive cells exactly as one-token decoding would place it (with
         # the patched ggml, see tools/patches/, its logits and KV are then bit-identical to plain
         # decoding's); the other branches follow
-        order = self._spine_first(tree)
+        on_spine = set(spine)
+        order = spine + [i for i in range(len(tree)) if i not in on_spine]  # the identity for a chain
         seqs = [[seq_of_leaf[li] for li in below[i]] for i in range(len(tree))]
         t0 = time.perf_counter()
         tgt.decode([tree.tokens[i] for i in order], [root_pos + tree.depths[i] for i in order],
@@ -435,7 +437,7 @@ class Session:
         return best
 
     def _score_lookups(self) -> None:
-        """Update P(L >= j) from lookups whose fate is now known (shadow evaluation: the lookup
+        """Update P(L > j) from lookups whose fate is now known (shadow evaluation: the lookup
         at a position is compared with the tokens that were emitted after it)."""
         keep = []
         for start, prop, kind in self._lookups:
@@ -453,30 +455,22 @@ class Session:
         self._lookups = keep
 
     @staticmethod
-    def _spine_first(tree: DraftTree) -> list[int]:
-        """Node indices: root, its first child, that child's first child, ..., then the rest in
-        index order (the identity for a chain)."""
+    def _spine(tree: DraftTree) -> list[int]:
+        """Root, its first child, that child's first child, ... down to a leaf (a chain: all)."""
         children = tree.children()
         spine, n = [0], 0
         while children[n]:
             n = children[n][0]
             spine.append(n)
-        if len(spine) == len(tree):
-            return spine
-        on_spine = set(spine)
-        return spine + [i for i in range(len(tree)) if i not in on_spine]
+        return spine
 
     @staticmethod
-    def _leaf_seqs(tree: DraftTree, leaves: list[int]) -> list[int]:
+    def _leaf_seqs(leaves: list[int], spine_leaf: int) -> list[int]:
         """Seq id per leaf ordinal: the leaf on the first-child spine gets seq 0 (the common
         case then commits without a copy), the others 1, 2, ..."""
-        spine = 0
-        children = tree.children()
-        while children[spine]:
-            spine = children[spine][0]
         out, nxt = [], 1
         for leaf in leaves:
-            if leaf == spine:
+            if leaf == spine_leaf:
                 out.append(0)
             else:
                 out.append(nxt)
