@@ -6,16 +6,17 @@
 # silently reused.  We keep our own cache keyed by a hash of the version, the exact flags and the
 # patches, and always build with --no-cache-dir.
 #
-# The patches (see tools/patches/README.md): ggml-cpu-f32-small-batch.patch makes a 2..8-token
+# The patches (see tools/patches/README.md): ggml-cpu-f32-small-batch.patch makes a 2..4-token
 # forward of an F32 model cost about what a 1-token forward costs on a CPU (speculative
-# verification) and keeps batched logits bit-identical to one-token forwards.
+# verification) and keeps the logits of forwards of up to 32 tokens bit-identical to one-token
+# forwards.
 #
 # usage: tools/build-llama-wheel.sh PYTHON
 #   env: LLAMA_CPP_VERSION (default 0.3.36), CUDA=1, CUDA_ARCHITECTURES, CMAKE_ARGS (override)
 #        EDGESPEC_WHEEL_CACHE (default ~/.cache/edgespec/wheels)
 #        EDGESPEC_SDIST_CACHE (default ~/.cache/edgespec/sdist; shared with tools/llama-anchor.sh)
 #        EDGESPEC_GGML_PATCHES=0 builds the stock sdist (for A/B measurements)
-#        EDGESPEC_CPU=auto|portable (see below)
+#        EDGESPEC_CPU=auto|portable (tools/cpu-flags.sh)
 # prints the path of the wheel on its last line.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -55,13 +56,9 @@ if [[ -n "$WHEEL" ]]; then
   exit 0
 fi
 
-SDIST_DIR=${EDGESPEC_SDIST_CACHE:-$HOME/.cache/edgespec/sdist}
-SDIST="$SDIST_DIR/llama_cpp_python-$VERSION.tar.gz"
-if [[ ! -f "$SDIST" ]]; then
-  mkdir -p "$SDIST_DIR"
-  echo "downloading llama-cpp-python==$VERSION sdist" >&2
-  $PY -m pip download -q --no-cache-dir --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$SDIST_DIR" >&2
-fi
+# shellcheck source=tools/llama-sdist.sh
+source "$HERE/llama-sdist.sh"
+SDIST=$(llama_sdist "$PY" "$VERSION" "${EDGESPEC_SDIST_CACHE:-$HOME/.cache/edgespec/sdist}")
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 tar xzf "$SDIST" -C "$TMP"

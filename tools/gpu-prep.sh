@@ -32,11 +32,9 @@ grep -qxF '/.gpu-carry/' "$EXCLUDE" 2>/dev/null || echo '/.gpu-carry/' >> "$EXCL
 mkdir -p "$CARRY/wheels" "$CARRY/models"
 
 # 1. the sdist (shared with tools/llama-anchor.sh's cache), trimmed
-SDIST="$CACHE/sdist/llama_cpp_python-$VERSION.tar.gz"
-if [[ ! -f "$SDIST" ]]; then
-  mkdir -p "$(dirname "$SDIST")"
-  "$PY" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$(dirname "$SDIST")"
-fi
+# shellcheck source=tools/llama-sdist.sh
+source "$HERE/llama-sdist.sh"
+SDIST=$(llama_sdist "$PY" "$VERSION" "$CACHE/sdist")
 TRIMMED="$CARRY/llama_cpp_python-$VERSION-trimmed.tar.gz"
 if [[ ! -f "$TRIMMED" ]]; then
   TMP=$(mktemp -d)

@@ -29,17 +29,10 @@ if [[ "${CUDA:-0}" == "1" ]]; then
   FLAGS="$FLAGS -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES:-80;86;89;90}"
 fi
 
-sdist() {
-  # the sdist, downloaded once from the package registry (or placed there by tools/gpu-prep.sh)
-  local dir="$CACHE/sdist"
-  local f="$dir/llama_cpp_python-$VERSION.tar.gz"
-  if [[ ! -f "$f" ]]; then
-    mkdir -p "$dir"
-    echo "downloading llama-cpp-python==$VERSION sdist" >&2
-    "$PY" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$dir" >&2
-  fi
-  echo "$f"
-}
+# the sdist, downloaded once from the package registry (or placed there by tools/gpu-prep.sh)
+# shellcheck source=tools/llama-sdist.sh
+source "$HERE/llama-sdist.sh"
+sdist() { llama_sdist "$PY" "$VERSION" "$CACHE/sdist"; }
 
 build() {
   local key src bin tarball
