@@ -209,16 +209,16 @@ class AcceptancePrior:
 
     def update_from(self, controller: "Controller") -> None:
         self.update_from_counts(controller.request_counts)
-        # the step-time model's measured bias is a property of the machine: carry it over
         # probes that keep failing on this machine: later requests wait longer before probing
-        probes = [t.dst for t in getattr(getattr(controller, "breaker", None), "transitions", []) if t.src == "half_open"]
+        probes = [t.dst for t in controller.breaker.transitions if t.src == "half_open"]
         if "closed" in probes:
             self.cooldown_scale = 1.0
         elif probes:
             cfg = controller.cfg
             self.cooldown_scale = min(cfg.max_cooldown_tokens / cfg.cooldown_tokens,
                                       self.cooldown_scale * cfg.cooldown_growth ** len(probes))
-        steps = getattr(controller, "bias_steps", 0)
+        # the step-time model's measured bias is a property of the machine: carry it over
+        steps = controller.bias_steps
         if steps > 0:
             w = self.alpha * min(1.0, steps / self.full_trials)
             self.spec_bias += w * (controller.spec_bias - self.spec_bias)

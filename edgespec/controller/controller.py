@@ -43,8 +43,7 @@ class Controller:
         self.probe_window = AcceptanceWindow(cfg.probe_steps, D, R)
         self.request_counts = Counts(D, R)  # the whole request, for the cross-request prior
         self.breaker = Breaker(cfg, request_id)
-        scale = getattr(prior, "cooldown_scale", 1.0)
-        self.breaker.cooldown = min(cfg.max_cooldown_tokens, int(round(cfg.cooldown_tokens * scale)))
+        self.breaker.cooldown = min(cfg.max_cooldown_tokens, int(round(cfg.cooldown_tokens * prior.cooldown_scale)))
         self.drift = DropDetector(cfg.drift_threshold, cfg.drift_drop)
         self.drift_alarms = 0
         self._log = get_logger("edgespec.controller")
@@ -64,7 +63,7 @@ class Controller:
         # realized / predicted seconds of closed-state speculative steps (EWMA): corrects the
         # analytic model for whatever it does not see (cache effects at long contexts, catch-up,
         # Python work that scales with the shape), so the breaker acts on measured speed
-        self.spec_bias = getattr(prior, "spec_bias", 1.0)
+        self.spec_bias = prior.spec_bias
         self.bias_steps = 0
         self._predicted_seconds: float | None = None
 

@@ -48,11 +48,9 @@ def test_estimate_blends_prior_and_follows_evidence():
 def test_prior_learns_across_requests():
     p = AcceptancePrior(4, 2, alpha=0.5)
 
-    class Fake:
-        request_counts = Counts(4, 2)
-
-    Fake.request_counts.add([(0, 0, 0)] * 16)
-    p.update_from(Fake)
+    counts = Counts(4, 2)
+    counts.add([(0, 0, 0)] * 16)
+    p.update_from_counts(counts)
     assert p.rates[0][0] == pytest.approx(0.375)
     assert p.rates[1][0] == pytest.approx(0.75)  # no evidence there
     assert p.requests == 1
