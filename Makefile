@@ -35,6 +35,7 @@ proto: $(VENV)/.installed
 
 models: install
 	$(EDGESPEC) models prepare-demo
+	$(EDGESPEC) models ngram-table
 
 serve: install models
 	$(EDGESPEC) serve --host $(HOST) --port $(PORT)
