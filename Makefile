@@ -35,7 +35,6 @@ proto: $(VENV)/.installed
 
 models: install
 	$(EDGESPEC) models prepare-demo
-	$(EDGESPEC) models ngram-table
 
 serve: install models
 	$(EDGESPEC) serve --host $(HOST) --port $(PORT)

@@ -60,7 +60,6 @@ class EngineConfig:
     draft: ModelConfig | None  # None = model-free drafting only (n-gram)
     parallel: int = 1  # slots: requests decoded concurrently (each has its own KV caches)
     max_tree_leaves: int = 32  # n_seq_max - 1 for the target context
-    ngram_table: str | None = None  # the target's n-gram table (edgespec/drafters/table.py); None = none
 
     def validate(self) -> None:
         self.target.validate("target")
@@ -70,5 +69,3 @@ class EngineConfig:
             raise ConfigError("engine.parallel", f"must be in [1, 64], got {self.parallel}")
         if not 1 <= self.max_tree_leaves <= 255:
             raise ConfigError("engine.max_tree_leaves", f"must be in [1, 255], got {self.max_tree_leaves}")
-        if self.ngram_table is not None and not Path(self.ngram_table).is_file():
-            raise ConfigError("target.ngram_table", f"file not found: {self.ngram_table}")

@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -29,7 +28,6 @@ from edgespec.config import EngineConfig
 from edgespec.controller.shapes import PLAIN, Shape, StepOutcome, chain, eagle
 from edgespec.drafters import ModelDrafter, NgramDrafter
 from edgespec.drafters.ngram import lookup
-from edgespec.drafters.table import NgramTable
 from edgespec.errors import BadRequest, ModelError, Overloaded
 from edgespec.logs import get_logger
 from edgespec.sampling import SamplingParams, logits_to_probs
@@ -67,13 +65,11 @@ class Slot:
 class Engine:
     """Loaded models, per-slot contexts, the shared cost model and acceptance prior."""
 
-    def __init__(self, cfg: EngineConfig, target: backend.Model, draft: backend.Model | None, slots: list[Slot],
-                 table: NgramTable | None = None):
+    def __init__(self, cfg: EngineConfig, target: backend.Model, draft: backend.Model | None, slots: list[Slot]):
         self.cfg = cfg
         self.target = target
         self.draft = draft
         self.slots = slots
-        self.table = table
         from edgespec.controller import AcceptancePrior, ControllerConfig, CostModel
 
         self.controller_cfg = ControllerConfig()
@@ -90,20 +86,19 @@ class Engine:
         if cfg.draft is not None:
             draft = backend.Model(cfg.draft.path, cfg.draft.n_gpu_layers)
             backend.check_compatible(target, draft)
-        table = NgramTable.load(Path(cfg.ngram_table), target.n_vocab) if cfg.ngram_table else None
         n_seq = cfg.max_tree_leaves + 1
         slots = []
         for i in range(cfg.parallel):
             t = backend.Context(target, cfg.target, n_seq_max=n_seq)
             d = backend.Context(draft, cfg.draft, n_seq_max=n_seq) if draft is not None else None
             slots.append(Slot(i, t, d))
-        eng = cls(cfg, target, draft, slots, table)
+        eng = cls(cfg, target, draft, slots)
         if controller_cfg is not None:
             eng.controller_cfg = controller_cfg
         if calibrate:
             eng.calibrate()
         log.info("engine_loaded", target=str(cfg.target.path), draft=str(cfg.draft.path) if cfg.draft else None,
-                 slots=cfg.parallel, backend=eng.backend_name, ngram_table=len(table) if table else None)
+                 slots=cfg.parallel, backend=eng.backend_name)
         return eng
 
     @property
@@ -276,11 +271,8 @@ class Session:
         self.ngram = NgramDrafter() if self.spec.ngram else None
         # P(target accepts > j lookup tokens), learnt per kind of lookup: [0] the context's last
         # n >= n_min tokens occurred before, [1] only its last token did (weaker, but on a flat
-        # verification curve a 1-token guess costs almost nothing), [2] the target's n-gram table
-        # (what the target said after these tokens in other texts)
-        self._ngram_reach = [[0.5 * 0.8 ** j for j in range(NGRAM_MAX)], [0.2 * 0.5 ** j for j in range(NGRAM_MAX)],
-                             [0.45 * 0.6 ** j for j in range(NGRAM_MAX)]]
-        self.table = engine.table if self.spec.ngram else None
+        # verification curve a 1-token guess costs almost nothing)
+        self._ngram_reach = [[0.5 * 0.8 ** j for j in range(NGRAM_MAX)], [0.2 * 0.5 ** j for j in range(NGRAM_MAX)]]
         self._lookups: list[tuple[int, list[int], int]] = []  # (position, lookup, kind) awaiting their fate
         self.controller = None
         max_depth = self.spec.tree_depth
@@ -330,8 +322,6 @@ class Session:
             prop = lookup(self.tokens, NGRAM_MAX, self.ngram.n_max, self.ngram.n_min)
             if not prop and self.ngram.n_min > 1:
                 prop, kind = lookup(self.tokens, NGRAM_MAX, 1, 1), 1
-            if not prop and self.table is not None:
-                prop, kind = self.table.predict(self.tokens, NGRAM_MAX), 2
             if prop:
                 self._lookups.append((len(self.tokens), prop, kind))
         room = self.slot.target.n_ctx - len(self.tokens) - 2  # deepest position the KV can hold

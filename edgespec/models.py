@@ -29,7 +29,6 @@ BASENAME = "SmolLM2-135M-Instruct"
 TARGET_TYPES = ("f32", "f16", "q8_0")
 DRAFT_TYPE = "q4_0"
 MANIFEST = "manifest.json"
-TABLE_TOKENS = 40_000  # answer tokens the demo n-gram table learns from
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -141,43 +140,6 @@ def prepare_demo(
         }
         _write_manifest(directory, manifest)
     return pair
-
-
-def table_path(directory: Path | None = None) -> Path:
-    """The demo target's n-gram table (edgespec/drafters/table.py)."""
-    return (directory or models_dir()) / f"{BASENAME}.ngram.npz"
-
-
-def default_table(target: Path | str, directory: Path | None = None) -> Path | None:
-    """The demo table when `target` is a demo model (any of its quantizations) and the table
-    exists; None otherwise (a table only fits the model whose answers it learnt)."""
-    t = Path(target)
-    p = table_path(directory or t.parent)
-    return p if t.name.startswith(BASENAME + ".") and p.is_file() else None
-
-
-def prepare_table(directory: Path | None = None, n_tokens: int = TABLE_TOKENS, threads: int = 0,
-                  log: Callable[[str], None] = lambda s: None) -> Path:
-    """Idempotent: learn the demo target's n-gram table from its own answers (a few minutes on a
-    CPU) unless a file matching the manifest is there. Needs the F32 target (prepare_demo)."""
-    from edgespec.tablegen import build_table  # heavy import kept out of module import
-
-    directory = directory or models_dir()
-    out = table_path(directory)
-    manifest = _read_manifest(directory)
-    entry = manifest["files"].get(out.name)
-    if out.is_file() and entry and entry.get("size") == out.stat().st_size and sha256_file(out) == entry.get("sha256"):
-        log(f"{out.name}: ok")
-        return out
-    target = model_path("f32", directory)
-    if not target.is_file():
-        raise ModelError(f"the n-gram table is learnt from {target}: run `edgespec models prepare-demo` first")
-    log(f"{out.name}: learning from {target.name}'s answers to {n_tokens} tokens of synthetic prompts")
-    build_table(target, out, n_tokens, threads=threads, log=log)
-    manifest["files"][out.name] = {"sha256": sha256_file(out), "size": out.stat().st_size, "ftype": "ngram-table",
-                                   "source": f"{target.name} greedy answers, {n_tokens} tokens"}
-    _write_manifest(directory, manifest)
-    return out
 
 
 def verify_models(directory: Path | None = None) -> list[str]:

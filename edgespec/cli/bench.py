@@ -31,8 +31,6 @@ def bench(
     max_tokens: int = typer.Option(128, "--max-tokens", help="tokens generated per prompt and mode"),
     target: Optional[str] = typer.Option(None, help="target GGUF (default: the demo F32 target)"),
     draft: Optional[str] = typer.Option(None, help="draft GGUF (default: the demo Q4_0 draft; 'none' = n-gram only)"),
-    ngram_table: Optional[str] = typer.Option(None, "--ngram-table", help="the target's n-gram table file, or "
-                                              "'none' (default: the demo table for a demo target)"),
     n_gpu_layers: int = typer.Option(0, "--n-gpu-layers", help="-1 = all layers on the GPU (CUDA build; "
                                      "a CPU build ignores it)"),
     threads: int = typer.Option(0, help="CPU threads (0 = all cores)"),
@@ -70,11 +68,7 @@ def bench(
         def model(path: str) -> ModelConfig:
             return ModelConfig(path=path, n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, threads=threads)
 
-        from edgespec.cli.common import table_for
-
-        table = table_for(Path(target_path), ngram_table)
-        cfg = EngineConfig(target=model(target_path), draft=model(draft_path) if draft_path else None,
-                           ngram_table=table)
+        cfg = EngineConfig(target=model(target_path), draft=model(draft_path) if draft_path else None)
         cfg.validate()
 
         from edgespec.engine import Engine
@@ -96,7 +90,6 @@ def bench(
                 "max_tokens": max_tokens,
                 "target": target_path,
                 "draft": draft_path,
-                "ngram_table": table,
                 "n_gpu_layers": n_gpu_layers,
                 "threads": cfg.target.n_threads,
                 "n_ctx": n_ctx,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import typer
 
@@ -31,24 +30,12 @@ def user_errors() -> Iterator[None]:
         sys.exit(130)
 
 
-def table_for(target: Path, ngram_table: str | None) -> str | None:
-    """--ngram-table: a file, "none", or unset = the demo table when the target is a demo model."""
-    from edgespec.models import default_table
-
-    if ngram_table is None:
-        found = default_table(target)
-        return str(found) if found else None
-    if ngram_table == "none":
-        return None
-    if not Path(ngram_table).is_file():
-        raise BadRequest("--ngram-table", f"file not found: {ngram_table}")
-    return ngram_table
-
-
 def engine_config(target: str | None, draft: str | None, *, n_ctx: int = 4096, n_gpu_layers: int = 0,
-                  threads: int = 0, no_draft: bool = False, parallel: int = 1, ngram_table: str | None = None):
-    """EngineConfig for the CLI: the demo pair (and its n-gram table) unless paths are given;
-    missing files are a user error naming the file."""
+                  threads: int = 0, no_draft: bool = False, parallel: int = 1):
+    """EngineConfig for the CLI: the demo pair unless paths are given; missing files are a user
+    error naming the file."""
+    from pathlib import Path
+
     from edgespec.config import EngineConfig, ModelConfig
     from edgespec.models import default_pair
 
@@ -60,7 +47,6 @@ def engine_config(target: str | None, draft: str | None, *, n_ctx: int = 4096, n
             hint = " (run `edgespec models prepare-demo`)" if not (target if what == "--target" else draft) else ""
             raise BadRequest(what, f"model file not found: {p}{hint}")
     mk = lambda p: ModelConfig(path=str(p), n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, threads=threads)  # noqa: E731
-    cfg = EngineConfig(target=mk(t), draft=mk(d) if d is not None else None, parallel=parallel,
-                       ngram_table=table_for(t, ngram_table))
+    cfg = EngineConfig(target=mk(t), draft=mk(d) if d is not None else None, parallel=parallel)
     cfg.validate()
     return cfg

@@ -32,8 +32,6 @@ def generate(
     ngram: Annotated[bool, typer.Option(help="add model-free prompt-lookup drafts")] = True,
     target: Annotated[Optional[str], typer.Option(help="target GGUF (default: demo F32)")] = None,
     draft: Annotated[Optional[str], typer.Option(help="draft GGUF (default: demo Q4_0)")] = None,
-    ngram_table: Annotated[Optional[str], typer.Option(
-        help="the target's n-gram table file, or 'none' (default: the demo table for a demo target)")] = None,
     n_ctx: Annotated[int, typer.Option(help="context size")] = 4096,
     n_gpu_layers: Annotated[int, typer.Option(help="layers on the GPU (-1 = all; CUDA build)")] = 0,
     threads: Annotated[int, typer.Option(help="CPU threads (0 = all cores)")] = 0,
@@ -49,7 +47,7 @@ def generate(
         spec = SpeculationParams(mode=mode, draft_tokens=draft_tokens, tree_nodes=tree_nodes,
                                  tree_depth=tree_depth, ngram=ngram)
         cfg = engine_config(target, draft, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, threads=threads,
-                            no_draft=False, ngram_table=ngram_table)
+                            no_draft=False)
         from edgespec.engine import Engine
         from edgespec.types import GenerationRequest
 

@@ -31,25 +31,6 @@ def prepare_demo(
         typer.echo(json.dumps(pair.as_dict()) if as_json else f"target: {pair.target}\ndraft:  {pair.draft}")
 
 
-@models_app.command("ngram-table")
-def ngram_table(
-    models_dir: Annotated[Optional[Path], typer.Option(help="default: $EDGESPEC_HOME/models")] = None,
-    tokens: Annotated[int, typer.Option(help="answer tokens to learn from")] = 40_000,
-    threads: Annotated[int, typer.Option(help="CPU threads (0 = all cores)")] = 0,
-) -> None:
-    """Learn the demo target's n-gram table from its own answers to synthetic prompts (a zero-cost
-    drafter for text that does not copy its prompt). Idempotent; needs `prepare-demo` first."""
-    with user_errors():
-        from edgespec.errors import BadRequest
-        from edgespec.models import prepare_table
-
-        if tokens < 1:
-            raise BadRequest("tokens", f"must be >= 1, got {tokens}")
-        if threads < 0:
-            raise BadRequest("threads", f"must be >= 0, got {threads}")
-        typer.echo(str(prepare_table(models_dir, tokens, threads, log=lambda s: typer.echo(s, err=True))))
-
-
 @models_app.command("verify")
 def verify(models_dir: Annotated[Optional[Path], typer.Option(help="default: $EDGESPEC_HOME/models")] = None) -> None:
     """Check every model file against the SHA-256 manifest (exit 1 on any mismatch)."""

@@ -17,7 +17,6 @@ from typing import Any
 
 from edgespec.config import KV_TYPES, EngineConfig, ModelConfig, models_dir
 from edgespec.errors import ConfigError
-from edgespec.models import default_table
 from edgespec.types import MAX_DRAFT_TOKENS, MAX_TREE_DEPTH, MAX_TREE_NODES
 
 DEMO_TARGET = "SmolLM2-135M-Instruct.F32.gguf"
@@ -71,10 +70,6 @@ def _file_or_empty(v: str) -> str | None:
     return None
 
 
-def _table(v: str) -> str | None:
-    return None if v == "auto" else _file_or_empty(v)
-
-
 def _json_mode(v: Any) -> str | None:
     return None if v in ("auto", True, False) else f"must be \"auto\", true or false, got {v!r}"
 
@@ -106,11 +101,7 @@ SCHEMA: Schema = {
         "default_max_tokens": ((int,), 256, _range(1, 1 << 20), "max_tokens when a request leaves it unset"),
         "max_tree_leaves": ((int,), 32, _range(1, 255), "target context sequences for tree verification"),
     },
-    "target": {
-        **_MODEL_KEYS,
-        "ngram_table": ((str,), "auto", _table, "the target's n-gram table (`edgespec models ngram-table`): a file, "
-                        "\"auto\" = the demo table when the target is the demo model, \"\" = none"),
-    },
+    "target": _MODEL_KEYS,
     "draft": {
         **_MODEL_KEYS,
         "enabled": ((bool,), True, None, "false = model-free (n-gram) drafting only"),
@@ -431,12 +422,7 @@ def load(
             if m is not None and not Path(m.path).is_file():
                 hint = " (run `edgespec models prepare-demo`)" if not values[name]["path"] else ""
                 problems.append((f"{name}.path", f"model file not found: {m.path}{hint}"))
-    table = values["target"]["ngram_table"]
-    if table == "auto":
-        found = default_table(target.path)
-        table = str(found) if found else ""
-    engine = EngineConfig(target=target, draft=draft, parallel=s["parallel"], max_tree_leaves=s["max_tree_leaves"],
-                          ngram_table=str(Path(table).expanduser()) if table else None)
+    engine = EngineConfig(target=target, draft=draft, parallel=s["parallel"], max_tree_leaves=s["max_tree_leaves"])
     try:
         engine.validate()
     except ConfigError as exc:
