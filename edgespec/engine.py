@@ -308,7 +308,7 @@ class Session:
         if self.done:
             raise RuntimeError("session is finished")
         t_step = time.perf_counter()
-        decode_before = self._decode_seconds()
+        target_before, draft_before = self._decode_split()
         shape = self._shape()
         remaining = self.sampling.max_tokens - len(self.out)
         tree = DraftTree.root(self.tokens[-1])
@@ -407,7 +407,10 @@ class Session:
                 self.engine.cost.observe("draft", b, draft_seconds / len(draft_batches))
         chunk = self._emit(new_tokens)
         step_seconds = time.perf_counter() - t_step
-        st.python_overhead_seconds += step_seconds - (self._decode_seconds() - decode_before)
+        target_after, draft_after = self._decode_split()
+        st.target_seconds += target_after - target_before
+        st.draft_seconds += draft_after - draft_before
+        st.python_overhead_seconds += step_seconds - (target_after - target_before) - (draft_after - draft_before)
         if self.controller is not None:
             self.controller.observe(StepOutcome(
                 shape=shape, accepted_ranks=tuple(res.ranks), offered=tuple(res.offered),
@@ -495,9 +498,10 @@ class Session:
                 tgt.seq_rm(s, -1, -1)
         self.n_past = end
 
-    def _decode_seconds(self) -> float:
+    def _decode_split(self) -> tuple[float, float]:
+        """Seconds spent so far inside llama_decode: (target, draft)."""
         d = self.slot.draft
-        return self.slot.target.decode_seconds + (d.decode_seconds if d is not None else 0.0)
+        return self.slot.target.decode_seconds, (d.decode_seconds if d is not None else 0.0)
 
     def assert_kv_invariants(self) -> None:
         """Main sequence = context minus the pending root, nothing else survives (target and draft)."""

@@ -60,6 +60,8 @@ class SpecStats:
     breaker_transitions: int = 0
     seconds: float = 0.0
     python_overhead_seconds: float = 0.0  # time outside llama_decode in steps
+    target_seconds: float = 0.0  # time inside the target's llama_decode in steps (verification)
+    draft_seconds: float = 0.0  # time inside the draft's llama_decode in steps (its prefill included)
 
     @property
     def tau(self) -> float:
@@ -81,6 +83,8 @@ class SpecStats:
             "tokens_per_second": round(self.tokens_per_second, 3),
             "seconds": round(self.seconds, 4),
             "python_overhead_seconds": round(self.python_overhead_seconds, 4),
+            "target_seconds": round(self.target_seconds, 4),
+            "draft_seconds": round(self.draft_seconds, 4),
             "accepted_per_depth": list(self.accepted_per_depth),
             "steps_per_mode": dict(self.steps_per_mode),
             "breaker_transitions": self.breaker_transitions,

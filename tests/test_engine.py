@@ -82,6 +82,10 @@ def test_greedy_chain_is_bit_exact(engine):
         spec = engine.generate(req)
         assert spec.stats.accepted_tokens > 0
         assert spec.token_ids == plain.token_ids, prompt
+        # the time split the bench reports: plain spends nothing in the draft
+        for st in (plain.stats, spec.stats):
+            assert 0 < st.target_seconds and st.target_seconds + st.draft_seconds <= st.seconds
+        assert plain.stats.draft_seconds == 0 < spec.stats.draft_seconds
 
 
 def test_tree_tau_beats_chain_tau(engine):

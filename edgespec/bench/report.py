@@ -70,6 +70,40 @@ def summarize(rows: Sequence[Row]) -> dict[str, dict[str, dict[str, Any]]]:
     return out
 
 
+MAX_DEPTH_SHOWN = 8
+
+
+def time_split(rows: Sequence[Row]) -> dict[str, dict[str, Any]]:
+    """{mode: where its time went}, pooled over `rows`: ms per emitted token inside the target's
+    forwards (verification), inside the draft's, and outside both (Python: trees, verification,
+    sampling, bookkeeping); draft forwards per token; and acceptance by depth: the share of steps
+    (target forwards) that accepted at least d drafted tokens, d = 1, 2, ..."""
+    out: dict[str, dict[str, Any]] = {}
+    for mode in _modes(rows):
+        mine = [r for r in rows if r.mode == mode]
+        tokens = sum(r.tokens for r in mine)
+        steps = sum(r.target_forwards for r in mine)
+        if not tokens or not steps:
+            continue
+        seconds = sum(r.seconds for r in mine)
+        tgt = sum(r.target_seconds for r in mine)
+        dft = sum(r.draft_seconds for r in mine)
+        depth = [0] * max((len(r.accepted_per_depth) for r in mine), default=0)
+        for r in mine:
+            for d, n in enumerate(r.accepted_per_depth):
+                depth[d] += n
+        out[mode] = {
+            "tau": round(tokens / steps, 3),
+            "target_ms_per_token": round(tgt / tokens * 1e3, 3),
+            "draft_ms_per_token": round(dft / tokens * 1e3, 3),
+            "other_ms_per_token": round(max(0.0, seconds - tgt - dft) / tokens * 1e3, 3),
+            "target_ms_per_forward": round(tgt / steps * 1e3, 3),
+            "draft_forwards_per_token": round(sum(r.draft_forwards for r in mine) / tokens, 3),
+            "accepted_at_least": [round(n / steps, 3) for n in depth[:MAX_DEPTH_SHOWN]],
+        }
+    return out
+
+
 # ---- the llama.cpp anchor ---------------------------------------------------------------------
 
 # edgespec mode -> the llama.cpp run it is set beside
@@ -212,7 +246,10 @@ def build_report(
     machine: dict[str, Any],
     settings: dict[str, Any],
     anchor: dict[str, Any] | None = None,
+    costs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """`costs`: the engine's cost model after the run (CostModel.as_dict: seconds per forward by
+    batch size, calibrated at load and refined online), reported beside the time split."""
     summary = summarize(rows)
     report: dict[str, Any] = {
         "command": command,
@@ -221,6 +258,11 @@ def build_report(
         "results": [r.as_dict() for r in rows],
         "summary": summary,
     }
+    structured = [r for r in rows if r.category in STRUCTURED]
+    report["time_split"] = {"structured": time_split(structured)} if structured else {}
+    report["time_split"][OVERALL] = time_split(rows)
+    if costs is not None:
+        report["costs"] = costs
     ratios = None
     if anchor is not None:
         ratios = anchor_ratios(rows, anchor)
@@ -265,6 +307,7 @@ def to_markdown(report: dict[str, Any]) -> str:
                 f"| {cat} | {mode} | {c['n']} | {c['tokens']} | {c['tokens_per_second']:.1f} | "
                 f"{_fmt(c['speedup'], '.2f')} | {c['tau']:.2f} |"
             )
+    lines += _time_split_markdown(report)
     anchor = report.get("anchor")
     if anchor:
         lines += [
@@ -292,3 +335,44 @@ def to_markdown(report: dict[str, Any]) -> str:
         lines += ["", "## Headline", ""]
         lines += [f"- {k}: {v}" for k, v in h.items()]
     return "\n".join(lines) + "\n"
+
+
+def _time_split_markdown(report: dict[str, Any]) -> list[str]:
+    split = report.get("time_split") or {}
+    if not any(split.values()):
+        return []
+    lines = [
+        "",
+        "## Where the time goes",
+        "",
+        "ms per emitted token inside the target's forwards (verification), inside the draft's, and "
+        "outside both; acceptance by depth = share of steps that accepted at least d drafted tokens.",
+        "",
+        "| prompts | mode | tau | target ms/token | draft ms/token | other ms/token | target ms/forward "
+        "| draft forwards/token | accepted >= d, d = 1, 2, ... |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for group, modes in split.items():
+        for mode, c in modes.items():
+            depth = " ".join(f"{x:.2f}" for x in c["accepted_at_least"]) or "–"
+            lines.append(
+                f"| {group} | {mode} | {c['tau']:.2f} | {c['target_ms_per_token']:.2f} | {c['draft_ms_per_token']:.2f} | "
+                f"{c['other_ms_per_token']:.2f} | {c['target_ms_per_forward']:.2f} | "
+                f"{c['draft_forwards_per_token']:.2f} | {depth} |"
+            )
+    costs = report.get("costs")
+    if costs:
+        sizes = sorted({int(n) for kind in ("target_seconds", "draft_seconds") for n in costs.get(kind, {})})
+        lines += [
+            "",
+            "Cost of one forward by tokens in it (ms; calibrated at load, refined online during the run):",
+            "",
+            "| model | " + " | ".join(str(n) for n in sizes) + " |",
+            "|---|" + "---:|" * len(sizes),
+        ]
+        for kind in ("target_seconds", "draft_seconds"):
+            table = {int(n): v for n, v in costs.get(kind, {}).items()}
+            if table:
+                cells = " | ".join(_fmt(table[n] * 1e3 if n in table else None, ".1f") for n in sizes)
+                lines.append(f"| {kind.split('_')[0]} | {cells} |")
+    return lines

@@ -32,9 +32,17 @@ class Row:
     tokens_per_second: float
     tau: float
     target_forwards: int
+    # where the time went (absent from llama.cpp anchor rows): forwards of the draft model, seconds
+    # inside the target's and the draft's llama_decode, and steps that accepted >= d + 1 drafts
+    draft_forwards: int = 0
+    target_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    accepted_per_depth: tuple[int, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["accepted_per_depth"] = list(self.accepted_per_depth)
+        return d
 
 
 def parse_modes(text: str) -> tuple[str, ...]:
@@ -81,6 +89,10 @@ def run_one(engine: BenchEngine, prompt: Prompt, tokens: tuple[int, ...], mode: 
         tokens_per_second=round(stats.tokens_per_second, 3),
         tau=round(stats.tau, 4),
         target_forwards=stats.target_forwards,
+        draft_forwards=stats.draft_forwards,
+        target_seconds=round(stats.target_seconds, 6),
+        draft_seconds=round(stats.draft_seconds, 6),
+        accepted_per_depth=tuple(stats.accepted_per_depth),
     )
 
 

@@ -77,6 +77,7 @@ def bench(
         try:
             backend = (engine.model_info() or {}).get("backend")
             rows = run(engine, prompts, mode_list, max_tokens, warmup=warmup, progress=progress)
+            costs = engine.cost.as_dict()
         finally:
             engine.close()
 
@@ -97,6 +98,7 @@ def bench(
                 "prompts": len(prompts),
             },
             anchor=anchor_data,
+            costs=costs,
         )
         markdown = rep.to_markdown(report)
         if json_out:

@@ -30,7 +30,11 @@ class FakeEngine:
         per_forward, seconds = SHAPES[mode]
         forwards = -(-n // per_forward)
         self.calls.append((req.prompt_tokens, mode, n))
-        stats = SpecStats(target_forwards=forwards, emitted_tokens=n, seconds=forwards * seconds)
+        # each forward: 10 ms of target time, the rest drafting; every step accepts all its drafts
+        stats = SpecStats(target_forwards=forwards, emitted_tokens=n, seconds=forwards * seconds,
+                          target_seconds=forwards * 0.010, draft_seconds=forwards * (seconds - 0.010),
+                          draft_forwards=forwards * (per_forward - 1),
+                          accepted_per_depth=[forwards] * (per_forward - 1))
         return GenerationResult(text="x" * n, token_ids=[0] * n, finish_reason="length",
                                 prompt_tokens=len(req.prompt_tokens), stats=stats)
 

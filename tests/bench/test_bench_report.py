@@ -12,6 +12,7 @@ from .fake_engine import FakeEngine
 MODES = ("plain", "chain", "tree", "auto")
 PROMPTS = [Prompt(f"{c}-{i}", c, f"{c} prompt {i}") for c in ("code", "json", "drift") for i in range(2)]
 ROW_KEYS = {"id", "category", "mode", "tokens", "seconds", "tokens_per_second", "tau", "target_forwards"}
+EXTRA_KEYS = {"draft_forwards", "target_seconds", "draft_seconds", "accepted_per_depth"}  # where the time went
 
 
 def row(id, cat, mode, tokens, seconds, forwards):
@@ -57,7 +58,7 @@ def test_json_schema(tmp_path):
     data = json.loads(out.read_text())
     assert {"command", "machine", "settings", "results", "summary", "headline"} <= set(data)
     assert len(data["results"]) == len(PROMPTS) * len(MODES)
-    assert all(set(r) == ROW_KEYS for r in data["results"])
+    assert all(set(r) == ROW_KEYS | EXTRA_KEYS for r in data["results"])
     assert set(data["summary"]) == {"code", "json", "drift", "overall"}
     assert set(data["summary"]["code"]) == set(MODES)
     # the fake: tree = 4 tokens per forward at 1.6x the forward time -> 2.5x plain
@@ -122,3 +123,19 @@ def test_markdown_anchor_without_common_prompts():
     assert report["anchor"]["edgespec_over_llama_cpp"] == {}
     assert "No prompt ids in common with the anchor run" in rep.to_markdown(report)
     assert "auto_over_llama_cpp_speculative" not in report["headline"]
+
+
+def test_time_split_and_costs():
+    rows = run(FakeEngine(), PROMPTS, MODES, 16, progress=False)
+    costs = {"target_seconds": {"1": 0.010, "4": 0.0125}, "draft_seconds": {"1": 0.004}}
+    report = rep.build_report(rows, command="c", machine={}, settings={}, costs=costs)
+    split = report["time_split"]
+    assert set(split) == {"structured", "overall"}
+    tree = split["overall"]["tree"]  # 4 tokens per forward, 10 ms target + 6 ms draft per forward
+    assert tree["tau"] == 4.0
+    assert (tree["target_ms_per_token"], tree["draft_ms_per_token"], tree["other_ms_per_token"]) == (2.5, 1.5, 0.0)
+    assert tree["draft_forwards_per_token"] == 0.75 and tree["accepted_at_least"] == [1.0, 1.0, 1.0]
+    assert split["overall"]["plain"]["accepted_at_least"] == [] and split["overall"]["plain"]["draft_ms_per_token"] == 0
+    md = rep.to_markdown(report)
+    assert "## Where the time goes" in md and "| overall | tree | 4.00 | 2.50 | 1.50 | 0.00 | 10.00 | 0.75 | 1.00 1.00 1.00 |" in md
+    assert "| target | 10.0 | 12.5 |" in md and "| draft | 4.0 | – |" in md
