@@ -183,11 +183,14 @@ class Controller:
         if o.verify_tokens >= 1 and o.verify_seconds > 0:
             cost.observe("target", o.verify_tokens, o.verify_seconds)
         if o.draft_batches and o.draft_seconds > 0:
-            # split the step's draft time over its forwards in proportion to their predicted times
-            preds = [cost.draft_seconds(b) for b in o.draft_batches]
+            # split the step's draft time over its forwards in proportion to their predicted times;
+            # forward 1 is the catch-up, later ones expand tree nodes (their extra output rows are
+            # taken off before refining the catch-up curve)
+            preds = [cost.draft_seconds(b) if i == 0 else cost.expand_seconds(b) for i, b in enumerate(o.draft_batches)]
             total = sum(preds)
-            for b, pr in zip(o.draft_batches, preds):
-                cost.observe("draft", b, o.draft_seconds * pr / total)
+            for i, (b, pr) in enumerate(zip(o.draft_batches, preds)):
+                share = o.draft_seconds * pr / total
+                cost.observe("draft", b, share if i == 0 else share - (b - 1) * cost.draft_row)
         if o.overhead_seconds > 0:
             key = "spec" if o.speculative else "plain"
             a = self.cfg.ewma_alpha

@@ -99,6 +99,9 @@ class CostModel:
         self.calibrated = False
         self.observations = {k: 0 for k in KINDS}
         self.version = 0
+        # seconds each output row beyond the first adds to a draft forward (its output head): a
+        # catch-up of n tokens needs the last token's logits, a tree expansion of n nodes all n
+        self.draft_row = 0.0
 
     @classmethod
     def from_tables(cls, target: dict[int, float], draft: dict[int, float], alpha: float = 0.1) -> "CostModel":
@@ -111,8 +114,13 @@ class CostModel:
         measure: Callable[[str, int], float],
         sizes: Iterable[int] = (1, 2, 4, 8, 16, 32),
         kinds: Iterable[str] = KINDS,
+        draft_row: float | None = None,
     ) -> None:
-        """measure(kind, batch) -> seconds of ONE forward. Replaces the tables of `kinds`."""
+        """measure(kind, batch) -> seconds of ONE forward (a draft forward with the last token's
+        logits only). Replaces the tables of `kinds`; `draft_row` sets the draft's extra seconds
+        per additional output row."""
+        if draft_row is not None:
+            self.draft_row = max(0.0, float(draft_row))
         sizes = tuple(sizes)
         for kind in kinds:
             if kind not in KINDS:
@@ -130,7 +138,12 @@ class CostModel:
         return self._curves["target"](n)
 
     def draft_seconds(self, n: int) -> float:
+        """Seconds of one draft forward over n tokens with the last one's logits (a catch-up)."""
         return self._curves["draft"](n)
+
+    def expand_seconds(self, n: int) -> float:
+        """Seconds of one draft forward over n tree nodes, each needing its logits."""
+        return self._curves["draft"](n) + (n - 1) * self.draft_row
 
     def curve(self, kind: str) -> Callable[[int], float]:
         """The memoised seconds(n) lookup of `kind` (valid until the next update)."""
@@ -156,4 +169,5 @@ class CostModel:
             "observations": dict(self.observations),
             "target_seconds": self._curves["target"].as_dict(),
             "draft_seconds": self._curves["draft"].as_dict(),
+            "draft_row_seconds": round(self.draft_row, 7),
         }

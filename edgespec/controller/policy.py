@@ -16,7 +16,8 @@ E[tokens] = 1 + E[accepted] (the bonus/recovered token).
 
 Expected seconds = draft forwards + verify_seconds(nodes + 1) + the per-step overhead:
 draft forward 1 has batch `catchup` (tokens the draft must absorb: the root plus what it lacks from
-the last step, measured), forward l > 1 has batch = nodes expanded at level l - 1 (1 for chains).
+the last step, measured; logits of the last only), forward l > 1 has batch = nodes expanded at
+level l - 1 (1 for chains), each with its logits (`CostModel.expand_seconds`).
 Without a draft model the only drafter is the model-free n-gram lookup: chains with zero draft cost.
 """
 
@@ -214,7 +215,7 @@ class ShapePolicy:
                 for d in range(1, dmax + 1):
                     if d > 1:
                         parents = sorted(level, reverse=True)[:ex] if len(level) > ex else level
-                        dsecs += cost.draft_seconds(len(parents))
+                        dsecs += cost.expand_seconds(len(parents))
                         row = p[d - 1][:w]
                         level = [v * q for v in parents for q in row]
                         srt = sorted(srt + level, reverse=True)[:top_n]
@@ -248,5 +249,5 @@ class ShapePolicy:
             return e, draft1 + (shape.depth - 1) * step + verify(shape.nodes + 1) + overhead_spec
         levels, batches = eagle_levels(sibling_probs(a), shape.width, shape.expand, shape.depth)
         values = sorted((v for lv in levels for v in lv), reverse=True)[: shape.nodes]
-        secs = draft1 + sum(cost.draft_seconds(b) for b in batches) + verify(shape.nodes + 1) + overhead_spec
+        secs = draft1 + sum(cost.expand_seconds(b) for b in batches) + verify(shape.nodes + 1) + overhead_spec
         return 1.0 + sum(values), secs

@@ -150,7 +150,8 @@ def simulate(ctrl: Controller, drafter: ScriptedDrafter, true_cost: CostModel, *
                     lvl_nodes = [c for n in expanded for c in kids[n]]
                     level += 1
                 del width
-            dsecs = sum(true_cost.draft_seconds(b) for b in batches)
+            dsecs = sum(true_cost.draft_seconds(b) if i == 0 else true_cost.expand_seconds(b)
+                        for i, b in enumerate(batches))
             vsecs = true_cost.verify_seconds(n_nodes + 1)
             out = StepOutcome(shape, tuple(ranks), tuple(offered), len(ranks) + 1, dsecs, tuple(batches),
                               vsecs, n_nodes + 1, len(batches))

@@ -57,3 +57,36 @@ def test_calibration_keeps_the_lower_envelope():
     assert m.verify_seconds(4) == pytest.approx(0.015)
     assert m.draft_seconds(1) == pytest.approx(0.004)
     assert m.draft_seconds(8) == pytest.approx(0.014)
+
+
+def test_tree_expansions_pay_for_every_output_row():
+    """A catch-up of n draft tokens needs one row of logits, a tree expansion of n nodes n rows:
+    expand_seconds adds the calibrated per-row cost, and the policy prices EAGLE levels with it."""
+    from edgespec.controller import ControllerConfig, ShapePolicy, chain, eagle
+
+    cost = CostModel()
+    cost.calibrate(lambda kind, n: 0.010 + 0.001 * n, sizes=(1, 2, 4, 8), draft_row=0.002)
+    assert cost.expand_seconds(1) == pytest.approx(cost.draft_seconds(1))
+    assert cost.expand_seconds(4) == pytest.approx(cost.draft_seconds(4) + 3 * 0.002)
+    assert cost.as_dict()["draft_row_seconds"] == 0.002
+    pol = ShapePolicy(ControllerConfig(), max_depth=8, max_nodes=32)
+    a = [[0.8, 0.3, 0.3, 0.3]] * 8
+    free = CostModel()
+    free.calibrate(lambda kind, n: 0.010 + 0.001 * n, sizes=(1, 2, 4, 8), draft_row=0.0)
+    _, s_tree = pol.evaluate(eagle(3, 4, 4, 16), a, cost)  # levels 2 and 3 expand 4 nodes each
+    _, s_free = pol.evaluate(eagle(3, 4, 4, 16), a, free)
+    assert s_tree - s_free == pytest.approx(2 * 3 * 0.002)
+    assert pol.evaluate(chain(3), a, cost) == pol.evaluate(chain(3), a, free)  # chains expand 1 node
+
+
+def test_online_refinement_takes_expansion_rows_off():
+    from edgespec.controller import AcceptancePrior, Controller, ControllerConfig
+    from edgespec.controller.shapes import StepOutcome, eagle
+
+    cost = CostModel(alpha=1.0)  # the last observation wins: easy to read
+    cost.calibrate(lambda kind, n: 0.010, sizes=(1, 2, 4, 8), draft_row=0.002)
+    ctl = Controller(ControllerConfig(), cost, AcceptancePrior(), max_depth=4, max_nodes=16)
+    # catch-up of 1 (predicted 10 ms) + one expansion of 4 (predicted 10 + 3 * 2 = 16 ms) took 26 ms
+    ctl._refine_costs(StepOutcome(eagle(2, 4, 4, 8), (0,), (4,), 2, 0.026, (1, 4), 0.012, 9, 2))
+    assert cost.draft_seconds(1) == pytest.approx(0.010)
+    assert cost.draft_seconds(4) == pytest.approx(0.010)  # 16 ms share minus 3 rows of 2 ms
