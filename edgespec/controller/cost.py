@@ -84,7 +84,8 @@ class _Curve:
         self._refresh()
 
     def as_dict(self) -> dict[str, float]:
-        return {str(n): round(s, 7) for n, s in zip(self.sizes, self.secs)}
+        """The values lookups use (non-decreasing), by table size."""
+        return {str(n): round(s, 7) for n, s in zip(self.sizes, self._mono)}
 
 
 class CostModel:
