@@ -132,6 +132,8 @@ def response(result: GenerationResult | None, *, text: str, token_ids: list[int]
         out.timings.queue_seconds = timings["queue_seconds"]
         out.timings.time_to_first_token_seconds = timings["time_to_first_token_seconds"]
         out.timings.total_seconds = timings["total_seconds"]
+        out.timings.verify_seconds = st.target_seconds
+        out.timings.draft_seconds = st.draft_seconds
     return out
 
 

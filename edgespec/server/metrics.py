@@ -118,6 +118,8 @@ class Metrics:
         self.accepted_by_depth = Counter("edgespec_accepted_tokens_by_depth_total", "Accepted draft tokens by tree depth.", "depth")
         self.steps_by_mode = Counter("edgespec_speculation_steps_total", "Engine steps by speculation mode.", "mode")
         self.breaker = Counter("edgespec_breaker_transitions_total", "Speculation circuit-breaker transitions.")
+        self.forward_seconds = Counter("edgespec_forward_seconds_total",
+                                       "Seconds inside model forwards by model (target = verification).", "model")
         gauge = lambda key, default=0: (lambda: self.state().get(key, default))  # noqa: E731
         self.gauges = [
             Gauge("edgespec_queue_depth", "Requests waiting for an engine slot.", gauge("queue_depth")),
@@ -142,6 +144,8 @@ class Metrics:
         for mode, c in st.steps_per_mode.items():
             self.steps_by_mode.inc(c, label=mode)
         self.breaker.inc(st.breaker_transitions)
+        self.forward_seconds.inc(st.target_seconds, label="target")
+        self.forward_seconds.inc(st.draft_seconds, label="draft")
         if ttft is not None:
             self.ttft.observe(ttft)
             if n > 1:
@@ -150,7 +154,7 @@ class Metrics:
     def render(self) -> str:
         parts = [self.ttft, self.tpot, self.requests, self.rejected, self.prompt_tokens, self.generated,
                  self.target_forwards, self.drafted, self.accepted, self.accepted_by_depth, self.steps_by_mode,
-                 self.breaker, *self.gauges]
+                 self.breaker, self.forward_seconds, *self.gauges]
         return "\n".join(line for p in parts for line in p.render()) + "\n"
 
 

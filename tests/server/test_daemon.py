@@ -64,6 +64,7 @@ def test_unary_generate(make_daemon):
     assert resp.usage.prompt_tokens == 6 and resp.usage.completion_tokens == 6
     assert resp.speculation.target_forwards == 4 and resp.speculation.tau == pytest.approx(1.5)
     assert resp.timings.total_seconds > 0 and resp.timings.time_to_first_token_seconds > 0
+    assert resp.timings.verify_seconds == pytest.approx(4 * 0.004) and resp.timings.draft_seconds == pytest.approx(4 * 0.001)
     assert resp.request_id
 
 
@@ -277,7 +278,8 @@ def test_stats_and_metrics_endpoint(make_daemon):
     for name in ("edgespec_time_to_first_token_seconds_bucket", "edgespec_time_per_output_token_seconds_count 1",
                  "edgespec_generated_tokens_total 5", "edgespec_drafted_tokens_total", "edgespec_accepted_tokens_total",
                  'edgespec_accepted_tokens_by_depth_total{depth="1"}', "edgespec_breaker_transitions_total",
-                 "edgespec_queue_depth 0", "edgespec_active_requests 0", 'edgespec_requests_total{finish_reason="length"} 1'):
+                 "edgespec_queue_depth 0", "edgespec_active_requests 0", 'edgespec_requests_total{finish_reason="length"} 1',
+                 'edgespec_forward_seconds_total{model="target"}', 'edgespec_forward_seconds_total{model="draft"}'):
         assert name in body, name
 
 
