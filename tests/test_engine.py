@@ -204,3 +204,32 @@ def test_useless_draft_still_exact(demo_pair, tmp_path):
         assert tree.stats.accepted_tokens <= 3  # random weights almost never agree
     finally:
         eng.close()
+
+
+def test_draft_stops_early_below_stop_prob(engine):
+    """A chain stops growing once the draft's path probability falls below stop_prob (auto's
+    default 0.6): the draft forwards it saves are those least likely to be accepted."""
+    from edgespec.controller.shapes import chain
+    from edgespec.drafters import ModelDrafter
+    from edgespec.tree import DraftTree
+
+    slot = next(s for s in engine.slots if not s.busy)
+    toks = engine.encode_chat([("user", "Write a haiku about the sea, then explain its imagery.")])
+    greedy = SamplingParams(max_tokens=8)
+    levels = {}
+    for sp in (0.0, 0.6, 1.0):
+        drafter = ModelDrafter(slot.draft)
+        drafter.begin(toks)
+        tree = DraftTree.root(toks[-1])
+        rep = drafter.propose(tree, toks, chain(6, sp), greedy, np.random.default_rng(0))
+        drafter.end()
+        levels[sp] = (rep.levels, len(tree) - 1)
+    assert levels[0.0] == (6, 6)  # never stops
+    assert levels[1.0] == (1, 1)  # a path probability is < 1 after one token: stops at once
+    assert 1 <= levels[0.6][0] <= 6
+
+
+def test_auto_stops_drafting_early_by_default():
+    from edgespec.controller import ControllerConfig
+
+    assert ControllerConfig().stop_prob == 0.6

@@ -45,7 +45,9 @@ class ControllerConfig:
     max_depth: int = 8
     max_nodes: int = 64
     max_width: int = 4
-    stop_prob: float = 0.0  # passed to tree shapes: stop drafting when the best path's draft prob < this
+    # passed to the shapes auto chooses: stop drafting when the best path's draft probability falls
+    # below this (measured, fixed chain of 4: 0.82x -> 1.0x plain at 0.5-0.85 when drafting is dear)
+    stop_prob: float = 0.6
     enable_chain: bool = True
     enable_tree: bool = True  # EAGLE-2 style expanded trees
     enable_runner_ups: bool = True  # chain + the draft's runner-up tokens as leaves
