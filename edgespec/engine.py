@@ -143,10 +143,10 @@ class Engine:
                 for n in table[kind]:
                     table[kind][n] = min(table[kind][n], measure(ctx, n))
         row = None
-        if slot.draft is not None:  # what each extra output row (a tree expansion's) adds
-            last = min(measure(slot.draft, 4) for _ in range(repeats))
-            every = min(measure(slot.draft, 4, all_logits=True) for _ in range(repeats))
-            row = (every - last) / 3
+        n = max((k for k in table.get("draft", {}) if k <= 4), default=1)
+        if n > 1:  # what each extra output row (a tree expansion's) adds to the catch-up timed above
+            every = min(measure(slot.draft, n, all_logits=True) for _ in range(repeats))
+            row = (every - table["draft"][n]) / (n - 1)
         measured = tuple(sorted(set(table["target"]) & set(table.get("draft", table["target"]))))
         self.cost.calibrate(lambda kind, n: table[kind][n], sizes=measured, kinds=kinds, draft_row=row)
         for s in self.slots:
@@ -410,9 +410,7 @@ class Session:
         if not ngram_only:
             st.steps_per_mode[shape.kind] = st.steps_per_mode.get(shape.kind, 0) + 1
         if self.controller is None:  # in auto mode the controller's observe() refines the costs
-            self.engine.cost.observe("target", len(tree), verify_seconds)
-            for b in draft_batches:
-                self.engine.cost.observe("draft", b, draft_seconds / len(draft_batches))
+            self.engine.cost.observe_step(len(tree), verify_seconds, draft_batches, draft_seconds)
         chunk = self._emit(new_tokens)
         step_seconds = time.perf_counter() - t_step
         target_after, draft_after = self._decode_split()

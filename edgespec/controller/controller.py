@@ -179,18 +179,7 @@ class Controller:
                 self.breaker.closed_step_done()
 
     def _refine_costs(self, o: StepOutcome) -> None:
-        cost = self.cost
-        if o.verify_tokens >= 1 and o.verify_seconds > 0:
-            cost.observe("target", o.verify_tokens, o.verify_seconds)
-        if o.draft_batches and o.draft_seconds > 0:
-            # split the step's draft time over its forwards in proportion to their predicted times;
-            # forward 1 is the catch-up, later ones expand tree nodes (their extra output rows are
-            # taken off before refining the catch-up curve)
-            preds = [cost.draft_seconds(b) if i == 0 else cost.expand_seconds(b) for i, b in enumerate(o.draft_batches)]
-            total = sum(preds)
-            for i, (b, pr) in enumerate(zip(o.draft_batches, preds)):
-                share = o.draft_seconds * pr / total
-                cost.observe("draft", b, share if i == 0 else share - (b - 1) * cost.draft_row)
+        self.cost.observe_step(o.verify_tokens, o.verify_seconds, o.draft_batches, o.draft_seconds)
         if o.overhead_seconds > 0:
             key = "spec" if o.speculative else "plain"
             a = self.cfg.ewma_alpha

@@ -163,6 +163,23 @@ class CostModel:
         self.observations[kind] += 1
         self.version += 1
 
+    def observe_step(self, verify_tokens: int, verify_seconds: float, draft_batches: Iterable[int],
+                     draft_seconds: float) -> None:
+        """Online refinement from one engine step: its verification forward, and its draft time
+        split over the draft forwards in proportion to their predicted times. Forward 1 is the
+        catch-up; later ones expand tree nodes, whose extra output rows are taken off before they
+        refine the (catch-up) draft curve."""
+        if verify_tokens >= 1 and verify_seconds > 0:
+            self.observe("target", verify_tokens, verify_seconds)
+        batches = tuple(draft_batches)
+        if not batches or not draft_seconds > 0:
+            return
+        preds = [self.draft_seconds(b) if i == 0 else self.expand_seconds(b) for i, b in enumerate(batches)]
+        total = sum(preds)
+        for i, (b, pr) in enumerate(zip(batches, preds)):
+            share = draft_seconds * pr / total
+            self.observe("draft", b, share if i == 0 else share - (b - 1) * self.draft_row)
+
     def as_dict(self) -> dict:
         return {
             "calibrated": self.calibrated,
