@@ -1,8 +1,12 @@
-"""Batched forwards of the F32 demo target are bit-identical to one-token forwards.
+"""Batched forwards of the F32 demo target, and of a Q8_0 model, are bit-identical to one-token
+forwards.
 
-This is what tools/patches/ggml-cpu-f32-small-batch.patch buys (stock ggml differs by up to
-~0.01 in the logits and flips the argmax at near-ties): greedy speculation then reproduces plain
-greedy decoding exactly. A stock llama-cpp-python build fails these tests."""
+This is what tools/patches/ggml-cpu-small-batch.patch buys (stock ggml differs by up to ~0.01
+in the logits and flips the argmax at near-ties): greedy speculation then reproduces plain
+greedy decoding exactly. The Q8_0 half also checks the patch's multi-column Q8_0 kernel against
+the F32 model's logits (a kernel that is only self-consistent would pass the exactness half). A
+stock llama-cpp-python build fails the F32 half (tinyBLAS's Q8_0 tiles happen to keep each column's
+order)."""
 
 from __future__ import annotations
 
@@ -34,9 +38,44 @@ def one_by_one(ctx, tokens, start, seq=0) -> np.ndarray:
     return np.array(rows)
 
 
+@pytest.fixture(scope="module")
+def q8_ctx(demo_pair):
+    """The Q8_0 demo draft: on x86 its mat-muls run the patch's Q8_0 kernel at every batch size."""
+    assert demo_pair.draft.name.endswith(".Q8_0.gguf")
+    model = backend.Model(demo_pair.draft)
+    ctx = backend.Context(model, ModelConfig(path=str(demo_pair.draft), n_ctx=1024, threads=2), n_seq_max=1)
+    yield model, ctx
+    ctx.close()
+    model.close()
+
+
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 9, 17, 32])
 def test_chain_batch_equals_one_token_forwards(target_ctx, n):
-    model, ctx = target_ctx
+    _check_chain(*target_ctx, n)
+
+
+@pytest.mark.parametrize("n", [2, 3, 8, 9, 17, 32])
+def test_q8_0_chain_batch_equals_one_token_forwards(q8_ctx, n):
+    _check_chain(*q8_ctx, n)
+
+
+def test_q8_0_logits_agree_with_the_f32_model(target_ctx, q8_ctx):
+    """The kernel computes the right thing, not just the same thing twice: the Q8_0 model's
+    logits track the F32 model's (8-bit weights: close, not equal) and pick the same argmax."""
+    (model, f32), (_, q8) = target_ctx, q8_ctx
+    toks = model.tokenize(TEXT)
+    rows = []
+    for ctx in (f32, q8):
+        ctx.clear()
+        ctx.decode_seq(toks[:-8], 0, last_logits=False)
+        ctx.decode(toks[-8:], range(len(toks) - 8, len(toks)), [[0]] * 8, [True] * 8)  # 8 columns: the patch's kernel
+        rows.append(ctx.logits_rows(8).copy())
+    a, b = rows
+    assert np.corrcoef(a.ravel(), b.ravel())[0, 1] > 0.99
+    assert (a.argmax(1) == b.argmax(1)).mean() >= 0.75
+
+
+def _check_chain(model, ctx, n):
     toks = model.tokenize(TEXT)
     p = len(toks) - 1
     ctx.clear()
