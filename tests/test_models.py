@@ -32,14 +32,14 @@ def models_dir(demo_pair, tmp_path):
 
 def test_prepare_is_idempotent_and_rederives_a_corrupted_file(models_dir):
     logs: list[str] = []
-    pair = prepare_demo(models_dir, "q8_0", log=logs.append)
-    assert pair.target == model_path("q8_0", models_dir) and pair.draft == model_path(DRAFT_TYPE, models_dir)
+    pair = prepare_demo(models_dir, "q8_0", log=logs.append, draft_type="q4_0")
+    assert pair.target == model_path("q8_0", models_dir) and pair.draft == model_path("q4_0", models_dir)
     manifest = json.loads((models_dir / MANIFEST).read_text())["files"]
     assert manifest[pair.draft.name]["sha256"] == sha256_file(pair.draft)
     assert verify_models(models_dir) == []
 
     logs.clear()
-    prepare_demo(models_dir, "q8_0", log=logs.append)
+    prepare_demo(models_dir, "q8_0", log=logs.append, draft_type="q4_0")
     assert logs == [f"{pair.target.name}: ok", f"{pair.draft.name}: ok"]
 
     with open(pair.draft, "r+b") as f:  # flip one byte in the middle
@@ -49,10 +49,28 @@ def test_prepare_is_idempotent_and_rederives_a_corrupted_file(models_dir):
         f.write(bytes([b[0] ^ 0xFF]))
     assert verify_models(models_dir) == [f"{pair.draft.name}: SHA-256 mismatch"]
     logs.clear()
-    prepare_demo(models_dir, "q8_0", log=logs.append)
+    prepare_demo(models_dir, "q8_0", log=logs.append, draft_type="q4_0")
     assert any("checksum mismatch" in line for line in logs), logs
     assert sha256_file(pair.draft) == manifest[pair.draft.name]["sha256"]
     assert verify_models(models_dir) == []
+
+
+def test_default_pair_is_f32_target_q8_0_draft(demo_pair):
+    assert DRAFT_TYPE == "q8_0"
+    assert demo_pair.target.name.endswith(".F32.gguf") and demo_pair.draft.name.endswith(".Q8_0.gguf")
+
+
+@pytest.mark.parametrize(("target", "draft", "message"), [
+    ("f32", "q2_k", "draft type must be one of q8_0, q4_0"),
+    ("q8_0", "q8_0", "draft type must differ from the target type"),
+    ("q4_0", "q8_0", "target type must be one of"),
+])
+def test_prepare_rejects_bad_types_before_touching_files(tmp_path, target, draft, message):
+    from edgespec.errors import ModelError
+
+    with pytest.raises(ModelError, match=message):
+        prepare_demo(tmp_path / "models", target, draft_type=draft)
+    assert not (tmp_path / "models").exists()
 
 
 def test_random_draft_keeps_the_vocabulary(demo_pair, tmp_path):

@@ -8,7 +8,7 @@
 #   device run: carry [".gpu-carry"], command "tools/gpu-check.sh"
 # The whole working tree that travels is limited to 64 MiB: this script prints the sizes and
 # refuses to finish above GPU_CARRY_MAX_MB (default 60). The demo pair (F32 target 515 MiB,
-# Q4_0 draft 88 MiB) does not fit; without models gpu-check.sh does the build and GPU checks and
+# Q8_0 draft 138 MiB) does not fit; without models gpu-check.sh does the build and GPU checks and
 # skips the bench.
 #
 # env: LLAMA_CPP_VERSION (0.3.36), EDGESPEC_ANCHOR_CACHE (~/.cache/edgespec), PYTHON (.venv/bin/python),

@@ -19,7 +19,7 @@ ANCHOR_FIELDS = ("id", "category", "mode", "tokens", "seconds", "tokens_per_seco
 def _model_path(given: Optional[str], which: str) -> str:
     if given:
         return given
-    from edgespec.models import default_pair  # the demo pair: F32 target, Q4_0 draft
+    from edgespec.models import default_pair  # the demo pair: F32 target, Q8_0 draft
 
     return str(getattr(default_pair(), which))
 
@@ -30,7 +30,7 @@ def bench(
     modes: str = typer.Option("plain,chain,tree,auto", help="comma-separated modes, run interleaved per prompt"),
     max_tokens: int = typer.Option(128, "--max-tokens", help="tokens generated per prompt and mode"),
     target: Optional[str] = typer.Option(None, help="target GGUF (default: the demo F32 target)"),
-    draft: Optional[str] = typer.Option(None, help="draft GGUF (default: the demo Q4_0 draft; 'none' = n-gram only)"),
+    draft: Optional[str] = typer.Option(None, help="draft GGUF (default: the demo Q8_0 draft; 'none' = n-gram only)"),
     n_gpu_layers: int = typer.Option(0, "--n-gpu-layers", help="-1 = all layers on the GPU (CUDA build; "
                                      "a CPU build ignores it)"),
     threads: int = typer.Option(0, help="CPU threads (0 = all cores)"),

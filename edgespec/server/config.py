@@ -20,7 +20,7 @@ from edgespec.errors import ConfigError
 from edgespec.types import MAX_DRAFT_TOKENS, MAX_TREE_DEPTH, MAX_TREE_NODES
 
 DEMO_TARGET = "SmolLM2-135M-Instruct.F32.gguf"
-DEMO_DRAFT = "SmolLM2-135M-Instruct.Q4_0.gguf"
+DEMO_DRAFT = "SmolLM2-135M-Instruct.Q8_0.gguf"
 POLICIES = ("auto", "off")
 SPEC_MODES = ("auto", "off", "plain", "chain", "tree")
 PASSTHROUGH_SECTIONS = ("controller",)  # validated by their owners

@@ -21,7 +21,7 @@ import pytest
 from edgespec.config import models_dir
 
 ROOT = Path(__file__).resolve().parents[2]
-MODEL = "SmolLM2-135M-Instruct.Q4_0.gguf"
+MODEL = "SmolLM2-135M-Instruct.Q8_0.gguf"  # the demo draft: the smaller of the demo pair
 
 pytestmark = pytest.mark.slow
 

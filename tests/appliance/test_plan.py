@@ -168,7 +168,7 @@ def test_cli_plan(tiny):
 
 
 def _demo_gguf():
-    for name in ("SmolLM2-135M-Instruct.Q4_0.gguf", "SmolLM2-135M-Instruct.F32.gguf"):
+    for name in ("SmolLM2-135M-Instruct.Q8_0.gguf", "SmolLM2-135M-Instruct.F32.gguf"):
         path = models_dir() / name
         if path.is_file():
             return path

@@ -11,7 +11,7 @@ import pytest
 from edgespec.config import models_dir
 
 TARGET = models_dir() / "SmolLM2-135M-Instruct.F32.gguf"
-DRAFT = models_dir() / "SmolLM2-135M-Instruct.Q4_0.gguf"
+DRAFT = models_dir() / "SmolLM2-135M-Instruct.Q8_0.gguf"
 
 pytestmark = [
     pytest.mark.slow,

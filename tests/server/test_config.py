@@ -16,7 +16,7 @@ def test_defaults_are_valid_and_loopback():
     cfg = load(None, env={})
     assert (cfg.server.host, cfg.server.port, cfg.server.reflection) == ("127.0.0.1", 50051, False)
     assert cfg.engine.target.path.endswith("SmolLM2-135M-Instruct.F32.gguf")
-    assert cfg.engine.draft.path.endswith("SmolLM2-135M-Instruct.Q4_0.gguf")
+    assert cfg.engine.draft.path.endswith("SmolLM2-135M-Instruct.Q8_0.gguf")
 
 
 def test_every_problem_is_listed_with_its_key(tmp_path):
