@@ -320,7 +320,7 @@ class Session:
         shape = self._shape()
         remaining = self.sampling.max_tokens - len(self.out)
         tree = DraftTree.root(self.tokens[-1])
-        draft_seconds, draft_batches, levels = 0.0, (), 0
+        draft_seconds, draft_batches, levels, spine_probs = 0.0, (), 0, ()
         ngram_only = False
         prop: list[int] = []
         kind = 0
@@ -337,6 +337,7 @@ class Session:
             if self.drafter is not None and shape.depth > 0:
                 rep = self.drafter.propose(tree, self.tokens, shape, self.sampling, self.rng)
                 draft_seconds, draft_batches, levels = rep.seconds, tuple(rep.batches), rep.levels
+                spine_probs = tuple(rep.spine_probs)
                 self.stats.draft_forwards += len(rep.batches)
             if prop:
                 if self.drafter is None and kind == 0:  # n-gram-only speculation: its own tree
@@ -422,7 +423,8 @@ class Session:
                 shape=shape, accepted_ranks=tuple(res.ranks), offered=tuple(res.offered),
                 emitted=len(new_tokens), draft_seconds=draft_seconds, draft_batches=draft_batches,
                 verify_seconds=verify_seconds, verify_tokens=len(tree), depth_drafted=levels,
-                overhead_seconds=max(0.0, step_seconds - verify_seconds - draft_seconds)))
+                overhead_seconds=max(0.0, step_seconds - verify_seconds - draft_seconds),
+                spine_probs=spine_probs))
             st.breaker_transitions = len(self.controller.breaker.transitions)
         st.seconds = time.perf_counter() - self._t_start
         return chunk

@@ -229,6 +229,33 @@ def test_draft_stops_early_below_stop_prob(engine):
     assert 1 <= levels[0.6][0] <= 6
 
 
+def test_draft_stop_rule_multiplies_the_calibrated_estimates(engine):
+    """With a calibration the stop rule multiplies P(accepted | draft p) along the path instead of
+    p: all-sure estimates never stop a 0.9 threshold, all-hopeless ones stop after level 1. The
+    report carries the draft's probability of each first choice (what the calibration learns)."""
+    from dataclasses import replace
+
+    from edgespec.controller.shapes import chain
+    from edgespec.drafters import ModelDrafter
+    from edgespec.tree import DraftTree
+
+    slot = next(s for s in engine.slots if not s.busy)
+    toks = engine.encode_chat([("user", "Write a haiku about the sea, then explain its imagery.")])
+    greedy = SamplingParams(max_tokens=8)
+    got = {}
+    for name, calib in (("sure", (0.999,) * 10), ("hopeless", (0.01,) * 10)):
+        drafter = ModelDrafter(slot.draft)
+        drafter.begin(toks)
+        tree = DraftTree.root(toks[-1])
+        rep = drafter.propose(tree, toks, replace(chain(6, 0.9), calib=calib), greedy, np.random.default_rng(0))
+        drafter.end()
+        got[name] = rep
+    assert got["sure"].levels == 6 and got["hopeless"].levels == 1
+    assert len(got["sure"].spine_probs) == 6 and len(got["hopeless"].spine_probs) == 1
+    assert all(0.0 < p <= 1.0 for p in got["sure"].spine_probs)
+    assert got["hopeless"].spine_probs[0] == got["sure"].spine_probs[0]  # same first draft token
+
+
 def test_auto_stops_drafting_early_by_default():
     from edgespec.controller import ControllerConfig
 

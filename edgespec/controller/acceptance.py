@@ -30,6 +30,51 @@ Event = tuple[int, int, int]  # (depth index 0-based, rank, accepted 0/1)
 # conditional acceptance of the runner-ups giving top-4 ~0.92 (measured 0.87-0.98).
 DEFAULT_RANK_ACCEPTANCE = (0.75, 0.35, 0.30, 0.25, 0.20, 0.20, 0.20, 0.20)
 
+# Confidence calibration: buckets of the draft's probability for its first-choice token.
+CALIB_BUCKETS = 10
+
+
+def calib_events(spine_probs: Iterable[float], accepted_ranks: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(bucket, accepted 0/1) of each first-choice draft token verification reached: the token at
+    level d is tried when the first choices of levels < d were all accepted."""
+    ev = []
+    for d, p in enumerate(spine_probs):
+        if d > len(accepted_ranks) or any(r != 0 for r in accepted_ranks[:d]):
+            break
+        b = min(CALIB_BUCKETS - 1, max(0, int(p * CALIB_BUCKETS)))
+        ev.append((b, int(d < len(accepted_ranks) and accepted_ranks[d] == 0)))
+    return ev
+
+
+class Calibration:
+    """P(a first-choice draft token is accepted | the draft's probability p for it), by bucket of p.
+
+    The draft's own probability is a poor acceptance estimate unless the draft is calibrated
+    against the target: an 8-bit copy of the target is accepted ~97 % of the time even where it
+    gives its choice p = 0.4 (the target's argmax is the same), a weak draft far less often than
+    its p. Early stopping (`stop_prob`) multiplies these estimates along a path instead of p.
+    Estimate per bucket: (accepted + W*prior) / (trials + W) over this request's steps."""
+
+    def __init__(self, prior: list[float], weight: float):
+        self.prior, self.weight = prior, weight
+        self.trials = [0.0] * CALIB_BUCKETS
+        self.accepts = [0.0] * CALIB_BUCKETS
+        self._rates: tuple[float, ...] | None = None
+
+    def add(self, events: Iterable[tuple[int, int]]) -> None:
+        for b, hit in events:
+            self.trials[b] += 1
+            self.accepts[b] += hit
+            self._rates = None
+
+    def rates(self) -> tuple[float, ...]:
+        if self._rates is None:
+            w = self.weight
+            self._rates = tuple(
+                (a + w * p) / (t + w) if t + w > 0 else p for a, t, p in zip(self.accepts, self.trials, self.prior)
+            )
+        return self._rates
+
 
 def step_events(outcome: StepOutcome, depths: int, ranks: int) -> list[Event]:
     """The (depth, rank, accepted) trials of one step, clipped to the model's depths x ranks."""
@@ -197,6 +242,8 @@ class AcceptancePrior:
         self.rates = [list(ra) for _ in range(depths)]
         self.requests = 0
         self.spec_bias = 1.0  # realized / predicted seconds of speculative steps, across requests
+        # confidence calibration before evidence: the bucket's centre (the draft's p taken at its word)
+        self.calib = [(b + 0.5) / CALIB_BUCKETS for b in range(CALIB_BUCKETS)]
         self.cooldown_scale = 1.0  # first cooldown of a request, in units of cooldown_tokens
 
     def view(self, depths: int, ranks: int) -> list[list[float]]:
@@ -209,6 +256,7 @@ class AcceptancePrior:
 
     def update_from(self, controller: "Controller") -> None:
         self.update_from_counts(controller.request_counts)
+        self.update_calibration(controller.calibration)
         # probes that keep failing on this machine: later requests wait longer before probing
         probes = [t.dst for t in controller.breaker.transitions if t.src == "half_open"]
         if "closed" in probes:
@@ -237,9 +285,17 @@ class AcceptancePrior:
                 self.rates[d][r] = min(0.99, max(0.01, (1 - w) * self.rates[d][r] + w * rate))
         self.requests += 1
 
+    def update_calibration(self, cal: Calibration) -> None:
+        for b in range(CALIB_BUCKETS):
+            n = cal.trials[b]
+            if n > 0:
+                w = self.alpha * min(1.0, n / self.full_trials)
+                self.calib[b] = min(0.99, max(0.01, (1 - w) * self.calib[b] + w * cal.accepts[b] / n))
+
     def as_dict(self) -> dict:
         return {
             "requests": self.requests,
+            "calibration": [round(x, 4) for x in self.calib],
             "top1_by_depth": [round(row[0], 4) for row in self.rates],
             "by_rank_depth1": [round(x, 4) for x in self.rates[0]],
         }

@@ -9,8 +9,12 @@ back what happened. The circuit breaker decides when to stop drafting altogether
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from edgespec.controller.acceptance import (
     AcceptancePrior,
+    Calibration,
+    calib_events,
     DropDetector,
     AcceptanceWindow,
     Counts,
@@ -42,6 +46,7 @@ class Controller:
         self.window = AcceptanceWindow(cfg.window, D, R, cfg.decay)
         self.probe_window = AcceptanceWindow(cfg.probe_steps, D, R)
         self.request_counts = Counts(D, R)  # the whole request, for the cross-request prior
+        self.calibration = Calibration(list(prior.calib), cfg.prior_weight)
         self.breaker = Breaker(cfg, request_id)
         self.breaker.cooldown = min(cfg.max_cooldown_tokens, int(round(cfg.cooldown_tokens * prior.cooldown_scale)))
         self.drift = DropDetector(cfg.drift_threshold, cfg.drift_drop)
@@ -107,6 +112,8 @@ class Controller:
             else:
                 shape = choice.shape
                 self._predicted_seconds = choice.seconds
+        if shape.mode != "plain" and shape.stop_prob > 0 and self.cfg.calibrate_stop:
+            shape = replace(shape, calib=self.calibration.rates())
         self.last_shape = shape
         return shape
 
@@ -150,6 +157,7 @@ class Controller:
         self._prev_speculative = True
         events = step_events(outcome, self._depths, self._ranks)
         self.request_counts.add(events)
+        self.calibration.add(calib_events(outcome.spine_probs, outcome.accepted_ranks))
         if self.breaker.state == HALF_OPEN:
             self.probe_window.add(events)
             if self.breaker.probe_step_done():
@@ -206,4 +214,5 @@ class Controller:
             "acceptance_top1_by_depth": [round(row[0], 4) for row in a],
             "candidates": self.policy.n_candidates,
             "drift_alarms": self.drift_alarms,
+            "draft_calibration": [round(x, 3) for x in self.calibration.rates()],
         }

@@ -29,7 +29,18 @@ class Shape:
     nodes: int = 0  # node budget excluding the root (chain: == depth)
     runner_ups: int = 0  # chain + runner-ups (see above)
     expand: int = 1  # EAGLE-2: frontier nodes expanded per level
-    stop_prob: float = 0.0  # drafter stops adding levels when the best frontier path's cumulative draft prob < this
+    stop_prob: float = 0.0  # drafter stops adding levels when the best frontier path's acceptance estimate < this
+    # P(accepted | the draft's probability for the token), by bucket of that probability
+    # (acceptance.Calibration): the path estimate is the product of these along the path. Empty: the
+    # draft's own cumulative probability is the estimate (a draft assumed calibrated).
+    calib: tuple[float, ...] = ()
+
+    def accept_estimate(self, p: float) -> float:
+        """The acceptance estimate of a drafted token to which the draft gave probability p."""
+        c = self.calib
+        if not c:
+            return p
+        return c[min(len(c) - 1, max(0, int(p * len(c))))]
 
     @property
     def verify_tokens(self) -> int:
@@ -87,6 +98,9 @@ class StepOutcome:
     verify_tokens: int  # target batch size (root + nodes)
     depth_drafted: int  # levels actually drafted (< shape.depth when stop_prob cut it short)
     overhead_seconds: float = 0.0  # optional: step time outside draft and target forwards
+    # the draft model's probability of its first-choice child at each level along the path of
+    # first choices from the root (what the confidence calibration learns from)
+    spine_probs: tuple[float, ...] = ()
 
     @property
     def speculative(self) -> bool:

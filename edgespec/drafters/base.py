@@ -17,6 +17,7 @@ class DraftReport:
     seconds: float = 0.0
     batches: list[int] = field(default_factory=list)  # batch size of each draft forward
     levels: int = 0  # levels drafted
+    spine_probs: list[float] = field(default_factory=list)  # draft prob of the first child, level by level, along the first choices
 
 
 class Drafter(Protocol):

@@ -83,7 +83,9 @@ class ModelDrafter:
         # local candidate tree; node 0 = root
         parent = [-1]
         token = [tokens[-1]]
-        cum = [1.0]
+        cum = [1.0]  # cumulative draft probability: ranks the frontier and the kept nodes
+        est = [1.0]  # the path's acceptance estimate (shape.accept_estimate along it): the stop rule
+        spine = 0  # the path of first choices from the root
         qs: list[np.ndarray | None] = [None]
         dep = [0]
         seq_of: dict[int, int] = {0: 0}
@@ -113,17 +115,21 @@ class ModelDrafter:
                     q = logits_to_probs(lg, sampling)
                     qs[n] = q
                     kids = [(t, float(q[t])) for t in _gumbel_topk(q, min(width, budget), rng)]
+                if n == spine and kids:
+                    rep.spine_probs.append(kids[0][1])
+                    spine = len(token)  # the first kid, appended next
                 for t, pt in kids:
                     parent.append(n)
                     token.append(t)
                     cum.append(cum[n] * pt)
+                    est.append(est[n] * shape.accept_estimate(pt))
                     qs.append(None)
                     dep.append(level)
                     new.append(len(token) - 1)
                     budget -= 1
             if level == depth or not new or (not greedy and budget <= 0):
                 break
-            if shape.stop_prob > 0 and max(cum[i] for i in new) < shape.stop_prob:
+            if shape.stop_prob > 0 and max(est[i] for i in new) < shape.stop_prob:
                 break
             # the next level expands the best frontier nodes: decode them in one draft forward
             frontier = sorted(new, key=lambda i: -cum[i])

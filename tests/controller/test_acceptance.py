@@ -62,3 +62,36 @@ def test_drop_detector():
     d = DropDetector(threshold=4.0, drop=0.5)
     assert all(d.update(i % 2 == 0, 0.5) == 0 for i in range(200))  # alternating at p0=0.5: never
     assert DropDetector(threshold=0.0).update(False, 0.99) == 0  # disabled
+
+
+def test_calib_events_follow_the_first_choices_verification_reached():
+    from edgespec.controller.acceptance import calib_events
+
+    # levels 1-3 drafted with p = 0.35, 0.95, 0.5; the first two accepted (rank 0), the third rejected
+    assert calib_events((0.35, 0.95, 0.5), (0, 0)) == [(3, 1), (9, 1), (5, 0)]
+    # a runner-up (rank 1) accepted at depth 1: the first choice there failed, deeper ones untried
+    assert calib_events((0.35, 0.95, 0.5), (1, 0)) == [(3, 0)]
+    # nothing accepted: only level 1 was tried; p = 1.0 falls in the top bucket
+    assert calib_events((1.0, 0.9), ()) == [(9, 0)]
+    assert calib_events((), (0, 0)) == []
+
+
+def test_calibration_learns_that_an_unsure_draft_is_right():
+    """An 8-bit copy of the target: the draft gives its choice p = 0.3-0.4 yet the target agrees
+    97 % of the time. The estimate for that bucket moves from the prior (0.35) to the truth; buckets
+    without evidence keep the prior."""
+    from edgespec.controller.acceptance import Calibration
+
+    prior = AcceptancePrior().calib
+    cal = Calibration(list(prior), weight=1.0)
+    assert cal.rates() == tuple(prior)
+    assert abs(prior[3] - 0.35) < 1e-9
+    cal.add([(3, 1)] * 97 + [(3, 0)] * 3)
+    r = cal.rates()
+    assert 0.95 < r[3] < 0.975
+    assert r[:3] == tuple(prior[:3]) and r[4:] == tuple(prior[4:])
+    # and across requests: the prior follows (EWMA) and stays within (0.01, 0.99)
+    p = AcceptancePrior()
+    p.update_calibration(cal)
+    assert prior[3] < p.calib[3] < r[3]
+    assert p.as_dict()["calibration"][3] == round(p.calib[3], 4)

@@ -26,6 +26,7 @@ def test_defaults_validate():
         ("stop_prob", -0.1),
         ("decay", 0.2),
         ("enable_tree", "yes"),
+        ("calibrate_stop", 1),
     ],
 )
 def test_validation_names_the_key(key, value):

@@ -189,3 +189,25 @@ def test_probe_skipped_when_the_draft_catch_up_would_cost_more_than_the_rest_can
     assert ctrl.choose(remaining=few + 2, draft_backlog=backlog).mode != "plain"
     assert ctrl.choose(remaining=1, draft_backlog=1).mode != "plain"  # nothing to catch up
     assert ctrl.choose().mode != "plain"
+
+
+def test_stop_rule_uses_the_learnt_calibration():
+    """auto's shapes carry the calibration the drafter's early stop multiplies along a path; it is
+    learnt from the first-choice tokens verification reached (StepOutcome.spine_probs)."""
+    from edgespec.controller import StepOutcome, chain
+
+    ctrl = make()
+    shape = ctrl.choose()
+    assert shape.mode != "plain" and shape.stop_prob == 0.6
+    assert shape.calib == ctrl.calibration.rates() and len(shape.calib) == 10
+    assert shape.accept_estimate(0.35) == shape.calib[3]
+    before = shape.accept_estimate(0.35)
+    for _ in range(40):  # an unsure draft (p = 0.35 at every level) whose 4-chains are always accepted
+        ctrl.observe(StepOutcome(chain(4), (0, 0, 0, 0), (1, 1, 1, 1, 0), 5, 0.02, (1, 1, 1, 1), 0.015, 5, 4,
+                                 spine_probs=(0.35,) * 4))
+    after = ctrl.choose().accept_estimate(0.35)
+    assert before < 0.4 and after > 0.95
+    assert ctrl.summary()["draft_calibration"][3] == round(after, 3)
+    # off: the drafter compares the draft's raw path probability
+    raw = make(cfg=ControllerConfig(calibrate_stop=False)).choose()
+    assert raw.calib == () and raw.accept_estimate(0.35) == 0.35
