@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Reproduce docs/benchmarks/results/ on this machine (idle machine; ~25 min on 2 cores).
+# Reproduce docs/benchmarks/results/ on this machine (idle machine; ~12 min on 2 cores).
 # usage: tools/run-benchmarks.sh [LIMIT] [MAX_TOKENS] [THREADS]
+# llama.cpp's own binaries (the anchor) run inside each bench's interleaved rotation
+# (`edgespec bench --anchor-bin`), so their ratios carry no drift between runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LIMIT=${1:-5}; N=${2:-96}; T=${3:-2}
@@ -14,19 +16,20 @@ F32=$M/SmolLM2-135M-Instruct.F32.gguf; Q8=$M/SmolLM2-135M-Instruct.Q8_0.gguf; Q4
 RAND=$M/random-draft.gguf
 $ES models random-draft "$RAND" >/dev/null  # from the demo draft (Q8_0): a useless draft at the real one's cost
 lscpu > "$R/machine.txt"
-echo "== 1. llama.cpp anchor, F32 target + Q8_0 draft (the demo pair); its speculation also with the Q4_0 draft"
-tools/llama-anchor.sh run --suite all --limit "$LIMIT" --max-tokens "$N" --threads "$T" --llama-bench \
-  --target "$F32" --draft "$Q8" --json "$R/anchor-f32.json"
-tools/llama-anchor.sh run --suite all --limit "$LIMIT" --max-tokens "$N" --threads "$T" --modes speculative \
-  --target "$F32" --draft "$Q4" --json "$R/anchor-f32-q4-draft.json"
-echo "== 2. edgespec, F32 target + Q8_0 draft, all suites, modes interleaved"
+echo "== 1. llama.cpp's binaries from the pinned sdist (stock source; built once, cached)"
+BIN=$(tools/llama-anchor.sh build | tail -n1)
+echo "== 2. F32 target + Q8_0 draft, all suites, edgespec's modes and llama.cpp's interleaved"
 $ES bench --suite all --limit "$LIMIT" --modes plain,chain,tree,auto --max-tokens "$N" --threads "$T" \
-  --anchor "$R/anchor-f32.json" --json "$R/f32.json" --markdown "$R/f32.md" --plot "$R/f32.png" --no-progress
+  --anchor-bin "$BIN" --json "$R/f32.json" --markdown "$R/f32.md" --plot "$R/f32.png" --no-progress
+echo "== 2b. the same again, structured suites: this VM's speed drifts between runs (see the README)"
+$ES bench --suite structured --limit "$LIMIT" --modes plain,chain,tree,auto --max-tokens "$N" --threads "$T" \
+  --json "$R/f32-run2.json" --markdown "$R/f32-run2.md" --no-progress
+echo "== 2c. llama.cpp's speculation with the Q4_0 draft instead (stock llama.cpp has no fast Q8_0 path)"
+$ES bench --suite structured --limit "$LIMIT" --modes plain,auto --max-tokens "$N" --threads "$T" \
+  --anchor-bin "$BIN" --anchor-draft "$Q4" --json "$R/f32-llama-q4-draft.json" --markdown "$R/f32-llama-q4-draft.md" --no-progress
 echo "== 3. Q8_0 target + Q4_0 draft (a quantized target: its forward is cheap, verification dearer)"
-tools/llama-anchor.sh run --suite structured --limit 3 --max-tokens "$N" --threads "$T" \
-  --target "$Q8" --draft "$Q4" --json "$R/anchor-q8.json"
 $ES bench --suite structured --limit 3 --modes plain,chain,tree,auto --max-tokens "$N" --threads "$T" \
-  --target "$Q8" --draft "$Q4" --anchor "$R/anchor-q8.json" --json "$R/q8.json" --markdown "$R/q8.md" --plot "$R/q8.png" --no-progress
+  --target "$Q8" --draft "$Q4" --anchor-bin "$BIN" --json "$R/q8.json" --markdown "$R/q8.md" --plot "$R/q8.png" --no-progress
 echo "== 4. useless draft (random weights, same vocabulary)"
 $ES bench --suite all --limit 3 --modes plain,auto,chain --max-tokens "$N" --threads "$T" \
   --draft "$RAND" --json "$R/random-draft.json" --markdown "$R/random-draft.md" --no-progress

@@ -104,6 +104,41 @@ def chat_texts(target: str, prompts: Sequence[Prompt]) -> dict[str, str]:
         engine.close()
 
 
+def interleaved_runners(bin_dir: Path, *, target: str, draft: str, max_tokens: int, threads: int, n_ctx: int,
+                        n_gpu_layers: int = 0, draft_max: int = 4, timeout: float = 600.0) -> dict[str, Any]:
+    """What `edgespec bench --anchor-bin` needs to run llama.cpp's binaries inside its own
+    rotation of modes (prompt by prompt, beside edgespec's modes): {"runners": {mode: fn(prompt,
+    text) -> row}, "settings", "example_commands", "command"}. Modes are "plain" and "speculative",
+    as in an anchor JSON."""
+    for name in ("llama-completion", "llama-speculative-simple"):
+        if not (bin_dir / name).is_file():
+            raise AnchorError(f"{bin_dir / name} not found (build it: tools/llama-anchor.sh build)")
+    a = argparse.Namespace(target=target, draft=draft, max_tokens=max_tokens, threads=threads, n_ctx=n_ctx,
+                           n_gpu_layers=n_gpu_layers, draft_max=draft_max, timeout=timeout)
+    examples: dict[str, str] = {}
+
+    def runner(mode: str):
+        def run(prompt: Prompt, text: str) -> dict[str, Any]:
+            if mode == "plain":
+                cmd = completion_cmd(bin_dir, a, text)
+                parsed = parse_completion(_run(cmd, timeout))
+            else:
+                cmd = speculative_cmd(bin_dir, a, text)
+                parsed = parse_speculative(_run(cmd, timeout))
+            examples.setdefault(mode, shlex.join(cmd[:5] + ["<prompt>"] + cmd[6:]))
+            return parsed
+        return run
+
+    return {
+        "runners": {m: runner(m) for m in ANCHOR_MODES},
+        "settings": {"max_tokens": max_tokens, "threads": threads, "n_ctx": n_ctx, "n_gpu_layers": n_gpu_layers,
+                     "draft_max": draft_max, "target": target, "draft": draft, "temperature": 0.0,
+                     "interleaved": True, "bin": str(bin_dir),
+                     "binaries": {"plain": "llama-completion", "speculative": "llama-speculative-simple"}},
+        "example_commands": examples,
+    }
+
+
 def llama_bench(bin_dir: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
     """llama-bench's synthetic text generation (-p 0 -n N) for the target: the usual plain figure."""
     out = _run([str(bin_dir / "llama-bench"), "-m", a.target, "-p", "0", "-n", str(a.max_tokens),

@@ -271,6 +271,8 @@ def build_report(
             "settings": anchor.get("settings"),
             "summary": summarize([anchor_row(r) for r in anchor["results"]]),
             "edgespec_over_llama_cpp": ratios,
+            "interleaved": bool((anchor.get("settings") or {}).get("interleaved")),
+            "results": anchor["results"],
         }
     report["headline"] = headline(summary, ratios)
     return report
@@ -315,6 +317,11 @@ def to_markdown(report: dict[str, Any]) -> str:
             "## edgespec over llama.cpp (same models, prompts, token budget)",
             "",
             f"llama.cpp command: `{anchor.get('command')}`",
+            "",
+            "llama.cpp's binaries ran inside this run's rotation, prompt by prompt (`--anchor-bin`): the "
+            "ratios are as drift-free as the bench's own." if anchor.get("interleaved") else
+            "llama.cpp's binaries ran in a separate run (`--anchor`): the ratios carry the machine's drift "
+            "between the two runs (compare plain with plain).",
             "",
         ]
         if not anchor["edgespec_over_llama_cpp"]:

@@ -96,6 +96,10 @@ def run_one(engine: BenchEngine, prompt: Prompt, tokens: tuple[int, ...], mode: 
     )
 
 
+# an external runner (the llama.cpp anchor): prompt, its chat text -> {"tokens", "seconds", ...}
+External = Callable[[Prompt, str], dict[str, Any]]
+
+
 def run(
     engine: BenchEngine,
     prompts: Sequence[Prompt],
@@ -105,9 +109,13 @@ def run(
     warmup: bool = True,
     progress: bool = True,
     on_row: Callable[[Row], None] | None = None,
+    external: dict[str, External] | None = None,
+    external_rows: list[dict[str, Any]] | None = None,
 ) -> list[Row]:
     """Every prompt in every mode, interleaved. A warm-up generation (first prompt, every mode,
-    a few tokens) runs first and is not recorded."""
+    a few tokens) runs first and is not recorded. `external` adds modes run by something else
+    (llama.cpp's binaries) into the same rotation, so the machine's drift hits them alike; their
+    rows go to `external_rows` as dicts with "mode" = the external mode's name."""
     if max_tokens < 1:
         raise BadRequest("max_tokens", f"must be >= 1, got {max_tokens}")
     if warmup and prompts:
@@ -115,12 +123,23 @@ def run(
         for mode in modes:
             engine.generate(request(tokens, mode, min(8, max_tokens)))
 
-    bar = _progress_bar(len(prompts) * len(modes), enabled=progress)
+    external = external or {}
+    all_modes = list(modes) + [m for m in external if m not in modes]
+    bar = _progress_bar(len(prompts) * len(all_modes), enabled=progress)
     rows: list[Row] = []
     try:
         for i, prompt in enumerate(prompts):
             tokens = prompt_tokens(engine, prompt)
-            for mode in mode_order(modes, i):
+            for mode in mode_order(all_modes, i):
+                if mode in external:
+                    got = external[mode](prompt, engine.chat_prompt([("user", prompt.prompt)]))
+                    ext = {"id": prompt.id, "category": prompt.category, "mode": mode, **got}
+                    if external_rows is not None:
+                        external_rows.append(ext)
+                    if bar is not None:
+                        bar.set_postfix_str(f"{prompt.id} {mode} {ext.get('tokens_per_second', 0):.1f} tok/s")
+                        bar.update(1)
+                    continue
                 row = run_one(engine, prompt, tokens, mode, max_tokens)
                 rows.append(row)
                 if on_row is not None:

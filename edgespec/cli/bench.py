@@ -14,6 +14,7 @@ import typer
 from edgespec.cli.common import user_errors
 
 ANCHOR_FIELDS = ("id", "category", "mode", "tokens", "seconds", "tokens_per_second")
+LLAMA_PREFIX = "llama.cpp:"  # the anchor's modes in the bench's rotation
 
 
 def _model_path(given: Optional[str], which: str) -> str:
@@ -40,6 +41,12 @@ def bench(
     markdown_out: Optional[Path] = typer.Option(None, "--markdown", help="write the markdown table here"),
     plot_out: Optional[Path] = typer.Option(None, "--plot", help="write the PNG plot here"),
     anchor: Optional[Path] = typer.Option(None, help="merge llama.cpp anchor results (tools/llama-anchor.sh --json)"),
+    anchor_bin: Optional[Path] = typer.Option(None, "--anchor-bin", help="run llama.cpp's own llama-completion and "
+                                              "llama-speculative-simple from this directory (tools/llama-anchor.sh "
+                                              "build) inside the interleaved loop, prompt by prompt"),
+    anchor_draft_max: int = typer.Option(4, "--anchor-draft-max", help="llama-speculative-simple --spec-draft-n-max"),
+    anchor_draft: Optional[str] = typer.Option(None, "--anchor-draft", help="draft GGUF for llama.cpp's speculation "
+                                               "(default: edgespec's draft)"),
     progress: bool = typer.Option(True, help="progress bar on stderr"),
     warmup: bool = typer.Option(True, help="one unrecorded warm-up generation per mode first"),
 ) -> None:
@@ -57,6 +64,14 @@ def bench(
         if limit is not None and limit < 1:
             raise BadRequest("limit", f"must be >= 1, got {limit}")
         prompts = load_suite(suite, limit=limit)
+        if anchor_draft and not anchor_bin:
+            raise BadRequest("anchor_draft", "only with --anchor-bin")
+        if anchor and anchor_bin:
+            raise BadRequest("anchor_bin", "give --anchor (a finished anchor run) or --anchor-bin (run it here), not both")
+        if anchor_bin is not None and not anchor_bin.is_dir():
+            raise BadRequest("anchor_bin", f"{anchor_bin}: not a directory (tools/llama-anchor.sh build prints it)")
+        if not 1 <= anchor_draft_max <= 64:
+            raise BadRequest("anchor_draft_max", f"must be in [1, 64], got {anchor_draft_max}")
         anchor_data = _read_anchor(anchor) if anchor else None
 
         target_path = _model_path(target, "target")
@@ -73,13 +88,35 @@ def bench(
 
         from edgespec.engine import Engine
 
+        external, ext_rows, live = None, [], None
+        if anchor_bin is not None:
+            from edgespec.bench.anchor import interleaved_runners
+
+            llama_draft = anchor_draft or draft_path
+            if llama_draft is None:
+                raise BadRequest("anchor_bin", "llama.cpp's speculation needs a draft model (not --draft none)")
+            if not Path(llama_draft).is_file():
+                raise BadRequest("anchor_draft", f"{llama_draft}: model not found")
+            live = interleaved_runners(anchor_bin, target=target_path, draft=llama_draft, max_tokens=max_tokens,
+                                       threads=cfg.target.n_threads, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
+                                       draft_max=anchor_draft_max)
+            external = {LLAMA_PREFIX + m: fn for m, fn in live["runners"].items()}
+
         engine = Engine.load(cfg)
         try:
             backend = (engine.model_info() or {}).get("backend")
-            rows = run(engine, prompts, mode_list, max_tokens, warmup=warmup, progress=progress)
+            rows = run(engine, prompts, mode_list, max_tokens, warmup=warmup, progress=progress,
+                       external=external, external_rows=ext_rows)
             costs = engine.cost.as_dict()
         finally:
             engine.close()
+        if live is not None:
+            anchor_data = {
+                "command": "(interleaved with this run) " + _command_line(),
+                "settings": live["settings"],
+                "example_commands": live["example_commands"],
+                "results": [{**r, "mode": r["mode"][len(LLAMA_PREFIX):]} for r in ext_rows],
+            }
 
         report = rep.build_report(
             rows,

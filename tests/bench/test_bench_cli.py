@@ -45,3 +45,22 @@ def test_bad_anchor_file(invoke, tmp_path):
     f.write_text(json.dumps({"results": [{"id": "x", "mode": "plain"}]}))
     res = invoke("--anchor", str(f))
     assert res.exit_code == 2 and "results[0] lacks category, tokens, seconds, tokens_per_second" in res.output
+
+
+def test_anchor_file_and_anchor_bin_are_exclusive(invoke, tmp_path):
+    f = tmp_path / "a.json"
+    f.write_text(json.dumps({"results": []}))
+    res = invoke("--anchor", str(f), "--anchor-bin", str(tmp_path))
+    assert res.exit_code == 2 and "anchor_bin" in res.output and "not both" in res.output
+
+
+def test_anchor_bin_must_be_a_directory(invoke, tmp_path):
+    res = invoke("--anchor-bin", str(tmp_path / "nope"))
+    assert res.exit_code == 2 and "anchor_bin" in res.output and "not a directory" in res.output
+    res = invoke("--anchor-bin", str(tmp_path), "--anchor-draft-max", "0")
+    assert res.exit_code == 2 and "anchor_draft_max" in res.output
+
+
+def test_anchor_draft_needs_anchor_bin_and_a_file(invoke, tmp_path):
+    res = invoke("--anchor-draft", str(tmp_path / "d.gguf"))
+    assert res.exit_code == 2 and "anchor_draft: only with --anchor-bin" in res.output

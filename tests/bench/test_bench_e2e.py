@@ -50,3 +50,43 @@ def test_bench_end_to_end(tmp_path):
     assert "| code | plain | 1 |" in open(f"{out}.md").read()
     assert open(f"{out}.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
+
+
+def test_bench_runs_llama_cpp_interleaved(tmp_path):
+    """`--anchor-bin`: llama.cpp's binaries run as subprocesses inside the bench's rotation, get the
+    bench's chat text and models, and their parsed throughput lands in the report's anchor section
+    (marked interleaved). Stand-in binaries print what the real ones print."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.log"
+    scripts = {
+        "llama-completion": 'echo "llama_perf_context_print:        eval time =     200.00 ms /    15 runs"',
+        "llama-speculative-simple": 'echo "decoded   16 tokens in    0.100 seconds, speed:  160.000 t/s"; '
+                                    'echo "n_drafted = 20"; echo "n_accept  = 12"',
+    }
+    for name, body in scripts.items():
+        p = bin_dir / name
+        p.write_text(f'#!/bin/sh\nprintf "%s\\n" "=== $(basename "$0") $*" >> "{log}"\n{body}\n')
+        p.chmod(0o755)
+    suite = tmp_path / "tiny.jsonl"
+    suite.write_text('{"id": "t-json", "category": "json", "prompt": "Give {\\"a\\": 1} back as JSON."}\n'
+                     '{"id": "t-code", "category": "code", "prompt": "Write add(a, b) in Python."}\n')
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "edgespec.cli.main", "bench", "--suite", str(suite), "--max-tokens", "8",
+           "--modes", "plain,auto", "--threads", "1", "--anchor-bin", str(bin_dir), "--json", str(out),
+           "--no-progress"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    anchor = report["anchor"]
+    assert anchor["interleaved"] is True and anchor["settings"]["draft"] == str(DRAFT)
+    assert sorted((r["id"], r["mode"]) for r in anchor["results"]) == [
+        ("t-code", "plain"), ("t-code", "speculative"), ("t-json", "plain"), ("t-json", "speculative")]
+    spec = next(r for r in anchor["results"] if r["mode"] == "speculative")
+    assert spec["tokens_per_second"] == 160.0 and spec["n_accept"] == 12
+    assert anchor["edgespec_over_llama_cpp"]["overall"]["auto"]["llama_cpp_mode"] == "speculative"
+    assert "ran inside this run's rotation" in proc.stdout
+    calls = log.read_text().split("=== ")[1:]  # one per call (the chat text spans lines)
+    assert len(calls) == 4
+    assert all(f"-m {TARGET}" in c for c in calls) and sum(f"-md {DRAFT}" in c for c in calls) == 2
+    assert all("<|im_start|>user" in c and "-n 8" in c and "-t 1" in c for c in calls)

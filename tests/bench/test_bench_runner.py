@@ -66,3 +66,33 @@ def test_progress_bar_on_stderr(capsys):
 def test_bad_max_tokens():
     with pytest.raises(BadRequest, match="max_tokens"):
         run(FakeEngine(), PROMPTS, ("plain",), 0, progress=False)
+
+
+def test_external_modes_join_the_rotation():
+    """llama.cpp's binaries (`--anchor-bin`) run inside the same rotation as the engine's modes,
+    with the prompt's chat text; their rows go to external_rows, not to the engine's rows."""
+    engine = FakeEngine()
+    seen = []
+
+    def ext(name):
+        def run_ext(prompt, text):
+            seen.append((prompt.id, name, text))
+            return {"tokens": 16, "seconds": 0.2, "tokens_per_second": 80.0}
+        return run_ext
+
+    external = {"llama.cpp:plain": ext("llama.cpp:plain"), "llama.cpp:speculative": ext("llama.cpp:speculative")}
+    ext_rows = []
+    modes = ("plain", "auto")
+    rows = run(engine, PROMPTS[:3], modes, 16, warmup=False, progress=False, external=external, external_rows=ext_rows)
+    everything = list(modes) + list(external)
+    order = [m for i in range(3) for m in mode_order(everything, i)]
+    engine_order = [c[1] for c in engine.calls]
+    assert engine_order == [m for m in order if m in modes]
+    assert [(r.id, r.mode) for r in rows] == [(p.id, m) for i, p in enumerate(PROMPTS[:3])
+                                              for m in mode_order(everything, i) if m in modes]
+    assert [(s[0], s[1]) for s in seen] == [(p.id, m) for i, p in enumerate(PROMPTS[:3])
+                                            for m in mode_order(everything, i) if m in external]
+    assert seen[0][2] == "<|user|>prompt 0<|assistant|>"  # the engine's chat template
+    assert ext_rows[0] == {"id": "p0", "category": "code", "mode": "llama.cpp:plain", "tokens": 16,
+                           "seconds": 0.2, "tokens_per_second": 80.0}
+    assert len(ext_rows) == 6
