@@ -260,3 +260,28 @@ def test_auto_stops_drafting_early_by_default():
     from edgespec.controller import ControllerConfig
 
     assert ControllerConfig().stop_prob == 0.6
+
+
+def test_spine_probs_stop_where_pruning_cut_the_first_choices(engine):
+    """A tree pruned to few nodes keeps its best paths; the calibration must only learn from
+    first-choice tokens verification will actually see: spine_probs never reach deeper than the
+    final tree's chain of first children."""
+    from edgespec.controller.shapes import eagle
+    from edgespec.drafters import ModelDrafter
+    from edgespec.tree import DraftTree
+
+    slot = next(s for s in engine.slots if not s.busy)
+    toks = engine.encode_chat([("user", "List the planets of the solar system, comma separated.")])
+    for nodes in (2, 4, 24):
+        drafter = ModelDrafter(slot.draft)
+        drafter.begin(toks)
+        tree = DraftTree.root(toks[-1])
+        rep = drafter.propose(tree, toks, eagle(6, 4, 2, nodes), SamplingParams(max_tokens=8), np.random.default_rng(0))
+        drafter.end()
+        children = tree.children()
+        chain_len, n = 0, 0
+        while children[n]:
+            n = children[n][0]
+            chain_len += 1
+        assert 1 <= len(rep.spine_probs) <= chain_len
+        assert len(tree) - 1 <= nodes

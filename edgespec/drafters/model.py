@@ -86,6 +86,7 @@ class ModelDrafter:
         cum = [1.0]  # cumulative draft probability: ranks the frontier and the kept nodes
         est = [1.0]  # the path's acceptance estimate (shape.accept_estimate along it): the stop rule
         spine = 0  # the path of first choices from the root
+        spine_nodes: list[int] = []
         qs: list[np.ndarray | None] = [None]
         dep = [0]
         seq_of: dict[int, int] = {0: 0}
@@ -118,6 +119,7 @@ class ModelDrafter:
                 if n == spine and kids:
                     rep.spine_probs.append(kids[0][1])
                     spine = len(token)  # the first kid, appended next
+                    spine_nodes.append(spine)
                 for t, pt in kids:
                     parent.append(n)
                     token.append(t)
@@ -146,6 +148,11 @@ class ModelDrafter:
         if greedy and len(order) > shape.nodes:
             order = sorted(order, key=lambda i: (-cum[i], dep[i], i))[: shape.nodes]
             order.sort()
+            kept = set(order)
+            for k, i in enumerate(spine_nodes):  # first choices verification will not see
+                if i not in kept:
+                    del rep.spine_probs[k:]
+                    break
         remap = {0: 0}
         base = len(tree)
         assert base == 1, "the model drafter grows the tree first"
