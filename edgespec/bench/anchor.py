@@ -80,6 +80,20 @@ def speculative_cmd(bin_dir: Path, a: argparse.Namespace, text: str) -> list[str
             "--spec-draft-n-max", str(a.draft_max)]
 
 
+def run_mode(bin_dir: Path, a: argparse.Namespace, mode: str, text: str) -> tuple[list[str], dict[str, Any]]:
+    """One llama.cpp run of `mode` ("plain" | "speculative") on `text`: its command and parsed row."""
+    if mode == "plain":
+        cmd = completion_cmd(bin_dir, a, text)
+        return cmd, parse_completion(_run(cmd, a.timeout))
+    cmd = speculative_cmd(bin_dir, a, text)
+    return cmd, parse_speculative(_run(cmd, a.timeout))
+
+
+def example_command(cmd: list[str]) -> str:
+    """The command with the prompt text elided (it follows -p, at index 5)."""
+    return shlex.join(cmd[:5] + ["<prompt>"] + cmd[6:])
+
+
 def _run(cmd: list[str], timeout: float) -> str:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout, stdin=subprocess.DEVNULL)
@@ -119,13 +133,8 @@ def interleaved_runners(bin_dir: Path, *, target: str, draft: str, max_tokens: i
 
     def runner(mode: str):
         def run(prompt: Prompt, text: str) -> dict[str, Any]:
-            if mode == "plain":
-                cmd = completion_cmd(bin_dir, a, text)
-                parsed = parse_completion(_run(cmd, timeout))
-            else:
-                cmd = speculative_cmd(bin_dir, a, text)
-                parsed = parse_speculative(_run(cmd, timeout))
-            examples.setdefault(mode, shlex.join(cmd[:5] + ["<prompt>"] + cmd[6:]))
+            cmd, parsed = run_mode(bin_dir, a, mode, text)
+            examples.setdefault(mode, example_command(cmd))
             return parsed
         return run
 
@@ -184,13 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     for i, p in enumerate(prompts):
         for mode in mode_order(modes, i):
-            if mode == "plain":
-                cmd = completion_cmd(a.bin, a, texts[p.id])
-                parsed = parse_completion(_run(cmd, a.timeout))
-            else:
-                cmd = speculative_cmd(a.bin, a, texts[p.id])
-                parsed = parse_speculative(_run(cmd, a.timeout))
-            report["example_commands"].setdefault(mode, shlex.join(cmd[:5] + ["<prompt>"] + cmd[6:]))
+            cmd, parsed = run_mode(a.bin, a, mode, texts[p.id])
+            report["example_commands"].setdefault(mode, example_command(cmd))
             row = {"id": p.id, "category": p.category, "mode": mode, **parsed}
             report["results"].append(row)
             print(f"{p.id:<12} {mode:<12} {row['tokens']:>4} tok {row['tokens_per_second']:8.2f} tok/s",

@@ -66,7 +66,15 @@ def mode_order(modes: Sequence[str], index: int) -> list[str]:
 def prompt_tokens(engine: BenchEngine, prompt: Prompt) -> tuple[int, ...]:
     """The user prompt in the target's chat template, tokenized as llama.cpp's tools do
     (add_special, parse_special), so the anchor binaries see the same tokens."""
-    text = engine.chat_prompt([("user", prompt.prompt)])
+    return _tokens(engine, prompt_text(engine, prompt))
+
+
+def prompt_text(engine: BenchEngine, prompt: Prompt) -> str:
+    """The user prompt in the target's chat template (what llama.cpp's binaries are given)."""
+    return engine.chat_prompt([("user", prompt.prompt)])
+
+
+def _tokens(engine: BenchEngine, text: str) -> tuple[int, ...]:
     return tuple(engine.tokenize(text, add_special=True, parse_special=True))
 
 
@@ -129,10 +137,11 @@ def run(
     rows: list[Row] = []
     try:
         for i, prompt in enumerate(prompts):
-            tokens = prompt_tokens(engine, prompt)
+            text = prompt_text(engine, prompt)
+            tokens = _tokens(engine, text)
             for mode in mode_order(all_modes, i):
                 if mode in external:
-                    got = external[mode](prompt, engine.chat_prompt([("user", prompt.prompt)]))
+                    got = external[mode](prompt, text)
                     ext = {"id": prompt.id, "category": prompt.category, "mode": mode, **got}
                     if external_rows is not None:
                         external_rows.append(ext)

@@ -276,21 +276,21 @@ class AcceptancePrior:
             return
         for d in range(min(self.depths, counts.depths)):
             for r in range(min(self.ranks, counts.ranks)):
-                n = counts.trials[d][r]
-                if n <= 0:
-                    continue
-                w = self.alpha * min(1.0, n / self.full_trials)
-                rate = counts.accepts[d][r] / n
-                # keep the prior away from 0/1 so a request can always move it back
-                self.rates[d][r] = min(0.99, max(0.01, (1 - w) * self.rates[d][r] + w * rate))
+                self.rates[d][r] = self._toward(self.rates[d][r], counts.accepts[d][r], counts.trials[d][r])
         self.requests += 1
 
     def update_calibration(self, cal: Calibration) -> None:
         for b in range(CALIB_BUCKETS):
-            n = cal.trials[b]
-            if n > 0:
-                w = self.alpha * min(1.0, n / self.full_trials)
-                self.calib[b] = min(0.99, max(0.01, (1 - w) * self.calib[b] + w * cal.accepts[b] / n))
+            self.calib[b] = self._toward(self.calib[b], cal.accepts[b], cal.trials[b])
+
+    def _toward(self, old: float, accepts: float, trials: float) -> float:
+        """The EWMA step of a prior rate towards a request's accepts / trials, weighted by its
+        evidence (full weight `alpha` at `full_trials`); unchanged without trials."""
+        if trials <= 0:
+            return old
+        w = self.alpha * min(1.0, trials / self.full_trials)
+        # keep the prior away from 0/1 so a request can always move it back
+        return min(0.99, max(0.01, (1 - w) * old + w * accepts / trials))
 
     def as_dict(self) -> dict:
         return {

@@ -85,8 +85,7 @@ class ModelDrafter:
         token = [tokens[-1]]
         cum = [1.0]  # cumulative draft probability: ranks the frontier and the kept nodes
         est = [1.0]  # the path's acceptance estimate (shape.accept_estimate along it): the stop rule
-        spine = 0  # the path of first choices from the root
-        spine_nodes: list[int] = []
+        spine_nodes: list[int] = []  # the path of first choices from the root (root excluded)
         qs: list[np.ndarray | None] = [None]
         dep = [0]
         seq_of: dict[int, int] = {0: 0}
@@ -116,10 +115,9 @@ class ModelDrafter:
                     q = logits_to_probs(lg, sampling)
                     qs[n] = q
                     kids = [(t, float(q[t])) for t in _gumbel_topk(q, min(width, budget), rng)]
-                if n == spine and kids:
+                if kids and n == (spine_nodes[-1] if spine_nodes else 0):
                     rep.spine_probs.append(kids[0][1])
-                    spine = len(token)  # the first kid, appended next
-                    spine_nodes.append(spine)
+                    spine_nodes.append(len(token))  # the first kid, appended next
                 for t, pt in kids:
                     parent.append(n)
                     token.append(t)
