@@ -1,4 +1,4 @@
-"""End to end on the demo pair (F32 target, Q4_0 draft): exactness, KV invariants, stopping."""
+"""End to end on the demo pair (F32 target, Q8_0 draft): exactness, KV invariants, stopping."""
 
 from __future__ import annotations
 
