@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
@@ -14,9 +15,37 @@ from typing import Any
 
 from edgespec.bench.runner import Row
 
-STRUCTURED = ("code", "json", "legal", "rag")
-DRIFT = ("drift",)
 OVERALL = "overall"
+
+# How the headline finds its two groups in a suite it has never seen: a category is structured /
+# drift when a word of its name (lower-cased, split at anything not a letter or digit) starts
+# with one of these (drift wins if both match). `edgespec bench --structured/--drift` names them
+# outright instead.
+STRUCTURED_WORDS = ("code", "json", "legal", "rag", "extract", "sql", "clause", "contract", "schema",
+                    "program", "yaml", "csv", "structured")
+DRIFT_WORDS = ("drift", "ood", "adversarial", "random", "noise", "wordplay", "gibberish", "symbol")
+
+
+def classify(category: str) -> str | None:
+    """"structured", "drift" or None (a category the headline leaves out: chat, chinese, ...)."""
+    name = " ".join(re.split(r"[^a-z0-9]+", category.lower())).strip()
+    words = name.split()
+    if any(w.startswith(DRIFT_WORDS) for w in words) or "out of domain" in name:
+        return "drift"
+    if any(w.startswith(STRUCTURED_WORDS) for w in words):
+        return "structured"
+    return None
+
+
+def headline_groups(categories: Iterable[str], structured: Sequence[str] | None = None,
+                    drift: Sequence[str] | None = None) -> dict[str, list[str]]:
+    """{"structured": [...], "drift": [...]}: the categories each headline figure pools. A group
+    given explicitly is taken as given; otherwise `classify` picks its members."""
+    cats = list(dict.fromkeys(categories))
+    return {
+        "structured": list(structured) if structured is not None else [c for c in cats if classify(c) == "structured"],
+        "drift": list(drift) if drift is not None else [c for c in cats if classify(c) == "drift"],
+    }
 
 
 def _cell(rows: Sequence[Row]) -> dict[str, Any]:
@@ -153,9 +182,13 @@ def anchor_row(r: dict[str, Any]) -> Row:
 # ---- headline figures against the issue's goals ------------------------------------------------
 
 
-def headline(summary: dict, ratios: dict | None = None) -> dict[str, Any]:
+def headline(summary: dict, ratios: dict | None = None, groups: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """The figures the README quotes: best speculative speedup and tree tau on the structured
-    categories, auto over plain on drift prompts, and auto over llama.cpp's speculation."""
+    categories, auto over plain on drift prompts, and auto over llama.cpp's speculation. `groups`
+    (headline_groups) says which categories are structured and which drift; each figure pools
+    its group's tokens and seconds."""
+    if groups is None:
+        groups = headline_groups(c for c in summary if c != OVERALL)
     spec_modes = ("chain", "tree", "auto")
 
     def pooled(cats: Sequence[str], mode: str) -> dict[str, float] | None:
@@ -167,19 +200,20 @@ def headline(summary: dict, ratios: dict | None = None) -> dict[str, Any]:
         forwards = sum(c["target_forwards"] for c in cells)
         return {"tps": tokens / seconds if seconds else 0.0, "tau": tokens / forwards if forwards else 0.0}
 
-    out: dict[str, Any] = {}
-    plain = pooled(STRUCTURED, "plain")
+    out: dict[str, Any] = {"structured_categories": groups["structured"], "drift_categories": groups["drift"]}
+    plain = pooled(groups["structured"], "plain")
     if plain and plain["tps"] > 0:
-        best = {m: p["tps"] / plain["tps"] for m in spec_modes if (p := pooled(STRUCTURED, m))}
+        best = {m: p["tps"] / plain["tps"] for m in spec_modes if (p := pooled(groups["structured"], m))}
         if best:
             mode = max(best, key=lambda m: best[m])
             out["structured_best_mode"] = mode
             out["structured_best_speedup"] = round(best[mode], 3)
-    tree = pooled(STRUCTURED, "tree")
+    tree = pooled(groups["structured"], "tree")
     if tree:
         out["structured_tree_tau"] = round(tree["tau"], 3)
-    if "drift" in summary and "auto" in summary["drift"]:
-        out["drift_auto_speedup"] = summary["drift"]["auto"]["speedup"]
+    drift_plain, drift_auto = pooled(groups["drift"], "plain"), pooled(groups["drift"], "auto")
+    if drift_plain and drift_auto and drift_plain["tps"] > 0:
+        out["drift_auto_speedup"] = round(drift_auto["tps"] / drift_plain["tps"], 3)
     if ratios and "auto" in ratios.get(OVERALL, {}):
         out["auto_over_llama_cpp_speculative"] = ratios[OVERALL]["auto"]["ratio"]
     if ratios and "plain" in ratios.get(OVERALL, {}):
@@ -247,10 +281,14 @@ def build_report(
     settings: dict[str, Any],
     anchor: dict[str, Any] | None = None,
     costs: dict[str, Any] | None = None,
+    structured: Sequence[str] | None = None,
+    drift: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """`costs`: the engine's cost model after the run (CostModel.as_dict: seconds per forward by
-    batch size, calibrated at load and refined online), reported beside the time split."""
+    batch size, calibrated at load and refined online), reported beside the time split.
+    `structured` / `drift`: the categories the headline pools (default: by name, `classify`)."""
     summary = summarize(rows)
+    groups = headline_groups((r.category for r in rows), structured, drift)
     report: dict[str, Any] = {
         "command": command,
         "machine": machine,
@@ -258,8 +296,8 @@ def build_report(
         "results": [r.as_dict() for r in rows],
         "summary": summary,
     }
-    structured = [r for r in rows if r.category in STRUCTURED]
-    report["time_split"] = {"structured": time_split(structured)} if structured else {}
+    structured_rows = [r for r in rows if r.category in groups["structured"]]
+    report["time_split"] = {"structured": time_split(structured_rows)} if structured_rows else {}
     report["time_split"][OVERALL] = time_split(rows)
     if costs is not None:
         report["costs"] = costs
@@ -274,7 +312,7 @@ def build_report(
             "interleaved": bool((anchor.get("settings") or {}).get("interleaved")),
             "results": anchor["results"],
         }
-    report["headline"] = headline(summary, ratios)
+    report["headline"] = headline(summary, ratios, groups)
     return report
 
 
@@ -340,7 +378,8 @@ def to_markdown(report: dict[str, Any]) -> str:
     h = report.get("headline") or {}
     if h:
         lines += ["", "## Headline", ""]
-        lines += [f"- {k}: {v}" for k, v in h.items()]
+        lines += [f"- {k}: {', '.join(v) or '(none: name them with --structured / --drift)'}" if isinstance(v, list)
+                  else f"- {k}: {v}" for k, v in h.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -47,6 +47,10 @@ def bench(
     anchor_draft_max: int = typer.Option(4, "--anchor-draft-max", help="llama-speculative-simple --spec-draft-n-max"),
     anchor_draft: Optional[str] = typer.Option(None, "--anchor-draft", help="draft GGUF for llama.cpp's speculation "
                                                "(default: edgespec's draft)"),
+    structured: Optional[str] = typer.Option(None, help="comma-separated categories the headline pools as "
+                                             "structured (default: by name: code, json, legal, rag, extract..., sql...)"),
+    drift: Optional[str] = typer.Option(None, help="comma-separated categories the headline pools as drift "
+                                        "(default: by name: drift, ood, out-of-domain, random...)"),
     progress: bool = typer.Option(True, help="progress bar on stderr"),
     warmup: bool = typer.Option(True, help="one unrecorded warm-up generation per mode first"),
 ) -> None:
@@ -64,6 +68,7 @@ def bench(
         if limit is not None and limit < 1:
             raise BadRequest("limit", f"must be >= 1, got {limit}")
         prompts = load_suite(suite, limit=limit)
+        groups = {name: _categories(name, given, prompts) for name, given in (("structured", structured), ("drift", drift))}
         if anchor_draft and not anchor_bin:
             raise BadRequest("anchor_draft", "only with --anchor-bin")
         if anchor and anchor_bin:
@@ -136,6 +141,8 @@ def bench(
             },
             anchor=anchor_data,
             costs=costs,
+            structured=groups["structured"],
+            drift=groups["drift"],
         )
         markdown = rep.to_markdown(report)
         if json_out:
@@ -147,6 +154,21 @@ def bench(
 
             plot(report, str(plot_out))
         typer.echo(markdown)
+
+
+def _categories(field: str, given: Optional[str], prompts) -> list[str] | None:
+    """--structured / --drift: a comma-separated list of the suite's categories (None: by name)."""
+    if given is None:
+        return None
+    from edgespec.errors import BadRequest
+
+    names = [c.strip() for c in given.split(",") if c.strip()]
+    have = list(dict.fromkeys(p.category for p in prompts))
+    unknown = [c for c in names if c not in have]
+    if not names or unknown:
+        raise BadRequest(field, f"no category {', '.join(map(repr, unknown)) or repr(given)} in the suite "
+                                f"(it has: {', '.join(have)})")
+    return names
 
 
 def _command_line() -> str:

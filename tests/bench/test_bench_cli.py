@@ -64,3 +64,12 @@ def test_anchor_bin_must_be_a_directory(invoke, tmp_path):
 def test_anchor_draft_needs_anchor_bin_and_a_file(invoke, tmp_path):
     res = invoke("--anchor-draft", str(tmp_path / "d.gguf"))
     assert res.exit_code == 2 and "anchor_draft: only with --anchor-bin" in res.output
+
+
+def test_headline_groups_must_name_suite_categories(invoke, tmp_path):
+    f = tmp_path / "s.jsonl"
+    f.write_text('{"id": "a", "category": "sql", "prompt": "p"}\n{"id": "b", "category": "ood", "prompt": "p"}\n')
+    res = invoke("--suite", str(f), "--structured", "sql,codegen")
+    assert res.exit_code == 2 and "error: structured: no category 'codegen' in the suite (it has: sql, ood)" in res.output
+    res = invoke("--suite", str(f), "--drift", " , ")
+    assert res.exit_code == 2 and "error: drift:" in res.output

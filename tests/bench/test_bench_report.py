@@ -66,7 +66,8 @@ def test_json_schema(tmp_path):
     h = data["headline"]
     assert h["structured_best_mode"] == "tree" and h["structured_best_speedup"] == 2.5
     assert h["structured_tree_tau"] == 4.0
-    assert h["drift_auto_speedup"] == data["summary"]["drift"]["auto"]["speedup"]
+    assert h["drift_auto_speedup"] == pytest.approx(data["summary"]["drift"]["auto"]["speedup"], abs=2e-3)
+    assert h["structured_categories"] == ["code", "json"] and h["drift_categories"] == ["drift"]
 
 
 def anchor_data():
@@ -139,3 +140,42 @@ def test_time_split_and_costs():
     md = rep.to_markdown(report)
     assert "## Where the time goes" in md and "| overall | tree | 4.00 | 2.50 | 1.50 | 0.00 | 10.00 | 0.75 | 1.00 1.00 1.00 |" in md
     assert "| target | 10.0 | 12.5 |" in md and "| draft | 4.0 | – |" in md
+
+
+@pytest.mark.parametrize("category, group", [
+    ("code", "structured"), ("JSON_extraction", "structured"), ("legal-clauses", "structured"),
+    ("rag answers", "structured"), ("sql", "structured"), ("contract_review", "structured"),
+    ("drift", "drift"), ("OOD", "drift"), ("out-of-domain", "drift"), ("random_symbols", "drift"),
+    ("wordplay", "drift"), ("random-json", "drift"),  # drift wins
+    ("chat", None), ("chinese", None), ("food", None), ("encoding", None), ("fragments", None),
+])
+def test_classify_category_names(category, group):
+    assert rep.classify(category) == group
+
+
+def test_headline_on_a_suite_with_other_category_names():
+    """A suite the bench has never seen: its categories are grouped by name, each headline figure
+    pools its group's tokens and seconds, and the report says which categories it pooled."""
+    rows = []
+    for cat, plain_s, auto_s, forwards in (("json_extraction", 1.0, 0.5, 4), ("codegen", 1.0, 0.8, 8),
+                                           ("out_of_domain", 1.0, 1.25, 16), ("chat", 1.0, 0.1, 1)):
+        rows += [row(f"{cat}-1", cat, "plain", 16, plain_s, 16), row(f"{cat}-1", cat, "auto", 16, auto_s, forwards)]
+    report = rep.build_report(rows, command="x", machine={}, settings={})
+    h = report["headline"]
+    assert h["structured_categories"] == ["json_extraction", "codegen"] and h["drift_categories"] == ["out_of_domain"]
+    assert h["structured_best_mode"] == "auto"
+    assert h["structured_best_speedup"] == pytest.approx((32 / 1.3) / (32 / 2.0), abs=1e-3)  # chat's 10x left out
+    assert h["drift_auto_speedup"] == pytest.approx(0.8, abs=1e-3)
+    assert set(report["time_split"]) == {"structured", "overall"}
+    # named outright, the groups are taken as given
+    h2 = rep.build_report(rows, command="x", machine={}, settings={}, structured=["codegen"], drift=["chat"])["headline"]
+    assert h2["structured_best_speedup"] == pytest.approx(1.25, abs=1e-3) and h2["drift_auto_speedup"] == pytest.approx(10.0)
+    md = rep.to_markdown({**report, "machine": {}, "settings": {}})
+    assert "- structured_categories: json_extraction, codegen" in md
+
+
+def test_headline_without_structured_categories_says_how_to_name_them():
+    rows = [row("c-1", "chat", "plain", 16, 1.0, 16), row("c-1", "chat", "auto", 16, 0.5, 4)]
+    report = rep.build_report(rows, command="x", machine={}, settings={})
+    assert "structured_best_speedup" not in report["headline"]
+    assert "- structured_categories: (none: name them with --structured / --drift)" in rep.to_markdown(report)
