@@ -60,6 +60,9 @@ class EngineConfig:
     draft: ModelConfig | None  # None = model-free drafting only (n-gram)
     parallel: int = 1  # slots: requests decoded concurrently (each has its own KV caches)
     max_tree_leaves: int = 32  # n_seq_max - 1 for the target context
+    # the most context tokens the draft absorbs at once: a longer prompt (or plain phase) is
+    # drafted from its last `draft_window` tokens (drafters/model.py)
+    draft_window: int = 256
 
     def validate(self) -> None:
         self.target.validate("target")
@@ -69,3 +72,5 @@ class EngineConfig:
             raise ConfigError("engine.parallel", f"must be in [1, 64], got {self.parallel}")
         if not 1 <= self.max_tree_leaves <= 255:
             raise ConfigError("engine.max_tree_leaves", f"must be in [1, 255], got {self.max_tree_leaves}")
+        if not 16 <= self.draft_window <= 1 << 20:
+            raise ConfigError("engine.draft_window", f"must be in [16, 1048576], got {self.draft_window}")

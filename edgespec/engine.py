@@ -148,7 +148,7 @@ class Engine:
             every = min(measure(slot.draft, n, all_logits=True) for _ in range(repeats))
             row = (every - table["draft"][n]) / (n - 1)
         measured = tuple(sorted(set(table["target"]) & set(table.get("draft", table["target"]))))
-        self.cost.calibrate(lambda kind, n: table[kind][n], sizes=measured, kinds=kinds, draft_row=row)
+        self.cost.calibrate(lambda kind, n: table[kind][n], sizes=measured, kinds=kinds, draft_row=row, context=32)
         for s in self.slots:
             s.target.clear()
             if s.draft is not None:
@@ -275,7 +275,7 @@ class Session:
         self._t_start = time.perf_counter()
         self.check_kv = False  # tests turn this on: assert the KV invariants after every step
         has_draft = slot.draft is not None
-        self.drafter = ModelDrafter(slot.draft) if has_draft else None
+        self.drafter = ModelDrafter(slot.draft, window=engine.cfg.draft_window) if has_draft else None
         self.ngram = NgramDrafter() if self.spec.ngram else None
         # P(target accepts > j lookup tokens), learnt per kind of lookup: [0] the context's last
         # n >= n_min tokens occurred before, [1] only its last token did (weaker, but on a flat
@@ -308,8 +308,9 @@ class Session:
     # -- one step -----------------------------------------------------------------------------
     def _shape(self) -> Shape:
         if self.controller is not None:
-            backlog = len(self.tokens) - self.drafter.n_past if self.drafter is not None else 0
-            return self.controller.choose(remaining=self.sampling.max_tokens - len(self.out), draft_backlog=backlog)
+            backlog = self.drafter.backlog(self.tokens) if self.drafter is not None else 0
+            return self.controller.choose(remaining=self.sampling.max_tokens - len(self.out), draft_backlog=backlog,
+                                          context=self.n_past)
         return fixed_shape(self.spec.mode, self.spec.draft_tokens, self.spec.tree_nodes, self.spec.tree_depth)
 
     def step(self) -> Chunk:
@@ -411,7 +412,7 @@ class Session:
         if not ngram_only:
             st.steps_per_mode[shape.kind] = st.steps_per_mode.get(shape.kind, 0) + 1
         if self.controller is None:  # in auto mode the controller's observe() refines the costs
-            self.engine.cost.observe_step(len(tree), verify_seconds, draft_batches, draft_seconds)
+            self.engine.cost.observe_step(len(tree), verify_seconds, draft_batches, draft_seconds, context=root_pos)
         chunk = self._emit(new_tokens)
         step_seconds = time.perf_counter() - t_step
         target_after, draft_after = self._decode_split()
@@ -424,7 +425,7 @@ class Session:
                 emitted=len(new_tokens), draft_seconds=draft_seconds, draft_batches=draft_batches,
                 verify_seconds=verify_seconds, verify_tokens=len(tree), depth_drafted=levels,
                 overhead_seconds=max(0.0, step_seconds - verify_seconds - draft_seconds),
-                spine_probs=spine_probs))
+                spine_probs=spine_probs, context=root_pos))
             st.breaker_transitions = len(self.controller.breaker.transitions)
         st.seconds = time.perf_counter() - self._t_start
         return chunk
@@ -435,7 +436,7 @@ class Session:
         extra tokens minus the extra verification time priced in plain-decoding tokens (0 if no k
         gains). L is how many lookup tokens the target would accept; P(L > j) is learnt for free
         by scoring every lookup against the tokens actually emitted (`_score_lookups`)."""
-        cost = self.engine.cost
+        cost = self.engine.cost.at(self.n_past)
         unit = cost.verify_seconds(1)
         v0 = cost.verify_seconds(base)
         best, best_gain = 0, 0.02
@@ -520,8 +521,8 @@ class Session:
             assert tgt.pos_max(s) == -1, f"target seq {s} still holds cells (up to pos {tgt.pos_max(s)})"
         if self.drafter is not None:
             d = self.drafter.ctx
-            assert d.pos_max(0) == self.drafter.n_past - 1, \
-                f"draft seq 0 ends at {d.pos_max(0)}, expected {self.drafter.n_past - 1}"
+            want = self.drafter.n_past - 1 - self.drafter.offset
+            assert d.pos_max(0) == want, f"draft seq 0 ends at {d.pos_max(0)}, expected {want}"
             assert self.drafter.n_past <= len(self.tokens) - 1
             for s in range(1, d.n_seq_max):
                 assert d.pos_max(s) == -1, f"draft seq {s} still holds cells"

@@ -285,3 +285,63 @@ def test_spine_probs_stop_where_pruning_cut_the_first_choices(engine):
             chain_len += 1
         assert 1 <= len(rep.spine_probs) <= chain_len
         assert len(tree) - 1 <= nodes
+
+
+LONG_PROMPT = ("Context: " + " ".join(
+    f"Record {i}: the sensor in room {i % 17} read {20 + i % 9}.{i % 10} degrees at {i % 24:02d}:00." for i in range(30))
+    + "\nQuestion: list the records of room 3 with their readings.")
+
+
+def test_draft_window_starts_the_draft_over_on_the_prompts_tail(engine):
+    """A prompt longer than the draft window: the draft absorbs only the prompt's last `window`
+    tokens (draft positions from 0). The target still verifies every token, so the output is
+    plain decoding's, bit for bit; the KV invariants hold after every step; the draft still
+    drafts usefully."""
+    import dataclasses
+
+    toks = engine.encode_chat([("user", LONG_PROMPT)])
+    window = 48
+    assert len(toks) > 4 * window
+    plain = run(engine, toks, "plain", check_kv=False)
+    saved = engine.cfg
+    engine.cfg = dataclasses.replace(saved, draft_window=window)
+    try:
+        req = GenerationRequest(tuple(toks), SamplingParams(max_tokens=96), SpeculationParams(mode="chain", ngram=False))
+        sess = engine.open_session(req)
+        sess.check_kv = True
+        try:
+            assert sess.drafter.backlog(sess.tokens) == window
+            sess.step()
+            assert sess.drafter.offset == len(toks) - window
+            assert sess.slot.draft.pos_max(0) < window + 8  # draft positions count from the window's start
+            while not sess.done:
+                sess.step()
+            spec = sess.result()
+        finally:
+            sess.close()
+    finally:
+        engine.cfg = saved
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.accepted_tokens > 0.5 * len(spec.token_ids)
+
+
+def test_draft_window_after_a_long_plain_phase(engine):
+    """sync (the catch-up before a half-open probe) starts over too when the plain phase left
+    more than the window behind; the draft's cache then ends exactly where the context does."""
+    from edgespec.drafters import ModelDrafter
+
+    slot = next(s for s in engine.slots if not s.busy)
+    toks = engine.encode_chat([("user", LONG_PROMPT)])
+    d = ModelDrafter(slot.draft, window=32)
+    try:
+        d.begin(toks[:20])
+        d.sync(toks[:20])
+        assert (d.offset, d.n_past, slot.draft.pos_max(0)) == (0, 19, 18)
+        d.sync(toks[:30])  # a short backlog: caught up in place
+        assert (d.offset, d.n_past, slot.draft.pos_max(0)) == (0, 29, 28)
+        d.sync(toks)  # a long one: over again on the last 32 tokens before the root
+        assert d.offset == len(toks) - 1 - 32 and d.n_past == len(toks) - 1
+        assert slot.draft.pos_max(0) == 31
+        assert d.backlog(toks + [5] * 100) == 32
+    finally:
+        d.end()

@@ -48,8 +48,9 @@ def test_graft_budget_prices_extra_verification_in_plain_tokens():
     weak = [0.2] + [0.05] * (NGRAM_MAX - 1)
     strong = [0.9 ** (j + 1) for j in range(NGRAM_MAX)]
 
-    def budget(cost, reach, base=1):
-        return Session._ngram_budget(SimpleNamespace(engine=SimpleNamespace(cost=cost), _ngram_reach=[reach, reach]), base)
+    def budget(cost, reach, base=1, context=0):
+        return Session._ngram_budget(SimpleNamespace(engine=SimpleNamespace(cost=cost), _ngram_reach=[reach, reach],
+                                                     n_past=context), base)
 
     assert budget(flat, weak) == 1
     assert budget(steep, weak) == 0
@@ -58,3 +59,7 @@ def test_graft_budget_prices_extra_verification_in_plain_tokens():
     # on top of a 5-token chain the marginal cost is what counts: on the steep curve a 6th token
     # costs 2 ms (1/6 of a plain token) where a 2nd costs 9 ms, so the weak guess now pays
     assert budget(steep, weak, base=5) == 1
+    # at a long context every verified token costs more (attention reads the whole cache): the
+    # weak guess that pays on the flat curve near the calibration context does not at 8000 tokens
+    flat.ctx.one, flat.ctx.each = 2.0e-6, 0.8e-6
+    assert budget(flat, weak, context=100) == 1 and budget(flat, weak, context=8000) == 0

@@ -78,6 +78,18 @@ def _tokens(engine: BenchEngine, text: str) -> tuple[int, ...]:
     return tuple(engine.tokenize(text, add_special=True, parse_special=True))
 
 
+def context_needed(engine: BenchEngine, prompts: Sequence[Prompt], max_tokens: int) -> tuple[int, str]:
+    """(context size the longest prompt needs, its id): its tokens + max_tokens + the engine's
+    speculation headroom (Engine.open_session's budget)."""
+    headroom = 2 + SpeculationParams().tree_depth + 1
+    need, pid = 0, ""
+    for p in prompts:
+        n = len(prompt_tokens(engine, p)) + max_tokens + headroom
+        if n > need:
+            need, pid = n, p.id
+    return need, pid
+
+
 def request(tokens: tuple[int, ...], mode: str, max_tokens: int) -> GenerationRequest:
     return GenerationRequest(
         prompt_tokens=tokens,

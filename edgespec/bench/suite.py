@@ -14,6 +14,10 @@ from edgespec.errors import BadRequest
 
 SUITES_DIR = Path(__file__).parent / "suites"
 SHIPPED = ("code", "json", "legal", "rag", "chat", "chinese", "drift")
+# structured work with long inputs (370-2400 prompt tokens: a knowledge base, records, a module,
+# a contract; categories long-rag, long-json, long-code, long-legal), written by
+# tools/make-long-suite.py; not part of `all`
+LONG = "long"
 VIRTUAL = {
     "structured": ("code", "json", "legal", "rag"),
     "all": SHIPPED,
@@ -29,14 +33,14 @@ class Prompt:
 
 
 def suite_names() -> tuple[str, ...]:
-    return SHIPPED + tuple(VIRTUAL)
+    return SHIPPED + (LONG,) + tuple(VIRTUAL)
 
 
 def resolve(suite: str) -> list[Path]:
     """NAME (shipped or virtual) or FILE -> the suite files to read."""
     if suite in VIRTUAL:
         return [SUITES_DIR / f"{name}.jsonl" for name in VIRTUAL[suite]]
-    if suite in SHIPPED:
+    if suite in SHIPPED or suite == LONG:
         return [SUITES_DIR / f"{suite}.jsonl"]
     path = Path(suite)
     if path.is_file():

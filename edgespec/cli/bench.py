@@ -15,6 +15,7 @@ from edgespec.cli.common import user_errors
 
 ANCHOR_FIELDS = ("id", "category", "mode", "tokens", "seconds", "tokens_per_second")
 LLAMA_PREFIX = "llama.cpp:"  # the anchor's modes in the bench's rotation
+DEFAULT_N_CTX = 2048
 
 
 def _model_path(given: Optional[str], which: str) -> str:
@@ -26,7 +27,7 @@ def _model_path(given: Optional[str], which: str) -> str:
 
 
 def bench(
-    suite: str = typer.Option("structured", help="shipped suite (code, json, legal, rag, chat, chinese, drift, "
+    suite: str = typer.Option("structured", help="shipped suite (code, json, legal, rag, chat, chinese, drift, long, "
                               "structured, all) or a JSONL file"),
     modes: str = typer.Option("plain,chain,tree,auto", help="comma-separated modes, run interleaved per prompt"),
     max_tokens: int = typer.Option(128, "--max-tokens", help="tokens generated per prompt and mode"),
@@ -35,7 +36,8 @@ def bench(
     n_gpu_layers: int = typer.Option(0, "--n-gpu-layers", help="-1 = all layers on the GPU (CUDA build; "
                                      "a CPU build ignores it)"),
     threads: int = typer.Option(0, help="CPU threads (0 = all cores)"),
-    n_ctx: int = typer.Option(2048, "--n-ctx", help="context size of each model"),
+    n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="context size of each model (default: 2048, or "
+                                        "what the suite's longest prompt + --max-tokens needs)"),
     limit: Optional[int] = typer.Option(None, help="use only the first N prompts of each suite file"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the JSON report here"),
     markdown_out: Optional[Path] = typer.Option(None, "--markdown", help="write the markdown table here"),
@@ -57,7 +59,7 @@ def bench(
     """Benchmark edgespec's modes on a prompt suite (greedy, interleaved, same engine)."""
     with user_errors():
         from edgespec.bench import report as rep
-        from edgespec.bench.runner import parse_modes, run
+        from edgespec.bench.runner import context_needed, parse_modes, run
         from edgespec.bench.suite import load_suite
         from edgespec.config import EngineConfig, ModelConfig
         from edgespec.errors import BadRequest
@@ -85,36 +87,53 @@ def bench(
             if p is not None and not Path(p).is_file():
                 raise FileNotFoundError(2, "model not found (run `edgespec models prepare-demo`)", p)
 
-        def model(path: str) -> ModelConfig:
-            return ModelConfig(path=path, n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, threads=threads)
+        def config(ctx: int) -> EngineConfig:
+            def model(path: str) -> ModelConfig:
+                return ModelConfig(path=path, n_gpu_layers=n_gpu_layers, n_ctx=ctx, threads=threads)
 
-        cfg = EngineConfig(target=model(target_path), draft=model(draft_path) if draft_path else None)
-        cfg.validate()
+            cfg = EngineConfig(target=model(target_path), draft=model(draft_path) if draft_path else None)
+            cfg.validate()
+            return cfg
 
         from edgespec.engine import Engine
 
-        external, ext_rows, live = None, [], None
+        llama_draft = None
         if anchor_bin is not None:
-            from edgespec.bench.anchor import interleaved_runners
-
             llama_draft = anchor_draft or draft_path
             if llama_draft is None:
                 raise BadRequest("anchor_bin", "llama.cpp's speculation needs a draft model (not --draft none)")
             if not Path(llama_draft).is_file():
                 raise BadRequest("anchor_draft", f"{llama_draft}: model not found")
-            live = interleaved_runners(anchor_bin, target=target_path, draft=llama_draft, max_tokens=max_tokens,
-                                       threads=cfg.target.n_threads, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
-                                       draft_max=anchor_draft_max)
-            external = {LLAMA_PREFIX + m: fn for m, fn in live["runners"].items()}
 
+        cfg = config(DEFAULT_N_CTX if n_ctx is None else n_ctx)
         engine = Engine.load(cfg)
         try:
+            # a suite with long prompts (RAG contexts) gets the context it needs, unless --n-ctx
+            # says otherwise: then it is an error before any run, naming the prompt
+            need, pid = context_needed(engine, prompts, max_tokens)
+            if need > engine.n_ctx:
+                if n_ctx is not None:
+                    raise BadRequest("n_ctx", f"prompt {pid!r} needs a context of {need} tokens (prompt + "
+                                              f"--max-tokens {max_tokens} + speculation headroom); got {n_ctx}")
+                small, engine = engine, None
+                small.close()
+                cfg = config(-(-need // 256) * 256)
+                engine = Engine.load(cfg)
+            external, ext_rows, live = None, [], None
+            if anchor_bin is not None:
+                from edgespec.bench.anchor import interleaved_runners
+
+                live = interleaved_runners(anchor_bin, target=target_path, draft=llama_draft, max_tokens=max_tokens,
+                                           threads=cfg.target.n_threads, n_ctx=cfg.target.n_ctx,
+                                           n_gpu_layers=n_gpu_layers, draft_max=anchor_draft_max)
+                external = {LLAMA_PREFIX + m: fn for m, fn in live["runners"].items()}
             backend = (engine.model_info() or {}).get("backend")
             rows = run(engine, prompts, mode_list, max_tokens, warmup=warmup, progress=progress,
                        external=external, external_rows=ext_rows)
             costs = engine.cost.as_dict()
         finally:
-            engine.close()
+            if engine is not None:
+                engine.close()
         if live is not None:
             anchor_data = {
                 "command": "(interleaved with this run) " + _command_line(),
@@ -135,7 +154,7 @@ def bench(
                 "draft": draft_path,
                 "n_gpu_layers": n_gpu_layers,
                 "threads": cfg.target.n_threads,
-                "n_ctx": n_ctx,
+                "n_ctx": cfg.target.n_ctx,
                 "temperature": 0.0,
                 "prompts": len(prompts),
             },

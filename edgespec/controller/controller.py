@@ -62,6 +62,8 @@ class Controller:
         self.last_speculative_shape: Shape | None = None
         self.last_choice: Choice | None = None
         self.catchup = 1  # draft batch of the first draft forward (measured)
+        self.catchup_skips = 0  # closed-state steps decoded plainly: the draft's backlog would not pay
+        self._cost = cost  # the cost model at the current step's context (choose)
         self._prev_speculative = False
         self._overhead = {"plain": 0.0, "spec": 0.0}
         self._open_estimate = self._prior  # the estimate the breaker last opened on
@@ -85,18 +87,20 @@ class Controller:
         return estimate((window or self.window).counts, self._prior, self.cfg.prior_weight)
 
     def _best(self, window: AcceptanceWindow | None = None) -> Choice:
-        return self.policy.best(self.acceptance(window), self.cost, catchup=self.catchup,
+        return self.policy.best(self.acceptance(window), self._cost, catchup=self.catchup,
                                 overhead_spec=self._overhead["spec"], overhead_plain=self._overhead["plain"])
 
     def _speedup(self, choice: Choice) -> float:
         """Expected speedup over plain, corrected by the measured bias of the step-time model."""
         return choice.speedup / self.spec_bias
 
-    def choose(self, remaining: int | None = None, draft_backlog: int = 0) -> Shape:
+    def choose(self, remaining: int | None = None, draft_backlog: int = 0, context: int = 0) -> Shape:
         """The shape of the next step. Cheap: one analytic pass over a fixed candidate set.
         `remaining`: tokens the request may still emit; `draft_backlog`: context tokens the draft
-        model has not absorbed (after a plain phase its first forward must catch up on them)."""
+        model has not absorbed (after a plain phase its first forward must catch up on them);
+        `context`: tokens in the target's cache (a long one makes every verified token dearer)."""
         self._predicted_seconds = None
+        self._cost = self.cost.at(context)
         if self.disabled or self.breaker.state == OPEN:
             shape = PLAIN
         elif self.breaker.state == HALF_OPEN:
@@ -109,6 +113,9 @@ class Controller:
                                          top1_acceptance=round(a[0][0], 4)):
                 self._open_estimate = a
                 shape = PLAIN
+            elif not self._catchup_pays(remaining, draft_backlog, choice):
+                self.catchup_skips += 1
+                shape = PLAIN
             else:
                 shape = choice.shape
                 self._predicted_seconds = choice.seconds
@@ -117,6 +124,22 @@ class Controller:
         self.last_shape = shape
         return shape
 
+    def _catchup_pays(self, remaining: int | None, draft_backlog: int, choice: Choice) -> bool:
+        """Before its first proposal the draft absorbs what it lacks: at a request's start the
+        whole prompt (up to the engine's draft window). Speculate only if the saving the choice
+        promises over the tokens still to come covers that one-off; else decode plainly (prompt
+        lookups still graft) and ask again next step. With a short answer to a long prompt the
+        draft is never run."""
+        if remaining is None or draft_backlog <= self.catchup + 1 or choice.shape.mode == "plain" \
+                or not self.policy.has_draft_model:
+            return True
+        extra = self._cost.draft_seconds(draft_backlog) - self._cost.draft_seconds(self.catchup)
+        speedup = self._speedup(choice)
+        if speedup <= 1.0:
+            return False
+        plain_token = self._cost.verify_seconds(1) + self._overhead["plain"]
+        return extra <= remaining * plain_token * (1.0 - 1.0 / speedup)
+
     def _probe_pays(self, remaining: int | None, draft_backlog: int) -> bool:
         """A probe first makes the draft absorb the plain phase's backlog (one forward over it). On
         a short remainder that one-off can cost more than the probe could ever win back: skip the
@@ -124,8 +147,8 @@ class Controller:
         `probe_cost_fraction` of the remaining plain decoding."""
         if remaining is None or draft_backlog <= 1 or not self.policy.has_draft_model:
             return True
-        catchup = self.cost.draft_seconds(draft_backlog)
-        return catchup <= self.cfg.probe_cost_fraction * remaining * self.cost.verify_seconds(1)
+        catchup = self._cost.draft_seconds(draft_backlog)
+        return catchup <= self.cfg.probe_cost_fraction * remaining * self._cost.verify_seconds(1)
 
     def _top1(self, window: AcceptanceWindow | None = None) -> float:
         return self.acceptance(window)[0][0]
@@ -187,7 +210,7 @@ class Controller:
                 self.breaker.closed_step_done()
 
     def _refine_costs(self, o: StepOutcome) -> None:
-        self.cost.observe_step(o.verify_tokens, o.verify_seconds, o.draft_batches, o.draft_seconds)
+        self.cost.observe_step(o.verify_tokens, o.verify_seconds, o.draft_batches, o.draft_seconds, context=o.context)
         if o.overhead_seconds > 0:
             key = "spec" if o.speculative else "plain"
             a = self.cfg.ewma_alpha
@@ -214,5 +237,6 @@ class Controller:
             "acceptance_top1_by_depth": [round(row[0], 4) for row in a],
             "candidates": self.policy.n_candidates,
             "drift_alarms": self.drift_alarms,
+            "catchup_skips": self.catchup_skips,
             "draft_calibration": [round(x, 3) for x in self.calibration.rates()],
         }

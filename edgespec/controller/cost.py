@@ -8,6 +8,13 @@ A calibration table is first cut to its lower envelope (each size costs at most 
 size cost): timing noise only ever adds, and one forward slowed by another tenant or a page fault
 must not make every larger batch look that slow too.
 
+Context: a target forward at a longer context than calibration's costs more, because attention
+reads every cached token for every query token (this CPU, F32 demo target, 8000 tokens of context:
+28 ms for 1 token against 12 at 256, and 8.3 ms per extra verified token against 2). The curves
+describe the calibration context; `ContextFit` adds d * (per_context + per_context_each * (n - 1))
+for d tokens of context beyond it, both rates fitted online from the timed forwards (least squares
+over EWMA statistics). `at(context)` is the model as seen from one request's current context.
+
 One per engine, shared by its requests, confined to the engine thread.
 """
 
@@ -88,6 +95,73 @@ class _Curve:
         return {str(n): round(s, 7) for n, s in zip(self.sizes, self._mono)}
 
 
+class ContextFit:
+    """seconds(n, d) - curve(n) ~ d * (one + each * (n - 1)): the extra a target forward over n
+    tokens costs at d tokens of context beyond calibration's. Least squares on EWMA-weighted
+    sufficient statistics (a small ridge keeps it defined), rates clamped at >= 0."""
+
+    # the fit learns from forwards at least this far beyond the calibration context (where the
+    # context's share dominates); nearer ones refine the curves, net of the fit's estimate
+    MIN_D = 512
+
+    def __init__(self, alpha: float = 0.1):
+        self.alpha = alpha
+        self.sxx = [[0.0, 0.0], [0.0, 0.0]]
+        self.sxr = [0.0, 0.0]
+        self.one = 0.0  # seconds per context token, one query token
+        self.each = 0.0  # seconds per context token, per extra query token
+        self.observations = 0
+
+    def extra(self, n: int, d: int) -> float:
+        return d * (self.one + self.each * (n - 1)) if d > 0 else 0.0
+
+    def observe(self, n: int, d: int, residual: float) -> None:
+        if d < self.MIN_D:
+            return
+        x = (float(d), float(d * (n - 1)))
+        a = self.alpha if self.observations else 1.0
+        for i in range(2):
+            self.sxr[i] += a * (x[i] * residual - self.sxr[i])
+            for j in range(2):
+                self.sxx[i][j] += a * (x[i] * x[j] - self.sxx[i][j])
+        self.observations += 1
+        (p, q), (_, r) = self.sxx
+        ridge = 1e-3 * (p + r) + 1e-12
+        p, r = p + ridge, r + ridge
+        det = p * r - q * q
+        one = (r * self.sxr[0] - q * self.sxr[1]) / det
+        each = (p * self.sxr[1] - q * self.sxr[0]) / det
+        if one < 0 or each < 0:  # refit with the negative rate at 0
+            one, each = (max(0.0, self.sxr[0] / p), 0.0) if each < 0 else (0.0, max(0.0, self.sxr[1] / r))
+        self.one, self.each = one, each
+
+    def as_dict(self) -> dict:
+        return {"per_context_token_us": round(self.one * 1e6, 4), "per_context_token_each_extra_us":
+                round(self.each * 1e6, 4), "observations": self.observations}
+
+
+class _AtContext:
+    """A CostModel's lookups at one context length (target forwards only: the draft works on a
+    bounded window)."""
+
+    def __init__(self, model: "CostModel", d: int):
+        self._m, self._d = model, d
+
+    def verify_seconds(self, n: int) -> float:
+        return self._m.verify_seconds(n) + self._m.ctx.extra(n, self._d)
+
+    def curve(self, kind: str) -> Callable[[int], float]:
+        if kind == "target":
+            return self.verify_seconds
+        return self._m.curve(kind)
+
+    def seconds(self, kind: str, n: int) -> float:
+        return self.curve(kind)(n)
+
+    def __getattr__(self, name: str):  # draft_seconds, expand_seconds, ...
+        return getattr(self._m, name)
+
+
 class CostModel:
     """target/draft forward seconds by batch size. `version` changes on every update (cache key)."""
 
@@ -103,6 +177,15 @@ class CostModel:
         # seconds each output row beyond the first adds to a draft forward (its output head): a
         # catch-up of n tokens needs the last token's logits, a tree expansion of n nodes all n
         self.draft_row = 0.0
+        self.calib_context = 0  # tokens of context the curves were measured at
+        self.ctx = ContextFit(alpha)
+
+    def at(self, context: int) -> "CostModel":
+        """The model for a forward whose batch follows `context` cached tokens."""
+        d = context - self.calib_context
+        if d <= 0 or (self.ctx.one == 0.0 and self.ctx.each == 0.0):
+            return self
+        return _AtContext(self, d)  # type: ignore[return-value]
 
     @classmethod
     def from_tables(cls, target: dict[int, float], draft: dict[int, float], alpha: float = 0.1) -> "CostModel":
@@ -116,12 +199,14 @@ class CostModel:
         sizes: Iterable[int] = (1, 2, 4, 8, 16, 32),
         kinds: Iterable[str] = KINDS,
         draft_row: float | None = None,
+        context: int = 0,
     ) -> None:
         """measure(kind, batch) -> seconds of ONE forward (a draft forward with the last token's
-        logits only). Replaces the tables of `kinds`; `draft_row` sets the draft's extra seconds
-        per additional output row."""
+        logits only) after `context` cached tokens. Replaces the tables of `kinds`; `draft_row`
+        sets the draft's extra seconds per additional output row."""
         if draft_row is not None:
             self.draft_row = max(0.0, float(draft_row))
+        self.calib_context = context
         sizes = tuple(sizes)
         for kind in kinds:
             if kind not in KINDS:
@@ -153,24 +238,35 @@ class CostModel:
     def seconds(self, kind: str, n: int) -> float:
         return self._curves[kind](n)
 
-    def observe(self, kind: str, n: int, seconds: float) -> None:
-        """Online refinement from one timed forward of batch n (EWMA, weight alpha)."""
+    def observe(self, kind: str, n: int, seconds: float, context: int | None = None) -> None:
+        """Online refinement from one timed forward of batch n (EWMA, weight alpha). A target
+        forward at a `context` well beyond calibration's refines the context fit instead."""
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         if n < 1 or not seconds > 0 or self.alpha == 0.0:
             return
+        if kind == "target" and context is not None:
+            d = context - self.calib_context
+            if d >= ContextFit.MIN_D:
+                # a long context teaches the fit only: refining the curve from it too would let
+                # the curve absorb what the context costs (both would learn from one residual)
+                self.ctx.observe(n, d, seconds - self._curves[kind](n))
+                self.observations[kind] += 1
+                self.version += 1
+                return
+            seconds = max(seconds - self.ctx.extra(n, d), 0.5 * seconds)
         self._curves[kind].observe(n, seconds, self.alpha)
         self.observations[kind] += 1
         self.version += 1
 
     def observe_step(self, verify_tokens: int, verify_seconds: float, draft_batches: Iterable[int],
-                     draft_seconds: float) -> None:
+                     draft_seconds: float, context: int | None = None) -> None:
         """Online refinement from one engine step: its verification forward, and its draft time
         split over the draft forwards in proportion to their predicted times. Forward 1 is the
         catch-up; later ones expand tree nodes, whose extra output rows are taken off before they
         refine the (catch-up) draft curve."""
         if verify_tokens >= 1 and verify_seconds > 0:
-            self.observe("target", verify_tokens, verify_seconds)
+            self.observe("target", verify_tokens, verify_seconds, context)
         batches = tuple(draft_batches)
         if not batches or not draft_seconds > 0:
             return
@@ -188,4 +284,6 @@ class CostModel:
             "target_seconds": self._curves["target"].as_dict(),
             "draft_seconds": self._curves["draft"].as_dict(),
             "draft_row_seconds": round(self.draft_row, 7),
+            "calib_context": self.calib_context,
+            "context": self.ctx.as_dict(),
         }

@@ -101,6 +101,7 @@ class StepOutcome:
     # the draft model's probability of its first-choice child at each level along the path of
     # first choices from the root (what the confidence calibration learns from)
     spine_probs: tuple[float, ...] = ()
+    context: int | None = None  # tokens cached before the verification forward (None: not known)
 
     @property
     def speculative(self) -> bool:

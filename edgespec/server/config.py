@@ -105,6 +105,8 @@ SCHEMA: Schema = {
     "draft": {
         **_MODEL_KEYS,
         "enabled": ((bool,), True, None, "false = model-free (n-gram) drafting only"),
+        "window": ((int,), 256, _range(16, 1 << 20), "most context tokens the draft absorbs at once: a longer "
+                   "prompt is drafted from its last `window` tokens"),
     },
     "speculation": {
         "policy": ((str,), "auto", _one_of(*POLICIES), "auto: honour request modes; off: force plain decoding"),
@@ -422,7 +424,8 @@ def load(
             if m is not None and not Path(m.path).is_file():
                 hint = " (run `edgespec models prepare-demo`)" if not values[name]["path"] else ""
                 problems.append((f"{name}.path", f"model file not found: {m.path}{hint}"))
-    engine = EngineConfig(target=target, draft=draft, parallel=s["parallel"], max_tree_leaves=s["max_tree_leaves"])
+    engine = EngineConfig(target=target, draft=draft, parallel=s["parallel"], max_tree_leaves=s["max_tree_leaves"],
+                          draft_window=draft_vals["window"])
     try:
         engine.validate()
     except ConfigError as exc:

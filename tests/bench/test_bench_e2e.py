@@ -90,3 +90,24 @@ def test_bench_runs_llama_cpp_interleaved(tmp_path):
     assert len(calls) == 4
     assert all(f"-m {TARGET}" in c for c in calls) and sum(f"-md {DRAFT}" in c for c in calls) == 2
     assert all("<|im_start|>user" in c and "-n 8" in c and "-t 1" in c for c in calls)
+
+
+def test_bench_sizes_the_context_for_long_prompts(tmp_path):
+    """A suite with a prompt longer than the default 2048-token context: the bench loads the
+    models with the context it needs (the report says which); with --n-ctx too small it stops
+    before any run with an error naming the field and the prompt."""
+    ctx = " ".join(f"Item {i}: field {i} holds {i * 7}." for i in range(330))  # ~2600 tokens
+    suite = tmp_path / "long.jsonl"
+    suite.write_text(json.dumps({"id": "long-rag", "category": "rag_answers",
+                                 "prompt": f"Context: {ctx}\nQuestion: what does field 42 hold?"}) + "\n")
+    base = [sys.executable, "-m", "edgespec.cli.main", "bench", "--suite", str(suite), "--max-tokens", "4",
+            "--modes", "plain,auto", "--no-progress", "--no-warmup", "--threads", "1"]
+    proc = subprocess.run(base + ["--json", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["settings"]["n_ctx"] > 2048 and report["settings"]["n_ctx"] % 256 == 0
+    assert {r["mode"] for r in report["results"]} == {"plain", "auto"}
+    assert report["headline"]["structured_categories"] == ["rag_answers"]
+    proc = subprocess.run(base + ["--n-ctx", "2048"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2
+    assert "error: n_ctx: prompt 'long-rag' needs a context of" in proc.stderr and "got 2048" in proc.stderr

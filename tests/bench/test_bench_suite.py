@@ -25,6 +25,16 @@ def test_virtual_suites():
     assert len(load_suite("structured", limit=2)) == 8
 
 
+def test_long_suite_is_long_structured_work():
+    from edgespec.bench.report import classify
+
+    prompts = load_suite("long")
+    assert len(prompts) >= 12 and {p.category for p in prompts} == {"long-rag", "long-json", "long-code", "long-legal"}
+    assert all(classify(p.category) == "structured" for p in prompts)
+    assert min(len(p.prompt) for p in prompts) > 1200  # characters: several hundred tokens each
+    assert not {p.id for p in prompts} & {p.id for p in load_suite("all")}
+
+
 def test_chinese_suite_is_chinese():
     assert all(any("\u4e00" <= ch <= "\u9fff" for ch in p.prompt) for p in load_suite("chinese"))
 

@@ -211,3 +211,40 @@ def test_stop_rule_uses_the_learnt_calibration():
     # off: the drafter compares the draft's raw path probability
     raw = make(cfg=ControllerConfig(calibrate_stop=False)).choose()
     assert raw.calib == () and raw.accept_estimate(0.35) == 0.35
+
+
+def test_no_speculation_when_the_drafts_prompt_catch_up_would_not_pay():
+    """At a request's start the draft must absorb the prompt (up to the engine's draft window)
+    before it drafts. The controller speculates only when the expected saving over the tokens
+    still to come covers that one-off; otherwise it decodes plainly without opening the breaker,
+    counts the step, and asks again next step."""
+    ctrl = make()
+    cost = ctrl.cost
+    backlog = 256
+    extra = cost.draft_seconds(backlog) - cost.draft_seconds(1)
+    choice = ctrl._best()
+    s = ctrl._speedup(choice)
+    assert s > 1.2
+    breakeven = extra / (cost.verify_seconds(1) * (1 - 1 / s))
+    few, many = int(breakeven * 0.8), int(breakeven * 1.25) + 1
+    assert ctrl.choose(remaining=few, draft_backlog=backlog).mode == "plain"
+    assert ctrl.state == "closed" and ctrl.summary()["catchup_skips"] == 1
+    assert ctrl.choose(remaining=many, draft_backlog=backlog).mode != "plain"
+    assert ctrl.choose(remaining=few, draft_backlog=1).mode != "plain"  # nothing to catch up
+    assert ctrl.choose(draft_backlog=backlog).mode != "plain"  # no remainder known: speculate
+
+
+def test_a_long_context_makes_verification_dearer_in_the_choice():
+    """The same acceptance at 8000 tokens of context: every verified token costs more there
+    (attention), so the controller expects less and chooses no bigger a shape."""
+    ctrl = make()
+    for i in range(100):
+        n, ctx = (1, 3, 6)[i % 3], 1000 + 70 * i
+        extra = (ctx - 32) * (2e-6 + 0.8e-6 * (n - 1))
+        ctrl.cost.observe("target", n, ctrl.cost.verify_seconds(n) + extra, context=ctx)
+    short = ctrl.choose(context=100)
+    s_short = ctrl._speedup(ctrl.last_choice)
+    long_ = ctrl.choose(context=8000)
+    s_long = ctrl._speedup(ctrl.last_choice)
+    assert s_long < s_short
+    assert long_.nodes <= short.nodes

@@ -90,3 +90,46 @@ def test_online_refinement_takes_expansion_rows_off():
     ctl._refine_costs(StepOutcome(eagle(2, 4, 4, 8), (0,), (4,), 2, 0.026, (1, 4), 0.012, 9, 2))
     assert cost.draft_seconds(1) == pytest.approx(0.010)
     assert cost.draft_seconds(4) == pytest.approx(0.010)  # 16 ms share minus 3 rows of 2 ms
+
+
+# ---- context: attention makes every token dearer at a long context --------------------------
+
+def _true_seconds(n, context, one=2.0e-6, each=0.8e-6):
+    """A target whose forward costs the calibrated curve plus what its context adds (the rates
+    measured on this CPU for the F32 demo target)."""
+    base = 0.010 + 0.002 * (n - 1)
+    return base + max(0, context - 32) * (one + each * (n - 1))
+
+
+def _calibrated():
+    m = CostModel.from_tables({n: _true_seconds(n, 32) for n in (1, 2, 4, 8)}, {1: 0.005, 4: 0.008})
+    m.calib_context = 32
+    return m
+
+
+def test_context_fit_learns_what_a_long_context_adds():
+    m = _calibrated()
+    assert m.at(4000) is m  # nothing learnt yet: the curves as calibrated
+    for i in range(200):
+        n, ctx = (1, 2, 5, 8)[i % 4], 100 + (i * 397) % 7900
+        m.observe("target", n, _true_seconds(n, ctx), context=ctx)
+    assert m.ctx.one == pytest.approx(2.0e-6, rel=0.05) and m.ctx.each == pytest.approx(0.8e-6, rel=0.05)
+    at = m.at(8000)
+    for n in (1, 5, 8):
+        assert at.verify_seconds(n) == pytest.approx(_true_seconds(n, 8000), rel=0.03)
+    assert at.curve("target")(5) == at.verify_seconds(5) and at.draft_seconds(4) == m.draft_seconds(4)
+    # the curves still describe the calibration context: long-context forwards did not inflate them
+    assert m.verify_seconds(5) == pytest.approx(_true_seconds(5, 32), rel=0.03)
+    assert m.at(32) is m and m.at(232).verify_seconds(1) == pytest.approx(_true_seconds(1, 232), rel=0.03)
+    assert 150 < m.as_dict()["context"]["observations"] < 200  # the nearer ones refined the curves
+
+
+def test_context_fit_ignores_forwards_without_a_context_and_stays_non_negative():
+    m = _calibrated()
+    for _ in range(20):
+        m.observe("target", 4, 0.5 * _true_seconds(4, 32), context=3000)  # faster than calibration: noise
+    assert m.ctx.one >= 0 and m.ctx.each >= 0
+    before = m.ctx.observations
+    m.observe("target", 4, 0.02)  # no context given: only the curve learns
+    m.observe_step(4, 0.02, (), 0.0)
+    assert m.ctx.observations == before

@@ -17,20 +17,23 @@ def test_defaults_are_valid_and_loopback():
     assert (cfg.server.host, cfg.server.port, cfg.server.reflection) == ("127.0.0.1", 50051, False)
     assert cfg.engine.target.path.endswith("SmolLM2-135M-Instruct.F32.gguf")
     assert cfg.engine.draft.path.endswith("SmolLM2-135M-Instruct.Q8_0.gguf")
+    assert cfg.engine.draft_window == 256
 
 
 def test_every_problem_is_listed_with_its_key(tmp_path):
     f = tmp_path / "bad.toml"
     f.write_text('[server]\nport = 70000\nparallel = "two"\nwat = 1\n[tls]\nkey = "/nonexistent.pem"\n'
-                 '[speculation]\npolicy = "sometimes"\n[nosuch]\nx = 1\n[controller]\nwindow = -3\n')
+                 '[speculation]\npolicy = "sometimes"\n[nosuch]\nx = 1\n[controller]\nwindow = -3\n'
+                 '[draft]\nwindow = 8\n')
     with pytest.raises(InvalidConfig) as e:
         load(f, env={})
     keys = [k for k, _ in e.value.problems]
     for key in ("server.port", "server.parallel", "server.wat", "tls.key", "speculation.policy", "nosuch",
-                "controller.window"):
+                "controller.window", "draft.window"):
         assert key in keys, (key, e.value.problems)
     msgs = dict(e.value.problems)
     assert "[0, 65535]" in msgs["server.port"] and "auto, off" in msgs["speculation.policy"]
+    assert "[16, 1048576]" in msgs["draft.window"]
 
 
 def test_env_then_flags_override_file(tmp_path):
