@@ -33,3 +33,6 @@ $ES bench --suite structured --limit 3 --modes plain,chain,tree,auto --max-token
 echo "== 4. useless draft (random weights, same vocabulary)"
 $ES bench --suite all --limit 3 --modes plain,auto,chain --max-tokens "$N" --threads "$T" \
   --draft "$RAND" --json "$R/random-draft.json" --markdown "$R/random-draft.md" --no-progress
+echo "== 5. long inputs (370-2400 prompt tokens): the suite the context-aware costs and the draft window are for"
+$ES bench --suite long --modes plain,chain,tree,auto --max-tokens 128 --threads "$T" \
+  --json "$R/long.json" --markdown "$R/long.md" --plot "$R/long.png" --no-progress
