@@ -133,3 +133,14 @@ def test_context_fit_ignores_forwards_without_a_context_and_stays_non_negative()
     m.observe("target", 4, 0.02)  # no context given: only the curve learns
     m.observe_step(4, 0.02, (), 0.0)
     assert m.ctx.observations == before
+
+
+def test_context_fit_is_not_thrown_by_one_slowed_forward():
+    m = _calibrated()
+    for i in range(40):
+        n, ctx = (1, 5)[i % 2], 1000 + 150 * i
+        m.observe("target", n, _true_seconds(n, ctx), context=ctx)
+    one = m.ctx.one
+    m.observe("target", 1, _true_seconds(1, 4000) + 0.200, context=4000)  # a 200 ms hiccup
+    assert m.ctx.one < 1.5 * one
+    assert m.at(8000).verify_seconds(1) < 1.3 * _true_seconds(1, 8000)
