@@ -222,7 +222,7 @@ class Engine:
         if not req.prompt_tokens:
             raise BadRequest("prompt", "is empty")
         n_prompt = len(req.prompt_tokens)
-        budget = self.n_ctx - 2 - (req.speculation.tree_depth + 1)
+        budget = self.n_ctx - req.speculation.context_headroom
         if n_prompt + req.sampling.max_tokens > budget:
             raise BadRequest(
                 "prompt",

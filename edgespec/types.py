@@ -39,6 +39,12 @@ class SpeculationParams:
         if not isinstance(self.tree_depth, int) or not 1 <= self.tree_depth <= MAX_TREE_DEPTH:
             raise BadRequest("tree_depth", f"must be in [1, {MAX_TREE_DEPTH}], got {self.tree_depth!r}")
 
+    @property
+    def context_headroom(self) -> int:
+        """Context tokens a request needs beyond prompt + max_tokens: a step's root and deepest
+        tree path, plus 2."""
+        return 2 + self.tree_depth + 1
+
 
 @dataclass(frozen=True)
 class GenerationRequest:

@@ -182,13 +182,11 @@ def anchor_row(r: dict[str, Any]) -> Row:
 # ---- headline figures against the issue's goals ------------------------------------------------
 
 
-def headline(summary: dict, ratios: dict | None = None, groups: dict[str, list[str]] | None = None) -> dict[str, Any]:
+def headline(summary: dict, ratios: dict | None, groups: dict[str, list[str]]) -> dict[str, Any]:
     """The figures the README quotes: best speculative speedup and tree tau on the structured
     categories, auto over plain on drift prompts, and auto over llama.cpp's speculation. `groups`
     (headline_groups) says which categories are structured and which drift; each figure pools
     its group's tokens and seconds."""
-    if groups is None:
-        groups = headline_groups(c for c in summary if c != OVERALL)
     spec_modes = ("chain", "tree", "auto")
 
     def pooled(cats: Sequence[str], mode: str) -> dict[str, float] | None:

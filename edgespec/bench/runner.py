@@ -81,7 +81,7 @@ def _tokens(engine: BenchEngine, text: str) -> tuple[int, ...]:
 def context_needed(engine: BenchEngine, prompts: Sequence[Prompt], max_tokens: int) -> tuple[int, str]:
     """(context size the longest prompt needs, its id): its tokens + max_tokens + the engine's
     speculation headroom (Engine.open_session's budget)."""
-    headroom = 2 + SpeculationParams().tree_depth + 1
+    headroom = SpeculationParams().context_headroom
     need, pid = 0, ""
     for p in prompts:
         n = len(prompt_tokens(engine, p)) + max_tokens + headroom

@@ -19,7 +19,7 @@ import math
 from collections import deque
 from typing import TYPE_CHECKING, Iterable
 
-from edgespec.controller.shapes import StepOutcome
+from edgespec.controller.shapes import StepOutcome, calib_bucket
 
 if TYPE_CHECKING:  # pragma: no cover
     from edgespec.controller.controller import Controller
@@ -41,7 +41,7 @@ def calib_events(spine_probs: Iterable[float], accepted_ranks: tuple[int, ...]) 
     for d, p in enumerate(spine_probs):
         if d > len(accepted_ranks) or any(r != 0 for r in accepted_ranks[:d]):
             break
-        b = min(CALIB_BUCKETS - 1, max(0, int(p * CALIB_BUCKETS)))
+        b = calib_bucket(p, CALIB_BUCKETS)
         ev.append((b, int(d < len(accepted_ranks) and accepted_ranks[d] == 0)))
     return ev
 

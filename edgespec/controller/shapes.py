@@ -8,6 +8,11 @@ from typing import Literal
 ShapeMode = Literal["plain", "chain", "tree"]
 
 
+def calib_bucket(p: float, buckets: int) -> int:
+    """The bucket of a draft probability p among `buckets` equal ones over [0, 1]."""
+    return min(buckets - 1, max(0, int(p * buckets)))
+
+
 @dataclass(frozen=True)
 class Shape:
     """One step's speculation shape. The target batch is `nodes + 1` (the root = last emitted token).
@@ -38,9 +43,7 @@ class Shape:
     def accept_estimate(self, p: float) -> float:
         """The acceptance estimate of a drafted token to which the draft gave probability p."""
         c = self.calib
-        if not c:
-            return p
-        return c[min(len(c) - 1, max(0, int(p * len(c))))]
+        return c[calib_bucket(p, len(c))] if c else p
 
     @property
     def verify_tokens(self) -> int:
