@@ -9,6 +9,9 @@ import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from edgespec.bench.report import ceiling  # noqa: E402  (pure: no llama.cpp)
+
 DOCS = Path(__file__).resolve().parent.parent / "docs/benchmarks"
 R = DOCS / "results"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -74,6 +77,9 @@ def main() -> None:
          f"{auto_over_q4_anchor:.2f}x"),
         ("edgespec plain over `llama-completion`", "(sanity: ~1.0x)", f"{h['plain_over_llama_cpp_plain']:.2f}x"),
         ("Q8_0 target: auto over plain (structured)", "~1.0x (must not lose)", f"{speedup(q8, 'overall', 'auto'):.2f}x"),
+        ("bound: a draft always right, chain of 4 (from the run's forward costs)", "(ceiling)",
+         both(lambda d: f"{ceiling(d['costs'])['chain']['4']['perfect_draft']:.2f}x "
+                        f"(any chain {ceiling(d['costs'])['best_perfect_draft']:.2f}x)")),
     ]
     goals = "\n".join(["| goal | target | measured (run 1 / run 2 where two) |", "|---|---|---|"]
                       + [f"| {a} | {b} | {c} |" for a, b, c in rows])

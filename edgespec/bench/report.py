@@ -14,6 +14,7 @@ from importlib import metadata
 from typing import Any
 
 from edgespec.bench.runner import Row
+from edgespec.controller.cost import CostModel
 
 OVERALL = "overall"
 
@@ -131,6 +132,47 @@ def time_split(rows: Sequence[Row]) -> dict[str, dict[str, Any]]:
             "accepted_at_least": [round(n / steps, 3) for n in depth[:MAX_DEPTH_SHOWN]],
         }
     return out
+
+
+# ---- what the measured costs allow --------------------------------------------------------------
+
+CEILING_DEPTHS = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def ceiling(costs: dict[str, Any], depths: Sequence[int] = CEILING_DEPTHS) -> dict[str, Any] | None:
+    """The most a chain of k drafts could make of this run's measured forward costs, over plain
+    (Python excluded from both). A draft that is always right emits k + 1 tokens per step for one
+    draft forward over 2 tokens (the previous step's last draft and its bonus token), k - 1 over
+    one token, and one verification over k + 1; plain emits one token per 1-token target forward:
+
+        perfect_draft(k) = (k + 1) T(1) / (D(2) + (k - 1) D(1) + T(k + 1))
+        free_draft(k)    = (k + 1) T(1) / T(k + 1)           (drafting free: verification's bound)
+
+    A draft model of this cost cannot beat `perfect_draft` (a deeper tree needs a draft forward
+    per level, and a tree's extra branches are waste when the chain is always right): when its best
+    is under a goal, the goal is out of reach with this draft on this machine, whatever the
+    controller does. Only model-free drafts (prompt lookup grafts) push toward `free_draft`.
+    Costs are at the calibration context (longer contexts make verification dearer still)."""
+    tables = {k: {int(n): float(s) for n, s in (costs.get(f"{k}_seconds") or {}).items()} for k in ("target", "draft")}
+    if not tables["target"] or not tables["draft"]:
+        return None
+    cm = CostModel.from_tables(tables["target"], tables["draft"])
+    plain = cm.verify_seconds(1)
+    chain = {}
+    for k in depths:
+        verify = cm.verify_seconds(k + 1)
+        drafting = cm.draft_seconds(2) + (k - 1) * cm.draft_seconds(1)
+        chain[str(k)] = {"perfect_draft": round((k + 1) * plain / (drafting + verify), 3),
+                         "free_draft": round((k + 1) * plain / verify, 3)}
+    best = max(chain, key=lambda k: chain[k]["perfect_draft"])
+    return {
+        "target_ms": round(plain * 1e3, 3),
+        "draft_ms": round(cm.draft_seconds(1) * 1e3, 3),
+        "draft_over_target": round(cm.draft_seconds(1) / plain, 3),
+        "chain": chain,
+        "best_depth": int(best),
+        "best_perfect_draft": chain[best]["perfect_draft"],
+    }
 
 
 # ---- the llama.cpp anchor ---------------------------------------------------------------------
@@ -299,6 +341,8 @@ def build_report(
     report["time_split"][OVERALL] = time_split(rows)
     if costs is not None:
         report["costs"] = costs
+        if (bound := ceiling(costs)) is not None:
+            report["ceiling"] = bound
     ratios = None
     if anchor is not None:
         ratios = anchor_ratios(rows, anchor)
@@ -311,6 +355,8 @@ def build_report(
             "results": anchor["results"],
         }
     report["headline"] = headline(summary, ratios, groups)
+    if "ceiling" in report:
+        report["headline"]["perfect_draft_ceiling"] = report["ceiling"]["best_perfect_draft"]
     return report
 
 
@@ -419,4 +465,22 @@ def _time_split_markdown(report: dict[str, Any]) -> list[str]:
             if table:
                 cells = " | ".join(_fmt(table[n] * 1e3 if n in table else None, ".1f") for n in sizes)
                 lines.append(f"| {kind.split('_')[0]} | {cells} |")
+    bound = report.get("ceiling")
+    if bound:
+        depths = list(bound["chain"])
+        lines += [
+            "",
+            "## The ceiling these costs allow",
+            "",
+            f"A draft forward costs {bound['draft_over_target']:.2f} of a target forward "
+            f"({bound['draft_ms']:.1f} vs {bound['target_ms']:.1f} ms). Speedup over plain that a chain of k "
+            "drafts could reach with these costs if every draft were accepted (and with drafting free), "
+            "Python excluded. No controller, and no draft model of this cost however well it agrees, passes the "
+            "first row; only model-free drafts (prompt lookup) reach toward the second.",
+            "",
+            "| chain of k | " + " | ".join(depths) + " |",
+            "|---|" + "---:|" * len(depths),
+            "| draft always right | " + " | ".join(f"{bound['chain'][k]['perfect_draft']:.2f}" for k in depths) + " |",
+            "| ... and drafting free | " + " | ".join(f"{bound['chain'][k]['free_draft']:.2f}" for k in depths) + " |",
+        ]
     return lines

@@ -47,7 +47,16 @@ def test_bench_end_to_end(tmp_path):
     assert set(report["summary"]) == {"code", "drift", "overall"}
     assert report["machine"]["backend"] == "cpu" and report["settings"]["n_gpu_layers"] == -1
     assert report["settings"]["threads"] == 1
-    assert "| code | plain | 1 |" in open(f"{out}.md").read()
+    md = open(f"{out}.md").read()
+    assert "| code | plain | 1 |" in md
+    # the ceiling comes from this run's measured costs: a real draft forward costs a fraction of
+    # a target forward, and a perfect draft's bound sits between plain and the free-drafting one
+    bound = report["ceiling"]
+    assert 0 < bound["draft_over_target"] < 1.5 and bound["target_ms"] > 0
+    for c in bound["chain"].values():
+        assert 0 < c["perfect_draft"] < c["free_draft"]
+    assert report["headline"]["perfect_draft_ceiling"] == bound["best_perfect_draft"]
+    assert "## The ceiling these costs allow" in md
     assert open(f"{out}.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 

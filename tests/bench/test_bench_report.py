@@ -142,6 +142,29 @@ def test_time_split_and_costs():
     assert "| target | 10.0 | 12.5 |" in md and "| draft | 4.0 | – |" in md
 
 
+def test_ceiling_from_costs():
+    """The bound a chain of k drafts could reach if every draft were accepted: k + 1 tokens for a
+    2-token draft catch-up, k - 1 one-token draft forwards and one verification of k + 1 tokens,
+    against k + 1 plain forwards. Hand-computed from piecewise-linear tables."""
+    costs = {"target_seconds": {"1": 0.010, "2": 0.010, "4": 0.012, "8": 0.016},
+             "draft_seconds": {"1": 0.004, "2": 0.005}}
+    bound = rep.ceiling(costs, depths=(1, 3, 4))
+    assert bound["draft_over_target"] == 0.4 and (bound["target_ms"], bound["draft_ms"]) == (10.0, 4.0)
+    assert bound["chain"]["1"] == {"perfect_draft": round(20 / 15, 3), "free_draft": 2.0}   # 2 x 10 / (5 + 10)
+    assert bound["chain"]["3"] == {"perfect_draft": 1.6, "free_draft": round(40 / 12, 3)}   # 4 x 10 / (5 + 8 + 12)
+    assert bound["chain"]["4"]["perfect_draft"] == round(50 / 30, 3)  # T(5) = 13 ms, between 4 and 8
+    assert (bound["best_depth"], bound["best_perfect_draft"]) == (4, round(50 / 30, 3))
+    assert rep.ceiling({"target_seconds": {"1": 0.01}}) is None  # no draft costs: no bound
+    rows = run(FakeEngine(), PROMPTS, MODES, 16, progress=False)
+    report = rep.build_report(rows, command="c", machine={}, settings={}, costs=costs)
+    assert report["headline"]["perfect_draft_ceiling"] == report["ceiling"]["best_perfect_draft"]
+    md = rep.to_markdown(report)
+    assert "## The ceiling these costs allow" in md and "0.40 of a target forward" in md
+    perfect = next(line for line in md.splitlines() if line.startswith("| draft always right |"))
+    assert perfect.split(" | ")[1:3] == ["1.33", "1.50"]  # k = 1: 20 / 15; k = 2: 30 / (5 + 4 + 11)
+    assert "perfect_draft_ceiling" not in rep.build_report(rows, command="c", machine={}, settings={})["headline"]
+
+
 @pytest.mark.parametrize("category, group", [
     ("code", "structured"), ("JSON_extraction", "structured"), ("legal-clauses", "structured"),
     ("rag answers", "structured"), ("sql", "structured"), ("contract_review", "structured"),
