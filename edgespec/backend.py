@@ -24,6 +24,7 @@ import numpy as np
 
 from edgespec.config import ModelConfig
 from edgespec.errors import IncompatibleDraft, ModelError
+from edgespec.heap import keep_freed_memory
 
 _init_lock = threading.Lock()
 _initialised = False
@@ -36,6 +37,7 @@ def _init() -> None:
         if _initialised:
             return
         ll.llama_backend_init()
+        keep_freed_memory()  # the step's numpy temporaries reuse freed heap (edgespec/heap.py)
         verbose = os.environ.get("EDGESPEC_LLAMA_LOG", "") not in ("", "0")
 
         @ll.llama_log_callback

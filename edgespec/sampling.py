@@ -59,7 +59,9 @@ def validate_sampling(s: SamplingParams, max_tokens_limit: int = 1 << 20) -> Non
 def logits_to_probs(logits: np.ndarray, s: SamplingParams) -> np.ndarray:
     """[vocab] float logits -> [vocab] float64 probabilities after temperature/top_k/top_p/min_p.
 
-    Greedy (temperature 0) returns the one-hot of the argmax.
+    Greedy (temperature 0) returns the one-hot of the argmax. top_p keeps the smallest prefix of
+    the tokens sorted by descending logit (ties: lower token id first) whose mass reaches top_p;
+    min_p keeps the tokens whose probability is at least min_p times the top one's.
     """
     logits = np.asarray(logits, dtype=np.float64)
     n = logits.shape[-1]
@@ -72,18 +74,12 @@ def logits_to_probs(logits: np.ndarray, s: SamplingParams) -> np.ndarray:
     if 0 < s.top_k < n:
         keep = np.argpartition(-x, s.top_k - 1)[: s.top_k]
     if s.top_p < 1.0 or s.min_p > 0.0:
-        cand = keep if keep is not None else np.arange(n)
-        cand = cand[np.argsort(-x[cand], kind="stable")]
-        z = x[cand] - x[cand[0]]
-        pc = np.exp(z)
-        pc /= pc.sum()
-        m = len(cand)
-        if s.min_p > 0.0:
-            m = min(m, int(np.count_nonzero(pc >= s.min_p * pc[0])))
-        if s.top_p < 1.0:
-            # smallest prefix whose mass reaches top_p (always keeps at least one token)
-            m = min(m, int(np.searchsorted(np.cumsum(pc), s.top_p, side="left")) + 1)
-        keep = cand[: max(m, 1)]
+        if keep is None:
+            keep = _nucleus(x, s.top_p, s.min_p)
+        else:
+            cand = keep[np.argsort(-x[keep], kind="stable")]
+            z = np.exp(x[cand] - x[cand[0]])
+            keep = cand[: max(1, _prefix(z / z.sum(), s.top_p, s.min_p, complete=True))]
     if keep is None:
         z = np.exp(x - x.max())
         return z / z.sum()
@@ -93,7 +89,46 @@ def logits_to_probs(logits: np.ndarray, s: SamplingParams) -> np.ndarray:
     return out
 
 
+def _prefix(pc: np.ndarray, top_p: float, min_p: float, complete: bool) -> int | None:
+    """How many of the tokens with probabilities `pc` (descending, the first being the top token)
+    top_p / min_p keep. When `pc` is only the head of the distribution (`complete` False), a cut
+    that may lie beyond the head is left out: each such cut keeps at least len(pc) tokens, so the
+    smallest cut found inside the head is the answer; None if there is none."""
+    cuts = []
+    if min_p > 0.0:
+        k = int(np.count_nonzero(pc >= min_p * pc[0]))
+        if k < len(pc) or complete:
+            cuts.append(k)
+    if top_p < 1.0:
+        k = int(np.searchsorted(np.cumsum(pc), top_p, side="left")) + 1
+        if k <= len(pc) or complete:
+            cuts.append(min(k, len(pc)))
+    return min(cuts) if cuts else None
+
+
+def _nucleus(x: np.ndarray, top_p: float, min_p: float) -> np.ndarray:
+    """Token ids top_p / min_p keep from the whole vocabulary, by descending x (ties: lower id
+    first). Sorts only the distribution's head: the tokens whose probability relative to the top
+    one is at least 1e-3 (then 1e-6, 1e-10) -- a prefix of the sorted order, since exp is monotone --
+    while the cut lies beyond it; a full sort of 49k logits cost 2.3 ms per verified node."""
+    e = np.exp(x - x.max())
+    total = e.sum()
+    for floor in (1e-3, 1e-6, 1e-10):
+        top = np.flatnonzero(e >= floor)  # ascending ids
+        top = top[np.argsort(-x[top], kind="stable")]
+        m = _prefix(e[top] / total, top_p, min_p, complete=len(top) == len(x))
+        if m is not None:
+            return top[: max(m, 1)]
+    top = np.argsort(-x, kind="stable")
+    return top[: max(1, _prefix(e[top] / total, top_p, min_p, complete=True))]
+
+
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """One draw from a probability vector (inverse CDF; robust to tiny rounding)."""
-    c = np.cumsum(probs)
-    return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(probs) - 1))
+    """One draw from a probability vector (inverse CDF; robust to tiny rounding). Walks the
+    support only: zero-probability tokens add nothing to the CDF, so the draw is the same token
+    the whole vector's CDF gives for the same uniform."""
+    support = np.flatnonzero(probs)
+    if len(support) == 0:
+        return len(probs) - 1
+    c = np.cumsum(probs[support])
+    return int(support[min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(support) - 1)])

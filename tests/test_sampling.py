@@ -73,6 +73,57 @@ def test_truncations_compose():
     np.testing.assert_allclose(p, [0, 1, 0, 0])
 
 
+def reference_probs(logits, s):
+    """The transform as first written: a full stable sort of the candidates, the slow reference."""
+    x = np.asarray(logits, dtype=np.float64) / s.temperature
+    n = len(x)
+    keep = None
+    if 0 < s.top_k < n:
+        keep = np.argpartition(-x, s.top_k - 1)[: s.top_k]
+    if s.top_p < 1.0 or s.min_p > 0.0:
+        cand = keep if keep is not None else np.arange(n)
+        cand = cand[np.argsort(-x[cand], kind="stable")]
+        pc = np.exp(x[cand] - x[cand[0]])
+        pc /= pc.sum()
+        m = len(cand)
+        if s.min_p > 0.0:
+            m = min(m, int(np.count_nonzero(pc >= s.min_p * pc[0])))
+        if s.top_p < 1.0:
+            m = min(m, int(np.searchsorted(np.cumsum(pc), s.top_p, side="left")) + 1)
+        keep = cand[: max(m, 1)]
+    if keep is None:
+        return softmax(x)
+    out = np.zeros(n)
+    out[keep] = softmax(x[keep])
+    return out
+
+
+@pytest.mark.parametrize("shape", ["peaked", "flat", "ties", "one-hot"])
+def test_nucleus_head_matches_a_full_sort(shape):
+    """top_p / min_p sort only the distribution's head (64 tokens, then 4x more while the cut lies
+    beyond it): same kept set, same probabilities as a full sort, on peaked logits (the cut in the
+    first head), flat ones (the head grows to the whole vocabulary), logits with many ties at the
+    cut (lower token id first), and one token holding nearly all the mass."""
+    rng = np.random.default_rng(7)
+    vocab = 49152
+    for trial in range(12):
+        if shape == "peaked":
+            x = rng.standard_normal(vocab) * 4.0
+        elif shape == "flat":
+            x = rng.standard_normal(vocab) * 0.05
+        elif shape == "ties":
+            x = np.round(rng.standard_normal(vocab) * 2.0) + 5.0 * (rng.random(vocab) < 0.001)
+        else:
+            x = rng.standard_normal(vocab)
+            x[rng.integers(vocab)] = 60.0
+        for top_p, min_p, top_k in ((0.95, 0.0, 0), (0.5, 0.0, 0), (0.999, 0.0, 0), (1.0, 0.05, 0), (1.0, 1e-5, 0),
+                                    (1.0, 0.001, 0), (0.9, 0.1, 0), (0.9, 0.0, 500), (0.99, 0.02, 50)):
+            s = SamplingParams(temperature=[0.7, 1.0, 1.3][trial % 3], top_p=top_p, min_p=min_p, top_k=top_k)
+            got, want = logits_to_probs(x, s), reference_probs(x, s)
+            assert np.array_equal(np.flatnonzero(got), np.flatnonzero(want)), (shape, trial, s)
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+
+
 def test_large_logits_are_stable():
     x = np.array([1000.0, 999.0, -1000.0])
     p = logits_to_probs(x, SamplingParams(temperature=1.0))
@@ -128,6 +179,22 @@ def test_sample_never_returns_zero_probability_token():
     assert {sample(one, rng) for _ in range(100)} == {2}
     # unnormalised input is scaled by its total, trailing zeros never chosen
     assert {sample(np.array([2.0, 0.0, 0.0]), rng) for _ in range(100)} == {0}
+
+
+def test_sample_walks_the_support_only_and_draws_what_the_full_cdf_draws():
+    """For the same uniform, the support's CDF picks the token the whole vector's CDF picks
+    (zeros add nothing to a running sum): seeded draws are unchanged by skipping the zeros."""
+    def full_cdf(probs, rng):
+        c = np.cumsum(probs)
+        return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(probs) - 1))
+
+    gen = np.random.default_rng(5)
+    for trial in range(50):
+        probs = np.zeros(49152)
+        support = gen.choice(49152, size=int(gen.integers(1, 300)), replace=False)
+        probs[support] = gen.dirichlet(np.ones(len(support)) * 0.3)
+        a, b = np.random.default_rng(trial), np.random.default_rng(trial)
+        assert [sample(probs, a) for _ in range(20)] == [full_cdf(probs, b) for _ in range(20)]
 
 
 def test_sample_frequencies_match():
