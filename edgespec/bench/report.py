@@ -366,6 +366,15 @@ def write_json(report: dict[str, Any], path: str) -> None:
         f.write("\n")
 
 
+def _decoding(settings: dict[str, Any]) -> str:
+    t = settings.get("temperature") or 0.0
+    if not t:
+        return "greedy"
+    knobs = ", ".join(f"{k} {settings[k]}" for k in ("top_k", "top_p", "min_p") if k in settings
+                      and settings[k] != {"top_k": 0, "top_p": 1.0, "min_p": 0.0}[k])
+    return f"sampled (temperature {t}{', ' + knobs if knobs else ''}; seed {settings.get('seed', 0)} + prompt index)"
+
+
 def _fmt(x: Any, spec: str) -> str:
     return "–" if x is None else format(x, spec)
 
@@ -379,7 +388,7 @@ def to_markdown(report: dict[str, Any]) -> str:
         f"- machine: {m.get('cpu')} ({m.get('cores')} cores), GPU: {m.get('gpu') or 'none'}, "
         f"llama-cpp-python {m.get('llama_cpp_python')}",
         f"- target: `{s.get('target')}`, draft: `{s.get('draft')}`, max tokens {s.get('max_tokens')}, "
-        f"greedy, modes interleaved per prompt",
+        f"{_decoding(s)}, modes interleaved per prompt",
         f"- command: `{report['command']}`",
         "",
         "| category | mode | prompts | tokens | tok/s | speedup vs plain | tau |",

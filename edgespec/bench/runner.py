@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from edgespec.bench.suite import Prompt
@@ -90,16 +90,28 @@ def context_needed(engine: BenchEngine, prompts: Sequence[Prompt], max_tokens: i
     return need, pid
 
 
-def request(tokens: tuple[int, ...], mode: str, max_tokens: int) -> GenerationRequest:
+def request(tokens: tuple[int, ...], mode: str, max_tokens: int,
+            sampling: SamplingParams | None = None) -> GenerationRequest:
+    """Greedy unless `sampling` is given (its max_tokens is replaced by `max_tokens`)."""
+    sampling = SamplingParams(temperature=0.0) if sampling is None else sampling
     return GenerationRequest(
         prompt_tokens=tokens,
-        sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens),
+        sampling=replace(sampling, max_tokens=max_tokens),
         speculation=SpeculationParams(mode=mode),  # type: ignore[arg-type]
     )
 
 
-def run_one(engine: BenchEngine, prompt: Prompt, tokens: tuple[int, ...], mode: str, max_tokens: int) -> Row:
-    stats = engine.generate(request(tokens, mode, max_tokens)).stats
+def prompt_sampling(sampling: SamplingParams | None, index: int) -> SamplingParams | None:
+    """The sampling of the index-th prompt: every mode gets the same seed for a prompt, each prompt
+    its own (the bench's --seed + index)."""
+    if sampling is None or sampling.greedy:
+        return None
+    return replace(sampling, seed=((sampling.seed or 0) + index) % (2**63))
+
+
+def run_one(engine: BenchEngine, prompt: Prompt, tokens: tuple[int, ...], mode: str, max_tokens: int,
+            sampling: SamplingParams | None = None) -> Row:
+    stats = engine.generate(request(tokens, mode, max_tokens, sampling)).stats
     return Row(
         id=prompt.id,
         category=prompt.category,
@@ -131,17 +143,19 @@ def run(
     on_row: Callable[[Row], None] | None = None,
     external: dict[str, External] | None = None,
     external_rows: list[dict[str, Any]] | None = None,
+    sampling: SamplingParams | None = None,
 ) -> list[Row]:
     """Every prompt in every mode, interleaved. A warm-up generation (first prompt, every mode,
     a few tokens) runs first and is not recorded. `external` adds modes run by something else
     (llama.cpp's binaries) into the same rotation, so the machine's drift hits them alike; their
-    rows go to `external_rows` as dicts with "mode" = the external mode's name."""
+    rows go to `external_rows` as dicts with "mode" = the external mode's name. `sampling`: sample
+    instead of greedy decoding (`prompt_sampling`: one seed per prompt, the same in every mode)."""
     if max_tokens < 1:
         raise BadRequest("max_tokens", f"must be >= 1, got {max_tokens}")
     if warmup and prompts:
         tokens = prompt_tokens(engine, prompts[0])
         for mode in modes:
-            engine.generate(request(tokens, mode, min(8, max_tokens)))
+            engine.generate(request(tokens, mode, min(8, max_tokens), prompt_sampling(sampling, 0)))
 
     external = external or {}
     all_modes = list(modes) + [m for m in external if m not in modes]
@@ -161,7 +175,7 @@ def run(
                         bar.set_postfix_str(f"{prompt.id} {mode} {ext.get('tokens_per_second', 0):.1f} tok/s")
                         bar.update(1)
                     continue
-                row = run_one(engine, prompt, tokens, mode, max_tokens)
+                row = run_one(engine, prompt, tokens, mode, max_tokens, prompt_sampling(sampling, i))
                 rows.append(row)
                 if on_row is not None:
                     on_row(row)

@@ -53,10 +53,15 @@ def bench(
                                              "structured (default: by name: code, json, legal, rag, extract..., sql...)"),
     drift: Optional[str] = typer.Option(None, help="comma-separated categories the headline pools as drift "
                                         "(default: by name: drift, ood, out-of-domain, random...)"),
+    temperature: float = typer.Option(0.0, help="0 = greedy; > 0 samples (every mode the same seed per prompt)"),
+    top_k: int = typer.Option(0, "--top-k", help="with --temperature: 0 = off"),
+    top_p: float = typer.Option(1.0, "--top-p", help="with --temperature: in (0, 1]"),
+    min_p: float = typer.Option(0.0, "--min-p", help="with --temperature: in [0, 1)"),
+    seed: int = typer.Option(0, help="with --temperature: prompt i samples with seed + i"),
     progress: bool = typer.Option(True, help="progress bar on stderr"),
     warmup: bool = typer.Option(True, help="one unrecorded warm-up generation per mode first"),
 ) -> None:
-    """Benchmark edgespec's modes on a prompt suite (greedy, interleaved, same engine)."""
+    """Benchmark edgespec's modes on a prompt suite (greedy unless --temperature; interleaved, same engine)."""
     with user_errors():
         from edgespec.bench import report as rep
         from edgespec.bench.runner import context_needed, parse_modes, run
@@ -64,7 +69,15 @@ def bench(
         from edgespec.config import EngineConfig, ModelConfig
         from edgespec.errors import BadRequest
 
+        from edgespec.sampling import SamplingParams
+
         mode_list = parse_modes(modes)
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+        if sampling.greedy and (top_k, top_p, min_p) != (0, 1.0, 0.0):
+            raise BadRequest("temperature", "top_k / top_p / min_p need a temperature > 0 (0 = greedy)")
+        if not sampling.greedy and (anchor_bin or anchor):
+            raise BadRequest("anchor_bin" if anchor_bin else "anchor",
+                             "llama.cpp's anchor runs are greedy: compare them with a greedy bench (no --temperature)")
         if max_tokens < 1:
             raise BadRequest("max_tokens", f"must be >= 1, got {max_tokens}")
         if limit is not None and limit < 1:
@@ -129,7 +142,7 @@ def bench(
                 external = {LLAMA_PREFIX + m: fn for m, fn in live["runners"].items()}
             backend = (engine.model_info() or {}).get("backend")
             rows = run(engine, prompts, mode_list, max_tokens, warmup=warmup, progress=progress,
-                       external=external, external_rows=ext_rows)
+                       external=external, external_rows=ext_rows, sampling=None if sampling.greedy else sampling)
             costs = engine.cost.as_dict()
         finally:
             if engine is not None:
@@ -155,7 +168,8 @@ def bench(
                 "n_gpu_layers": n_gpu_layers,
                 "threads": cfg.target.n_threads,
                 "n_ctx": cfg.target.n_ctx,
-                "temperature": 0.0,
+                "temperature": temperature,
+                **({} if sampling.greedy else {"top_k": top_k, "top_p": top_p, "min_p": min_p, "seed": seed}),
                 "prompts": len(prompts),
             },
             anchor=anchor_data,

@@ -11,6 +11,7 @@ SHAPES = {"plain": (1, 0.010), "chain": (2, 0.012), "tree": (4, 0.016), "auto": 
 class FakeEngine:
     def __init__(self) -> None:
         self.calls: list[tuple[tuple[int, ...], str, int]] = []
+        self.samplings: list = []  # each call's SamplingParams
         self.closed = False
 
     def chat_prompt(self, messages: list[tuple[str, str]]) -> str:
@@ -25,11 +26,11 @@ class FakeEngine:
 
     def generate(self, req: GenerationRequest) -> GenerationResult:
         mode = req.speculation.mode
-        assert req.sampling.temperature == 0.0
         n = req.sampling.max_tokens
         per_forward, seconds = SHAPES[mode]
         forwards = -(-n // per_forward)
         self.calls.append((req.prompt_tokens, mode, n))
+        self.samplings.append(req.sampling)
         # each forward: 10 ms of target time, the rest drafting; every step accepts all its drafts
         stats = SpecStats(target_forwards=forwards, emitted_tokens=n, seconds=forwards * seconds,
                           target_seconds=forwards * 0.010, draft_seconds=forwards * (seconds - 0.010),

@@ -73,3 +73,14 @@ def test_headline_groups_must_name_suite_categories(invoke, tmp_path):
     assert res.exit_code == 2 and "error: structured: no category 'codegen' in the suite (it has: sql, ood)" in res.output
     res = invoke("--suite", str(f), "--drift", " , ")
     assert res.exit_code == 2 and "error: drift:" in res.output
+
+
+def test_sampling_options_are_checked(invoke, tmp_path):
+    res = invoke("--top-p", "0.9")
+    assert res.exit_code == 2 and "error: temperature: top_k / top_p / min_p need a temperature > 0" in res.output
+    res = invoke("--temperature", "0.7", "--top-p", "1.5")
+    assert res.exit_code == 2 and "error: top_p: must be in (0, 1], got 1.5" in res.output
+    res = invoke("--temperature", "-1")
+    assert res.exit_code == 2 and "error: temperature: must be in [0, 100]" in res.output
+    res = invoke("--temperature", "0.7", "--anchor-bin", str(tmp_path))
+    assert res.exit_code == 2 and "error: anchor_bin: llama.cpp's anchor runs are greedy" in res.output

@@ -120,3 +120,21 @@ def test_bench_sizes_the_context_for_long_prompts(tmp_path):
     proc = subprocess.run(base + ["--n-ctx", "2048"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2
     assert "error: n_ctx: prompt 'long-rag' needs a context of" in proc.stderr and "got 2048" in proc.stderr
+
+
+def test_bench_samples_with_temperature(tmp_path):
+    """--temperature: every mode samples (the same seed per prompt), the report says so."""
+    suite = tmp_path / "tiny.jsonl"
+    suite.write_text('{"id": "t-json", "category": "json", "prompt": "Give {\\"a\\": 1} back as JSON."}\n')
+    out = tmp_path / "r"
+    cmd = [sys.executable, "-m", "edgespec.cli.main", "bench", "--suite", str(suite), "--max-tokens", "24",
+           "--modes", "plain,chain,auto", "--threads", "1", "--temperature", "0.8", "--top-p", "0.95",
+           "--seed", "7", "--json", f"{out}.json", "--markdown", f"{out}.md", "--no-progress"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(open(f"{out}.json").read())
+    s = report["settings"]
+    assert (s["temperature"], s["top_p"], s["seed"]) == (0.8, 0.95, 7)
+    assert {r["mode"] for r in report["results"]} == {"plain", "chain", "auto"}
+    assert all(r["tokens"] >= 1 for r in report["results"])
+    assert "sampled (temperature 0.8, top_p 0.95; seed 7 + prompt index)" in open(f"{out}.md").read()

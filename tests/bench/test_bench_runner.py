@@ -3,6 +3,7 @@ import pytest
 from edgespec.bench.runner import mode_order, parse_modes, prompt_tokens, run
 from edgespec.bench.suite import Prompt
 from edgespec.errors import BadRequest
+from edgespec.sampling import SamplingParams
 
 from .fake_engine import FakeEngine
 
@@ -42,6 +43,20 @@ def test_run_interleaves_modes_prompt_by_prompt_after_warmup():
         toks = {c[0] for c in recorded[4 * i: 4 * i + 4]}
         assert toks == {prompt_tokens(engine, p)}
     assert "<|user|>prompt 0<|assistant|>" == "".join(map(chr, recorded[0][0]))
+
+
+def test_greedy_unless_sampling_is_given_then_one_seed_per_prompt():
+    engine = FakeEngine()
+    modes = ("plain", "chain", "auto")
+    run(engine, PROMPTS, modes, 16, progress=False)
+    assert all(s.temperature == 0.0 and s.max_tokens in (8, 16) for s in engine.samplings)
+    engine = FakeEngine()
+    base = SamplingParams(temperature=0.8, top_p=0.9, seed=100, max_tokens=3)
+    run(engine, PROMPTS, modes, 16, progress=False, sampling=base)
+    recorded = engine.samplings[len(modes):]
+    assert all((s.temperature, s.top_p, s.max_tokens) == (0.8, 0.9, 16) for s in recorded)
+    seeds = [[s.seed for s in recorded[i * len(modes):(i + 1) * len(modes)]] for i in range(len(PROMPTS))]
+    assert seeds == [[100 + i] * len(modes) for i in range(len(PROMPTS))]  # same in every mode, one per prompt
 
 
 def test_rows_come_from_stats():
