@@ -36,3 +36,6 @@ $ES bench --suite all --limit 3 --modes plain,auto,chain --max-tokens "$N" --thr
 echo "== 5. long inputs (370-2400 prompt tokens): the suite the context-aware costs and the draft window are for"
 $ES bench --suite long --modes plain,chain,tree,auto --max-tokens 128 --threads "$T" \
   --json "$R/long.json" --markdown "$R/long.md" --plot "$R/long.png" --no-progress
+echo "== 6. sampled decoding (temperature 0.7, top_p 0.95): every mode draws with the same seed per prompt"
+$ES bench --suite all --limit 3 --modes plain,chain,tree,auto --max-tokens "$N" --threads "$T" \
+  --temperature 0.7 --top-p 0.95 --seed 0 --json "$R/sampled.json" --markdown "$R/sampled.md" --plot "$R/sampled.png" --no-progress
