@@ -32,9 +32,14 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
 """
 
 
+def clean_env() -> dict[str, str]:
+    """This environment without any malloc tunables (ours or the operator's)."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "EDGESPEC_KEEP_HEAP")}
+
+
 def faults(mode: str, **env: str) -> int:
-    clean = {k: v for k, v in os.environ.items()
-             if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "EDGESPEC_KEEP_HEAP")}
+    clean = clean_env()
     out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=120,
                          env={**clean, **env}, check=True)
     return int(out.stdout.split()[-1])
@@ -48,8 +53,7 @@ def test_freed_heap_is_kept_for_the_next_temporary():
 
 def test_operator_tunables_win():
     code = "import sys; from edgespec.heap import keep_freed_memory; sys.exit(0 if keep_freed_memory() else 3)"
-    clean = {k: v for k, v in os.environ.items()
-             if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "EDGESPEC_KEEP_HEAP")}
+    clean = clean_env()
     assert subprocess.run([sys.executable, "-c", code], env=clean, timeout=60).returncode == 0
     assert subprocess.run([sys.executable, "-c", code], env={**clean, "MALLOC_TOP_PAD_": "0"}, timeout=60).returncode == 3
     assert subprocess.run([sys.executable, "-c", code], env={**clean, "EDGESPEC_KEEP_HEAP": "0"}, timeout=60).returncode == 3
