@@ -68,7 +68,6 @@ def bench(
         from edgespec.bench.suite import load_suite
         from edgespec.config import EngineConfig, ModelConfig
         from edgespec.errors import BadRequest
-
         from edgespec.sampling import SamplingParams
 
         mode_list = parse_modes(modes)
