@@ -310,7 +310,7 @@ class Session:
         if self.controller is not None:
             backlog = self.drafter.backlog(self.tokens) if self.drafter is not None else 0
             return self.controller.choose(remaining=self.sampling.max_tokens - len(self.out), draft_backlog=backlog,
-                                          context=self.n_past)
+                                          context=self.n_past, emitted=len(self.out))
         return fixed_shape(self.spec.mode, self.spec.draft_tokens, self.spec.tree_nodes, self.spec.tree_depth)
 
     def step(self) -> Chunk:

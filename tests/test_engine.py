@@ -292,6 +292,27 @@ LONG_PROMPT = ("Context: " + " ".join(
     + "\nQuestion: list the records of room 3 with their readings.")
 
 
+def test_auto_emits_its_first_token_before_the_draft_runs(engine):
+    """auto's first step is plain: the first chunk comes after one target forward (the draft has not
+    absorbed the prompt yet), then the request speculates, and the output is plain decoding's."""
+    toks = engine.encode_chat([("user", PROMPTS[0])])
+    plain = run(engine, toks, "plain", check_kv=False)
+    req = GenerationRequest(tuple(toks), SamplingParams(max_tokens=96), SpeculationParams(mode="auto", ngram=False))
+    sess = engine.open_session(req)
+    sess.check_kv = True
+    try:
+        chunk = sess.step()
+        assert len(chunk.token_ids) == 1 and sess.stats.target_forwards == 1
+        assert sess.stats.draft_forwards == 0 and sess.slot.draft.pos_max(0) == -1  # the draft has not run
+        while not sess.done:
+            sess.step()
+        spec = sess.result()
+    finally:
+        sess.close()
+    assert spec.stats.draft_forwards > 0 and spec.stats.tau > 2.0
+    assert spec.token_ids == plain.token_ids
+
+
 def test_draft_window_starts_the_draft_over_on_the_prompts_tail(engine):
     """A prompt longer than the draft window: the draft absorbs only the prompt's last `window`
     tokens (draft positions from 0). The target still verifies every token, so the output is

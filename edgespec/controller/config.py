@@ -53,6 +53,9 @@ class ControllerConfig:
     # draft's own cumulative probability if false (measured: with an 8-bit draft that is accepted
     # ~97 % of the time, raw probabilities stopped chains at depth ~3 and cost 7 % of the speed)
     calibrate_stop: bool = True
+    # the request's first step decodes plainly: its first token comes after one target forward, as
+    # in plain decoding, and the draft absorbs the prompt in the second step, not before that token
+    first_token_plain: bool = True
     enable_chain: bool = True
     enable_tree: bool = True  # EAGLE-2 style expanded trees
     enable_runner_ups: bool = True  # chain + the draft's runner-up tokens as leaves
@@ -99,7 +102,8 @@ class ControllerConfig:
                 f"{SECTION}.max_cooldown_tokens",
                 f"must be >= cooldown_tokens ({self.cooldown_tokens}), got {self.max_cooldown_tokens}",
             )
-        for key in ("enable_chain", "enable_tree", "enable_runner_ups", "enable_ngram", "calibrate_stop"):
+        for key in ("enable_chain", "enable_tree", "enable_runner_ups", "enable_ngram", "calibrate_stop",
+                    "first_token_plain"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{SECTION}.{key}", f"must be true or false, got {getattr(self, key)!r}")
         return self

@@ -94,14 +94,18 @@ class Controller:
         """Expected speedup over plain, corrected by the measured bias of the step-time model."""
         return choice.speedup / self.spec_bias
 
-    def choose(self, remaining: int | None = None, draft_backlog: int = 0, context: int = 0) -> Shape:
+    def choose(self, remaining: int | None = None, draft_backlog: int = 0, context: int = 0,
+               emitted: int | None = None) -> Shape:
         """The shape of the next step. Cheap: one analytic pass over a fixed candidate set.
         `remaining`: tokens the request may still emit; `draft_backlog`: context tokens the draft
         model has not absorbed (after a plain phase its first forward must catch up on them);
-        `context`: tokens in the target's cache (a long one makes every verified token dearer)."""
+        `context`: tokens in the target's cache (a long one makes every verified token dearer);
+        `emitted`: tokens the request has emitted (0: its first step, plain if `first_token_plain`)."""
         self._predicted_seconds = None
         self._cost = self.cost.at(context)
         if self.disabled or self.breaker.state == OPEN:
+            shape = PLAIN
+        elif emitted == 0 and self.cfg.first_token_plain:
             shape = PLAIN
         elif self.breaker.state == HALF_OPEN:
             shape = self.policy.probe_shape() if self._probe_pays(remaining, draft_backlog) else PLAIN

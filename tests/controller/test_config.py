@@ -27,6 +27,7 @@ def test_defaults_validate():
         ("decay", 0.2),
         ("enable_tree", "yes"),
         ("calibrate_stop", 1),
+        ("first_token_plain", "no"),
     ],
 )
 def test_validation_names_the_key(key, value):

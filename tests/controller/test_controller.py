@@ -248,3 +248,16 @@ def test_a_long_context_makes_verification_dearer_in_the_choice():
     s_long = ctrl._speedup(ctrl.last_choice)
     assert s_long < s_short
     assert long_.nodes <= short.nodes
+
+
+def test_first_step_is_plain_then_speculation():
+    """A request's first step decodes plainly (its first token after one target forward, like plain
+    decoding's), whatever the estimate; from the second step on the controller chooses as usual.
+    `first_token_plain = false` speculates from the first step."""
+    ctrl = make()
+    assert ctrl._speedup(ctrl._best()) > 1.2  # speculation would pay
+    assert ctrl.choose(remaining=100, emitted=0).mode == "plain"
+    assert ctrl.state == "closed" and ctrl.summary()["catchup_skips"] == 0
+    assert ctrl.choose(remaining=99, emitted=1).mode != "plain"
+    off = make(cfg=ControllerConfig(first_token_plain=False))
+    assert off.choose(remaining=100, emitted=0).mode != "plain"
