@@ -63,6 +63,9 @@ class EngineConfig:
     # the most context tokens the draft absorbs at once: a longer prompt (or plain phase) is
     # drafted from its last `draft_window` tokens (drafters/model.py)
     draft_window: int = 256
+    # a slot keeps the KV of its last prompt's prefill; a request whose prompt starts the same way
+    # prefills only from the last whole n_batch chunk they share (engine.reusable_prefix)
+    prompt_cache: bool = True
 
     def validate(self) -> None:
         self.target.validate("target")
@@ -74,3 +77,5 @@ class EngineConfig:
             raise ConfigError("engine.max_tree_leaves", f"must be in [1, 255], got {self.max_tree_leaves}")
         if not 16 <= self.draft_window <= 1 << 20:
             raise ConfigError("engine.draft_window", f"must be in [16, 1048576], got {self.draft_window}")
+        if not isinstance(self.prompt_cache, bool):
+            raise ConfigError("engine.prompt_cache", f"must be true or false, got {self.prompt_cache!r}")

@@ -60,6 +60,33 @@ class Slot:
     target: backend.Context
     draft: backend.Context | None
     busy: bool = False
+    # the prompt tokens (all but the last) whose KV a finished request's prefill left in the
+    # target's sequence 0; () when the cache holds nothing reusable
+    prefill: tuple[int, ...] = ()
+
+    def reset(self) -> None:
+        """Empty both caches; nothing is reusable."""
+        self.target.clear()
+        if self.draft is not None:
+            self.draft.clear()
+        self.prefill = ()
+
+
+def reusable_prefix(prefill: Sequence[int], prompt: Sequence[int], chunk: int) -> int:
+    """Leading positions of `prompt` whose KV a slot may keep from its last prefill: their common
+    prefix (the prompt's last token is never prefilled), cut to whole `chunk`s. A prefill's
+    batches start at position 0 and every `chunk` (n_batch) tokens, and a batch of that size is
+    computed the same whatever follows it, so a kept chunk holds exactly the KV this prompt's own
+    prefill would write, bit for bit, and the rest is prefilled in the chunks a fresh prefill
+    would use. A partial last chunk (a small batch, another kernel) is recomputed."""
+    n = min(len(prefill), len(prompt) - 1)
+    if n < chunk:
+        return 0
+    a = np.asarray(prefill[:n])
+    b = np.asarray(prompt[:n])
+    diff = np.flatnonzero(a != b)
+    common = int(diff[0]) if len(diff) else n
+    return common // chunk * chunk
 
 
 class Engine:
@@ -150,9 +177,7 @@ class Engine:
         measured = tuple(sorted(set(table["target"]) & set(table.get("draft", table["target"]))))
         self.cost.calibrate(lambda kind, n: table[kind][n], sizes=measured, kinds=kinds, draft_row=row, context=32)
         for s in self.slots:
-            s.target.clear()
-            if s.draft is not None:
-                s.draft.clear()
+            s.reset()
 
     def warmup(self) -> None:
         toks = self.tokenize("Hello")
@@ -211,6 +236,7 @@ class Engine:
             ctx.decode_seq(list(tokens), 0, (0,), last_logits=True)
             out.append(ctx.logits(-1).copy())
             ctx.clear()
+        slot.prefill = ()
         return out[0], out[1]
 
     # -- sessions -----------------------------------------------------------------------------
@@ -232,9 +258,13 @@ class Engine:
         bad = [t for t in req.prompt_tokens if not 0 <= t < self.target.n_vocab]
         if bad:
             raise BadRequest("prompt_tokens", f"token id {bad[0]} outside [0, {self.target.n_vocab})")
-        slot = next((s for s in self.slots if not s.busy), None)
-        if slot is None:
+        free = [s for s in self.slots if not s.busy]
+        if not free:
             raise Overloaded(f"all {len(self.slots)} slots are busy")
+        slot = free[0]
+        if self.cfg.prompt_cache and len(free) > 1:  # the free slot whose cache this prompt can reuse most
+            chunk = self.cfg.target.n_batch
+            slot = max(free, key=lambda s: reusable_prefix(s.prefill, req.prompt_tokens, chunk))
         slot.busy = True
         try:
             return Session(self, slot, req)
@@ -290,12 +320,22 @@ class Session:
                                          has_draft_model=has_draft)
         if self.spec.mode in ("chain", "tree") and not has_draft and not self.ngram:
             raise BadRequest("mode", f"{self.spec.mode} needs a draft model or n-gram drafting")
-        slot.target.clear()
+        keep = 0
+        if engine.cfg.prompt_cache:
+            keep = reusable_prefix(slot.prefill, self.tokens, slot.target.n_batch)
+        if keep:
+            slot.target.seq_rm(0, keep, -1)  # what a finished request left beyond the kept chunks
+        else:
+            slot.target.clear()
+        slot.prefill = ()  # nothing reusable until this prefill has completed
+        self.stats.cached_prompt_tokens = keep
         if self.drafter is not None:
             self.drafter.begin(self.tokens)
-        # prefill: everything but the last prompt token (the first root)
+        # prefill: everything but the last prompt token (the first root), from the kept chunks on
         if len(self.tokens) > 1:
-            slot.target.decode_seq(self.tokens[:-1], 0, (0,), last_logits=False)
+            slot.target.decode_seq(self.tokens[keep:-1], keep, (0,), last_logits=False)
+        self._prefill = tuple(self.tokens[:-1])
+        self._consistent = True  # the caches are as the invariants say (false while a step runs)
         self.n_past = len(self.tokens) - 1
         # decoding time starts after the target's prefill (the same in every mode, like llama.cpp's
         # eval time); the draft's own prefill happens in its first step and is counted
@@ -316,6 +356,7 @@ class Session:
     def step(self) -> Chunk:
         if self.done:
             raise RuntimeError("session is finished")
+        self._consistent = False  # until the step's KV commit is done
         t_step = time.perf_counter()
         target_before, draft_before = self._decode_split()
         shape = self._shape()
@@ -397,6 +438,7 @@ class Session:
         if self.drafter is not None:
             if shape.mode != "plain" and draft_batches:
                 self.drafter.accept(tree, res.accepted, self.tokens)
+        self._consistent = True
         if self.check_kv:
             self.assert_kv_invariants()
 
@@ -593,7 +635,14 @@ class Session:
         if self.slot.busy:
             if self.drafter is not None:
                 self.drafter.end()
-            self.slot.target.clear()
+            if self.engine.cfg.prompt_cache and getattr(self, "_consistent", False):
+                # keep the prompt prefill's cells for the next request (seq 0 holds the context, the
+                # other sequences are empty after every step); drop what decoding wrote after them
+                self.slot.target.seq_rm(0, len(self._prefill), -1)
+                self.slot.prefill = self._prefill
+            else:
+                self.slot.target.clear()
+                self.slot.prefill = ()
             self.slot.busy = False
 
 

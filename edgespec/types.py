@@ -68,6 +68,7 @@ class SpecStats:
     python_overhead_seconds: float = 0.0  # time outside llama_decode in steps
     target_seconds: float = 0.0  # time inside the target's llama_decode in steps (verification)
     draft_seconds: float = 0.0  # time inside the draft's llama_decode in steps (its prefill included)
+    cached_prompt_tokens: int = 0  # prompt tokens whose KV the slot kept from an earlier request
 
     @property
     def tau(self) -> float:
@@ -94,6 +95,7 @@ class SpecStats:
             "accepted_per_depth": list(self.accepted_per_depth),
             "steps_per_mode": dict(self.steps_per_mode),
             "breaker_transitions": self.breaker_transitions,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
         }
 
 

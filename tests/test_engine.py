@@ -366,3 +366,84 @@ def test_draft_window_after_a_long_plain_phase(engine):
         assert d.backlog(toks + [5] * 100) == 32
     finally:
         d.end()
+
+
+def test_prompt_cache_keeps_whole_prefill_chunks_bit_for_bit(engine):
+    """A request whose prompt shares a long prefix with the slot's last prompt prefills only from
+    the last whole n_batch chunk they share, and decodes exactly what it decodes from an empty
+    cache: the same logits after the prefill, bit for bit, and the same greedy tokens, plain and
+    auto, with the KV invariants checked every step."""
+    import dataclasses
+
+    context = "Context: " + " ".join(
+        f"Record {i}: the sensor in room {i % 17} read {20 + i % 9}.{i % 10} degrees at {i % 24:02d}:00." for i in range(40))
+    a = engine.encode_chat([("user", context + "\nQuestion: list the records of room 3.")])
+    b = engine.encode_chat([("user", context + "\nQuestion: which room read the highest value?")])
+    chunk = engine.cfg.target.n_batch
+    shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    assert shared > chunk + 8
+    kept = shared // chunk * chunk
+
+    def fresh(toks, mode):
+        for slot in engine.slots:
+            slot.reset()
+        return run(engine, toks, mode)
+
+    def first_logits(toks):
+        sess = engine.open_session(GenerationRequest(tuple(toks), SamplingParams(max_tokens=4),
+                                                     SpeculationParams(mode="plain", ngram=False)))
+        try:
+            sess.step()
+            return sess.stats.cached_prompt_tokens, sess.slot.target.logits(0).copy()
+        finally:
+            sess.close()
+
+    # the root's logits after the prefill: from a kept prefix equal to those from an empty cache
+    # (a prefix cut anywhere but a chunk boundary differs by ~1e-2: the rest is a small batch)
+    for slot in engine.slots:
+        slot.reset()
+    n0, l0 = first_logits(b)
+    fresh(a, "plain")  # leaves a's prefill in a slot
+    n1, l1 = first_logits(b)
+    assert (n0, n1) == (0, kept) and np.array_equal(l0, l1)
+
+    want = {mode: fresh(b, mode) for mode in ("plain", "auto")}
+    assert want["plain"].stats.cached_prompt_tokens == 0
+    assert want["auto"].token_ids == want["plain"].token_ids
+    for mode in ("plain", "auto"):
+        fresh(a, "plain")
+        got = run(engine, b, mode)  # the slot holding a's prefill is chosen; KV invariants every step
+        assert got.stats.cached_prompt_tokens == kept
+        assert got.token_ids == want[mode].token_ids, mode
+
+    # the same prompt again reuses its own prefill (whole chunks of it)
+    again = run(engine, b, "plain")
+    assert again.stats.cached_prompt_tokens == (len(b) - 1) // chunk * chunk
+    assert again.token_ids == want["plain"].token_ids
+    # off: every request prefills everything
+    saved = engine.cfg
+    engine.cfg = dataclasses.replace(saved, prompt_cache=False)
+    try:
+        assert run(engine, b, "plain").stats.cached_prompt_tokens == 0
+    finally:
+        engine.cfg = saved
+
+
+def test_a_failed_step_leaves_nothing_to_reuse(engine, monkeypatch):
+    """A session closed in the middle of a step (an error) empties its slot's cache."""
+    toks = engine.encode_chat([("user", LONG_PROMPT)])
+    for slot in engine.slots:
+        slot.reset()
+    req = GenerationRequest(tuple(toks), SamplingParams(max_tokens=16), SpeculationParams(mode="plain"))
+    sess = engine.open_session(req)
+    slot = sess.slot
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("decode failed")
+
+    monkeypatch.setattr(slot.target, "decode", boom)
+    with pytest.raises(RuntimeError):
+        sess.step()
+    monkeypatch.undo()
+    sess.close()
+    assert slot.prefill == () and slot.target.pos_max(0) == -1 and not slot.busy

@@ -100,6 +100,8 @@ SCHEMA: Schema = {
         "max_tokens": ((int,), 4096, _range(1, 1 << 20), "largest max_tokens a request may ask for"),
         "default_max_tokens": ((int,), 256, _range(1, 1 << 20), "max_tokens when a request leaves it unset"),
         "max_tree_leaves": ((int,), 32, _range(1, 255), "target context sequences for tree verification"),
+        "prompt_cache": ((bool,), True, None, "a slot keeps its last prompt's prefill: a request sharing a "
+                         "long prefix prefills only from the last whole n_batch chunk they share"),
     },
     "target": _MODEL_KEYS,
     "draft": {
@@ -159,6 +161,7 @@ class ServerConfig:
     max_tokens: int = 4096
     default_max_tokens: int = 256
     max_tree_leaves: int = 32
+    prompt_cache: bool = True
 
     @property
     def loopback(self) -> bool:
@@ -425,7 +428,7 @@ def load(
                 hint = " (run `edgespec models prepare-demo`)" if not values[name]["path"] else ""
                 problems.append((f"{name}.path", f"model file not found: {m.path}{hint}"))
     engine = EngineConfig(target=target, draft=draft, parallel=s["parallel"], max_tree_leaves=s["max_tree_leaves"],
-                          draft_window=draft_vals["window"])
+                          draft_window=draft_vals["window"], prompt_cache=s["prompt_cache"])
     try:
         engine.validate()
     except ConfigError as exc:
