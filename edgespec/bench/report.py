@@ -139,7 +139,15 @@ def time_split(rows: Sequence[Row]) -> dict[str, dict[str, Any]]:
 CEILING_DEPTHS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
-def ceiling(costs: dict[str, Any], depths: Sequence[int] = CEILING_DEPTHS) -> dict[str, Any] | None:
+def plain_forward_seconds(rows: Sequence[Row]) -> float | None:
+    """Seconds per target forward of this run's plain rows (inside llama_decode), or None."""
+    mine = [r for r in rows if r.mode == "plain" and r.target_forwards]
+    forwards, seconds = sum(r.target_forwards for r in mine), sum(r.target_seconds for r in mine)
+    return seconds / forwards if forwards and seconds > 0 else None
+
+
+def ceiling(costs: dict[str, Any], depths: Sequence[int] = CEILING_DEPTHS,
+            plain_seconds: float | None = None) -> dict[str, Any] | None:
     """The most a chain of k drafts could make of this run's measured forward costs, over plain
     (Python excluded from both). A draft that is always right emits k + 1 tokens per step for one
     draft forward over 2 tokens (the previous step's last draft and its bonus token), k - 1 over
@@ -152,21 +160,34 @@ def ceiling(costs: dict[str, Any], depths: Sequence[int] = CEILING_DEPTHS) -> di
     per level, and a tree's extra branches are waste when the chain is always right): when its best
     is under a goal, the goal is out of reach with this draft on this machine, whatever the
     controller does. Only model-free drafts (prompt lookup grafts) push toward `free_draft`.
-    Costs are at the calibration context (longer contexts make verification dearer still)."""
+
+    T(1) is `plain_seconds` when given: what this run's plain rows measured, the same forwards its
+    speedups are over. The cost table is the cost model at the run's end (EWMA), and this host's
+    memory-bound 1-token forward changes speed within a minute while the compute-bound forwards
+    (verification of several tokens, the draft) barely move (docs/benchmarks, item 5), so a table
+    refined during a fast last minute would put the bound under what a slow run measured. T(n),
+    n >= 2, is the table's but never under T(1), which keeps the result an upper bound. Costs are
+    at the calibration context (longer contexts make verification dearer still)."""
     tables = {k: {int(n): float(s) for n, s in (costs.get(f"{k}_seconds") or {}).items()} for k in ("target", "draft")}
     if not tables["target"] or not tables["draft"]:
         return None
     cm = CostModel.from_tables(tables["target"], tables["draft"])
-    plain = cm.verify_seconds(1)
+    table_plain = cm.verify_seconds(1)
+    plain = table_plain if plain_seconds is None else plain_seconds
+
+    def verify(n: int) -> float:
+        return max(cm.verify_seconds(n), plain)
+
     chain = {}
     for k in depths:
-        verify = cm.verify_seconds(k + 1)
         drafting = cm.draft_seconds(2) + (k - 1) * cm.draft_seconds(1)
-        chain[str(k)] = {"perfect_draft": round((k + 1) * plain / (drafting + verify), 3),
-                         "free_draft": round((k + 1) * plain / verify, 3)}
+        chain[str(k)] = {"perfect_draft": round((k + 1) * plain / (drafting + verify(k + 1)), 3),
+                         "free_draft": round((k + 1) * plain / verify(k + 1), 3)}
     best = max(chain, key=lambda k: chain[k]["perfect_draft"])
     return {
         "target_ms": round(plain * 1e3, 3),
+        "target_ms_from": "cost table" if plain_seconds is None else "plain rows",
+        "table_target_ms": round(table_plain * 1e3, 3),
         "draft_ms": round(cm.draft_seconds(1) * 1e3, 3),
         "draft_over_target": round(cm.draft_seconds(1) / plain, 3),
         "chain": chain,
@@ -341,7 +362,7 @@ def build_report(
     report["time_split"][OVERALL] = time_split(rows)
     if costs is not None:
         report["costs"] = costs
-        if (bound := ceiling(costs)) is not None:
+        if (bound := ceiling(costs, plain_seconds=plain_forward_seconds(rows))) is not None:
             report["ceiling"] = bound
     ratios = None
     if anchor is not None:
@@ -358,6 +379,17 @@ def build_report(
     if "ceiling" in report:
         report["headline"]["perfect_draft_ceiling"] = report["ceiling"]["best_perfect_draft"]
     return report
+
+
+def _plain_source(bound: dict[str, Any]) -> str:
+    """Where the ceiling's 1-token target forward came from, when it differs from the cost table."""
+    if bound.get("target_ms_from") != "plain rows":
+        return ""
+    table = bound.get("table_target_ms")
+    if table and abs(bound["target_ms"] - table) > 0.05 * table:
+        return (f": this run's plain forwards; the cost table at the run's end says {table:.1f}, the host "
+                "changed speed during the run")
+    return ": this run's plain forwards"
 
 
 def write_json(report: dict[str, Any], path: str) -> None:
@@ -482,7 +514,7 @@ def _time_split_markdown(report: dict[str, Any]) -> list[str]:
             "## The ceiling these costs allow",
             "",
             f"A draft forward costs {bound['draft_over_target']:.2f} of a target forward "
-            f"({bound['draft_ms']:.1f} vs {bound['target_ms']:.1f} ms). Speedup over plain that a chain of k "
+            f"({bound['draft_ms']:.1f} vs {bound['target_ms']:.1f} ms{_plain_source(bound)}). Speedup over plain that a chain of k "
             "drafts could reach with these costs if every draft were accepted (and with drafting free), "
             "Python excluded. No controller, and no draft model of this cost however well it agrees, passes the "
             "first row; only model-free drafts (prompt lookup) reach toward the second.",

@@ -165,6 +165,31 @@ def test_ceiling_from_costs():
     assert "perfect_draft_ceiling" not in rep.build_report(rows, command="c", machine={}, settings={})["headline"]
 
 
+def test_ceiling_takes_plain_from_the_run():
+    """The bound is over this run's plain speed: T(1) is what the plain rows measured, not the
+    cost table's (refined at the run's end, possibly in another host state), and no T(n) is taken
+    under it. Here the table says 10 ms and the plain rows 13 ms (a run slowed by the host)."""
+    costs = {"target_seconds": {"1": 0.010, "2": 0.010, "4": 0.012, "8": 0.016},
+             "draft_seconds": {"1": 0.004, "2": 0.005}}
+    bound = rep.ceiling(costs, depths=(1, 4), plain_seconds=0.013)
+    assert (bound["target_ms"], bound["table_target_ms"], bound["target_ms_from"]) == (13.0, 10.0, "plain rows")
+    assert bound["chain"]["1"] == {"perfect_draft": round(26 / 18, 3), "free_draft": 2.0}  # T(2) = max(10, 13)
+    assert bound["chain"]["4"] == {"perfect_draft": round(65 / 30, 3), "free_draft": 5.0}  # 5 x 13 / (5 + 12 + 13)
+    assert rep.ceiling(costs, depths=(1,))["target_ms_from"] == "cost table"
+
+    def plain_row(i, forwards, seconds):
+        return Row(f"p{i}", "code", "plain", forwards, seconds * 1.1, forwards / (seconds * 1.1), 1.0, forwards,
+                   target_seconds=seconds)
+
+    rows = [plain_row(0, 50, 0.6), plain_row(1, 50, 0.7)]  # 1.3 s over 100 forwards
+    assert rep.plain_forward_seconds(rows) == pytest.approx(0.013)
+    assert rep.plain_forward_seconds([r for r in rows if r.mode != "plain"]) is None
+    report = rep.build_report(rows, command="c", machine={}, settings={}, costs=costs)
+    assert report["ceiling"]["target_ms"] == 13.0
+    md = rep.to_markdown(report)
+    assert "13.0 ms: this run's plain forwards; the cost table at the run's end says 10.0" in md
+
+
 @pytest.mark.parametrize("category, group", [
     ("code", "structured"), ("JSON_extraction", "structured"), ("legal-clauses", "structured"),
     ("rag answers", "structured"), ("sql", "structured"), ("contract_review", "structured"),
