@@ -27,6 +27,7 @@ from edgespec import backend
 from edgespec.config import EngineConfig
 from edgespec.controller.shapes import PLAIN, Shape, StepOutcome, chain, eagle
 from edgespec.drafters import ModelDrafter, NgramDrafter
+from edgespec.drafters.model import DraftCache
 from edgespec.drafters.ngram import lookup
 from edgespec.errors import BadRequest, ModelError, Overloaded
 from edgespec.logs import get_logger
@@ -63,6 +64,12 @@ class Slot:
     # the prompt tokens (all but the last) whose KV a finished request's prefill left in the
     # target's sequence 0; () when the cache holds nothing reusable
     prefill: tuple[int, ...] = ()
+    # what the last request left in the draft's sequence 0 (any shared prefix is reusable there:
+    # the draft needs no bit-exactness); None when nothing
+    draft_cache: DraftCache | None = None
+    # the whole context (prompt and reply) of the last request that ended cleanly: what idle time
+    # may bring the draft cache up to (Engine.idle_work)
+    last_context: tuple[int, ...] = ()
 
     def reset(self) -> None:
         """Empty both caches; nothing is reusable."""
@@ -70,6 +77,8 @@ class Slot:
         if self.draft is not None:
             self.draft.clear()
         self.prefill = ()
+        self.draft_cache = None
+        self.last_context = ()
 
 
 def reusable_prefix(prefill: Sequence[int], prompt: Sequence[int], chunk: int) -> int:
@@ -240,6 +249,30 @@ class Engine:
         return out[0], out[1]
 
     # -- sessions -----------------------------------------------------------------------------
+    def idle_work(self, budget: int = 16) -> bool:
+        """Use idle time: let a free slot's draft absorb up to `budget` more tokens of the last
+        context that slot served (its prompt and reply), so that a request sharing a prefix with it
+        (a system prompt, a document asked about again, a chat's next turn) finds the draft already
+        there and speculates from its second step, instead of paying the draft's prefill (~1 ms a
+        token here), which auto often declines to pay for a long prompt. The draft needs no
+        bit-exactness, so this is only a matter of time. Call it only when no request waits: one
+        call is one draft forward of at most `budget` tokens. Returns whether it did any (call it
+        again until it returns False)."""
+        if not self.cfg.prompt_cache or self.draft is None:
+            return False
+        for slot in self.slots:
+            ctx = slot.last_context
+            held = slot.draft_cache.tokens if slot.draft_cache is not None else ()
+            if slot.busy or slot.draft is None or len(ctx) < 2 or len(held) >= len(ctx):
+                continue
+            d = ModelDrafter(slot.draft)  # no window: absorbing ahead of time costs no request anything
+            tokens = list(ctx)
+            d.begin(tokens, slot.draft_cache)
+            d.absorb(tokens, budget)
+            slot.draft_cache = DraftCache(d.offset, tuple(tokens[:d.n_past]))
+            return True
+        return False
+
     @property
     def free_slots(self) -> int:
         return sum(not s.busy for s in self.slots)
@@ -264,7 +297,8 @@ class Engine:
         slot = free[0]
         if self.cfg.prompt_cache and len(free) > 1:  # the free slot whose cache this prompt can reuse most
             chunk = self.cfg.target.n_batch
-            slot = max(free, key=lambda s: reusable_prefix(s.prefill, req.prompt_tokens, chunk))
+            slot = max(free, key=lambda s: (reusable_prefix(s.prefill, req.prompt_tokens, chunk),
+                                            s.draft_cache.reusable(req.prompt_tokens) if s.draft_cache else 0))
         slot.busy = True
         try:
             return Session(self, slot, req)
@@ -330,7 +364,9 @@ class Session:
         slot.prefill = ()  # nothing reusable until this prefill has completed
         self.stats.cached_prompt_tokens = keep
         if self.drafter is not None:
-            self.drafter.begin(self.tokens)
+            kept = slot.draft_cache if engine.cfg.prompt_cache else None
+            slot.draft_cache = None  # nothing reusable until this request has ended cleanly
+            self.stats.draft_cached_tokens = self.drafter.begin(self.tokens, kept)
         # prefill: everything but the last prompt token (the first root), from the kept chunks on
         if len(self.tokens) > 1:
             slot.target.decode_seq(self.tokens[keep:-1], keep, (0,), last_logits=False)
@@ -633,9 +669,14 @@ class Session:
                 log.warning("prior_update_failed", exc_info=True)
             self.controller = None
         if self.slot.busy:
+            keep = self.engine.cfg.prompt_cache and getattr(self, "_consistent", False)
             if self.drafter is not None:
-                self.drafter.end()
-            if self.engine.cfg.prompt_cache and getattr(self, "_consistent", False):
+                # the draft keeps all it holds, the reply included: a chat's next turn starts with it
+                self.slot.draft_cache = self.drafter.keep(self.tokens) if keep else None
+                if self.slot.draft_cache is None:
+                    self.drafter.end()
+            self.slot.last_context = tuple(self.tokens) if keep else ()
+            if keep:
                 # keep the prompt prefill's cells for the next request (seq 0 holds the context, the
                 # other sequences are empty after every step); drop what decoding wrote after them
                 self.slot.target.seq_rm(0, len(self._prefill), -1)

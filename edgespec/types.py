@@ -69,6 +69,7 @@ class SpecStats:
     target_seconds: float = 0.0  # time inside the target's llama_decode in steps (verification)
     draft_seconds: float = 0.0  # time inside the draft's llama_decode in steps (its prefill included)
     cached_prompt_tokens: int = 0  # prompt tokens whose KV the slot kept from an earlier request
+    draft_cached_tokens: int = 0  # context tokens whose draft KV the slot kept (the draft absorbs the rest)
 
     @property
     def tau(self) -> float:
@@ -96,6 +97,7 @@ class SpecStats:
             "steps_per_mode": dict(self.steps_per_mode),
             "breaker_transitions": self.breaker_transitions,
             "cached_prompt_tokens": self.cached_prompt_tokens,
+            "draft_cached_tokens": self.draft_cached_tokens,
         }
 
 

@@ -303,7 +303,8 @@ def test_auto_emits_its_first_token_before_the_draft_runs(engine):
     try:
         chunk = sess.step()
         assert len(chunk.token_ids) == 1 and sess.stats.target_forwards == 1
-        assert sess.stats.draft_forwards == 0 and sess.slot.draft.pos_max(0) == -1  # the draft has not run
+        # the draft has not run: it holds at most what an earlier request left it (the draft cache)
+        assert sess.stats.draft_forwards == 0 and sess.slot.draft.pos_max(0) == sess.stats.draft_cached_tokens - 1
         while not sess.done:
             sess.step()
         spec = sess.result()
@@ -447,3 +448,181 @@ def test_a_failed_step_leaves_nothing_to_reuse(engine, monkeypatch):
     monkeypatch.undo()
     sess.close()
     assert slot.prefill == () and slot.target.pos_max(0) == -1 and not slot.busy
+    assert slot.draft_cache is None and slot.draft.pos_max(0) == -1
+
+
+SYSTEM = ("You are the support assistant of a utility company. Answer politely and precisely. Quote tariffs in "
+          "EUR per kWh with two decimals. Tariffs: Basic 0.31 EUR/kWh, monthly fee 9.90 EUR; Green 0.34 EUR/kWh, "
+          "renewable, monthly fee 7.50 EUR; Night 0.24 EUR/kWh from 22:00 to 06:00, else 0.36 EUR/kWh. For an "
+          "outage, ask for the meter number and the postal code. Billing disputes: form D-7 within 30 days.")
+
+
+def _shared(a, b) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def test_draft_cache_keeps_any_shared_prefix(engine):
+    """The draft keeps what a request left in its sequence 0: the next request on the slot absorbs
+    only what follows the prefix they share (a system prompt here: any length, not whole chunks),
+    decodes plain decoding's tokens (KV invariants every step), and its draft sees the same
+    context as a cold one would: the root's draft logits agree with a cold draft's."""
+    import dataclasses
+
+    from edgespec.drafters import ModelDrafter
+    from edgespec.drafters.model import DraftCache
+
+    a = engine.encode_chat([("system", SYSTEM), ("user", "What does the Green tariff cost?")])
+    b = engine.encode_chat([("system", SYSTEM), ("user", "My power is out, what should I do?")])
+    shared = _shared(a, b)
+    assert 80 < shared < len(b) - 4
+    for slot in engine.slots:
+        slot.reset()
+    want = run(engine, b, "plain", check_kv=False)
+    for slot in engine.slots:
+        slot.reset()
+    first = run(engine, a, "chain")
+    assert first.stats.draft_cached_tokens == 0
+    got = run(engine, b, "chain")  # the slot holding a's draft cells is chosen
+    assert got.stats.draft_cached_tokens == shared
+    assert got.token_ids == want.token_ids
+
+    # the kept cells are the right ones: the root's draft logits from a's kept cells equal, bit for
+    # bit, those of a draft that absorbed b itself in the same two batches (up to the shared prefix,
+    # then the rest); cells of another text under the same claim (a broken cache) are far off
+    slot = next(s for s in engine.slots if not s.busy)
+    d = ModelDrafter(slot.draft)
+
+    def root_logits(tokens, kept=None, absorb=None):
+        if absorb is not None:  # what the cache's cells really hold
+            d.begin(absorb)
+            d.sync(absorb)
+        n = d.begin(tokens, kept)
+        if kept is None:
+            d._catch_up(tokens, shared, last_logits=False)
+        d._catch_up(tokens, len(tokens), last_logits=True)
+        assert slot.draft.pos_max(0) == len(tokens) - 1
+        return n, slot.draft.logits(-1).copy()
+
+    def tv(x, y):  # total variation distance of the two softmaxes
+        px, py = np.exp(x - x.max()), np.exp(y - y.max())
+        return 0.5 * np.abs(px / px.sum() - py / py.sum()).sum()
+
+    try:
+        _, cold = root_logits(b)
+        n, warm = root_logits(b, DraftCache(0, tuple(a[:-1])), absorb=a)
+        other = engine.encode_chat([("system", SYSTEM.upper()), ("user", "What does the Green tariff cost?")])
+        _, wrong = root_logits(b, DraftCache(0, tuple(a[:-1])), absorb=other)
+    finally:
+        d.end()
+    assert n == shared
+    assert np.array_equal(warm, cold)
+    assert tv(wrong, cold) > 0.2
+
+    # off: every request's draft starts empty
+    saved = engine.cfg
+    engine.cfg = dataclasses.replace(saved, prompt_cache=False)
+    try:
+        assert run(engine, b, "chain").stats.draft_cached_tokens == 0
+    finally:
+        engine.cfg = saved
+
+
+def test_draft_cache_keeps_the_reply_for_the_next_turn(engine):
+    """A chat's next turn starts with the previous prompt and the reply: the draft keeps both (its
+    cells for the reply were written while drafting), where the target keeps the prompt's whole
+    chunks only."""
+    for slot in engine.slots:
+        slot.reset()
+    turn1 = [("system", SYSTEM), ("user", "Which tariff is cheapest at night?")]
+    p1 = engine.encode_chat(turn1)
+    r1 = run(engine, p1, "chain", max_tokens=48)
+    p2 = engine.encode_chat(turn1 + [("assistant", r1.text), ("user", "And its monthly fee?")])
+    r2 = run(engine, p2, "chain", max_tokens=16)
+    assert r2.stats.draft_cached_tokens > len(p1) + 8  # into the reply
+    assert r2.stats.draft_cached_tokens <= _shared(p1 + r1.token_ids, p2)
+    assert r2.token_ids == run(engine, p2, "plain", max_tokens=16, check_kv=False).token_ids
+
+
+def test_draft_cache_behind_the_draft_window(engine):
+    """A long prompt leaves the draft's cells starting at its window's offset; a request sharing
+    more than that offset keeps them (at the same offset) and absorbs only the rest."""
+    import dataclasses
+
+    window = 48
+    a = engine.encode_chat([("user", LONG_PROMPT)])
+    b = engine.encode_chat([("user", LONG_PROMPT.replace("room 3 with", "room 5 with"))])
+    shared = _shared(a, b)
+    for slot in engine.slots:
+        slot.reset()
+    saved = engine.cfg
+    engine.cfg = dataclasses.replace(saved, draft_window=window)
+    try:
+        want = run(engine, b, "plain", check_kv=False)
+        for slot in engine.slots:
+            slot.reset()
+        run(engine, a, "chain", max_tokens=8)
+        kept = next(s.draft_cache for s in engine.slots if s.draft_cache is not None)
+        assert kept.offset == len(a) - window and shared > kept.offset
+        got = run(engine, b, "chain")
+    finally:
+        engine.cfg = saved
+    assert got.stats.draft_cached_tokens == shared - kept.offset
+    assert got.token_ids == want.token_ids
+
+
+def test_draft_cache_reusable_prefix():
+    from edgespec.drafters.model import DraftCache
+
+    c = DraftCache(0, (1, 2, 3, 4, 5))
+    assert c.reusable([1, 2, 3, 9, 9]) == 3
+    assert c.reusable([1, 2, 3, 4, 5, 6, 7]) == 5  # all of it
+    assert c.reusable([1, 2, 3, 4, 5]) == 4  # never the prompt's last token: the root is decoded by the proposal
+    assert c.reusable([7, 2, 3]) == 0 and c.reusable([1]) == 0
+    behind = DraftCache(3, (1, 2, 3, 4, 5, 6))  # cells from context index 3 on
+    assert behind.reusable([1, 2, 3, 4, 9, 9]) == 4
+    assert behind.reusable([1, 2, 3, 9, 9]) == 0  # shares nothing past the offset: no cell to keep
+    assert behind.reusable([1, 2, 9, 4, 5, 6, 7]) == 0
+
+
+def test_idle_work_brings_the_draft_up_to_the_last_context(engine):
+    """A request whose draft never ran (plain here; auto declining the draft's prefill of a long
+    prompt is the same) leaves its context to idle time: idle_work absorbs it into the draft one
+    `budget` piece per call, and the next request sharing a prefix with it finds the draft there
+    (draft_cached_tokens) and decodes plain decoding's tokens. No idle work on a busy slot, none
+    once caught up, none with the cache off."""
+    import dataclasses
+    import math
+
+    a = engine.encode_chat([("system", SYSTEM), ("user", "What does the Green tariff cost?")])
+    b = engine.encode_chat([("system", SYSTEM), ("user", "My power is out, what should I do?")])
+    shared = _shared(a, b)
+    for slot in engine.slots:
+        slot.reset()
+    want = run(engine, b, "plain", check_kv=False)
+    for slot in engine.slots:
+        slot.reset()
+    ra = run(engine, a, "plain", max_tokens=8)
+    slot = next(s for s in engine.slots if s.last_context)
+    assert slot.last_context == tuple(a) + tuple(ra.token_ids) and slot.draft_cache is None
+
+    slot.busy = True
+    assert not engine.idle_work()  # a busy slot's draft belongs to its request
+    slot.busy = False
+    saved = engine.cfg
+    engine.cfg = dataclasses.replace(saved, prompt_cache=False)
+    try:
+        assert not engine.idle_work()
+    finally:
+        engine.cfg = saved
+    pieces = 0
+    while engine.idle_work(budget=32):
+        pieces += 1
+        assert slot.draft.pos_max(0) == len(slot.draft_cache.tokens) - 1
+    n = len(slot.last_context)
+    assert pieces == math.ceil(n / 32) and slot.draft_cache.tokens == slot.last_context
+    assert slot.draft_cache.offset == 0 and slot.draft.pos_max(0) == n - 1
+    assert not engine.idle_work()  # caught up
+
+    got = run(engine, b, "chain")
+    assert got.stats.draft_cached_tokens == shared and got.stats.cached_prompt_tokens == 0
+    assert got.token_ids == want.token_ids

@@ -7,15 +7,33 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from edgespec.cli.common import user_errors
 
+if TYPE_CHECKING:
+    from edgespec.config import EngineConfig
+
 ANCHOR_FIELDS = ("id", "category", "mode", "tokens", "seconds", "tokens_per_second")
 LLAMA_PREFIX = "llama.cpp:"  # the anchor's modes in the bench's rotation
 DEFAULT_N_CTX = 2048
+
+
+def bench_engine_config(target: str, draft: str | None, *, n_ctx: int, n_gpu_layers: int, threads: int) -> EngineConfig:
+    """The bench's engine: every request starts cold (no prompt cache). The modes run one prompt
+    after another on one slot, so a kept cache would hand each later mode the prompt the earlier
+    one had absorbed: the draft's prefill, which a cold request pays, would vanish from their
+    times. What the cache saves is measured apart (README, "Prompt cache")."""
+    from edgespec.config import EngineConfig, ModelConfig
+
+    def model(path: str) -> ModelConfig:
+        return ModelConfig(path=path, n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, threads=threads)
+
+    cfg = EngineConfig(target=model(target), draft=model(draft) if draft else None, prompt_cache=False)
+    cfg.validate()
+    return cfg
 
 
 def _model_path(given: Optional[str], which: str) -> str:
@@ -66,7 +84,6 @@ def bench(
         from edgespec.bench import report as rep
         from edgespec.bench.runner import context_needed, parse_modes, run
         from edgespec.bench.suite import load_suite
-        from edgespec.config import EngineConfig, ModelConfig
         from edgespec.errors import BadRequest
         from edgespec.sampling import SamplingParams
 
@@ -99,13 +116,8 @@ def bench(
             if p is not None and not Path(p).is_file():
                 raise FileNotFoundError(2, "model not found (run `edgespec models prepare-demo`)", p)
 
-        def config(ctx: int) -> EngineConfig:
-            def model(path: str) -> ModelConfig:
-                return ModelConfig(path=path, n_gpu_layers=n_gpu_layers, n_ctx=ctx, threads=threads)
-
-            cfg = EngineConfig(target=model(target_path), draft=model(draft_path) if draft_path else None)
-            cfg.validate()
-            return cfg
+        def config(ctx: int) -> "EngineConfig":
+            return bench_engine_config(target_path, draft_path, n_ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads)
 
         from edgespec.engine import Engine
 

@@ -28,6 +28,8 @@ plainly decoded tokens per thousand).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -55,6 +57,30 @@ def _gumbel_topk(q: np.ndarray, k: int, rng: np.random.Generator) -> list[int]:
     return [int(support[i]) for i in top]
 
 
+@dataclass(frozen=True)
+class DraftCache:
+    """What a finished request left in the draft's seq 0: the KV of context tokens
+    `tokens[offset:]`, at draft positions 0, 1, ... A request whose context starts with the same
+    tokens keeps those cells and absorbs only the rest (a shared system prompt, a document asked
+    about again, a chat's history including the reply). The draft needs no bit-exactness (the
+    target verifies every token), so any shared prefix is reusable, not only whole batches."""
+
+    offset: int
+    tokens: tuple[int, ...]
+
+    def reusable(self, prompt: Sequence[int]) -> int:
+        """Context tokens of `prompt` whose draft cells may stay (0: none): the prefix it shares
+        with `tokens`, short of the prompt's last token (a proposal decodes the root itself), and
+        only if that reaches past `offset` (the cells start there)."""
+        n = min(len(self.tokens), len(prompt) - 1)
+        if n <= self.offset:
+            return 0
+        a, b = np.asarray(self.tokens[:n]), np.asarray(prompt[:n])
+        diff = np.flatnonzero(a != b)
+        common = int(diff[0]) if len(diff) else n
+        return common if common > self.offset else 0
+
+
 class ModelDrafter:
     name = "model"
 
@@ -68,10 +94,28 @@ class ModelDrafter:
         self._used_seqs: set[int] = set()
         self._root_pos = 0
 
-    def begin(self, tokens: list[int]) -> None:
+    def begin(self, tokens: list[int], kept: DraftCache | None = None) -> int:
+        """Start a request on `tokens`. With `kept` (what an earlier request on this context left in
+        seq 0, `DraftCache`), the cells of the prefix the two share stay and only the rest is
+        absorbed; returns how many context tokens that saves."""
+        common = kept.reusable(tokens) if kept is not None else 0
+        if common:
+            self.ctx.seq_rm(0, common - kept.offset, -1)  # type: ignore[union-attr]
+            for s in range(1, self.n_seq):  # empty after every step; an assertion that costs nothing
+                self.ctx.seq_rm(s, -1, -1)
+            self.offset, self.n_past = kept.offset, common  # type: ignore[union-attr]
+            return common - self.offset
         self.ctx.clear()
         self.n_past = 0
         self.offset = 0
+        return 0
+
+    def keep(self, tokens: list[int]) -> DraftCache | None:
+        """What seq 0 holds after the request's last step (context tokens[offset:n_past] at draft
+        positions 0...), for the next request on this context; None when it holds nothing."""
+        if self._used_seqs or self.n_past <= self.offset:  # mid-step, or empty
+            return None
+        return DraftCache(self.offset, tuple(tokens[:self.n_past]))
 
     def backlog(self, tokens: list[int]) -> int:
         """Tokens the next proposal decodes before drafting (the root included)."""
@@ -93,6 +137,11 @@ class ModelDrafter:
     def sync(self, tokens: list[int]) -> None:
         """Bring seq 0 up to tokens[:-1] without drafting (used after plain steps before a probe)."""
         self._catch_up(tokens, len(tokens) - 1, last_logits=False)
+
+    def absorb(self, tokens: list[int], budget: int) -> int:
+        """Decode up to `budget` more of `tokens` into seq 0 (all of them at most; the window's
+        start-over applies); returns how many. For idle time (Engine.idle_work)."""
+        return self._catch_up(tokens, min(len(tokens), self.n_past + budget), last_logits=False)
 
     def propose(self, tree: DraftTree, tokens: list[int], shape: Shape, sampling: SamplingParams,
                 rng: np.random.Generator) -> DraftReport:

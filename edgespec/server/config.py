@@ -101,7 +101,8 @@ SCHEMA: Schema = {
         "default_max_tokens": ((int,), 256, _range(1, 1 << 20), "max_tokens when a request leaves it unset"),
         "max_tree_leaves": ((int,), 32, _range(1, 255), "target context sequences for tree verification"),
         "prompt_cache": ((bool,), True, None, "a slot keeps its last prompt's prefill: a request sharing a "
-                         "long prefix prefills only from the last whole n_batch chunk they share"),
+                         "long prefix prefills only from the last whole n_batch chunk they share; its draft keeps "
+                         "(and absorbs while idle) the last context, reusable up to any shared prefix"),
     },
     "target": _MODEL_KEYS,
     "draft": {

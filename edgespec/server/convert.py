@@ -119,6 +119,7 @@ def response(result: GenerationResult | None, *, text: str, token_ids: list[int]
     out.usage.prompt_tokens = result.prompt_tokens or prompt_tokens
     out.usage.completion_tokens = len(result.token_ids)
     out.usage.cached_prompt_tokens = st.cached_prompt_tokens
+    out.usage.draft_cached_tokens = st.draft_cached_tokens
     sp = out.speculation
     sp.target_forwards = st.target_forwards
     sp.draft_forwards = st.draft_forwards

@@ -220,6 +220,8 @@ class EngineLoop:
         if self._on_ready:
             self._on_ready()
         active: list[_Active] = []
+        idle_work = getattr(engine, "idle_work", None)
+        idle_left = False  # the engine has idle work to do (Engine.idle_work)
         try:
             while True:
                 to_open: list[Job] = []
@@ -231,8 +233,20 @@ class EngineLoop:
                         to_open.append(self._pending.popleft())
                     calls = list(self._calls)
                     self._calls.clear()
-                    if not active and not to_open and not calls:
+                    idle = not active and not to_open and not calls
+                    waited = idle and not (idle_left and idle_work is not None)
+                    if waited:
                         self._wake.wait(HEARTBEAT_SECONDS)
+                if not idle:
+                    idle_left = True  # requests ran: they may leave a context to absorb
+                elif not waited:
+                    # one short piece (a draft forward of a few tokens), then look for work again:
+                    # a request arriving meanwhile waits at most that piece
+                    try:
+                        idle_left = bool(idle_work())  # type: ignore[misc]
+                    except Exception:  # an optimisation: never let it take the loop down
+                        log.warning("idle_work_failed", exc_info=True)
+                        idle_left = False
                 for fn, out in calls:
                     try:
                         out.put((True, fn(engine)))

@@ -63,6 +63,7 @@ class FakeSession:
         if not self.closed:
             self.closed = True
             self.engine.busy -= 1
+            self.engine.idle_left = self.engine.idle_pieces_per_request  # a context to absorb
 
 
 class FakeEngine:
@@ -75,6 +76,12 @@ class FakeEngine:
         self.requests: list[GenerationRequest] = []
         self.fail_on_step = False
         self.closed = False
+        # idle work (Engine.idle_work): each finished request leaves this many pieces of it
+        self.idle_pieces_per_request = 0
+        self.idle_seconds = 0.0  # per piece
+        self.idle_left = 0
+        self.idle_calls = 0
+        self.fail_idle = False
         time.sleep(load_seconds)
         self._touch()
 
@@ -83,6 +90,17 @@ class FakeEngine:
 
     def warmup(self) -> None:
         self._touch()
+
+    def idle_work(self) -> bool:
+        self._touch()
+        self.idle_calls += 1
+        if self.fail_idle:
+            raise RuntimeError("idle work failed")
+        if self.idle_left <= 0:
+            return False
+        time.sleep(self.idle_seconds)
+        self.idle_left -= 1
+        return self.idle_left > 0
 
     def close(self) -> None:
         self._touch()

@@ -114,6 +114,43 @@ def test_all_engine_calls_on_one_thread(make_daemon):
     assert len(r.engine.threads) == 1
 
 
+def _wait_for(cond, timeout=5.0):
+    end = time.monotonic() + timeout
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.01)
+    return cond()
+
+
+def test_idle_work_runs_between_requests_and_yields_to_them(make_daemon):
+    """When no request runs, the engine thread does the engine's idle work (the draft absorbing the
+    last context) one piece at a time until none is left, then waits; a request arriving meanwhile
+    waits at most one piece, not for the rest; a failing piece is logged, not fatal."""
+    r = make_daemon()
+    eng = r.engine
+    eng.idle_pieces_per_request, eng.idle_seconds = 5, 0.0
+    r.inference.Generate(req(max_tokens=2), timeout=10)
+    assert _wait_for(lambda: eng.idle_left == 0)
+    calls = eng.idle_calls
+    time.sleep(0.3)
+    assert eng.idle_calls == calls  # nothing left: the loop waits instead of spinning
+    assert len(eng.threads) == 1  # idle work runs on the engine thread too
+
+    eng.idle_pieces_per_request, eng.idle_seconds = 200, 0.05  # 10 s of idle work
+    r.inference.Generate(req(max_tokens=2), timeout=10)
+    assert _wait_for(lambda: 0 < eng.idle_left < 200)
+    t0 = time.monotonic()
+    out = r.inference.Generate(req(max_tokens=2), timeout=10)
+    assert time.monotonic() - t0 < 2.0 and len(out.token_ids) == 2
+    eng.idle_left = 0
+
+    eng.fail_idle = True
+    before = eng.idle_calls
+    r.inference.Generate(req(max_tokens=2), timeout=10)
+    assert _wait_for(lambda: eng.idle_calls > before)
+    eng.fail_idle = False
+    assert len(r.inference.Generate(req(max_tokens=2), timeout=10).token_ids) == 2  # still serving
+
+
 # ---- validation ----------------------------------------------------------------------------
 
 INVALID = [

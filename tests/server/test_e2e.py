@@ -138,6 +138,30 @@ def test_prompt_cache_through_the_daemon(server):
     assert b.usage.cached_prompt_tokens == 512 and b.token_ids == a.token_ids
 
 
+def test_the_draft_absorbs_the_last_context_while_idle(server):
+    """Between requests the daemon lets the draft absorb the last request's context, even one whose
+    draft never ran (plain): the next request sharing its prefix (a system prompt) reports the draft
+    tokens it found there and answers as plain decoding does."""
+    system = ("You are the support assistant of a utility company. Answer politely and precisely. Quote "
+              "tariffs in EUR per kWh with two decimals. Tariffs: Basic 0.31 EUR/kWh, monthly fee 9.90 EUR; "
+              "Green 0.34 EUR/kWh, renewable, monthly fee 7.50 EUR; Night 0.24 EUR/kWh from 22:00 to 06:00.")
+
+    def ask(question: str, mode: int) -> pb.GenerateResponse:
+        rq = pb.GenerateRequest()
+        rq.messages.add(role="system", content=system)
+        rq.messages.add(role="user", content=question)
+        rq.sampling.max_tokens = 12
+        rq.speculation.mode = mode
+        return server.inference.Generate(rq, timeout=300)
+
+    a = ask("What does the Green tariff cost?", pb.OFF)
+    assert a.speculation.draft_forwards == 0
+    time.sleep(3.0)  # idle: ~100 system-prompt tokens take the draft ~0.1-0.3 s here
+    b = ask("Which tariff is cheapest at night?", pb.CHAIN)
+    assert b.usage.draft_cached_tokens > 80
+    assert b.token_ids == ask("Which tariff is cheapest at night?", pb.OFF).token_ids
+
+
 def test_cancel_frees_slot_and_overload_rejects(server):
     rq = pb.GenerateRequest(prompt="Once upon a time")
     rq.sampling.max_tokens = 400
