@@ -299,25 +299,38 @@ LONG_PROMPT = ("Context: " + " ".join(
     + "\nQuestion: list the records of room 3 with their readings.")
 
 
-def test_auto_emits_its_first_token_before_the_draft_runs(engine):
+def test_auto_emits_its_first_token_before_the_draft_runs(engine, monkeypatch):
     """auto's first step is plain: the first chunk comes after one target forward (the draft has not
     absorbed the prompt yet), then the request speculates, and the output is plain decoding's."""
+    import dataclasses
+
+    from edgespec.controller import Controller
+
     toks = engine.encode_chat([("user", PROMPTS[0])])
     plain = run(engine, toks, "plain", check_kv=False)
     req = GenerationRequest(tuple(toks), SamplingParams(max_tokens=96), SpeculationParams(mode="auto", ngram=False))
-    sess = engine.open_session(req)
-    sess.check_kv = True
+    # whether speculation pays on this host at this minute is the controller's call (its own tests);
+    # here it is told that it does (a breaker that never opens, a catch-up that always pays), and the
+    # first step must still be plain
+    monkeypatch.setattr(Controller, "_catchup_pays", lambda self, *a: True)
+    saved = engine.controller_cfg
+    engine.controller_cfg = dataclasses.replace(saved, open_margin=1.0)
     try:
-        chunk = sess.step()
-        assert len(chunk.token_ids) == 1 and sess.stats.target_forwards == 1
-        # the draft has not run: it holds at most what an earlier request left it (the draft cache)
-        assert sess.stats.draft_forwards == 0 and sess.slot.draft.pos_max(0) == sess.stats.draft_cached_tokens - 1
-        while not sess.done:
-            sess.step()
-        spec = sess.result()
+        sess = engine.open_session(req)
+        sess.check_kv = True
+        try:
+            chunk = sess.step()
+            assert len(chunk.token_ids) == 1 and sess.stats.target_forwards == 1
+            # the draft has not run: it holds at most what an earlier request left it (the draft cache)
+            assert sess.stats.draft_forwards == 0 and sess.slot.draft.pos_max(0) == sess.stats.draft_cached_tokens - 1
+            while not sess.done:
+                sess.step()
+            spec = sess.result()
+        finally:
+            sess.close()
     finally:
-        sess.close()
-    assert spec.stats.draft_forwards > 0 and spec.stats.tau > 2.0
+        engine.controller_cfg = saved
+    assert spec.stats.draft_forwards > 0 and spec.stats.tau > 1.5
     assert spec.token_ids == plain.token_ids
 
 
