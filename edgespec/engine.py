@@ -265,9 +265,14 @@ class Engine:
             held = slot.draft_cache.tokens if slot.draft_cache is not None else ()
             if slot.busy or slot.draft is None or len(ctx) < 2 or len(held) >= len(ctx):
                 continue
-            d = ModelDrafter(slot.draft)  # no window: absorbing ahead of time costs no request anything
+            window = self.cfg.draft_window
+            d = ModelDrafter(slot.draft, window=window)
             tokens = list(ctx)
             d.begin(tokens, slot.draft_cache)
+            if len(tokens) - d.n_past > window:
+                # as a request would: the draft holds the context's last `window` tokens, not all
+                # of a long one (its every forward would pay attention over them)
+                d.start_at(len(tokens) - window)
             d.absorb(tokens, budget)
             slot.draft_cache = DraftCache(d.offset, tuple(tokens[:d.n_past]))
             return True

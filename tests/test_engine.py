@@ -646,3 +646,46 @@ def test_idle_work_brings_the_draft_up_to_the_last_context(engine):
     got = run(engine, b, "chain")
     assert got.stats.draft_cached_tokens == shared and got.stats.cached_prompt_tokens == 0
     assert got.token_ids == want.token_ids
+
+
+def test_draft_cache_limits(engine):
+    """The draft keeps no more than the window's worth of a long context ahead of time (idle work
+    starts over on its tail, as a request does), and a kept context spanning more than
+    REUSE_WINDOWS windows is dropped rather than reused (its every forward would attend over it)."""
+    import dataclasses
+
+    from edgespec.drafters import ModelDrafter
+    from edgespec.drafters.model import REUSE_WINDOWS, DraftCache
+
+    toks = engine.encode_chat([("user", LONG_PROMPT)])
+    window = 48
+    assert len(toks) > 2 * window
+    for slot in engine.slots:
+        slot.reset()
+    saved = engine.cfg
+    engine.cfg = dataclasses.replace(saved, draft_window=window)
+    try:
+        run(engine, toks, "plain", max_tokens=4)
+        while engine.idle_work():
+            pass
+    finally:
+        engine.cfg = saved
+    slot = next(s for s in engine.slots if s.last_context)
+    n = len(slot.last_context)
+    assert slot.draft_cache.offset == n - window and slot.draft.pos_max(0) == window - 1
+
+    slot = next(s for s in engine.slots if not s.busy)
+    d = ModelDrafter(slot.draft)
+    held = 100
+    try:
+        d.begin(toks)
+        d.absorb(toks, held)
+        kept = DraftCache(0, tuple(toks[:held]))
+        small = ModelDrafter(slot.draft, window=held // REUSE_WINDOWS - 1)
+        assert small.begin(toks, kept) == 0 and slot.draft.pos_max(0) == -1  # too long to keep
+        d.begin(toks)
+        d.absorb(toks, held)
+        fits = ModelDrafter(slot.draft, window=-(-held // REUSE_WINDOWS))
+        assert fits.begin(toks, kept) == held and slot.draft.pos_max(0) == held - 1
+    finally:
+        d.end()
