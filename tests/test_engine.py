@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -39,6 +42,17 @@ def run(engine, prompt_tokens, mode, check_kv=True, **sampling):
         return sess.result()
     finally:
         sess.close()
+
+
+@contextlib.contextmanager
+def changed_config(engine, **changes):
+    """The engine's EngineConfig with `changes`, for the block's duration."""
+    saved = engine.cfg
+    engine.cfg = dataclasses.replace(saved, **changes)
+    try:
+        yield
+    finally:
+        engine.cfg = saved
 
 
 def near_tie_gap(engine, prompt_tokens, out, k) -> float:
@@ -302,8 +316,6 @@ LONG_PROMPT = ("Context: " + " ".join(
 def test_auto_emits_its_first_token_before_the_draft_runs(engine, monkeypatch):
     """auto's first step is plain: the first chunk comes after one target forward (the draft has not
     absorbed the prompt yet), then the request speculates, and the output is plain decoding's."""
-    import dataclasses
-
     from edgespec.controller import Controller
 
     toks = engine.encode_chat([("user", PROMPTS[0])])
@@ -339,15 +351,11 @@ def test_draft_window_starts_the_draft_over_on_the_prompts_tail(engine):
     tokens (draft positions from 0). The target still verifies every token, so the output is
     plain decoding's, bit for bit; the KV invariants hold after every step; the draft still
     drafts usefully."""
-    import dataclasses
-
     toks = engine.encode_chat([("user", LONG_PROMPT)])
     window = 48
     assert len(toks) > 4 * window
     plain = run(engine, toks, "plain", check_kv=False)
-    saved = engine.cfg
-    engine.cfg = dataclasses.replace(saved, draft_window=window)
-    try:
+    with changed_config(engine, draft_window=window):
         req = GenerationRequest(tuple(toks), SamplingParams(max_tokens=96), SpeculationParams(mode="chain", ngram=False))
         sess = engine.open_session(req)
         sess.check_kv = True
@@ -361,8 +369,6 @@ def test_draft_window_starts_the_draft_over_on_the_prompts_tail(engine):
             spec = sess.result()
         finally:
             sess.close()
-    finally:
-        engine.cfg = saved
     assert spec.token_ids == plain.token_ids
     assert spec.stats.accepted_tokens > 0.5 * len(spec.token_ids)
 
@@ -394,8 +400,6 @@ def test_prompt_cache_keeps_whole_prefill_chunks_bit_for_bit(engine):
     the last whole n_batch chunk they share, and decodes exactly what it decodes from an empty
     cache: the same logits after the prefill, bit for bit, and the same greedy tokens, plain and
     auto, with the KV invariants checked every step."""
-    import dataclasses
-
     context = "Context: " + " ".join(
         f"Record {i}: the sensor in room {i % 17} read {20 + i % 9}.{i % 10} degrees at {i % 24:02d}:00." for i in range(40))
     a = engine.encode_chat([("user", context + "\nQuestion: list the records of room 3.")])
@@ -442,12 +446,8 @@ def test_prompt_cache_keeps_whole_prefill_chunks_bit_for_bit(engine):
     assert again.stats.cached_prompt_tokens == (len(b) - 1) // chunk * chunk
     assert again.token_ids == want["plain"].token_ids
     # off: every request prefills everything
-    saved = engine.cfg
-    engine.cfg = dataclasses.replace(saved, prompt_cache=False)
-    try:
+    with changed_config(engine, prompt_cache=False):
         assert run(engine, b, "plain").stats.cached_prompt_tokens == 0
-    finally:
-        engine.cfg = saved
 
 
 def test_a_failed_step_leaves_nothing_to_reuse(engine, monkeypatch):
@@ -486,8 +486,6 @@ def test_draft_cache_keeps_any_shared_prefix(engine):
     only what follows the prefix they share (a system prompt here: any length, not whole chunks),
     decodes plain decoding's tokens (KV invariants every step), and its draft sees the same
     context as a cold one would: the root's draft logits agree with a cold draft's."""
-    import dataclasses
-
     from edgespec.drafters import ModelDrafter
     from edgespec.drafters.model import DraftCache
 
@@ -539,12 +537,8 @@ def test_draft_cache_keeps_any_shared_prefix(engine):
     assert tv(wrong, cold) > 0.2
 
     # off: every request's draft starts empty
-    saved = engine.cfg
-    engine.cfg = dataclasses.replace(saved, prompt_cache=False)
-    try:
+    with changed_config(engine, prompt_cache=False):
         assert run(engine, b, "chain").stats.draft_cached_tokens == 0
-    finally:
-        engine.cfg = saved
 
 
 def test_draft_cache_keeps_the_reply_for_the_next_turn(engine):
@@ -566,17 +560,13 @@ def test_draft_cache_keeps_the_reply_for_the_next_turn(engine):
 def test_draft_cache_behind_the_draft_window(engine):
     """A long prompt leaves the draft's cells starting at its window's offset; a request sharing
     more than that offset keeps them (at the same offset) and absorbs only the rest."""
-    import dataclasses
-
     window = 48
     a = engine.encode_chat([("user", LONG_PROMPT)])
     b = engine.encode_chat([("user", LONG_PROMPT.replace("room 3 with", "room 5 with"))])
     shared = _shared(a, b)
     for slot in engine.slots:
         slot.reset()
-    saved = engine.cfg
-    engine.cfg = dataclasses.replace(saved, draft_window=window)
-    try:
+    with changed_config(engine, draft_window=window):
         want = run(engine, b, "plain", check_kv=False)
         for slot in engine.slots:
             slot.reset()
@@ -584,8 +574,6 @@ def test_draft_cache_behind_the_draft_window(engine):
         kept = next(s.draft_cache for s in engine.slots if s.draft_cache is not None)
         assert kept.offset == len(a) - window and shared > kept.offset
         got = run(engine, b, "chain")
-    finally:
-        engine.cfg = saved
     assert got.stats.draft_cached_tokens == shared - kept.offset
     assert got.token_ids == want.token_ids
 
@@ -610,7 +598,6 @@ def test_idle_work_brings_the_draft_up_to_the_last_context(engine):
     `budget` piece per call, and the next request sharing a prefix with it finds the draft there
     (draft_cached_tokens) and decodes plain decoding's tokens. No idle work on a busy slot, none
     once caught up, none with the cache off."""
-    import dataclasses
     import math
 
     a = engine.encode_chat([("system", SYSTEM), ("user", "What does the Green tariff cost?")])
@@ -628,12 +615,8 @@ def test_idle_work_brings_the_draft_up_to_the_last_context(engine):
     slot.busy = True
     assert not engine.idle_work()  # a busy slot's draft belongs to its request
     slot.busy = False
-    saved = engine.cfg
-    engine.cfg = dataclasses.replace(saved, prompt_cache=False)
-    try:
+    with changed_config(engine, prompt_cache=False):
         assert not engine.idle_work()
-    finally:
-        engine.cfg = saved
     pieces = 0
     while engine.idle_work(budget=32):
         pieces += 1
@@ -652,8 +635,6 @@ def test_draft_cache_limits(engine):
     """The draft keeps no more than the window's worth of a long context ahead of time (idle work
     starts over on its tail, as a request does), and a kept context spanning more than
     REUSE_WINDOWS windows is dropped rather than reused (its every forward would attend over it)."""
-    import dataclasses
-
     from edgespec.drafters import ModelDrafter
     from edgespec.drafters.model import REUSE_WINDOWS, DraftCache
 
@@ -662,14 +643,10 @@ def test_draft_cache_limits(engine):
     assert len(toks) > 2 * window
     for slot in engine.slots:
         slot.reset()
-    saved = engine.cfg
-    engine.cfg = dataclasses.replace(saved, draft_window=window)
-    try:
+    with changed_config(engine, draft_window=window):
         run(engine, toks, "plain", max_tokens=4)
         while engine.idle_work():
             pass
-    finally:
-        engine.cfg = saved
     slot = next(s for s in engine.slots if s.last_context)
     n = len(slot.last_context)
     assert slot.draft_cache.offset == n - window and slot.draft.pos_max(0) == window - 1
