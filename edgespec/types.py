@@ -46,12 +46,50 @@ class SpeculationParams:
         return 2 + self.tree_depth + 1
 
 
+ConstraintKind = Literal["json_schema", "json_object", "regex", "grammar", "lark"]
+CONSTRAINT_KINDS: tuple[str, ...] = ("json_schema", "json_object", "regex", "grammar", "lark")
+
+
+@dataclass(frozen=True)
+class ConstraintSpec:
+    """Structured output: the text the request may produce. `value` is a JSON schema (as JSON
+    text), a regular expression, a GBNF grammar or a Lark grammar; empty for json_object (any
+    JSON object). Decoding samples from the target's distribution masked to what the
+    constraint allows (edgespec/constraint.py)."""
+
+    kind: ConstraintKind
+    value: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in CONSTRAINT_KINDS:
+            raise BadRequest("constraint.kind", f"must be one of {', '.join(CONSTRAINT_KINDS)}, got {self.kind!r}")
+        if self.kind != "json_object" and not self.value:
+            raise BadRequest("constraint.value", f"is empty (a {self.kind} constraint needs its text)")
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     prompt_tokens: tuple[int, ...]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     speculation: SpeculationParams = field(default_factory=SpeculationParams)
     request_id: str = ""
+    # None: no logprobs; k >= 0: each emitted token's logprob and its k best alternatives, from
+    # the target's transformed distribution (the verification rows: the same in every mode)
+    logprobs: int | None = None
+    constraint: ConstraintSpec | None = None
+
+
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One emitted token's log-probability under the target's (transformed, masked) distribution,
+    and the `top` best alternatives (token, logprob), best first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -108,6 +146,7 @@ class Chunk:
     token_ids: tuple[int, ...]
     text: str
     finish_reason: FinishReason | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token id when the request asked for them
 
 
 @dataclass
@@ -117,3 +156,4 @@ class GenerationResult:
     finish_reason: FinishReason
     prompt_tokens: int
     stats: SpecStats
+    logprobs: list[TokenLogprob] = field(default_factory=list)

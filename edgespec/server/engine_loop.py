@@ -33,6 +33,11 @@ class Job:
     speculation: SpeculationParams
     prompt: str = ""
     messages: tuple[tuple[str, str], ...] = ()
+    # the prompt already tokenised by the caller's thread (chat template applied): the engine
+    # thread then does no text work for this job; None: the engine tokenises prompt/messages
+    prompt_tokens: tuple[int, ...] | None = None
+    logprobs: int | None = None  # see GenerationRequest.logprobs
+    constraint: Any = None  # a types.ConstraintSpec, or None
     deadline: float | None = None  # time.monotonic() value
     submitted: float = field(default_factory=time.monotonic)
     started: float | None = None  # admitted to a slot
