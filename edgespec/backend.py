@@ -210,11 +210,11 @@ def check_compatible(target: Model, draft: Model) -> None:
 class Context:
     """One llama.cpp context (its own KV cache) over a loaded Model, plus a reusable batch."""
 
-    def __init__(self, model: Model, cfg: ModelConfig, n_seq_max: int = 1):
+    def __init__(self, model: Model, cfg: ModelConfig, n_seq_max: int = 1, n_ctx: int | None = None):
         self.model = model
         self.n_seq_max = n_seq_max
         cp = ll.llama_context_default_params()
-        cp.n_ctx = cfg.n_ctx
+        cp.n_ctx = n_ctx or cfg.n_ctx  # cells: a context shared by several slots holds all of theirs
         cp.n_batch = cfg.n_batch
         cp.n_ubatch = cfg.n_batch
         cp.n_seq_max = n_seq_max
@@ -266,6 +266,25 @@ class Context:
                 raise ModelError(f"llama_decode failed with code {rc} (batch of {m} tokens, KV cache full?)")
             start += m
         self._last_n = n
+
+    def decode_rows(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
+                    logits: Sequence[bool]) -> np.ndarray:
+        """Like `decode`, returning a copy of the logits of every entry marked in `logits`, in
+        batch order ([n_marked, vocab]), also when the batch is split into n_batch pieces."""
+        n = len(tokens)
+        out = []
+        start = 0
+        while start < n:
+            m = min(self.n_batch, n - start)
+            sl = slice(start, start + m)
+            self.decode(tokens[sl], positions[sl], seq_ids[sl], logits[sl])
+            k = int(sum(1 for x in logits[sl] if x))
+            if k:
+                out.append(self.logits_rows(k).copy())
+            start += m
+        if not out:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        return out[0] if len(out) == 1 else np.concatenate(out)
 
     def decode_seq(self, tokens: Sequence[int], start_pos: int, seq_ids: Sequence[int] = (0,),
                    last_logits: bool = True) -> None:

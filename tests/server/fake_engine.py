@@ -126,6 +126,10 @@ class FakeEngine:
         return {"target": {"path": "/fake/target.gguf", "n_params": 1}, "draft": {"path": "/fake/draft.gguf"},
                 "n_vocab": 256, "n_ctx": self.n_ctx, "parallel": self.parallel, "backend": "cpu"}
 
+    def tick(self, sessions: list) -> dict:
+        """One engine tick: every session one step (the real engine batches them)."""
+        return {s: s.step() for s in sessions}
+
     def open_session(self, req: GenerationRequest) -> FakeSession:
         self._touch()
         if not req.prompt_tokens:
