@@ -41,6 +41,8 @@ def test_client_commands(make_daemon):
     assert r.exit_code == 0 and '"generated_tokens_total": "6"' in r.output
     r = runner.invoke(app, ["policy", "--speculation", "off", *addr])
     assert r.exit_code == 0 and "SPECULATION_POLICY_OFF" in r.output
+    r = runner.invoke(app, ["policy", "--reset", *addr])  # the config's values again
+    assert r.exit_code == 0 and "SPECULATION_POLICY_AUTO" in r.output
 
 
 def test_serve_names_a_bad_field_once_and_exits_2():
