@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgespec import chat
 from edgespec.errors import NotReady, Overloaded
 from edgespec.logs import get_logger
 from edgespec.sampling import SamplingParams
@@ -309,7 +308,7 @@ class EngineLoop:
             if job.prompt_tokens is not None:  # tokenised by the caller's thread (the daemon's way)
                 ids = list(job.prompt_tokens)
             elif job.messages:
-                ids = chat.encode_chat(engine, job.messages)
+                ids = engine.encode_chat(job.messages)  # edgespec.chat, as the handler threads do
             else:
                 ids = engine.tokenize(job.prompt, add_special=True, parse_special=False)
             job.prompt_tokens = tuple(ids)

@@ -125,13 +125,14 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         messages = convert.messages_from(request.messages, limits=self.limits)
         text = convert.text_within(request.text, "text", self.limits)
 
-        def run(enc: Any) -> list[int]:
-            if messages:
-                return chat.encode_chat(enc, messages)
-            return enc.tokenize(text, add_special=request.add_special, parse_special=request.parse_special)
+        def text_ids(tok: Any) -> list[int]:
+            return tok.tokenize(text, add_special=request.add_special, parse_special=request.parse_special)
 
         enc = self._encoder()
-        ids = run(enc) if enc is not None else self.loop.call(run)
+        if enc is not None:
+            ids = chat.encode_chat(enc, messages) if messages else text_ids(enc)
+        else:  # an engine without an encoder: its own thread, through Engine.encode_chat
+            ids = self.loop.call(lambda engine: engine.encode_chat(messages) if messages else text_ids(engine))
         return pb.TokenizeResponse(token_ids=ids, count=len(ids))
 
     def ModelInfo(self, request: pb.ModelInfoRequest, context: grpc.ServicerContext) -> pb.ModelInfoResponse:  # noqa: N802

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
+from edgespec import chat
 from edgespec.errors import BadRequest, Overloaded
 from edgespec.types import Chunk, GenerationRequest, GenerationResult, SpecStats
 
@@ -141,6 +142,10 @@ class FakeEngine:
     def chat_prompt(self, messages: list[tuple[str, str]]) -> str:
         self._touch()
         return "".join(f"<{role}>{content}\n" for role, content in messages) + "<assistant>"
+
+    def encode_chat(self, messages: list[tuple[str, str]]) -> list[int]:
+        self._touch()
+        return chat.encode_chat(self.encoder, messages)
 
     def model_info(self) -> dict:
         self._touch()
