@@ -109,6 +109,15 @@ class Model:
         ll.llama_model_desc(self._model, buf, 256)
         self.desc = buf.value.decode(errors="replace")
         self._eog = np.array([bool(ll.llama_vocab_is_eog(self._vocab, t)) for t in range(self.n_vocab)])
+        # texts tokenize(parse_special=True) turns into one control token (`<|im_start|>`, `</s>`):
+        # what edgespec.chat lets only the chat template produce
+        special = ll.LLAMA_TOKEN_ATTR_CONTROL | ll.LLAMA_TOKEN_ATTR_UNKNOWN
+        self.special_tokens: dict[str, int] = {}
+        for t in range(self.n_vocab):
+            if ll.llama_vocab_get_attr(self._vocab, t) & special:
+                text = self.token_text(t).decode("utf-8", errors="replace")
+                if text:
+                    self.special_tokens.setdefault(text, t)
         self._piece_cache: dict[int, bytes] = {}
         tmpl = ll.llama_model_chat_template(self._model, None)
         self.chat_template: bytes | None = tmpl if tmpl else None
@@ -149,7 +158,9 @@ class Model:
 
     def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> str:
         """Apply the GGUF's chat template (llama.cpp's built-in template matcher), with the
-        assistant generation prompt appended."""
+        assistant generation prompt appended. Text only: edgespec.chat.encode_chat turns messages
+        into tokens (contents never parsed for special tokens). Thread-safe, as tokenize is (both
+        only read the vocabulary)."""
         if not messages:
             raise ModelError("chat needs at least one message")
         arr = (ll.llama_chat_message * len(messages))()
@@ -158,7 +169,9 @@ class Model:
             r, c = role.encode(), content.encode()
             keep += [r, c]
             arr[i].role, arr[i].content = r, c
-        size = 4 * sum(len(c) for c in keep) + 1024
+        # the text plus the template's markup per message; llama.cpp returns the length it needs,
+        # so a second (last) pass gets an exact buffer: linear in the conversation either way
+        size = sum(len(c) for c in keep) + 64 * len(messages) + 1024
         for _ in range(2):
             buf = ctypes.create_string_buffer(size)
             n = ll.llama_chat_apply_template(self.chat_template, arr, len(messages), True, buf, size)

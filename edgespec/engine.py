@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgespec import backend
+from edgespec import backend, chat
 from edgespec.config import EngineConfig, shared_cells
 from edgespec.drafters import ModelDrafter
 from edgespec.drafters.model import DraftCache
@@ -219,8 +219,14 @@ class Engine:
         return self.target.chat_prompt(messages)
 
     def encode_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
-        """Chat template -> tokens (special tokens in the template are parsed)."""
-        return self.tokenize(self.chat_prompt(messages), add_special=True, parse_special=True)
+        """Chat template -> tokens: special tokens from the template only (edgespec.chat)."""
+        return chat.encode_chat(self.target, messages)
+
+    @property
+    def encoder(self) -> backend.Model:
+        """The target's vocabulary and chat template, safe to use from any thread (tokenize and
+        chat_prompt only read the loaded model): the daemon tokenises in its handler threads."""
+        return self.target
 
     def model_info(self) -> dict:
         t, d = self.target, self.draft

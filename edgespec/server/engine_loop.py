@@ -36,7 +36,7 @@ class Job:
     messages: tuple[tuple[str, str], ...] = ()
     # the prompt already tokenised by the caller's thread (chat template applied): the engine
     # thread then does no text work for this job; None: the engine tokenises prompt/messages
-    prompt_ids: tuple[int, ...] | None = None
+    prompt_tokens: tuple[int, ...] | None = None
     logprobs: int | None = None  # see GenerationRequest.logprobs
     constraint: Any = None  # a types.ConstraintSpec, or None
     deadline: float | None = None  # time.monotonic() value
@@ -44,7 +44,6 @@ class Job:
     started: float | None = None  # admitted to a slot
     first_token: float | None = None
     finished: float | None = None
-    prompt_tokens: int = 0
     # ("chunk", Chunk) ... then exactly one ("result", GenerationResult) or ("error", Exception)
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     _cancel: threading.Event = field(default_factory=threading.Event)
@@ -109,6 +108,7 @@ class EngineLoop:
         self._stopping = False
         self._error: BaseException | None = None
         self.breaker_state = ""
+        self.encoder: Any = None  # set on the engine thread once the engine is built (see _run)
         self.counters = collections.Counter()  # requests_total, rejected_overloaded_total, ...
         self._thread = threading.Thread(target=self._run, name="edgespec-engine", daemon=True)
 
@@ -214,6 +214,9 @@ class EngineLoop:
     def _run(self) -> None:
         try:
             engine = self._factory()
+            # the engine's thread-safe tokenizer and chat template, for the handler threads (None:
+            # this engine has none; its jobs are then tokenised here, on the engine thread)
+            self.encoder = getattr(engine, "encoder", None)
             engine.warmup()
         except BaseException as exc:  # noqa: BLE001 - reported to the starter
             self._error = exc
@@ -314,14 +317,13 @@ class EngineLoop:
             return
         job.started = now
         try:
-            if job.prompt_ids is not None:
-                ids = list(job.prompt_ids)
+            if job.prompt_tokens is not None:  # tokenised by the caller's thread (the daemon's way)
+                ids = list(job.prompt_tokens)
             elif job.messages:
-                text = engine.chat_prompt(list(job.messages))
-                ids = engine.tokenize(text, add_special=True, parse_special=True)
+                ids = engine.encode_chat(job.messages)  # edgespec.chat, as the handler threads do
             else:
                 ids = engine.tokenize(job.prompt, add_special=True, parse_special=False)
-            job.prompt_tokens = len(ids)
+            job.prompt_tokens = tuple(ids)
             req = GenerationRequest(
                 prompt_tokens=tuple(ids), sampling=job.sampling, speculation=job.speculation,
                 request_id=job.request_id, logprobs=job.logprobs, constraint=job.constraint,
@@ -382,7 +384,7 @@ class EngineLoop:
         except BaseException as exc:  # noqa: BLE001
             log.error("session_close_failed", request_id=job.request_id, error=str(exc), exc_info=True)
         if result is None:
-            result = GenerationResult("", [], close_reason or "error", job.prompt_tokens, SpecStats())
+            result = GenerationResult("", [], close_reason or "error", len(job.prompt_tokens or ()), SpecStats())
         if close_reason is not None and result.finish_reason != close_reason:
             result.finish_reason = close_reason  # type: ignore[assignment]
         job.finished = time.monotonic()
