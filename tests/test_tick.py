@@ -200,3 +200,18 @@ def test_sessions_arriving_and_leaving_keep_every_range_consistent(parallel):
                 active.remove(s)
                 done += 1
     assert done == 2 * len(PROMPTS) and eng.free_slots == parallel
+
+
+def test_logprobs_are_the_same_in_every_mode():
+    """Each emitted token's logprob comes from the row that verified it: its parent's, the
+    target's distribution at that context whatever the mode."""
+    eng = fake_engine(parallel=2)
+    out = {}
+    for mode in ("plain", "chain", "tree"):
+        r = GenerationRequest(tuple(PROMPTS[1]), SamplingParams(max_tokens=30), SpeculationParams(mode=mode),
+                              logprobs=3)
+        res = eng.generate(r)
+        assert len(res.logprobs) == len(res.token_ids)
+        assert all(lp.token == t and len(lp.top) == 3 and lp.top[0][0] == t for lp, t in zip(res.logprobs, res.token_ids))
+        out[mode] = [(lp.token, round(lp.logprob, 9), tuple(a for a, _ in lp.top)) for lp in res.logprobs]
+    assert out["plain"] == out["chain"] == out["tree"]

@@ -101,7 +101,11 @@ SCHEMA: Schema = {
         "queue_size": ((int,), 16, _range(0, 100000), "requests waiting for a slot; beyond: RESOURCE_EXHAUSTED"),
         "max_tokens": ((int,), 4096, _range(1, 1 << 20), "largest max_tokens a request may ask for"),
         "default_max_tokens": ((int,), 256, _range(1, 1 << 20), "max_tokens when a request leaves it unset"),
-        "max_tree_leaves": ((int,), 32, _range(1, 255), "target context sequences for tree verification"),
+        "max_tree_leaves": ((int,), 32, _range(1, 255), "tree leaves a slot may verify at once (sequence ids of "
+                            "the shared context; all slots together get at most 256)"),
+        "prefill_share": ((int, float), 1.5, _range(0, 100), "a prompt is prefilled in pieces inside the engine "
+                          "ticks: beside decoding streams a piece may cost this many times the tick's decode work "
+                          "(0 = whole n_batch chunks, the streams wait)"),
         "prompt_cache": ((bool,), True, None, "a slot keeps its last prompt's prefill: a request sharing a "
                          "long prefix prefills only from the last whole n_batch chunk they share; its draft keeps "
                          "(and absorbs while idle) the last context, reusable up to any shared prefix"),
@@ -173,6 +177,7 @@ class ServerConfig:
     max_tokens: int = 4096
     default_max_tokens: int = 256
     max_tree_leaves: int = 32
+    prefill_share: float = 1.5
     prompt_cache: bool = True
 
     @property
@@ -459,7 +464,8 @@ def load(
                 hint = " (run `edgespec models prepare-demo`)" if not values[name]["path"] else ""
                 problems.append((f"{name}.path", f"model file not found: {m.path}{hint}"))
     engine = EngineConfig(target=target, draft=draft, parallel=s["parallel"], max_tree_leaves=s["max_tree_leaves"],
-                          draft_window=draft_vals["window"], prompt_cache=s["prompt_cache"])
+                          draft_window=draft_vals["window"], prompt_cache=s["prompt_cache"],
+                          prefill_share=float(s["prefill_share"]))
     try:
         engine.validate()
     except ConfigError as exc:
