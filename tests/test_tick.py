@@ -215,3 +215,22 @@ def test_logprobs_are_the_same_in_every_mode():
         assert all(lp.token == t and len(lp.top) == 3 and lp.top[0][0] == t for lp, t in zip(res.logprobs, res.token_ids))
         out[mode] = [(lp.token, round(lp.logprob, 9), tuple(a for a, _ in lp.top)) for lp in res.logprobs]
     assert out["plain"] == out["chain"] == out["tree"]
+
+
+def test_a_busy_slots_prefill_is_shared_with_another_slot():
+    """Two requests with the same long prefix at once: the second shares the first's prefill
+    cells (a copy of sequence ids in the unified cache) in whole n_batch chunks, and decodes the
+    same text."""
+    eng = fake_engine(parallel=2, n_ctx=512)
+    doc = [0] + [4 + i % 40 for i in range(200)]
+    a = eng.open_session(req(doc + [50, 51], "plain", max_tokens=20))
+    while a.prefilling:
+        eng.tick([a])
+    b = eng.open_session(req(doc + [52], "plain", max_tokens=20))
+    assert b.slot is not a.slot and b.stats.cached_prompt_tokens == 192  # 3 chunks of 64
+    while not (a.done and b.done):
+        eng.tick([s for s in (a, b) if not s.done])
+    ref = run_alone(fake_engine(parallel=1, n_ctx=512), doc + [52], 20)
+    assert list(b.out) == ref
+    a.close()
+    b.close()
