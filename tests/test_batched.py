@@ -162,7 +162,7 @@ def test_load_shrinks_speculation(batched):
 # -- temperature 1: the batched path samples the target's distribution ----------------------------
 
 SAMPLE_PROMPTS = ("The capital of France is", "def fibonacci(n):")
-TOP_K = 6
+TOP_K = 5
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +228,7 @@ def gof(counts: dict, exact: dict) -> float:
     return chi_square_gof(c, p)[2]
 
 
-N_SAMPLES = 1200
+N_SAMPLES = 800
 
 
 @pytest.fixture(scope="module")

@@ -2,17 +2,20 @@
 plain session: its root alone), then the prefill pieces of sessions still reading their prompt.
 
 Each session's tree lives in its slot's sequence range, so the sessions never see each other's
-cells. With the patched ggml (tools/patches/), a forward of up to 32 tokens gives every token
-the logits a one-token forward would, bit for bit; beyond that ggml's tiled kernel runs, whose
-rounding differs in the last bits (a greedy difference then needs a near-tie). Prefill pieces
-run as their own forward in the same tick: folded into the verification batch they would push
-it past 32 columns, and they cost the same either way (a prefill piece is compute-bound).
+cells. With the patched ggml (tools/patches/), a forward of up to EXACT_COLUMNS tokens gives every
+token the logits a one-token forward would, bit for bit; beyond that ggml's tiled kernel runs,
+whose rounding differs in the last bits (a greedy difference then needs a near-tie). So prefill
+pieces join the verification forward only while it stays within EXACT_COLUMNS; small pieces of
+several prompts share one forward under the same bound; a larger piece runs as its own forward
+in the same tick (it is compute-bound: it costs the same either way).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+
+EXACT_COLUMNS = 32  # the patched kernel's column limit (tools/patches/ggml-cpu-small-batch.patch)
 
 
 @dataclass
@@ -34,17 +37,60 @@ def verify_forward(engine, plan) -> ForwardRecord:
         tokens += t
         positions += p
         seqs += q
-    if tokens:
+    n_verify = len(tokens)
+    groups = _pack(plan.prefill, n_verify)
+    if tokens or groups[0]:
+        riders = groups.pop(0)  # prefill pieces riding in the verification forward (logits off)
+        _append(riders, tokens, positions, seqs)
         t0 = time.perf_counter()
-        rows = ctx.decode_rows(tokens, positions, seqs, [True] * len(tokens))
-        rec.seconds = time.perf_counter() - t0
-        rec.tokens = len(tokens)
+        rows = ctx.decode_rows(tokens, positions, seqs, [True] * n_verify + [False] * (len(tokens) - n_verify))
+        dt = time.perf_counter() - t0
+        rec.seconds, rec.tokens = dt, n_verify
         for s, at, n in spans:
             rec.rows[s] = rows[at:at + n]
-    for s, toks, start in plan.prefill:
+        _done(riders, rec, 0.0)
+    else:
+        groups.pop(0)
+    for group in groups:
+        tokens, positions, seqs = [], [], []
+        _append(group, tokens, positions, seqs)
         t0 = time.perf_counter()
-        s.slot.target.decode_seq(toks, start, (0,), last_logits=False)
-        rec.prefill_seconds += time.perf_counter() - t0
+        ctx.decode_rows(tokens, positions, seqs, [False] * len(tokens))
+        _done(group, rec, time.perf_counter() - t0)
+    return rec
+
+
+def _pack(pieces: list, n_verify: int) -> list[list]:
+    """Prefill pieces into forwards: [those riding with the verification], then the others, small
+    ones sharing a forward while it holds at most EXACT_COLUMNS tokens."""
+    groups: list[list] = [[]]
+    room = EXACT_COLUMNS - n_verify if n_verify else 0
+    shared, shared_n = [], 0
+    for piece in pieces:
+        n = len(piece[1])
+        if n <= room:
+            groups[0].append(piece)
+            room -= n
+        elif n <= EXACT_COLUMNS and shared_n + n <= EXACT_COLUMNS:
+            shared.append(piece)
+            shared_n += n
+        else:
+            groups.append([piece])
+    if shared:
+        groups.append(shared)
+    return groups
+
+
+def _append(group: list, tokens: list, positions: list, seqs: list) -> None:
+    for s, toks, start in group:
+        main = [s.slot.target.base]
+        tokens += toks
+        positions += range(start, start + len(toks))
+        seqs += [main] * len(toks)
+
+
+def _done(group: list, rec: ForwardRecord, seconds: float) -> None:
+    rec.prefill_seconds += seconds
+    for s, toks, _ in group:
         rec.prefill_tokens += len(toks)
         s.prefill_done(len(toks))
-    return rec
