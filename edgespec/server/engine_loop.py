@@ -109,6 +109,7 @@ class EngineLoop:
         self._error: BaseException | None = None
         self.breaker_state = ""
         self.encoder: Any = None  # set on the engine thread once the engine is built (see _run)
+        self.tick_totals: dict[str, float] = {}  # the engine's tick phase totals, after each tick
         self.counters = collections.Counter()  # requests_total, rejected_overloaded_total, ...
         self._thread = threading.Thread(target=self._run, name="edgespec-engine", daemon=True)
 
@@ -206,6 +207,7 @@ class EngineLoop:
                 "ready": self._ready.is_set(),
                 "draining": self.draining,
                 "breaker_state": {self.breaker_state: 1} if self.breaker_state else {},
+                "tick_totals": self.tick_totals,
                 **self.counters,
             }
 
@@ -356,6 +358,9 @@ class EngineLoop:
                 self.counters["finished_error"] += 1
                 a.job.events.put(("error", exc))
             return
+        totals = getattr(engine, "tick_totals", None)
+        if totals is not None:
+            self.tick_totals = dict(totals)  # a snapshot for the handler threads
         state = getattr(engine, "breaker_state", None)
         for sess, chunk in chunks.items():
             a = by_session[sess]

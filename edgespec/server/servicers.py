@@ -182,6 +182,10 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         for key, value in s.items():
             if key.startswith("finished_"):
                 out.finished_by_reason[key[len("finished_"):]] = value
+        ticks = dict(s.get("tick_totals") or {})
+        out.ticks_total = int(ticks.pop("ticks", 0))
+        for key, value in ticks.items():
+            out.tick_totals[key] = float(value)
         return out
 
     def SetPolicy(self, request: admin_pb2.SetPolicyRequest, context: grpc.ServicerContext) -> admin_pb2.Policy:  # noqa: N802
