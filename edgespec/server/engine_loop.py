@@ -110,6 +110,7 @@ class EngineLoop:
         self.breaker_state = ""
         self.encoder: Any = None  # set on the engine thread once the engine is built (see _run)
         self.tick_totals: dict[str, float] = {}  # the engine's tick phase totals, after each tick
+        self._idle_done = False  # no job, no call and no idle work left (see _run)
         self.counters = collections.Counter()  # requests_total, rejected_overloaded_total, ...
         self._thread = threading.Thread(target=self._run, name="edgespec-engine", daemon=True)
 
@@ -175,6 +176,7 @@ class EngineLoop:
                     f"(parallel={self.parallel}, queue_size={self.queue_size})"
                 )
             self._pending.append(job)
+            self._idle_done = False
             self.counters["requests_total"] += 1
             self._wake.notify()
         return job
@@ -208,6 +210,7 @@ class EngineLoop:
                 "draining": self.draining,
                 "breaker_state": {self.breaker_state: 1} if self.breaker_state else {},
                 "tick_totals": self.tick_totals,
+                "idle": self._idle_done and not self._pending and not self._active_n,
                 **self.counters,
             }
 
@@ -248,6 +251,7 @@ class EngineLoop:
                     self._calls.clear()
                     idle = not active and not to_open and not calls
                     waited = idle and not (idle_left and idle_work is not None)
+                    self._idle_done = waited and not self._pending
                     if waited:
                         self._wake.wait(HEARTBEAT_SECONDS)
                 if not idle:

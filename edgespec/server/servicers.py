@@ -184,6 +184,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 out.finished_by_reason[key[len("finished_"):]] = value
         ticks = dict(s.get("tick_totals") or {})
         out.ticks_total = int(ticks.pop("ticks", 0))
+        out.idle = bool(s.get("idle", False))
         for key, value in ticks.items():
             out.tick_totals[key] = float(value)
         return out

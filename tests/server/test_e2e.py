@@ -156,7 +156,10 @@ def test_the_draft_absorbs_the_last_context_while_idle(server):
 
     a = ask("What does the Green tariff cost?", pb.OFF)
     assert a.speculation.draft_forwards == 0
-    time.sleep(3.0)  # idle: ~100 system-prompt tokens take the draft ~0.1-0.3 s here
+    deadline = time.monotonic() + 120
+    while not server.admin.Stats(admin_pb2.StatsRequest(), timeout=30).idle:  # the idle work is done
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     b = ask("Which tariff is cheapest at night?", pb.CHAIN)
     assert b.usage.draft_cached_tokens > 80
     assert b.token_ids == ask("Which tariff is cheapest at night?", pb.OFF).token_ids
@@ -186,11 +189,18 @@ def test_cancel_frees_slot_and_overload_rejects(server):
 
 
 def test_deadline(server):
-    rq = pb.GenerateRequest(prompt="Once upon a time")
-    rq.sampling.max_tokens = 500
+    """A request that cannot finish in its deadline on any machine: counting on for 900 tokens
+    (never an EOS) within 0.15 s. The server stops it and frees the slot."""
+    rq = pb.GenerateRequest(prompt=", ".join(str(i) for i in range(1, 40)) + ",")
+    rq.sampling.max_tokens = 900
+    rq.speculation.mode = pb.OFF
     with pytest.raises(grpc.RpcError) as e:
-        server.inference.Generate(rq, timeout=1.5)
+        server.inference.Generate(rq, timeout=0.15)
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    deadline = time.monotonic() + 60
+    while server.admin.Stats(admin_pb2.StatsRequest(), timeout=30).active_requests:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
 
 
 def test_sigterm_during_stream_exits_zero(tmp_path):
