@@ -99,6 +99,7 @@ class Engine:
         self.cost = CostModel()
         self.prior = AcceptancePrior()
         self.last_tick = None  # the last tick's TickRecord (edgespec/tick/observe.py)
+        self._compiler = None  # the grammar compiler for this vocabulary, made on first use
         self.tick_totals: dict[str, float] = {}  # seconds per tick phase, ticks, ... since load
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -130,6 +131,18 @@ class Engine:
         log.info("engine_loaded", target=str(cfg.target.path), draft=str(cfg.draft.path) if cfg.draft else None,
                  slots=cfg.parallel, seqs_per_slot=n_seq, backend=eng.backend_name)
         return eng
+
+    # what the engine applies beyond plain generation (the daemon refuses the others)
+    capabilities = frozenset({"constraint", "logprobs"})
+
+    def constraint_matcher(self, spec):
+        """A grammar state for one request (edgespec/constraint.py); BadRequest naming the field
+        when the constraint does not compile."""
+        from edgespec.constraint import Compiler, Vocabulary
+
+        if self._compiler is None:
+            self._compiler = Compiler(Vocabulary.from_model(self.target))
+        return self._compiler.matcher(spec)
 
     @property
     def target_ctx(self) -> backend.Context:

@@ -73,6 +73,9 @@ class Session:
         # n >= n_min tokens occurred before, [1] only its last token did
         self._ngram_reach = [[0.5 * 0.8 ** j for j in range(NGRAM_MAX)], [0.2 * 0.5 ** j for j in range(NGRAM_MAX)]]
         self._lookups: list[tuple[int, list[int], int]] = []  # (position, lookup, kind) awaiting their fate
+        # structured output: the grammar state of this request (edgespec/constraint.py); every
+        # verified row is masked by the state after its node's path, drafts by their parent's
+        self.matcher = engine.constraint_matcher(req.constraint) if req.constraint is not None else None
         self.controller = None
         if self.spec.mode == "auto":
             self.controller = Controller(engine.controller_cfg, engine.cost, engine.prior,
@@ -186,7 +189,13 @@ class Session:
         st = self._step
         if st.shape.mode == "plain" or self.drafter is None or st.shape.depth <= 0 or self.remaining <= 1:
             return None
-        return self.drafter.propose_steps(st.tree, self.tokens, st.shape, self.sampling, self.rng)
+        mask = self._draft_mask if self.matcher is not None else None
+        return self.drafter.propose_steps(st.tree, self.tokens, st.shape, self.sampling, self.rng, mask=mask)
+
+    def _draft_mask(self, path: list[int]):
+        """What the grammar allows after the committed text and `path` (drafted tokens): drafts
+        then propose only allowed tokens, which the target (masked alike) accepts more often."""
+        return self.matcher.mask_after(path)
 
     def absorb_steps(self, budget: int):
         """The draft absorbs `budget` more tokens of its backlog this tick (a long catch-up in
@@ -261,12 +270,22 @@ class Session:
         tree = st.tree
         if st.order != list(range(len(tree))):
             rows = rows[np.argsort(st.order)]  # back to node order (a copy)
-        if self.sampling.greedy:
+        if self.matcher is not None:
+            # the target's distribution masked by the grammar: row i by the state after node i's
+            # path; the drafter drew from q masked alike, so q is verified as it was drawn
+            from edgespec.constraint import apply_mask, verify_masked
+
+            masks, _valid = self.matcher.node_masks(tree)
+            res = verify_masked(tree, rows, masks, self.sampling, self.rng, q_masked=False)
+            rows = apply_mask(rows, np.where(masks.any(axis=1, keepdims=True), masks, True))
+        elif self.sampling.greedy:
             res = verify_greedy(tree, np.argmax(rows, axis=1))
         else:
             res = verify_stochastic(tree, lambda i: logits_to_probs(rows[i], self.sampling), self.rng)
         self._commit(tree, res, st)
         new_tokens = [tree.tokens[i] for i in res.accepted] + [res.token]
+        if self.matcher is not None:
+            self.matcher.commit(new_tokens)
         self.tokens.extend(new_tokens)
         if self._lookups:
             self._score_lookups()

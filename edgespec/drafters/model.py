@@ -72,6 +72,15 @@ class DraftBatch:
     logits: list[bool]
 
 
+def _path(parent: list[int], token: list[int], n: int) -> list[int]:
+    """The drafted tokens from below the root down to node n."""
+    out = []
+    while n > 0:
+        out.append(token[n])
+        n = parent[n]
+    return out[::-1]
+
+
 def _run(steps, ctx):
     """Drive a drafter generator alone: decode each DraftBatch on `ctx`, send back its rows."""
     try:
@@ -201,12 +210,13 @@ class ModelDrafter:
         return _run(self.propose_steps(tree, tokens, shape, sampling, rng), self.ctx)
 
     def propose_steps(self, tree: DraftTree, tokens: list[int], shape: Shape, sampling: SamplingParams,
-                      rng: np.random.Generator):
+                      rng: np.random.Generator, mask=None):
         """Grow `tree` (rooted at tokens[-1]) level by level, as a generator: it yields one
         `DraftBatch` per draft forward (local seq ids) and is sent back that batch's logits rows
         ([marked entries, vocab], batch order). A batched tick drives the generators of all
         speculating sessions together, one draft forward per level for all of them; returns the
-        DraftReport."""
+        DraftReport. `mask(path)` (structured output): the tokens allowed after the drafted `path`
+        below the root; children are then drawn from the draft's distribution masked alike."""
         t0 = time.perf_counter()
         rep = DraftReport()
         ctx = self.ctx
@@ -240,12 +250,17 @@ class ModelDrafter:
                 if not greedy and budget <= 0:
                     break
                 lg = logits[n]
+                if mask is not None:
+                    allowed = mask(_path(parent, token, n))
+                    if not allowed.any():
+                        continue
+                    lg = np.where(allowed, lg, -np.inf)
                 if greedy:
                     k = min(width, len(lg))
                     top = np.argpartition(-lg, k - 1)[:k]
                     top = top[np.argsort(-lg[top])]
                     pr = _softmax(lg)
-                    kids = [(int(t), float(pr[t])) for t in top]
+                    kids = [(int(t), float(pr[t])) for t in top if pr[t] > 0]
                 else:
                     q = logits_to_probs(lg, sampling)
                     qs[n] = q
