@@ -281,14 +281,17 @@ class Context:
         self._last_n = n
 
     def decode_rows(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
-                    logits: Sequence[bool]) -> np.ndarray:
+                    logits: Sequence[bool], chunk: int | None = None) -> np.ndarray:
         """Like `decode`, returning a copy of the logits of every entry marked in `logits`, in
-        batch order ([n_marked, vocab]), also when the batch is split into n_batch pieces."""
+        batch order ([n_marked, vocab]), also when the batch is split into n_batch pieces (or
+        `chunk` pieces: consecutive llama_decode calls, each writing its cells before the next
+        reads them)."""
         n = len(tokens)
         out = []
         start = 0
+        piece = min(self.n_batch, chunk or self.n_batch)
         while start < n:
-            m = min(self.n_batch, n - start)
+            m = min(piece, n - start)
             sl = slice(start, start + m)
             self.decode(tokens[sl], positions[sl], seq_ids[sl], logits[sl])
             k = int(sum(1 for x in logits[sl] if x))

@@ -100,6 +100,9 @@ class Engine:
         self.prior = AcceptancePrior()
         self.last_tick = None  # the last tick's TickRecord (edgespec/tick/observe.py)
         self._compiler = None  # the grammar compiler for this vocabulary, made on first use
+        # the most tokens one verification llama_decode takes: on a CPU the patched kernel's
+        # columns, within which every token's logits are a one-token forward's (tick/forward.py)
+        self.verify_chunk: int | None = None
         self.tick_totals: dict[str, float] = {}  # seconds per tick phase, ticks, ... since load
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -124,6 +127,10 @@ class Engine:
             d = SeqRange(dctx, i * n_seq, n_seq, cfg.draft.n_ctx) if dctx is not None else None
             slots.append(Slot(i, t, d))
         eng = cls(cfg, target, draft, slots, (tctx, dctx))
+        if eng.backend_name == "cpu":
+            from edgespec.tick.forward import EXACT_COLUMNS
+
+            eng.verify_chunk = EXACT_COLUMNS
         if controller_cfg is not None:
             eng.controller_cfg = controller_cfg
         if calibrate:
@@ -171,8 +178,9 @@ class Engine:
             # as the steps use them: verification needs every token's logits, a draft catch-up the
             # last token's only (the demo draft's Q8_0 output head: 6.1 vs 8.2 ms for 2 tokens)
             out = [True] * n if ctx is slot.target or all_logits else [False] * (n - 1) + [True]
+            chunk = self.verify_chunk if ctx is slot.target else None  # as the ticks verify
             t0 = time.perf_counter()
-            ctx.decode([self.target.bos] * n, range(32, 32 + n), [(0,)] * n, out)
+            ctx.decode_rows([self.target.bos] * n, list(range(32, 32 + n)), [(0,)] * n, out, chunk)
             dt = time.perf_counter() - t0
             ctx.seq_rm(0, 32, -1)
             return dt

@@ -54,7 +54,7 @@ class FakeContext:
         self.decode_seconds = 0.0
         self._rows = np.zeros((0, VOCAB), dtype=np.float32)
 
-    def decode_rows(self, tokens, positions, seq_ids, logits) -> np.ndarray:
+    def decode_rows(self, tokens, positions, seq_ids, logits, chunk=None) -> np.ndarray:
         assert len(tokens) <= self.n_batch * 8
         self.decodes.append(len(tokens))
         for t, p, ss in zip(tokens, positions, seq_ids):

@@ -4,10 +4,14 @@ plain session: its root alone), then the prefill pieces of sessions still readin
 Each session's tree lives in its slot's sequence range, so the sessions never see each other's
 cells. With the patched ggml (tools/patches/), a forward of up to EXACT_COLUMNS tokens gives every
 token the logits a one-token forward would, bit for bit; beyond that ggml's tiled kernel runs,
-whose rounding differs in the last bits (a greedy difference then needs a near-tie). So prefill
-pieces join the verification forward only while it stays within EXACT_COLUMNS; small pieces of
-several prompts share one forward under the same bound; a larger piece runs as its own forward
-in the same tick (it is compute-bound: it costs the same either way).
+whose rounding differs (by up to ~1e-2 in the logits: a greedy difference at a near-tie). So on a
+CPU the verification of a tick with more tokens than that runs as consecutive llama_decode calls
+of EXACT_COLUMNS tokens (`Engine.verify_chunk`; each writes its cells before the next reads them,
+and a node always comes after its parent), which costs a little more than one tiled forward and
+keeps every request's output what it would be alone. Prefill pieces join the verification
+forward only while it stays within EXACT_COLUMNS; small pieces of several prompts share one
+forward under the same bound; a larger piece runs as its own forward in the same tick (it is
+compute-bound: it costs the same either way).
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ def verify_forward(engine, plan) -> ForwardRecord:
         riders = groups.pop(0)  # prefill pieces riding in the verification forward (logits off)
         _append(riders, tokens, positions, seqs)
         t0 = time.perf_counter()
-        rows = ctx.decode_rows(tokens, positions, seqs, [True] * n_verify + [False] * (len(tokens) - n_verify))
+        rows = ctx.decode_rows(tokens, positions, seqs, [True] * n_verify + [False] * (len(tokens) - n_verify),
+                               chunk=engine.verify_chunk)
         dt = time.perf_counter() - t0
         rec.seconds, rec.tokens = dt, n_verify
         for s, at, n in spans:
