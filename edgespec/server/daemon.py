@@ -1,5 +1,5 @@
-"""Assemble and run the daemon: gRPC server (+ health, optional reflection), engine thread,
-metrics endpoint, signals (SIGTERM/SIGINT: graceful shutdown, SIGHUP: reload policy) and
+"""Assemble and run the daemon: gRPC server (+ health, optional reflection), the OpenAI-compatible
+HTTP API ([http], edgespec.server.http), engine thread, metrics endpoint, signals (SIGTERM/SIGINT: graceful shutdown, SIGHUP: reload policy) and
 systemd notifications (through edgespec.notify when present)."""
 
 from __future__ import annotations
@@ -118,6 +118,7 @@ class Daemon:
         self.server: grpc.Server | None = None
         self.port = 0
         self._metrics_server = None
+        self.http = None  # edgespec.server.http.HttpServer when [http] enabled
         self._stopped = threading.Event()
 
     # ---- policy ----------------------------------------------------------------------------
@@ -214,6 +215,12 @@ class Daemon:
         server.start()
         self.server = server
         log.info("listening", address=format_address(s.host, self.port), workers=workers)
+        if self.cfg.http.enabled:
+            from edgespec.server.http import HttpServer, http_address
+
+            self.http = HttpServer(self.cfg, self.loop, self.policy, self.auth)
+            self.http.start()
+            print(f"HTTP {self.http.scheme}://{http_address(self.cfg.http.host, self.http.port)}", flush=True)
         if self.cfg.metrics.enabled:
             m = self.cfg.metrics
             self._metrics_server = serve_metrics(self.metrics, m.host, m.port)
@@ -222,6 +229,10 @@ class Daemon:
         self.systemd("extend_timeout", 600.0)
         self.loop.start()
         return self.port
+
+    @property
+    def http_port(self) -> int:
+        return self.http.port if self.http is not None else 0
 
     @property
     def metrics_port(self) -> int:
@@ -238,8 +249,12 @@ class Daemon:
         self.systemd("stopping", "draining")
         self.health.enter_graceful_shutdown()
         self.loop.drain(True)
+        if self.http is not None:
+            self.http.stop(grace)  # both APIs drain at once
         if self.server is not None:
             self.server.stop(grace).wait(grace + 5)
+        if self.http is not None:
+            self.http.join(grace + 5)
         self.loop.stop()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()

@@ -309,7 +309,8 @@ class EngineLoop:
                 ids = engine.tokenize(job.prompt, add_special=True, parse_special=False)
             job.prompt_tokens = len(ids)
             req = GenerationRequest(
-                prompt_tokens=tuple(ids), sampling=job.sampling, speculation=job.speculation, request_id=job.request_id
+                prompt_tokens=tuple(ids), sampling=job.sampling, speculation=job.speculation, request_id=job.request_id,
+                logprobs=job.logprobs, constraint=job.constraint,
             )
             session = engine.open_session(req)
         except BaseException as exc:  # noqa: BLE001 - BadRequest etc. go back to the caller
