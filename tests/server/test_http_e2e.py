@@ -77,13 +77,15 @@ def test_chat_unary_and_stream_reassemble_chinese_exactly(server):
     msgs = [{"role": "user", "content": "请用中文回答：中国的首都是哪里？"}]
     resp = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=24, temperature=0)
     text = resp.choices[0].message.content
-    assert text and resp.choices[0].finish_reason in ("stop", "length")
+    assert any("\u4e00" <= ch <= "\u9fff" for ch in text), text  # the demo model answers in Chinese
+    assert resp.choices[0].finish_reason in ("stop", "length")
     assert resp.usage.prompt_tokens > 5 and 1 <= resp.usage.completion_tokens <= 24
     assert resp.model_extra["edgespec"]["target_forwards"] >= 1
     chunks = list(c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=24, temperature=0, stream=True,
                                             stream_options={"include_usage": True}))
     pieces = [ch.choices[0].delta.content or "" for ch in chunks if ch.choices]
     assert "".join(pieces) == text  # greedy: the same reply, whatever the chunking
+    assert len([p for p in pieces if p]) > 2
     assert all("\ufffd" not in p for p in pieces)  # no chunk ends inside a UTF-8 sequence
     assert chunks[-1].usage.completion_tokens == resp.usage.completion_tokens
 
