@@ -108,6 +108,9 @@ class EngineLoop:
         self._stopping = False
         self._error: BaseException | None = None
         self.breaker_state = ""
+        # what the loaded engine applies beyond plain generation ("constraint", "logprobs"): its
+        # `capabilities` attribute; the APIs refuse a request needing one it lacks
+        self.capabilities: frozenset[str] = frozenset()
         self.counters = collections.Counter()  # requests_total, rejected_overloaded_total, ...
         self._thread = threading.Thread(target=self._run, name="edgespec-engine", daemon=True)
 
@@ -214,6 +217,7 @@ class EngineLoop:
         try:
             engine = self._factory()
             engine.warmup()
+            self.capabilities = frozenset(getattr(engine, "capabilities", ()))
         except BaseException as exc:  # noqa: BLE001 - reported to the starter
             self._error = exc
             log.error("engine_load_failed", error=str(exc), exc_info=True)

@@ -240,6 +240,13 @@ class HttpApi:
             if exc.field == "model":
                 raise UnknownModel("model", str(exc).split(": ", 1)[-1]) from None
             raise
+        caps = self.loop.capabilities
+        if req.constraint is not None and "constraint" not in caps:
+            field = "edgespec.constraint" if isinstance(body.get("edgespec"), dict) and \
+                body["edgespec"].get("constraint") is not None else "response_format"
+            raise BadRequest(field, "structured output is not available on this server's engine yet")
+        if req.logprobs is not None and "logprobs" not in caps:
+            raise BadRequest("logprobs", "logprobs are not available on this server's engine yet")
         piece: oa.Piece | None = None
         if req.logprobs is not None:
             pieces, _ = await self._vocabulary()

@@ -40,9 +40,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         speculation = convert.speculation_from(request.speculation, policy)
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None and remaining < 1e8 else None
+        constraint, logprobs = convert.constraint_from(request.sampling), convert.logprobs_from(request)
+        if constraint is not None and "constraint" not in self.loop.capabilities:
+            raise BadRequest("sampling.constraint", "structured output is not available on this server's engine yet")
+        if logprobs is not None and "logprobs" not in self.loop.capabilities:
+            raise BadRequest("logprobs.logprobs", "logprobs are not available on this server's engine yet")
         job = Job(request_id=rid, sampling=sampling, speculation=speculation, prompt=prompt,
-                  messages=messages, deadline=deadline, logprobs=convert.logprobs_from(request),
-                  constraint=convert.constraint_from(request.sampling))
+                  messages=messages, deadline=deadline, logprobs=logprobs, constraint=constraint)
         self.loop.submit(job)
         context.add_callback(job.cancel)  # client cancel / deadline / server stop -> engine stops within a step
         return job

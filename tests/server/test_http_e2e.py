@@ -101,7 +101,8 @@ def test_completions_models_and_tokenize(server):
     assert streamed == resp.choices[0].text
 
 
-@pytest.mark.xfail(strict=False, reason="the engine applies constraints once edgespec/constraint.py is wired into its step")
+@pytest.mark.xfail(strict=False, reason="refused (400) until the engine applies edgespec/constraint.py in its step "
+                   "and declares the capability")
 def test_json_schema_response_format_validates(server):
     schema = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
               "required": ["city", "population"], "additionalProperties": False}
