@@ -179,6 +179,8 @@ class HttpApi:
             return json.loads(b"".join(parts))
         except (ValueError, UnicodeDecodeError) as exc:
             raise BadRequest("body", f"is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise BadRequest("body", "is nested too deeply") from None
 
     async def _call(self, fn: Callable[[Any], Any]) -> Any:
         """fn(engine) on the engine thread, without blocking the event loop."""

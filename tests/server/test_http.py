@@ -126,7 +126,7 @@ def test_openai_client_sees_400_404_and_engine_side_errors(make_daemon):
     with pytest.raises(openai.BadRequestError) as e:  # raised on the engine thread (context too small)
         c.completions.create(model=MODEL, prompt="x" * 100, max_tokens=8, stream=True)
     assert e.value.body["param"] == "prompt"
-    for bad in (b"{not json", b"[1, 2]"):
+    for bad in (b"{not json", b"[1, 2]", b"[" * 200_000):
         status, _, out = raw(r, "POST", "/v1/completions", bad)
         assert status == 400 and json.loads(out)["error"]["param"] == "body"
 
@@ -212,3 +212,31 @@ def test_shutdown_mid_stream_ends_the_stream_cleanly(make_daemon):
     assert finals[-1] == "length"
     with pytest.raises((ConnectionError, OSError, urllib.error.URLError)):  # no new connections
         raw(r, "GET", "/health")
+
+
+def test_tls_and_mutual_tls_with_the_grpc_files(make_daemon, certs):
+    import ssl
+
+    tls = {"cert": str(certs["server_cert"]), "key": str(certs["server_key"])}
+    r = make_daemon(http=HTTP, tls=tls)
+    ctx = ssl.create_default_context(cafile=str(certs["ca"]))
+    conn = http.client.HTTPSConnection("localhost", r.daemon.http_port, context=ctx, timeout=30)
+    conn.request("GET", "/v1/models")
+    assert conn.getresponse().status == 200
+    conn.close()
+    with pytest.raises(ssl.SSLError):  # a client that does not trust the server's CA
+        conn = http.client.HTTPSConnection("localhost", r.daemon.http_port, timeout=30,
+                                           context=ssl.create_default_context())
+        conn.request("GET", "/health")
+
+    m = make_daemon(http=HTTP, tls={**tls, "client_ca": str(certs["ca"])})
+    ok = ssl.create_default_context(cafile=str(certs["ca"]))
+    ok.load_cert_chain(str(certs["client_cert"]), str(certs["client_key"]))
+    conn = http.client.HTTPSConnection("localhost", m.daemon.http_port, context=ok, timeout=30)
+    conn.request("GET", "/health")
+    assert conn.getresponse().status == 200
+    conn.close()
+    with pytest.raises((ssl.SSLError, ConnectionError)):  # mutual TLS: no client certificate, no answer
+        conn = http.client.HTTPSConnection("localhost", m.daemon.http_port, context=ctx, timeout=30)
+        conn.request("GET", "/health")
+        conn.getresponse()
