@@ -204,18 +204,29 @@ class HttpApi:
                 self._vocab = got
         return self._vocab
 
-    async def _event(self, job: Job) -> tuple[str, Any]:
-        """The job's next event; raises its error (BadRequest from the engine, ...)."""
+    def _wait(self, job: Job, until_result: bool) -> list[tuple[str, Any]]:
+        """Blocking (run in a worker thread): the job's events queued now (at least one), or all of
+        them up to its result when `until_result`: one thread hop per batch, not per chunk."""
+        out: list[tuple[str, Any]] = []
         while True:
             try:
-                kind, value = await anyio.to_thread.run_sync(job.events.get, True, POLL_SECONDS, limiter=self.limiter)
+                event = job.events.get(timeout=POLL_SECONDS) if until_result or not out else job.events.get_nowait()
             except queue.Empty:
+                if out:
+                    return out
                 if self.loop.stopped:
                     raise NotReady("the engine stopped") from None
                 continue
-            if kind == "error":
-                raise value
-            return kind, value
+            out.append(event)
+            if event[0] in ("result", "error"):
+                return out
+
+    async def _events(self, job: Job, until_result: bool = False) -> list[tuple[str, Any]]:
+        """The next batch of the job's events; raises its error (BadRequest from the engine, ...)."""
+        events = await anyio.to_thread.run_sync(self._wait, job, until_result, limiter=self.limiter)
+        if events[-1][0] == "error":
+            raise events[-1][1]
+        return events
 
     @staticmethod
     def _check_end(result: GenerationResult) -> None:
@@ -260,8 +271,8 @@ class HttpApi:
         rid_out = ("chatcmpl-" if chat else "cmpl-") + rid
         created = int(time.time())
         if req.stream:
-            try:  # wait for the first event: an error the engine raises on admission is still a status code
-                first = await self._event(job)
+            try:  # wait for the first events: an error the engine raises on admission is still a status code
+                first = await self._events(job)
             except BaseException:
                 job.cancel()
                 raise
@@ -281,37 +292,41 @@ class HttpApi:
                     job.cancel()
                     return
 
+        failed: Exception | None = None
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(watch)
-                while True:
-                    kind, value = await self._event(job)
-                    if kind == "result":
-                        tg.cancel_scope.cancel()
-                        self._check_end(value)
-                        return value
+                try:  # raised outside the task group, or it would come wrapped in an ExceptionGroup
+                    kind, value = (await self._events(job, until_result=True))[-1]
+                except Exception as exc:  # noqa: BLE001 - re-raised below
+                    failed = exc
+                tg.cancel_scope.cancel()
+            if failed is not None:
+                raise failed
+            self._check_end(value)
+            return value
         finally:
             if job.finished is None:
                 job.cancel()
 
-    async def _stream(self, req: oa.CompletionRequest, job: Job, first: tuple[str, Any], rid: str, created: int,
-                      piece: oa.Piece | None) -> AsyncIterator[bytes]:
+    async def _stream(self, req: oa.CompletionRequest, job: Job, first: list[tuple[str, Any]], rid: str,
+                      created: int, piece: oa.Piece | None) -> AsyncIterator[bytes]:
         kw = {"rid": rid, "created": created, "model": self.model_id}
         done = False
         offset = 0
         try:
             if req.chat:
                 yield _sse(oa.chunk_body(req, text=None, role=True, **kw))
-            event = first
-            while True:
-                kind, value = event
-                if kind == "chunk":
-                    c: Chunk = value
-                    if c.text or c.logprobs:
-                        yield _sse(oa.chunk_body(req, text=c.text, logprobs=c.logprobs, piece=piece, offset=offset,
-                                                 **kw))
-                        offset += len(c.text)
-                else:
+            events = first
+            while not done:
+                for kind, value in events:
+                    if kind == "chunk":
+                        c: Chunk = value
+                        if c.text or c.logprobs:
+                            yield _sse(oa.chunk_body(req, text=c.text, logprobs=c.logprobs, piece=piece,
+                                                     offset=offset, **kw))
+                            offset += len(c.text)
+                        continue
                     result: GenerationResult = value
                     done = True
                     self._check_end(result)
@@ -321,8 +336,8 @@ class HttpApi:
                     if req.include_usage:
                         yield _sse({"id": rid, "object": last["object"], "created": created, "model": self.model_id,
                                     "choices": [], "usage": oa.usage(result, job.prompt_tokens)})
-                    break
-                event = await self._event(job)
+                if not done:
+                    events = await self._events(job)
         except Exception as exc:  # noqa: BLE001 - the status line is sent: the error goes in the stream
             done = True
             _status, body = error_status(exc)
@@ -427,8 +442,11 @@ class HttpServer:
     def start(self) -> int:
         h, t = self.cfg.http, self.cfg.tls
         family = socket.AF_INET6 if ":" in h.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that say so; without it the
+        # response's header and body writes met Nagle and delayed ACKs (+40 ms a request)
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             sock.bind((h.host.strip("[]"), h.port))
         except OSError as exc:

@@ -123,9 +123,10 @@ def test_openai_client_sees_400_404_and_engine_side_errors(make_daemon):
     with pytest.raises(openai.NotFoundError) as e:
         c.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "x"}])
     assert e.value.body["param"] == "model" and e.value.body["code"] == "model_not_found"
-    with pytest.raises(openai.BadRequestError) as e:  # raised on the engine thread (context too small)
-        c.completions.create(model=MODEL, prompt="x" * 100, max_tokens=8, stream=True)
-    assert e.value.body["param"] == "prompt"
+    for stream in (True, False):
+        with pytest.raises(openai.BadRequestError) as e:  # raised on the engine thread (context too small)
+            c.completions.create(model=MODEL, prompt="x" * 100, max_tokens=8, stream=stream)
+        assert e.value.body["param"] == "prompt"
     for bad in (b"{not json", b"[1, 2]", b"[" * 200_000):
         status, _, out = raw(r, "POST", "/v1/completions", bad)
         assert status == 400 and json.loads(out)["error"]["param"] == "body"
