@@ -1,6 +1,7 @@
 """Assemble and run the daemon: gRPC server (+ health, optional reflection), the OpenAI-compatible
-HTTP API ([http], edgespec.server.http), engine thread, metrics endpoint, signals (SIGTERM/SIGINT: graceful shutdown, SIGHUP: reload policy) and
-systemd notifications (through edgespec.notify when present)."""
+HTTP API ([http], edgespec.server.http_api), engine thread, metrics endpoint, signals
+(SIGTERM/SIGINT: graceful shutdown of both APIs, SIGHUP: reload policy) and systemd
+notifications (through edgespec.notify when present)."""
 
 from __future__ import annotations
 
@@ -118,7 +119,7 @@ class Daemon:
         self.server: grpc.Server | None = None
         self.port = 0
         self._metrics_server = None
-        self.http = None  # edgespec.server.http.HttpServer when [http] enabled
+        self.http = None  # edgespec.server.http_api.HttpServer when [http] enabled
         self._stopped = threading.Event()
 
     # ---- policy ----------------------------------------------------------------------------
@@ -216,7 +217,7 @@ class Daemon:
         self.server = server
         log.info("listening", address=format_address(s.host, self.port), workers=workers)
         if self.cfg.http.enabled:
-            from edgespec.server.http import HttpServer, http_address
+            from edgespec.server.http_api import HttpServer, http_address
 
             self.http = HttpServer(self.cfg, self.loop, self.policy, self.auth)
             self.http.start()

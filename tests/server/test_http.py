@@ -69,7 +69,8 @@ def test_completions_models_tokenize(make_daemon):
                                                                            stream=True))
     assert streamed == resp.choices[0].text
     status, _, body = raw(r, "POST", "/tokenize", {"prompt": "ab"})
-    assert status == 200 and json.loads(body) == {"tokens": [1, 117, 118], "count": 3, "max_model_len": 8192}
+    assert status == 200 and json.loads(body) == {"tokens": [1, 117, 118], "count": 3,
+                                                "max_model_len": r.daemon.cfg.engine.target.n_ctx}
     status, _, body = raw(r, "POST", "/detokenize", {"tokens": [104, 105]})
     assert status == 200 and json.loads(body) == {"prompt": "hi"}
     # the request reached the engine with the caller's fields

@@ -49,7 +49,7 @@ from edgespec.server.policy import Policy
 from edgespec.server.status import DeadlineExceeded
 from edgespec.types import Chunk, GenerationResult
 
-log = get_logger("edgespec.server.http")
+log = get_logger("edgespec.server.http_api")
 
 POLL_SECONDS = 0.25  # how often a waiting request looks whether the engine is still there
 RETRY_AFTER_SECONDS = 1
@@ -117,15 +117,16 @@ class HttpApi:
     """The routes, over the daemon's engine loop, policy and auth."""
 
     def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], auth: TokenAuth, *, model_id: str,
-                 created: int, max_body_bytes: int, threads: int):
+                 created: int, max_body_bytes: int, threads: int, n_ctx: int):
         self.loop = loop
+        self.n_ctx = n_ctx
         self.policy = policy
         self.auth = auth
         self.model_id = model_id
         self.created = created
         self.max_body_bytes = max_body_bytes
         self.limiter = anyio.CapacityLimiter(threads)  # threads waiting on engine events
-        self._vocab: tuple[list[bytes], int] | None = None  # token -> bytes, n_ctx (fetched once)
+        self._vocab: list[bytes] | None = None  # token -> bytes (asked of the engine once)
         self._vocab_lock = threading.Lock()
         self.app = Starlette(
             routes=[
@@ -186,18 +187,15 @@ class HttpApi:
         """fn(engine) on the engine thread, without blocking the event loop."""
         return await anyio.to_thread.run_sync(self.loop.call, fn, limiter=self.limiter)
 
-    async def _vocabulary(self) -> tuple[list[bytes], int]:
-        """Every token's bytes and the context length, asked of the engine once."""
+    async def _vocabulary(self) -> list[bytes]:
+        """Every token's bytes, asked of the engine once (for logprobs and /detokenize)."""
         if self._vocab is None:
-            def read(engine: Any) -> tuple[list[bytes], int]:
-                info = engine.model_info()
-                n = int(info.get("n_vocab", 0))
+            def read(engine: Any) -> list[bytes]:
+                n = int(engine.model_info().get("n_vocab", 0))
                 target = getattr(engine, "target", None)
                 if target is not None and hasattr(target, "piece"):
-                    pieces = [target.piece(t) for t in range(n)]
-                else:
-                    pieces = [engine.detokenize([t]).encode() for t in range(n)]
-                return pieces, int(info.get("n_ctx", 0))
+                    return [target.piece(t) for t in range(n)]
+                return [engine.detokenize([t]).encode() for t in range(n)]
 
             got = await self._call(read)
             with self._vocab_lock:
@@ -262,7 +260,7 @@ class HttpApi:
             raise BadRequest("logprobs", "logprobs are not available on this server's engine yet")
         piece: oa.Piece | None = None
         if req.logprobs is not None:
-            pieces, _ = await self._vocabulary()
+            pieces = await self._vocabulary()
             piece = lambda t: pieces[t] if 0 <= t < len(pieces) else b""  # noqa: E731
         deadline = time.monotonic() + req.timeout_seconds if req.timeout_seconds else None
         job = Job(request_id=rid, sampling=req.sampling, speculation=req.speculation, prompt=req.prompt,
@@ -389,8 +387,7 @@ class HttpApi:
                 return engine.tokenize(prompt, add_special=add_special, parse_special=False)
 
         ids = await self._call(run)
-        _, n_ctx = await self._vocabulary()
-        return JSONResponse({"tokens": list(ids), "count": len(ids), "max_model_len": n_ctx})
+        return JSONResponse({"tokens": list(ids), "count": len(ids), "max_model_len": self.n_ctx})
 
     async def detokenize(self, request: Request, rid: str) -> Response:
         body = await self._json(request)
@@ -404,7 +401,7 @@ class HttpApi:
         tokens = body.get("tokens")
         if not isinstance(tokens, list):
             raise BadRequest("tokens", "must be a list of token ids")
-        pieces, _ = await self._vocabulary()
+        pieces = await self._vocabulary()
         for i, t in enumerate(tokens):
             if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < len(pieces):
                 raise BadRequest(f"tokens[{i}]", f"must be a token id in [0, {len(pieces) - 1}], got {t!r}")
@@ -428,7 +425,7 @@ class HttpServer:
             created = 0
         workers = s.parallel + s.queue_size + 32  # as the gRPC server's handler threads
         self.api = HttpApi(loop, policy, auth, model_id=target.name.removesuffix(".gguf"), created=created,
-                           max_body_bytes=s.max_message_bytes, threads=workers)
+                           max_body_bytes=s.max_message_bytes, threads=workers, n_ctx=cfg.engine.target.n_ctx)
         self._workers = workers
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
