@@ -210,7 +210,7 @@ class HttpApi:
             try:
                 event = job.events.get(timeout=POLL_SECONDS) if until_result or not out else job.events.get_nowait()
             except queue.Empty:
-                if out:
+                if out and not until_result:
                     return out
                 if self.loop.stopped:
                     raise NotReady("the engine stopped") from None

@@ -59,6 +59,18 @@ def test_chat_unary_and_stream_agree(make_daemon):
     assert len({ch.id for ch in chunks}) == 1 and chunks[0].id.startswith("chatcmpl-")
 
 
+def test_steps_slower_than_the_poll_interval(make_daemon, monkeypatch):
+    """The waiting thread wakes up between chunks (POLL_SECONDS) without losing any."""
+    from edgespec.server import http_api
+
+    monkeypatch.setattr(http_api, "POLL_SECONDS", 0.001)
+    r = make_daemon(http=HTTP, step_seconds=0.02)
+    c = client(r)
+    assert c.completions.create(model=MODEL, prompt="Hi", max_tokens=4).choices[0].text == "alpha beta gamma delta "
+    chunks = c.completions.create(model=MODEL, prompt="Hi", max_tokens=4, stream=True)
+    assert "".join(ch.choices[0].text for ch in chunks) == "alpha beta gamma delta "
+
+
 def test_completions_models_tokenize(make_daemon):
     r = make_daemon(http=HTTP)
     c = client(r)
