@@ -16,8 +16,8 @@ The engine's API:
     matcher.finished                            # nothing but end-of-generation is allowed any more
     logprobs_of(masked_row, sampling, token, k) # -> TokenLogprob
 
-An engine that applies constraints (and logprobs) says so with a `capabilities` attribute holding
-"constraint" (and "logprobs"); until then the daemon's APIs refuse such requests.
+An engine that applies constraints says so with a `capabilities` attribute holding "constraint";
+until then the daemon's APIs refuse constrained requests.
 
 What the mask does to the distribution. Constrained decoding samples from
     p_c(x | ctx) = transform(mask(ctx) ? logits : -inf)        # mask first, then temperature/top_k/top_p/min_p

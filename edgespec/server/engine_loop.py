@@ -108,8 +108,8 @@ class EngineLoop:
         self._stopping = False
         self._error: BaseException | None = None
         self.breaker_state = ""
-        # what the loaded engine applies beyond plain generation ("constraint", "logprobs"): its
-        # `capabilities` attribute; the APIs refuse a request needing one it lacks
+        # what the loaded engine applies beyond plain generation ("constraint"): its `capabilities`
+        # attribute; the APIs refuse a request needing one it lacks
         self.capabilities: frozenset[str] = frozenset()
         self.counters = collections.Counter()  # requests_total, rejected_overloaded_total, ...
         self._thread = threading.Thread(target=self._run, name="edgespec-engine", daemon=True)
@@ -313,8 +313,8 @@ class EngineLoop:
                 ids = engine.tokenize(job.prompt, add_special=True, parse_special=False)
             job.prompt_tokens = len(ids)
             req = GenerationRequest(
-                prompt_tokens=tuple(ids), sampling=job.sampling, speculation=job.speculation, request_id=job.request_id,
-                logprobs=job.logprobs, constraint=job.constraint,
+                prompt_tokens=tuple(ids), sampling=job.sampling, speculation=job.speculation,
+                request_id=job.request_id, logprobs=job.logprobs, constraint=job.constraint,
             )
             session = engine.open_session(req)
         except BaseException as exc:  # noqa: BLE001 - BadRequest etc. go back to the caller

@@ -256,8 +256,6 @@ class HttpApi:
             field = "edgespec.constraint" if isinstance(body.get("edgespec"), dict) and \
                 body["edgespec"].get("constraint") is not None else "response_format"
             raise BadRequest(field, "structured output is not available on this server's engine yet")
-        if req.logprobs is not None and "logprobs" not in caps:
-            raise BadRequest("logprobs", "logprobs are not available on this server's engine yet")
         piece: oa.Piece | None = None
         if req.logprobs is not None:
             pieces = await self._vocabulary()

@@ -43,8 +43,6 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         constraint, logprobs = convert.constraint_from(request.sampling), convert.logprobs_from(request)
         if constraint is not None and "constraint" not in self.loop.capabilities:
             raise BadRequest("sampling.constraint", "structured output is not available on this server's engine yet")
-        if logprobs is not None and "logprobs" not in self.loop.capabilities:
-            raise BadRequest("logprobs.logprobs", "logprobs are not available on this server's engine yet")
         job = Job(request_id=rid, sampling=sampling, speculation=speculation, prompt=prompt,
                   messages=messages, deadline=deadline, logprobs=logprobs, constraint=constraint)
         self.loop.submit(job)

@@ -72,7 +72,7 @@ class FakeSession:
 
 
 class FakeEngine:
-    capabilities = frozenset({"constraint", "logprobs"})  # it returns logprobs; constraints are only recorded
+    capabilities = frozenset({"constraint"})  # constraints are only recorded
 
     def __init__(self, parallel: int = 2, n_ctx: int = 256, step_seconds: float = 0.01, load_seconds: float = 0.0):
         self.parallel = parallel
