@@ -188,6 +188,17 @@ def _open_stream(r, max_tokens: int = 4000) -> http.client.HTTPResponse:
     return resp
 
 
+def test_deadline_is_504_unary_and_an_error_event_in_a_stream(make_daemon):
+    r = make_daemon(http=HTTP, step_seconds=0.01)
+    body = {"prompt": "x", "max_tokens": 4000, "edgespec": {"timeout_seconds": 0.2}}
+    status, _, out = raw(r, "POST", "/v1/completions", body)
+    assert status == 504 and json.loads(out)["error"]["code"] == "deadline_exceeded"
+    status, _, out = raw(r, "POST", "/v1/completions", {**body, "stream": True})
+    events = [ln[len("data: "):] for ln in out.decode().splitlines() if ln.startswith("data: ")]
+    assert status == 200 and events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "deadline_exceeded"
+    assert r.daemon.loop.stats().get("finished_deadline") == 2
+
+
 def test_overload_is_429_with_retry_after(make_daemon):
     r = make_daemon(http=HTTP, step_seconds=0.01, server={"parallel": 1, "queue_size": 0})
     held = _open_stream(r)
