@@ -104,12 +104,15 @@ def test_completions_models_and_tokenize(server):
 @pytest.mark.xfail(strict=False, reason="refused (400) until the engine applies edgespec/constraint.py in its step "
                    "and declares the capability")
 def test_json_schema_response_format_validates(server):
-    schema = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+    # bounded lengths: the object always closes within max_tokens
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                               "population": {"type": "integer", "minimum": 0, "maximum": 10**9}},
               "required": ["city", "population"], "additionalProperties": False}
     resp = server.client().chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Give the largest city of France as JSON."}],
-        max_tokens=48, temperature=0,
+        max_tokens=96, temperature=0,
         response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}})
+    assert resp.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(resp.choices[0].message.content), schema)
 
 
