@@ -275,3 +275,43 @@ def test_json_schema_on_the_demo_vocabulary():
         assert m.accepting and set(np.flatnonzero(m.mask())) == {t for t in range(model.n_vocab) if model.is_eog(t)}
     finally:
         model.close()
+
+
+@pytest.mark.slow
+def test_constrained_greedy_decoding_of_the_demo_target_matches_the_schema():
+    """Plain greedy decoding with each step's logits masked (the engine's job once wired): the demo
+    target then writes schema-valid JSON and stops with an end-of-generation token."""
+    import jsonschema
+
+    from edgespec import backend
+    from edgespec.config import ModelConfig, models_dir
+    from edgespec.server.config import DEMO_TARGET
+
+    path = models_dir() / DEMO_TARGET
+    if not path.is_file():
+        pytest.skip("demo models missing: run `edgespec models prepare-demo`")
+    model = backend.Model(path)
+    ctx = backend.Context(model, ModelConfig(path=str(path), n_ctx=512, n_batch=128))
+    try:
+        schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+                                                   "country": {"type": "string", "maxLength": 30}},
+                  "required": ["city", "country"], "additionalProperties": False}
+        m = C.Compiler(C.Vocabulary.from_model(model)).matcher(ConstraintSpec("json_schema", json.dumps(schema)))
+        prompt = model.tokenize(model.chat_prompt([("user", "Name the capital of France as JSON.")]), True, True)
+        ctx.decode_seq(prompt, 0)
+        out: list[int] = []
+        for _ in range(64):
+            masks, _ = m.node_masks(DraftTree.root(prompt[-1]))
+            t = int(np.argmax(C.apply_mask(ctx.logits(-1), masks[0])))
+            if model.is_eog(t):
+                break
+            m.commit([t])
+            out.append(t)
+            ctx.decode_seq([t], len(prompt) + len(out) - 1)
+        else:
+            pytest.fail(f"no end of generation after 64 tokens: {model.detokenize(out)!r}")
+        assert m.accepting
+        jsonschema.validate(json.loads(model.detokenize(out)), schema)
+    finally:
+        ctx.close()
+        model.close()
