@@ -9,7 +9,6 @@ import grpc
 import openai
 import pytest
 
-from edgespec.proto.edgespec.v1 import inference_pb2 as pb
 from edgespec.types import ConstraintSpec
 from tests.server.test_daemon import req
 from tests.server.test_http import HTTP, MODEL, client
