@@ -109,6 +109,15 @@ class Model:
         ll.llama_model_desc(self._model, buf, 256)
         self.desc = buf.value.decode(errors="replace")
         self._eog = np.array([bool(ll.llama_vocab_is_eog(self._vocab, t)) for t in range(self.n_vocab)])
+        # texts tokenize(parse_special=True) turns into one control token (`<|im_start|>`, `</s>`):
+        # what edgespec.chat lets only the chat template produce
+        special = ll.LLAMA_TOKEN_ATTR_CONTROL | ll.LLAMA_TOKEN_ATTR_UNKNOWN
+        self.special_tokens: dict[str, int] = {}
+        for t in range(self.n_vocab):
+            if ll.llama_vocab_get_attr(self._vocab, t) & special:
+                text = self.token_text(t).decode("utf-8", errors="replace")
+                if text:
+                    self.special_tokens.setdefault(text, t)
         self._piece_cache: dict[int, bytes] = {}
         tmpl = ll.llama_model_chat_template(self._model, None)
         self.chat_template: bytes | None = tmpl if tmpl else None
@@ -149,7 +158,9 @@ class Model:
 
     def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> str:
         """Apply the GGUF's chat template (llama.cpp's built-in template matcher), with the
-        assistant generation prompt appended."""
+        assistant generation prompt appended. Text only: edgespec.chat.encode_chat turns messages
+        into tokens (contents never parsed for special tokens). Thread-safe, as tokenize is (both
+        only read the vocabulary)."""
         if not messages:
             raise ModelError("chat needs at least one message")
         arr = (ll.llama_chat_message * len(messages))()
@@ -158,7 +169,9 @@ class Model:
             r, c = role.encode(), content.encode()
             keep += [r, c]
             arr[i].role, arr[i].content = r, c
-        size = 4 * sum(len(c) for c in keep) + 1024
+        # the text plus the template's markup per message; llama.cpp returns the length it needs,
+        # so a second (last) pass gets an exact buffer: linear in the conversation either way
+        size = sum(len(c) for c in keep) + 64 * len(messages) + 1024
         for _ in range(2):
             buf = ctypes.create_string_buffer(size)
             n = ll.llama_chat_apply_template(self.chat_template, arr, len(messages), True, buf, size)
@@ -210,11 +223,11 @@ def check_compatible(target: Model, draft: Model) -> None:
 class Context:
     """One llama.cpp context (its own KV cache) over a loaded Model, plus a reusable batch."""
 
-    def __init__(self, model: Model, cfg: ModelConfig, n_seq_max: int = 1):
+    def __init__(self, model: Model, cfg: ModelConfig, n_seq_max: int = 1, n_ctx: int | None = None):
         self.model = model
         self.n_seq_max = n_seq_max
         cp = ll.llama_context_default_params()
-        cp.n_ctx = cfg.n_ctx
+        cp.n_ctx = n_ctx or cfg.n_ctx  # cells: a context shared by several slots holds all of theirs
         cp.n_batch = cfg.n_batch
         cp.n_ubatch = cfg.n_batch
         cp.n_seq_max = n_seq_max
@@ -266,6 +279,25 @@ class Context:
                 raise ModelError(f"llama_decode failed with code {rc} (batch of {m} tokens, KV cache full?)")
             start += m
         self._last_n = n
+
+    def decode_rows(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
+                    logits: Sequence[bool]) -> np.ndarray:
+        """Like `decode`, returning a copy of the logits of every entry marked in `logits`, in
+        batch order ([n_marked, vocab]), also when the batch is split into n_batch pieces."""
+        n = len(tokens)
+        out = []
+        start = 0
+        while start < n:
+            m = min(self.n_batch, n - start)
+            sl = slice(start, start + m)
+            self.decode(tokens[sl], positions[sl], seq_ids[sl], logits[sl])
+            k = int(sum(1 for x in logits[sl] if x))
+            if k:
+                out.append(self.logits_rows(k).copy())
+            start += m
+        if not out:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        return out[0] if len(out) == 1 else np.concatenate(out)
 
     def decode_seq(self, tokens: Sequence[int], start_pos: int, seq_ids: Sequence[int] = (0,),
                    last_logits: bool = True) -> None:

@@ -23,6 +23,16 @@ def models_dir() -> Path:
     return edgespec_home() / "models"
 
 
+# the largest tree a request may verify (types.MAX_TREE_NODES), plus its root
+TREE_CELLS = 65
+
+
+def shared_cells(parallel: int, n_ctx: int) -> int:
+    """Cells of a context shared by `parallel` slots of `n_ctx` positions each, with room for the
+    largest tree every slot may verify at once beyond its context."""
+    return parallel * (n_ctx + TREE_CELLS)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """One llama.cpp model + context."""
@@ -66,6 +76,9 @@ class EngineConfig:
     # a slot keeps the KV of its last prompt's prefill; a request whose prompt starts the same way
     # prefills only from the last whole n_batch chunk they share (engine.reusable_prefix)
     prompt_cache: bool = True
+    # a prompt is prefilled in pieces inside the ticks; beside decoding sessions a piece may cost
+    # at most this many times the tick's decode work (0: whole n_batch chunks, streams wait)
+    prefill_share: float = 1.5
 
     def validate(self) -> None:
         self.target.validate("target")
@@ -77,5 +90,7 @@ class EngineConfig:
             raise ConfigError("engine.max_tree_leaves", f"must be in [1, 255], got {self.max_tree_leaves}")
         if not 16 <= self.draft_window <= 1 << 20:
             raise ConfigError("engine.draft_window", f"must be in [16, 1048576], got {self.draft_window}")
+        if not 0 <= self.prefill_share <= 100:
+            raise ConfigError("engine.prefill_share", f"must be in [0, 100], got {self.prefill_share}")
         if not isinstance(self.prompt_cache, bool):
             raise ConfigError("engine.prompt_cache", f"must be true or false, got {self.prompt_cache!r}")

@@ -2,16 +2,18 @@
 
 Pure: reads GGUF metadata with the `gguf` package (never llama_cpp), does arithmetic, returns data.
 
-Per model, per slot (every slot has its own target and draft context, each of n_ctx cells):
-    weights  = sum of the tensors' data bytes (what llama_model_size() reports; shared by slots)
+Per model: ONE context shared by every slot (the batched engine verifies all slots' trees in one
+forward; edgespec/engine.py), holding all slots' cells:
+    weights  = sum of the tensors' data bytes (what llama_model_size() reports)
+    cells    = parallel * (n_ctx + 65) rounded up to 256 (llama.cpp pads the cache; 65: the
+               largest tree a slot verifies beyond its context)
     kv       = cells * n_layer * n_head_kv * (key_length + value_length) * bytes(kv_type)
-               cells = n_ctx rounded up to 256 (llama.cpp pads the cache)
     compute  = 4 * n_ubatch * (max(n_vocab, attn) + n_ff + n_embd)        [f32 scratch]
                attn = n_head * cells without flash attention (the KQ matrix), else 0;
                the logits row per batch token dominates small models (measured within ~2 % of
                llama.cpp's "compute buffer size" for SmolLM2-135M at n_ubatch 64..512)
     output   = 4 * n_vocab * n_outputs                                     [logit rows per decode]
-total = weights(target) + weights(draft) + parallel * sum(kv + compute + output) per model.
+total = sum over the models of weights + kv + compute + output.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from edgespec.config import KV_TYPES, EngineConfig
+from edgespec.config import KV_TYPES, EngineConfig, shared_cells
 from edgespec.errors import ConfigError, ModelError
 
 GIB = 1 << 30
@@ -64,12 +66,12 @@ class ModelPlan:
     role: str  # "target" | "draft"
     facts: ModelFacts
     weights_bytes: int
-    kv_bytes: int  # one slot
-    compute_bytes: int  # one slot
-    output_bytes: int  # one slot
+    kv_bytes: int  # the shared context: every slot's cells
+    compute_bytes: int
+    output_bytes: int
 
-    def total(self, parallel: int) -> int:
-        return self.weights_bytes + parallel * (self.kv_bytes + self.compute_bytes + self.output_bytes)
+    def total(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ class MemoryPlan:
 
     @property
     def total_bytes(self) -> int:
-        return sum(m.total(self.parallel) for m in self.models) + self.overhead_bytes
+        return sum(m.total() for m in self.models) + self.overhead_bytes
 
     def required_bytes(self, headroom: float = DEFAULT_HEADROOM) -> int:
         return math.ceil(self.total_bytes / (1 - headroom))
@@ -112,10 +114,10 @@ class MemoryPlan:
                     "arch": m.facts.arch,
                     "n_params": m.facts.n_params,
                     "weights_bytes": m.weights_bytes,
-                    "kv_bytes_per_slot": m.kv_bytes,
-                    "compute_bytes_per_slot": m.compute_bytes,
-                    "output_bytes_per_slot": m.output_bytes,
-                    "total_bytes": m.total(self.parallel),
+                    "kv_bytes": m.kv_bytes,
+                    "compute_bytes": m.compute_bytes,
+                    "output_bytes": m.output_bytes,
+                    "total_bytes": m.total(),
                 }
                 for m in self.models
             },
@@ -196,9 +198,11 @@ def read_model_facts(path: str | os.PathLike[str]) -> ModelFacts:
 
 
 def _model_plan(
-    role: str, facts: ModelFacts, *, n_ctx: int, kv_type: str, n_ubatch: int, n_outputs: int, flash_attn: bool
+    role: str, facts: ModelFacts, *, n_ctx: int, parallel: int, kv_type: str, n_ubatch: int, n_outputs: int,
+    flash_attn: bool
 ) -> ModelPlan:
-    cells = -(-n_ctx // KV_PAD) * KV_PAD
+    cells = shared_cells(parallel, n_ctx)
+    cells = -(-cells // KV_PAD) * KV_PAD
     attn = 0 if flash_attn else facts.n_head * cells
     return ModelPlan(
         role=role,
@@ -237,14 +241,15 @@ def plan_memory(
     flash_attn: bool = False,
     gpu: bool = True,
 ) -> MemoryPlan:
-    """Bytes for target + draft with `parallel` slots of `n_ctx` cells each."""
+    """Bytes for target + draft with `parallel` slots of `n_ctx` positions each, in one shared
+    context per model."""
     if kv_type not in KV_BYTES:
         raise ConfigError("kv_type", f"must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
     if n_ctx < 1:
         raise ConfigError("n_ctx", f"must be >= 1, got {n_ctx}")
     if parallel < 1:
         raise ConfigError("parallel", f"must be >= 1, got {parallel}")
-    common = dict(n_ctx=n_ctx, kv_type=kv_type, n_ubatch=n_ubatch, n_outputs=n_outputs, flash_attn=flash_attn)
+    common = dict(n_ctx=n_ctx, parallel=parallel, kv_type=kv_type, n_ubatch=n_ubatch, n_outputs=n_outputs, flash_attn=flash_attn)
     warnings: list[str] = []
     ratio = None
     if draft is not None:

@@ -2,7 +2,9 @@
 
 The distribution edgespec preserves is the target's distribution *after* these transforms
 (temperature, top_k, top_p, min_p). Draft probabilities use the same transform so that q is
-comparable to p. Temperature 0 means greedy: argmax of the raw logits.
+comparable to p. Temperature 0 means greedy: argmax of the raw logits, and so does any temperature
+below GREEDY_BELOW (vLLM's sampling epsilon): logits / 5e-324 overflow to inf and the
+"distribution" would be NaN; at 1e-5 sampling is greedy in all but exact ties anyway.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 from edgespec.errors import BadRequest
 
 MAX_STOP_STRINGS = 16
+GREEDY_BELOW = 1e-5  # a temperature in (0, GREEDY_BELOW) is taken as 0 (greedy)
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,8 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         validate_sampling(self)
+        if 0.0 < self.temperature < GREEDY_BELOW:  # denormals included: greedy, not NaN
+            object.__setattr__(self, "temperature", 0.0)
 
     @property
     def greedy(self) -> bool:

@@ -41,6 +41,12 @@ class DraftTree:
         self.q.append(None)
         return len(self.tokens) - 1
 
+    def pop(self) -> None:
+        """Remove the last node added (a leaf: every child comes after its parent)."""
+        assert len(self.tokens) > 1, "the root stays"
+        for a in (self.tokens, self.parents, self.depths, self.point, self.q):
+            a.pop()
+
     def __len__(self) -> int:
         return len(self.tokens)
 

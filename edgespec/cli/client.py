@@ -182,13 +182,15 @@ def register(app: typer.Typer) -> None:
         max_tree_nodes: Optional[int] = typer.Option(None, "--max-tree-nodes"),
         max_tree_depth: Optional[int] = typer.Option(None, "--max-tree-depth"),
         max_tokens: Optional[int] = typer.Option(None, "--max-tokens"),
+        reset: bool = typer.Option(False, "--reset", help="Drop earlier overrides first: the config file's values apply again."),
         addr: str = ADDR, token: str = TOKEN, ca: str = CA, cert: str = CERT, key: str = KEY,
         server_name: str = SERVER_NAME, timeout: float = typer.Option(10.0, "--timeout"),
     ) -> None:
-        """Admin.SetPolicy: force speculation off/auto and set limits for new requests."""
+        """Admin.SetPolicy: force speculation off/auto and set limits for new requests (overrides of
+        the config file that outlive SIGHUP until --reset)."""
         from edgespec.proto.edgespec.v1 import admin_pb2
 
-        req = admin_pb2.SetPolicyRequest()
+        req = admin_pb2.SetPolicyRequest(reset=reset)
         if speculation is not None:
             names = {"auto": admin_pb2.SPECULATION_POLICY_AUTO, "off": admin_pb2.SPECULATION_POLICY_OFF}
             if speculation not in names:

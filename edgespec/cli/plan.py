@@ -32,11 +32,11 @@ def _detect_device_bytes() -> tuple[int, str]:
 def _render(plan, device_bytes: int, device: str, headroom: float) -> str:
     from edgespec.plan import explain, fmt_bytes
 
-    rows = [("", "params", "weights", "KV/slot", "compute/slot", "total")]
+    rows = [("", "params", "weights", "KV (all slots)", "compute", "total")]
     for m in plan.models:
         rows.append((
             m.role, f"{m.facts.n_params / 1e6:,.1f} M", fmt_bytes(m.weights_bytes), fmt_bytes(m.kv_bytes),
-            fmt_bytes(m.compute_bytes + m.output_bytes), fmt_bytes(m.total(plan.parallel)),
+            fmt_bytes(m.compute_bytes + m.output_bytes), fmt_bytes(m.total()),
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]

@@ -34,8 +34,11 @@ BIAS_ALPHA = 0.2  # EWMA weight of one step in the measured model bias
 class Controller:
     def __init__(self, cfg: ControllerConfig, cost: CostModel, prior: AcceptancePrior, *,
                  max_depth: int, max_nodes: int, has_draft_model: bool = True,
-                 max_leaves: int | None = None, request_id: str = ""):
+                 max_leaves: int | None = None, request_id: str = "", refine_costs: bool = True):
         self.cfg = cfg
+        # False when the engine observes the shared cost model itself (a batched tick times the
+        # forwards of all its sessions at once; a step's own share is not a forward)
+        self.refine_costs = refine_costs
         self.cost = cost
         self.prior = prior
         self.policy = ShapePolicy(cfg, max_depth=max_depth, max_nodes=max_nodes,
@@ -128,6 +131,18 @@ class Controller:
         self.last_shape = shape
         return shape
 
+    @property
+    def probing(self) -> bool:
+        """The breaker is half-open: the next speculative steps are its probes."""
+        return self.breaker.state == HALF_OPEN
+
+    def overridden(self, shape: Shape) -> None:
+        """The engine ran `shape` instead of the one chosen (a batched tick shrank it under load):
+        the step's time is then no test of the chosen shape's predicted time."""
+        if shape != self.last_shape:
+            self.last_shape = shape
+            self._predicted_seconds = None
+
     def _catchup_pays(self, remaining: int | None, draft_backlog: int, choice: Choice) -> bool:
         """Before its first proposal the draft absorbs what it lacks: at a request's start the
         whole prompt (up to the engine's draft window). Speculate only if the saving the choice
@@ -214,7 +229,9 @@ class Controller:
                 self.breaker.closed_step_done()
 
     def _refine_costs(self, o: StepOutcome) -> None:
-        self.cost.observe_step(o.verify_tokens, o.verify_seconds, o.draft_batches, o.draft_seconds, context=o.context)
+        if self.refine_costs:
+            self.cost.observe_step(o.verify_tokens, o.verify_seconds, o.draft_batches, o.draft_seconds,
+                                   context=o.context)
         if o.overhead_seconds > 0:
             key = "spec" if o.speculative else "plain"
             a = self.cfg.ewma_alpha

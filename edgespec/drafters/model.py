@@ -62,6 +62,28 @@ REUSE_WINDOWS = 4
 
 
 @dataclass(frozen=True)
+class DraftBatch:
+    """One draft forward a drafter asks for: tokens at positions in its local seq ids, and which
+    entries need logits."""
+
+    tokens: list[int]
+    positions: list[int]
+    seqs: list[tuple[int, ...]]
+    logits: list[bool]
+
+
+def _run(steps, ctx):
+    """Drive a drafter generator alone: decode each DraftBatch on `ctx`, send back its rows."""
+    try:
+        batch = next(steps)
+        while True:
+            rows = ctx.decode_rows(batch.tokens, batch.positions, batch.seqs, batch.logits)
+            batch = steps.send(rows)
+    except StopIteration as stop:
+        return stop.value
+
+
+@dataclass(frozen=True)
 class DraftCache:
     """What a finished request left in the draft's seq 0: the KV of context tokens
     `tokens[offset:]`, at draft positions 0, 1, ... A request whose context starts with the same
@@ -88,9 +110,11 @@ class DraftCache:
 class ModelDrafter:
     name = "model"
 
-    def __init__(self, ctx: Context, window: int | None = None):
+    def __init__(self, ctx: Context, window: int | None = None, max_leaves: int | None = None):
         self.ctx = ctx
         self.n_seq = ctx.n_seq_max
+        # the tree's leaves each need a sequence of the range; the spine's leaf uses seq 0
+        self.max_leaves = max_leaves or ctx.n_seq_max
         self.window = window  # the most context tokens absorbed at once (None: all)
         self.offset = 0  # context index of draft position 0
         self.n_past = 0  # context tokens covered by draft seq 0 (context indices < n_past)
@@ -140,13 +164,21 @@ class ModelDrafter:
     def _catch_up(self, tokens: list[int], end: int, last_logits: bool) -> int:
         """Decode tokens[n_past:end] into seq 0, starting over on the last `window` of them when
         they are more; returns how many were decoded."""
+        return _run(self._catch_up_steps(tokens, end, last_logits), self.ctx)[0]
+
+    def _catch_up_steps(self, tokens: list[int], end: int, last_logits: bool):
+        """The catch-up as a draft batch to decode (see `propose_steps`); returns (tokens decoded,
+        the last token's logits or None)."""
         if self.window is not None and end - self.n_past > self.window:
             self.start_at(end - self.window)
         catch = tokens[self.n_past:end]
-        if catch:
-            self.ctx.decode_seq(catch, self.n_past - self.offset, (0,), last_logits=last_logits)
-            self.n_past = end
-        return len(catch)
+        if not catch:
+            return 0, None
+        n = len(catch)
+        rows = yield DraftBatch(list(catch), list(range(self.n_past - self.offset, self.n_past - self.offset + n)),
+                                [(0,)] * n, [False] * (n - 1) + [last_logits])
+        self.n_past = end
+        return n, (rows[-1] if last_logits else None)
 
     def sync(self, tokens: list[int]) -> None:
         """Bring seq 0 up to tokens[:-1] without drafting (used after plain steps before a probe)."""
@@ -157,8 +189,24 @@ class ModelDrafter:
         start-over applies); returns how many. For idle time (Engine.idle_work)."""
         return self._catch_up(tokens, min(len(tokens), self.n_past + budget), last_logits=False)
 
+    def absorb_steps(self, tokens: list[int], budget: int):
+        """`absorb` as a draft batch for a batched tick (a long catch-up taken in pieces)."""
+        n, _ = yield from self._catch_up_steps(tokens, min(len(tokens) - 1, self.n_past + budget), last_logits=False)
+        return DraftReport(batches=[n] if n else [])
+
     def propose(self, tree: DraftTree, tokens: list[int], shape: Shape, sampling: SamplingParams,
                 rng: np.random.Generator) -> DraftReport:
+        """Grow `tree` alone: `propose_steps` with each draft batch decoded on this drafter's own
+        context range."""
+        return _run(self.propose_steps(tree, tokens, shape, sampling, rng), self.ctx)
+
+    def propose_steps(self, tree: DraftTree, tokens: list[int], shape: Shape, sampling: SamplingParams,
+                      rng: np.random.Generator):
+        """Grow `tree` (rooted at tokens[-1]) level by level, as a generator: it yields one
+        `DraftBatch` per draft forward (local seq ids) and is sent back that batch's logits rows
+        ([marked entries, vocab], batch order). A batched tick drives the generators of all
+        speculating sessions together, one draft forward per level for all of them; returns the
+        DraftReport."""
         t0 = time.perf_counter()
         rep = DraftReport()
         ctx = self.ctx
@@ -177,10 +225,11 @@ class ModelDrafter:
         seq_of: dict[int, int] = {0: 0}
         used = {0}
 
-        rep.batches.append(self._catch_up(tokens, len(tokens), last_logits=True))
+        n, root_logits = yield from self._catch_up_steps(tokens, len(tokens), last_logits=True)
+        rep.batches.append(n)
         root_pos = len(tokens) - 1 - self.offset  # the root's draft position
         self._root_pos = root_pos
-        logits = {0: ctx.logits(-1).copy()}
+        logits = {0: root_logits}
         expand_now = [0]
         budget = shape.nodes
         width = max(1, shape.width)
@@ -221,31 +270,43 @@ class ModelDrafter:
             frontier = sorted(new, key=lambda i: -cum[i])
             expand_now = frontier[: max(1, shape.expand)]
             seqs = self._assign_seqs(expand_now, parent, seq_of, used, root_pos)
-            ctx.decode([token[i] for i in expand_now], [root_pos + dep[i] for i in expand_now],
-                       [(s,) for s in seqs], [True] * len(expand_now))
+            rows = yield DraftBatch([token[i] for i in expand_now], [root_pos + dep[i] for i in expand_now],
+                                    [(s,) for s in seqs], [True] * len(expand_now))
             rep.batches.append(len(expand_now))
             for j, i in enumerate(expand_now):
-                logits[i] = ctx.logits(j).copy()
+                logits[i] = rows[j]
 
         # the final tree: at T = 0 keep the best `nodes` by cumulative draft probability
         order = list(range(1, len(token)))
         if greedy and len(order) > shape.nodes:
             order = sorted(order, key=lambda i: (-cum[i], dep[i], i))[: shape.nodes]
             order.sort()
-            kept = set(order)
-            for k, i in enumerate(spine_nodes):  # first choices verification will not see
-                if i not in kept:
-                    del rep.spine_probs[k:]
-                    break
         remap = {0: 0}
         base = len(tree)
         assert base == 1, "the model drafter grows the tree first"
         if not greedy:
             tree.q[0] = qs[0]
+        leaves = 0
+        has_child: set[int] = set()
         for i in order:
-            remap[i] = tree.add(remap[parent[i]], token[i], point=greedy)
+            p = parent[i]
+            if p not in remap:
+                continue  # its parent was left out
+            if p in has_child and leaves >= self.max_leaves:
+                # a second child would add a leaf (a sequence of the slot's range): the tree
+                # stops growing sideways here. Decided in `order` (draw order at T > 0), so it
+                # never depends on the candidate's own value.
+                continue
+            if p in has_child or p == 0:
+                leaves += 1
+            has_child.add(p)
+            remap[i] = tree.add(remap[p], token[i], point=greedy)
             if not greedy:
                 tree.q[remap[i]] = qs[i]
+        for k, i in enumerate(spine_nodes):  # first choices verification will not see
+            if i not in remap:
+                del rep.spine_probs[k:]
+                break
         self._decoded = {remap[i]: s for i, s in seq_of.items() if i in remap}
         self._used_seqs = used
         rep.seconds = time.perf_counter() - t0

@@ -17,6 +17,7 @@ from typing import Any
 
 from edgespec.config import KV_TYPES, EngineConfig, ModelConfig, models_dir
 from edgespec.errors import ConfigError
+from edgespec.sampling import MAX_STOP_STRINGS
 from edgespec.types import MAX_DRAFT_TOKENS, MAX_TREE_DEPTH, MAX_TREE_NODES
 
 DEMO_TARGET = "SmolLM2-135M-Instruct.F32.gguf"
@@ -31,8 +32,9 @@ class InvalidConfig(ConfigError):
 
     def __init__(self, problems: list[tuple[str, str]]):
         self.problems = problems
-        lines = "; ".join(f"{k}: {m}" for k, m in problems)
-        super().__init__(problems[0][0] if len(problems) == 1 else "config", lines)
+        self.key = problems[0][0] if len(problems) == 1 else "config"
+        # every problem already says its key: no "key: " prefix of ConfigError's (it doubled the field)
+        Exception.__init__(self, "; ".join(f"{k}: {m}" for k, m in problems))
 
 
 # ---- checks: return an error message or None -------------------------------------------------
@@ -122,6 +124,15 @@ SCHEMA: Schema = {
         "max_tree_nodes": ((int,), MAX_TREE_NODES, _range(1, MAX_TREE_NODES), "largest tree_nodes a request may ask for"),
         "max_tree_depth": ((int,), MAX_TREE_DEPTH, _range(1, MAX_TREE_DEPTH), "largest tree_depth a request may ask for"),
     },
+    "limits": {
+        "max_messages": ((int,), 1024, _range(1, 1 << 20), "chat messages in one request (Generate, Tokenize)"),
+        "max_prompt_bytes": ((int,), 1 << 20, _range(1, 1 << 30), "largest prompt in UTF-8 bytes: a prompt, "
+                             "the chat messages' contents together, or a Tokenize text"),
+        "max_stop_strings": ((int,), MAX_STOP_STRINGS, _range(0, MAX_STOP_STRINGS), "stop strings in one request"),
+        "max_stop_chars": ((int,), 256, _range(1, 4096), "longest stop string, in characters"),
+        "anonymous_rpcs": ((int,), 8, _range(1, 1024), "health calls without a valid token served at once "
+                           "(Watch streams included), on threads of their own; beyond: RESOURCE_EXHAUSTED"),
+    },
     "auth": {
         "tokens_file": ((str,), "", _file_or_empty, "sha256 hex hashes of bearer tokens, one per line (`edgespec config hash-token`)"),
         "admin_tokens_file": ((str,), "", _file_or_empty, "hashes of tokens that may also call the Admin service"),
@@ -188,6 +199,17 @@ class SpeculationConfig:
 
 
 @dataclass(frozen=True)
+class LimitsConfig:
+    """What one request may ask of the daemon, checked in the gRPC handler before the engine sees it."""
+
+    max_messages: int = 1024
+    max_prompt_bytes: int = 1 << 20
+    max_stop_strings: int = MAX_STOP_STRINGS
+    max_stop_chars: int = 256
+    anonymous_rpcs: int = 8
+
+
+@dataclass(frozen=True)
 class AuthConfig:
     tokens_file: str = ""
     admin_tokens_file: str = ""
@@ -238,6 +260,7 @@ class DaemonConfig:
     tls: TlsConfig
     metrics: MetricsConfig
     logging: LoggingConfig
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
     controller: dict = field(default_factory=dict)  # handed to edgespec.controller as-is
     source: str = ""  # the file it came from ("" = defaults only)
     http: HttpConfig = field(default_factory=HttpConfig)
@@ -391,7 +414,8 @@ def load(
     """Build the config from file, env and flag overrides; raise InvalidConfig listing every problem.
 
     `overrides` are CLI flags ({"server": {"port": 1234}}); unset flags must be left out.
-    `check_models`: also require the model files to exist (the daemon does; `config validate` too).
+    `check_models`: also require the model files to exist and the memory plan to fit the device (the
+    daemon does, before it binds its port; `config validate` too).
     """
     problems: list[tuple[str, str]] = []
     raw: dict[str, Any] = read_toml(path) if path else {}
@@ -430,6 +454,12 @@ def load(
             ("http.host", f"{h['host']} is not a loopback address and no auth tokens are configured: "
              "set auth.tokens_file, or start with --insecure")
         )
+    m = values["metrics"]
+    if m["enabled"] and not auth.enabled and not is_loopback(m["host"]) and not s["insecure"]:
+        problems.append(
+            ("metrics.host", f"{m['host']} is not a loopback address and no auth tokens are configured: /metrics "
+             "would answer anyone; set auth.tokens_file (scrapers then send a bearer token), or start with --insecure")
+        )
     for key in ("tokens_file", "admin_tokens_file"):
         if values["auth"][key] and not any(problems_key == f"auth.{key}" for problems_key, _ in problems):
             from edgespec.server.auth import read_hashes
@@ -453,6 +483,12 @@ def load(
         engine.validate()
     except ConfigError as exc:
         problems.append((exc.key, str(exc).split(": ", 1)[-1]))
+    if check_models and not problems:
+        try:
+            check_memory(engine)
+        except ConfigError as exc:
+            problems.append(("target.n_ctx", f"with server.parallel = {engine.parallel}, the memory plan "
+                             + str(exc).split(": ", 1)[-1]))
 
     if problems:
         raise InvalidConfig(problems)
@@ -464,10 +500,28 @@ def load(
         tls=TlsConfig(**tls),
         metrics=MetricsConfig(**values["metrics"]),
         logging=LoggingConfig(**values["logging"]),
+        limits=LimitsConfig(**values["limits"]),
         controller=dict(controller),
         source=str(path or ""),
         http=HttpConfig(**h),
     )
+
+
+def check_memory(engine_cfg: EngineConfig) -> None:
+    """Refuse, with the memory plan's explanation, a configuration that does not fit the device it
+    would run on (GPU memory when layers are offloaded to a GPU, else RAM)."""
+    from edgespec.plan import check_fits, plan_for_config, system_memory_bytes
+
+    gpus = []
+    if engine_cfg.target.n_gpu_layers != 0:
+        from edgespec import backend
+
+        gpus = [d for d in backend.devices() if d.kind == "gpu"]
+    plan = plan_for_config(engine_cfg, gpu=bool(gpus))
+    if gpus:
+        check_fits(plan, gpus[0].total_bytes, device=gpus[0].name)
+    else:
+        check_fits(plan, system_memory_bytes(), device="RAM")
 
 
 def reload_speculation(cfg: DaemonConfig, env: Mapping[str, str] | None = None) -> SpeculationConfig:

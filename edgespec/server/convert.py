@@ -4,10 +4,12 @@ The servicers stay thin: they call these and the engine loop."""
 from __future__ import annotations
 
 import math
+import string
 
 from edgespec.errors import BadRequest
 from edgespec.proto.edgespec.v1 import admin_pb2, inference_pb2 as pb
-from edgespec.sampling import MAX_STOP_STRINGS, SamplingParams
+from edgespec.sampling import SamplingParams
+from edgespec.server.config import LimitsConfig
 from edgespec.server.policy import Policy
 from edgespec.types import MAX_TOP_LOGPROBS, ConstraintSpec, GenerationResult, SpeculationParams, TokenLogprob
 
@@ -21,16 +23,39 @@ _POLICY_IN = {admin_pb2.SPECULATION_POLICY_AUTO: "auto", admin_pb2.SPECULATION_P
 _POLICY_OUT = {v: k for k, v in _POLICY_IN.items()}
 
 
-def messages_from(msgs: object, field: str = "messages") -> tuple[tuple[str, str], ...]:
+REQUEST_ID_CHARS = frozenset(string.ascii_letters + string.digits + "-_.:")
+DEFAULT_LIMITS = LimitsConfig()
+
+
+def text_within(text: str, field: str, limits: LimitsConfig) -> str:
+    """A prompt / Tokenize text no longer than limits.max_prompt_bytes (UTF-8)."""
+    n = len(text.encode("utf-8"))
+    if n > limits.max_prompt_bytes:
+        raise BadRequest(field, f"at most {limits.max_prompt_bytes} bytes (limits.max_prompt_bytes), got {n}")
+    return text
+
+
+def messages_from(msgs: object, field: str = "messages",
+                  limits: LimitsConfig = DEFAULT_LIMITS) -> tuple[tuple[str, str], ...]:
+    """Checked before any of it is looked at further: the count, then each role, then the contents'
+    total size (the chat template and the tokenizer only ever see what passed)."""
+    n = len(msgs)  # type: ignore[arg-type]
+    if n > limits.max_messages:
+        raise BadRequest(field, f"at most {limits.max_messages} messages (limits.max_messages), got {n}")
     out = []
+    size = 0
     for i, m in enumerate(msgs):  # type: ignore[attr-defined]
         if m.role not in ROLES:
             raise BadRequest(f"{field}[{i}].role", f"must be one of {', '.join(ROLES)}, got {m.role!r}")
+        size += len(m.content.encode("utf-8"))
+        if size > limits.max_prompt_bytes:
+            raise BadRequest(f"{field}[{i}].content", f"the messages' contents together at most "
+                             f"{limits.max_prompt_bytes} bytes (limits.max_prompt_bytes)")
         out.append((m.role, m.content))
     return tuple(out)
 
 
-def sampling_from(s: pb.SamplingOptions, policy: Policy) -> SamplingParams:
+def sampling_from(s: pb.SamplingOptions, policy: Policy, limits: LimitsConfig = DEFAULT_LIMITS) -> SamplingParams:
     """Unset fields take defaults; every set field is range-checked (BadRequest names it)."""
     def opt(name: str, default):  # noqa: ANN001, ANN202
         return getattr(s, name) if s.HasField(name) else default
@@ -53,14 +78,16 @@ def sampling_from(s: pb.SamplingOptions, policy: Policy) -> SamplingParams:
     max_tokens = opt("max_tokens", policy.default_max_tokens)
     if not 1 <= max_tokens <= policy.max_tokens:
         raise BadRequest("sampling.max_tokens", f"must be in [1, {policy.max_tokens}], got {max_tokens}")
+    if len(s.stop) > limits.max_stop_strings:
+        raise BadRequest("sampling.stop", f"at most {limits.max_stop_strings} stop strings "
+                         f"(limits.max_stop_strings), got {len(s.stop)}")
     stop = tuple(s.stop)
-    if len(stop) > MAX_STOP_STRINGS:
-        raise BadRequest("sampling.stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}")
     for i, st in enumerate(stop):
         if not st:
             raise BadRequest(f"sampling.stop[{i}]", "must be a non-empty string")
-        if len(st) > 256:
-            raise BadRequest(f"sampling.stop[{i}]", f"at most 256 characters, got {len(st)}")
+        if len(st) > limits.max_stop_chars:
+            raise BadRequest(f"sampling.stop[{i}]", f"at most {limits.max_stop_chars} characters "
+                             f"(limits.max_stop_chars), got {len(st)}")
     try:
         return SamplingParams(temperature=float(temperature), top_k=top_k, top_p=float(top_p), min_p=float(min_p),
                               seed=seed, max_tokens=max_tokens, stop=stop)
@@ -120,16 +147,17 @@ def logprobs_to_pb(items: tuple[TokenLogprob, ...] | list[TokenLogprob]) -> list
                             top=[pb.TopLogprob(token_id=t, logprob=lp) for t, lp in it.top]) for it in items]
 
 
-def prompt_from(req: pb.GenerateRequest) -> tuple[str, tuple[tuple[str, str], ...]]:
+def prompt_from(req: pb.GenerateRequest, limits: LimitsConfig = DEFAULT_LIMITS) -> tuple[str, tuple[tuple[str, str], ...]]:
     if req.prompt and req.messages:
         raise BadRequest("prompt", "set either prompt or messages, not both")
     if not req.prompt and not req.messages:
         raise BadRequest("prompt", "one of prompt or messages is required")
-    return req.prompt, messages_from(req.messages)
+    return text_within(req.prompt, "prompt", limits), messages_from(req.messages, limits=limits)
 
 
 def validate_request_id(rid: str) -> str:
-    if len(rid) > 128 or any(not (c.isalnum() or c in "-_.:") for c in rid):
+    """ASCII only, as the message says (str.isalnum() also takes 请, ٣ and friends)."""
+    if len(rid) > 128 or not REQUEST_ID_CHARS.issuperset(rid):
         raise BadRequest("request_id", "at most 128 characters of [A-Za-z0-9-_.:]")
     return rid
 
@@ -173,7 +201,8 @@ def policy_to_pb(p: Policy) -> admin_pb2.Policy:
                             max_tree_nodes=p.max_tree_nodes, max_tree_depth=p.max_tree_depth, max_tokens=p.max_tokens)
 
 
-def policy_update(req: admin_pb2.SetPolicyRequest, current: Policy) -> Policy:
+def policy_changes(req: admin_pb2.SetPolicyRequest) -> dict[str, object]:
+    """The fields a SetPolicy request sets (its admin overrides), by Policy field name."""
     changes: dict[str, object] = {}
     if req.speculation != admin_pb2.SPECULATION_POLICY_UNSPECIFIED:
         if req.speculation not in _POLICY_IN:
@@ -182,5 +211,10 @@ def policy_update(req: admin_pb2.SetPolicyRequest, current: Policy) -> Policy:
     for name in ("max_draft_tokens", "max_tree_nodes", "max_tree_depth", "max_tokens"):
         if req.HasField(name):
             changes[name] = getattr(req, name)
-    new = current.replace(**changes)
+    return changes
+
+
+def with_overrides(base: Policy, overrides: dict[str, object]) -> Policy:
+    """The config file's policy with the admin overrides on top (BadRequest naming a bad field)."""
+    new = base.replace(**overrides)
     return new.replace(default_max_tokens=min(new.default_max_tokens, new.max_tokens))

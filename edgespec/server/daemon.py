@@ -20,8 +20,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from edgespec.errors import ConfigError
 from edgespec.logs import get_logger
 from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2, inference_pb2_grpc
+from edgespec.server import convert
 from edgespec.server.auth import TokenAuth
-from edgespec.server.config import DaemonConfig, reload_speculation
+from edgespec.server.config import DaemonConfig, check_memory, reload_speculation
 from edgespec.server.engine_loop import EngineLoop
 from edgespec.server.metrics import Metrics, serve_metrics
 from edgespec.server.policy import Policy
@@ -32,6 +33,7 @@ log = get_logger("edgespec.server")
 
 INFERENCE = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
 ADMIN = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
+METRICS_SCRAPE = "/edgespec.v1.Metrics/Scrape"  # how a /metrics scrape is named to the token check
 SPARE_THREADS = 32  # handler threads beyond parallel + queue_size (health, admin, tokenize, rejections)
 
 
@@ -78,20 +80,6 @@ def default_engine_factory(cfg: DaemonConfig) -> Callable[[], Any]:
     return load
 
 
-def check_memory(engine_cfg: Any) -> None:
-    """Refuse, with the memory plan's explanation, a configuration that does not fit the device it
-    would run on (GPU memory when layers are offloaded to a GPU, else RAM)."""
-    from edgespec import backend
-    from edgespec.plan import check_fits, plan_for_config, system_memory_bytes
-
-    gpus = [d for d in backend.devices() if d.kind == "gpu"] if engine_cfg.target.n_gpu_layers != 0 else []
-    plan = plan_for_config(engine_cfg, gpu=bool(gpus))
-    if gpus:
-        check_fits(plan, gpus[0].total_bytes, device=gpus[0].name)
-    else:
-        check_fits(plan, system_memory_bytes(), device="RAM")
-
-
 def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
@@ -99,7 +87,11 @@ def format_address(host: str, port: int) -> str:
 class Daemon:
     def __init__(self, cfg: DaemonConfig, engine_factory: Callable[[], Any] | None = None):
         self.cfg = cfg
-        self._policy = Policy.from_config(cfg.speculation, cfg.server)
+        # the policy in force = the config file's, with the admin's SetPolicy overrides on top;
+        # SIGHUP replaces the first and keeps the second (until SetPolicy(reset))
+        self._file_policy = Policy.from_config(cfg.speculation, cfg.server)
+        self._overrides: dict[str, object] = {}
+        self._policy = self._file_policy
         self._policy_lock = threading.Lock()
         self.metrics = Metrics()
         self.auth = TokenAuth.from_files(cfg.auth.tokens_file, cfg.auth.admin_tokens_file)
@@ -120,6 +112,7 @@ class Daemon:
         self.port = 0
         self._metrics_server = None
         self.http = None  # edgespec.server.http_api.HttpServer when [http] enabled
+        self._interceptor: ServerInterceptor | None = None
         self._stopped = threading.Event()
 
     # ---- policy ----------------------------------------------------------------------------
@@ -128,21 +121,34 @@ class Daemon:
         with self._policy_lock:
             return self._policy
 
-    def set_policy(self, p: Policy) -> None:
+    def update_policy(self, changes: dict[str, object], reset: bool = False) -> Policy:
+        """Admin.SetPolicy: `changes` become overrides of the file's values (after dropping the
+        earlier ones when `reset`); returns the policy now in force."""
         with self._policy_lock:
-            self._policy = p
+            overrides = {} if reset else dict(self._overrides)
+            overrides.update(changes)
+            p = convert.with_overrides(self._file_policy, overrides)
+            self._overrides, self._policy = overrides, p
         log.info("policy_set", speculation=p.speculation, max_draft_tokens=p.max_draft_tokens,
-                 max_tree_nodes=p.max_tree_nodes, max_tree_depth=p.max_tree_depth, max_tokens=p.max_tokens)
+                 max_tree_nodes=p.max_tree_nodes, max_tree_depth=p.max_tree_depth, max_tokens=p.max_tokens,
+                 reset=reset, admin_overrides=sorted(overrides))
+        return p
 
     def reload(self) -> None:
-        """SIGHUP: re-read the policy sections of the config file; in-flight requests are untouched."""
+        """SIGHUP: re-read the policy sections of the config file; in-flight requests are untouched.
+        Admin overrides stay on top of the new file values (logged), until SetPolicy(reset)."""
         try:
             spec = reload_speculation(self.cfg)
         except ConfigError as exc:
             log.error("reload_failed", error=str(exc))
             return
-        self.set_policy(Policy.from_config(spec, self.cfg.server))
-        log.info("config_reloaded", source=self.cfg.source)
+        file_policy = Policy.from_config(spec, self.cfg.server)
+        with self._policy_lock:
+            p = convert.with_overrides(file_policy, self._overrides)
+            self._file_policy, self._policy = file_policy, p
+            kept = dict(self._overrides)
+        log.info("config_reloaded", source=self.cfg.source, speculation=p.speculation, max_tokens=p.max_tokens,
+                 admin_overrides_kept=kept)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -172,21 +178,25 @@ class Daemon:
         """Bind and start serving (health NOT_SERVING), then load the engine in its thread."""
         s = self.cfg.server
         workers = s.parallel + s.queue_size + SPARE_THREADS
+        anonymous = self.cfg.limits.anonymous_rpcs
         options = [
             ("grpc.max_receive_message_length", s.max_message_bytes),
             ("grpc.max_send_message_length", s.max_message_bytes),
             ("grpc.so_reuseport", 0),
         ]
+        # anonymous health calls (limits.anonymous_rpcs) run on the interceptor's own pool and
+        # count on top of authorised work's `workers`, as do their momentary refusals
+        self._interceptor = ServerInterceptor(self.auth, anonymous_rpcs=anonymous)
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="edgespec-rpc"),
-            interceptors=[ServerInterceptor(self.auth)],
+            interceptors=[self._interceptor],
             options=options,
-            maximum_concurrent_rpcs=workers,
+            maximum_concurrent_rpcs=workers + 2 * anonymous,
         )
         inference_pb2_grpc.add_InferenceServicer_to_server(
-            InferenceServicer(self.loop, self.policy, parallel=s.parallel), server)
+            InferenceServicer(self.loop, self.policy, parallel=s.parallel, limits=self.cfg.limits), server)
         admin_pb2_grpc.add_AdminServicer_to_server(
-            AdminServicer(self.loop, self.policy, self.set_policy, self._drain, self.started), server)
+            AdminServicer(self.loop, self.policy, self.update_policy, self._drain, self.started), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         if s.reflection:
@@ -219,17 +229,21 @@ class Daemon:
         if self.cfg.http.enabled:
             from edgespec.server.http_api import HttpServer, http_address
 
-            self.http = HttpServer(self.cfg, self.loop, self.policy, self.auth)
+            self.http = HttpServer(self.cfg, self.loop, self.policy, lambda: self.auth)  # the tokens in force
             self.http.start()
             print(f"HTTP {self.http.scheme}://{http_address(self.cfg.http.host, self.http.port)}", flush=True)
         if self.cfg.metrics.enabled:
             m = self.cfg.metrics
-            self._metrics_server = serve_metrics(self.metrics, m.host, m.port)
+            self._metrics_server = serve_metrics(self.metrics, m.host, m.port, authorize=self._metrics_authorized)
             log.info("metrics_listening", address=format_address(m.host, self._metrics_server.server_address[1]))
         self.systemd("status", "loading models")
         self.systemd("extend_timeout", 600.0)
         self.loop.start()
         return self.port
+
+    def _metrics_authorized(self, authorization: str | None) -> bool:
+        """/metrics wants a bearer token (any token, user or admin) whenever gRPC does."""
+        return not self.auth.enabled or self.auth.check(METRICS_SCRAPE, authorization) is None
 
     @property
     def http_port(self) -> int:
@@ -257,6 +271,8 @@ class Daemon:
         if self.http is not None:
             self.http.join(grace + 5)
         self.loop.stop()
+        if self._interceptor is not None:
+            self._interceptor.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()

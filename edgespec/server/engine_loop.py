@@ -1,8 +1,9 @@
 """The ONE engine thread. It owns the llama.cpp contexts (all engine calls happen here), admits
-jobs from a bounded queue, and steps up to `parallel` sessions round-robin so every stream
-progresses. Chunks go to a per-job unbounded queue: the engine never waits for a reader (output
-is bounded by max_tokens). Cancel and deadline are checked between steps, so a cancelled request
-stops within one step and frees its slot."""
+jobs from a bounded queue into up to `parallel` sessions, and runs engine ticks: each tick
+advances every active session by one step in one batched target forward (edgespec/tick/), and
+prefills new prompts in pieces alongside. Chunks go to a per-job unbounded queue: the engine
+never waits for a reader (output is bounded by max_tokens). Cancel and deadline are checked
+between ticks, so a cancelled request stops within one tick and frees its slot, a prefill too."""
 
 from __future__ import annotations
 
@@ -43,7 +44,6 @@ class Job:
     started: float | None = None  # admitted to a slot
     first_token: float | None = None
     finished: float | None = None
-    prompt_tokens: int = 0
     # ("chunk", Chunk) ... then exactly one ("result", GenerationResult) or ("error", Exception)
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     _cancel: threading.Event = field(default_factory=threading.Event)
@@ -111,6 +111,7 @@ class EngineLoop:
         # what the loaded engine applies beyond plain generation ("constraint"): its `capabilities`
         # attribute; the APIs refuse a request needing one it lacks
         self.capabilities: frozenset[str] = frozenset()
+        self.encoder: Any = None  # set on the engine thread once the engine is built (see _run)
         self.counters = collections.Counter()  # requests_total, rejected_overloaded_total, ...
         self._thread = threading.Thread(target=self._run, name="edgespec-engine", daemon=True)
 
@@ -216,6 +217,9 @@ class EngineLoop:
     def _run(self) -> None:
         try:
             engine = self._factory()
+            # the engine's thread-safe tokenizer and chat template, for the handler threads (None:
+            # this engine has none; its jobs are then tokenised here, on the engine thread)
+            self.encoder = getattr(engine, "encoder", None)
             engine.warmup()
             self.capabilities = frozenset(getattr(engine, "capabilities", ()))
         except BaseException as exc:  # noqa: BLE001 - reported to the starter
@@ -240,6 +244,8 @@ class EngineLoop:
                     self._expire_pending()
                     while self._pending and len(active) + len(to_open) < self.parallel:
                         to_open.append(self._pending.popleft())
+                    # jobs being opened hold their slot already: admission counts them
+                    self._active_n = len(active) + len(to_open)
                     calls = list(self._calls)
                     self._calls.clear()
                     idle = not active and not to_open and not calls
@@ -263,11 +269,12 @@ class EngineLoop:
                         out.put((False, exc))
                 for job in to_open:
                     self._open(engine, job, active)
-                for a in list(active):
-                    self._step(engine, a, active)
+                self._expire_active(active)
+                if active:
+                    self._tick(engine, active)
                 with self._lock:
                     self._active_n = len(active)
-                if self._on_heartbeat:  # progress made, or an idle wait came round: healthy
+                if self._on_heartbeat:  # progress made (one tick), or an idle wait came round
                     self._on_heartbeat()
         except BaseException as exc:  # noqa: BLE001 - the loop itself must not die silently
             log.error("engine_loop_crashed", error=str(exc), exc_info=True)
@@ -285,6 +292,14 @@ class EngineLoop:
             else:
                 keep.append(job)
         self._pending = keep
+
+    def _expire_active(self, active: list[_Active]) -> None:
+        """Cancelled and expired sessions end before the next tick (a prefill in pieces too: a
+        caller's deadline is honoured between pieces)."""
+        now = time.monotonic()
+        for a in list(active):
+            if a.job.cancelled or a.job.expired(now):
+                self._end(a, active, close_reason=self._stop_reason(a.job, now))
 
     @staticmethod
     def _stop_reason(job: Job, now: float) -> str:
@@ -306,12 +321,13 @@ class EngineLoop:
             return
         job.started = now
         try:
-            if job.messages:
-                text = engine.chat_prompt(list(job.messages))
-                ids = engine.tokenize(text, add_special=True, parse_special=True)
+            if job.prompt_tokens is not None:  # tokenised by the caller's thread (the daemon's way)
+                ids = list(job.prompt_tokens)
+            elif job.messages:
+                ids = engine.encode_chat(job.messages)  # edgespec.chat, as the handler threads do
             else:
                 ids = engine.tokenize(job.prompt, add_special=True, parse_special=False)
-            job.prompt_tokens = len(ids)
+            job.prompt_tokens = tuple(ids)
             req = GenerationRequest(
                 prompt_tokens=tuple(ids), sampling=job.sampling, speculation=job.speculation,
                 request_id=job.request_id, logprobs=job.logprobs, constraint=job.constraint,
@@ -326,33 +342,37 @@ class EngineLoop:
                  mode=job.speculation.mode, queue_seconds=round(now - job.submitted, 4), **fields)
         active.append(_Active(job, session))
 
-    def _step(self, engine: Any, a: _Active, active: list[_Active]) -> None:
-        job, sess = a.job, a.session
-        now = time.monotonic()
-        if job.cancelled or job.expired(now):
-            self._end(a, active, close_reason=self._stop_reason(job, now))
-            return
+    def _tick(self, engine: Any, active: list[_Active]) -> None:
+        """One engine tick over every active session; hand out the chunks."""
+        by_session = {a.session: a for a in active}
         try:
-            chunk: Chunk = sess.step()
-        except BaseException as exc:  # noqa: BLE001 - one bad request must not take the daemon down
-            log.error("generation_failed", request_id=job.request_id, error=str(exc), exc_info=True)
-            try:
-                sess.close("error")
-            except BaseException:  # noqa: BLE001
-                pass
-            active.remove(a)
-            job.finished = time.monotonic()
-            self.counters["finished_error"] += 1
-            job.events.put(("error", exc))
+            chunks = engine.tick([a.session for a in active])
+        except BaseException as exc:  # noqa: BLE001 - a failed tick must not take the daemon down
+            log.error("generation_failed", request_ids=[a.job.request_id for a in active], error=str(exc),
+                      exc_info=True)
+            for a in list(active):
+                try:
+                    a.session.close("error")
+                except BaseException:  # noqa: BLE001
+                    pass
+                active.remove(a)
+                a.job.finished = time.monotonic()
+                self.counters["finished_error"] += 1
+                a.job.events.put(("error", exc))
             return
-        if chunk.token_ids and job.first_token is None:
-            job.first_token = time.monotonic()
-        job.events.put(("chunk", chunk))
-        state = getattr(sess, "breaker_state", None) or getattr(engine, "breaker_state", None)
-        if isinstance(state, str):
-            self.breaker_state = state
-        if sess.done or chunk.finish_reason:
-            self._end(a, active, close_reason=None)
+        state = getattr(engine, "breaker_state", None)
+        for sess, chunk in chunks.items():
+            a = by_session[sess]
+            job = a.job
+            if chunk.token_ids and job.first_token is None:
+                job.first_token = time.monotonic()
+            if chunk.token_ids or chunk.text or chunk.finish_reason:
+                job.events.put(("chunk", chunk))
+            st = getattr(sess, "breaker_state", None) or state
+            if isinstance(st, str):
+                self.breaker_state = st
+            if sess.done or chunk.finish_reason:
+                self._end(a, active, close_reason=None)
 
     def _end(self, a: _Active, active: list[_Active], close_reason: str | None) -> None:
         job, sess = a.job, a.session
@@ -368,7 +388,7 @@ class EngineLoop:
         except BaseException as exc:  # noqa: BLE001
             log.error("session_close_failed", request_id=job.request_id, error=str(exc), exc_info=True)
         if result is None:
-            result = GenerationResult("", [], close_reason or "error", job.prompt_tokens, SpecStats())
+            result = GenerationResult("", [], close_reason or "error", len(job.prompt_tokens or ()), SpecStats())
         if close_reason is not None and result.finish_reason != close_reason:
             result.finish_reason = close_reason  # type: ignore[assignment]
         job.finished = time.monotonic()

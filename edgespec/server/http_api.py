@@ -38,11 +38,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from edgespec import chat as chat_encoding
 from edgespec.errors import BadRequest, Cancelled, ConfigError, EdgespecError, ModelError, NotReady, Overloaded
 from edgespec.logs import bind_request_id, clear_request, get_logger
 from edgespec.server import openai_api as oa
 from edgespec.server.auth import TokenAuth
-from edgespec.server.config import DaemonConfig
+from edgespec.server.config import DaemonConfig, LimitsConfig
 from edgespec.server.convert import validate_request_id
 from edgespec.server.engine_loop import EngineLoop, Job
 from edgespec.server.policy import Policy
@@ -116,10 +117,12 @@ def _sse(obj: Any) -> bytes:
 class HttpApi:
     """The routes, over the daemon's engine loop, policy and auth."""
 
-    def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], auth: TokenAuth, *, model_id: str,
-                 created: int, max_body_bytes: int, threads: int, n_ctx: int):
+    def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], auth: Callable[[], TokenAuth], *,
+                 model_id: str, created: int, max_body_bytes: int, threads: int, n_ctx: int,
+                 limits: LimitsConfig | None = None):
         self.loop = loop
         self.n_ctx = n_ctx
+        self.limits = limits or LimitsConfig()
         self.policy = policy
         self.auth = auth
         self.model_id = model_id
@@ -153,7 +156,7 @@ class HttpApi:
                 rid = uuid.uuid4().hex[:16]
             bind_request_id(request_id=rid)
             try:
-                if not open_ and self.auth.check(AUTH_METHOD, request.headers.get("authorization")) is not None:
+                if not open_ and self.auth().check(AUTH_METHOD, request.headers.get("authorization")) is not None:
                     raise Unauthenticated("missing or invalid bearer token (header 'Authorization: Bearer <token>')")
                 resp = await fn(request, rid)
             except Exception as exc:  # noqa: BLE001 - mapped in one place
@@ -188,19 +191,40 @@ class HttpApi:
         return await anyio.to_thread.run_sync(self.loop.call, fn, limiter=self.limiter)
 
     async def _vocabulary(self) -> list[bytes]:
-        """Every token's bytes, asked of the engine once (for logprobs and /detokenize)."""
+        """Every token's bytes (for logprobs and /detokenize), read once: from the loaded target's
+        thread-safe encoder when there is one, else on the engine thread."""
         if self._vocab is None:
-            def read(engine: Any) -> list[bytes]:
-                n = int(engine.model_info().get("n_vocab", 0))
-                target = getattr(engine, "target", None)
-                if target is not None and hasattr(target, "piece"):
-                    return [target.piece(t) for t in range(n)]
-                return [engine.detokenize([t]).encode() for t in range(n)]
+            def read(src: Any) -> list[bytes]:
+                model = src if hasattr(src, "piece") else getattr(src, "target", None)
+                if model is not None and hasattr(model, "piece"):
+                    return [model.piece(t) for t in range(int(model.n_vocab))]
+                n = int(src.model_info().get("n_vocab", 0))
+                return [src.detokenize([t]).encode() for t in range(n)]
 
-            got = await self._call(read)
+            enc = self.loop.encoder
+            if enc is not None and hasattr(enc, "piece"):
+                got = await anyio.to_thread.run_sync(read, enc, limiter=self.limiter)
+            else:
+                got = await self._call(read)
             with self._vocab_lock:
                 self._vocab = got
         return self._vocab
+
+    async def _prompt_tokens(self, prompt: str, messages: tuple[tuple[str, str], ...]) -> tuple[int, ...] | None:
+        """The prompt tokenised here (a worker thread), as the gRPC servicer does: the engine
+        thread gets token ids. None for an engine without an encoder (its thread tokenises)."""
+        enc = self.loop.encoder
+        if enc is None:
+            if not self.loop.ready:
+                raise NotReady("the models are still loading")
+            return None
+
+        def run() -> tuple[int, ...]:
+            if messages:
+                return tuple(chat_encoding.encode_chat(enc, messages))
+            return tuple(enc.tokenize(prompt, add_special=True, parse_special=False))
+
+        return await anyio.to_thread.run_sync(run, limiter=self.limiter)
 
     def _wait(self, job: Job, until_result: bool) -> list[tuple[str, Any]]:
         """Blocking (run in a worker thread): the job's events queued now (at least one), or all of
@@ -246,7 +270,7 @@ class HttpApi:
     async def _generate(self, request: Request, rid: str, *, chat: bool) -> Response:
         body = await self._json(request)
         try:
-            req = oa.parse_request(body, chat=chat, policy=self.policy(), models=(self.model_id,))
+            req = oa.parse_request(body, chat=chat, policy=self.policy(), models=(self.model_id,), limits=self.limits)
         except BadRequest as exc:
             if exc.field == "model":
                 raise UnknownModel("model", str(exc).split(": ", 1)[-1]) from None
@@ -261,8 +285,10 @@ class HttpApi:
             pieces = await self._vocabulary()
             piece = lambda t: pieces[t] if 0 <= t < len(pieces) else b""  # noqa: E731
         deadline = time.monotonic() + req.timeout_seconds if req.timeout_seconds else None
+        tokens = await self._prompt_tokens(req.prompt, req.messages)
         job = Job(request_id=rid, sampling=req.sampling, speculation=req.speculation, prompt=req.prompt,
-                  messages=req.messages, logprobs=req.logprobs, constraint=req.constraint, deadline=deadline)
+                  messages=req.messages, prompt_tokens=tokens, logprobs=req.logprobs, constraint=req.constraint,
+                  deadline=deadline)
         self.loop.submit(job)
         rid_out = ("chatcmpl-" if chat else "cmpl-") + rid
         created = int(time.time())
@@ -276,7 +302,7 @@ class HttpApi:
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         result = await self._unary(request, job)
         return JSONResponse(oa.completion_body(req, rid=rid_out, created=created, model=self.model_id, result=result,
-                                               prompt_tokens=job.prompt_tokens, timings=job.timings(),
+                                               prompt_tokens=len(job.prompt_tokens or ()), timings=job.timings(),
                                                piece=piece or (lambda t: b"")))
 
     async def _unary(self, request: Request, job: Job) -> GenerationResult:
@@ -331,7 +357,7 @@ class HttpApi:
                     yield _sse(last)
                     if req.include_usage:
                         yield _sse({"id": rid, "object": last["object"], "created": created, "model": self.model_id,
-                                    "choices": [], "usage": oa.usage(result, job.prompt_tokens)})
+                                    "choices": [], "usage": oa.usage(result, len(job.prompt_tokens or ()))})
                 if not done:
                     events = await self._events(job)
         except Exception as exc:  # noqa: BLE001 - the status line is sent: the error goes in the stream
@@ -372,19 +398,25 @@ class HttpApi:
         if (body.get("prompt") is None) == (body.get("messages") is None):
             raise BadRequest("prompt", "set exactly one of prompt or messages")
         if body.get("messages") is not None:
-            messages = oa._messages(body["messages"])
-
-            def run(engine: Any) -> list[int]:
-                return engine.tokenize(engine.chat_prompt(list(messages)), add_special=True, parse_special=True)
+            messages = oa._messages(body["messages"], self.limits)
+            text = ""
         else:
-            prompt = body["prompt"]
-            if not isinstance(prompt, str):
-                raise BadRequest("prompt", "must be a string")
+            messages = ()
+            text = oa._str(body["prompt"], "prompt")
+            n = len(text.encode("utf-8"))
+            if n > self.limits.max_prompt_bytes:
+                raise BadRequest("prompt", f"at most {self.limits.max_prompt_bytes} bytes (limits.max_prompt_bytes), "
+                                           f"got {n}")
 
-            def run(engine: Any) -> list[int]:
-                return engine.tokenize(prompt, add_special=add_special, parse_special=False)
+        def text_ids(tok: Any) -> list[int]:
+            return tok.tokenize(text, add_special=add_special, parse_special=False)
 
-        ids = await self._call(run)
+        enc = self.loop.encoder
+        if enc is not None:
+            ids = await anyio.to_thread.run_sync(
+                lambda: chat_encoding.encode_chat(enc, messages) if messages else text_ids(enc), limiter=self.limiter)
+        else:  # an engine without an encoder: its own thread
+            ids = await self._call(lambda engine: engine.encode_chat(list(messages)) if messages else text_ids(engine))
         return JSONResponse({"tokens": list(ids), "count": len(ids), "max_model_len": self.n_ctx})
 
     async def detokenize(self, request: Request, rid: str) -> Response:
@@ -413,7 +445,8 @@ class HttpServer:
     requests and streams get `grace` seconds, then their tasks are cancelled (which cancels the
     jobs)."""
 
-    def __init__(self, cfg: DaemonConfig, loop: EngineLoop, policy: Callable[[], Policy], auth: TokenAuth):
+    def __init__(self, cfg: DaemonConfig, loop: EngineLoop, policy: Callable[[], Policy],
+                 auth: Callable[[], TokenAuth]):
         self.cfg = cfg
         s = cfg.server
         target = Path(cfg.engine.target.path)
@@ -423,7 +456,8 @@ class HttpServer:
             created = 0
         workers = s.parallel + s.queue_size + 32  # as the gRPC server's handler threads
         self.api = HttpApi(loop, policy, auth, model_id=target.name.removesuffix(".gguf"), created=created,
-                           max_body_bytes=s.max_message_bytes, threads=workers, n_ctx=cfg.engine.target.n_ctx)
+                           max_body_bytes=s.max_message_bytes, threads=workers, n_ctx=cfg.engine.target.n_ctx,
+                           limits=cfg.limits)
         self._workers = workers
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None

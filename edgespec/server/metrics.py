@@ -158,13 +158,22 @@ class Metrics:
         return "\n".join(line for p in parts for line in p.render()) + "\n"
 
 
-def serve_metrics(metrics: Metrics, host: str, port: int) -> http.server.ThreadingHTTPServer:
-    """Start the /metrics HTTP server in a daemon thread; returns it (`.server_address`, `.shutdown()`)."""
+def serve_metrics(metrics: Metrics, host: str, port: int,
+                  authorize: Callable[[str | None], bool] | None = None) -> http.server.ThreadingHTTPServer:
+    """Start the /metrics HTTP server in a daemon thread; returns it (`.server_address`, `.shutdown()`).
+    `authorize(Authorization header)`: False answers 401 (the daemon passes its token check when
+    auth is configured; None = open)."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802
             if self.path.split("?", 1)[0] not in ("/metrics", "/"):
                 self.send_error(404)
+                return
+            if authorize is not None and not authorize(self.headers.get("Authorization")):
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Bearer realm="edgespec"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
                 return
             body = metrics.render().encode()
             self.send_response(200)

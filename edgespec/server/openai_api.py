@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgespec.errors import BadRequest
-from edgespec.sampling import MAX_STOP_STRINGS, SamplingParams
+from edgespec.sampling import SamplingParams
+from edgespec.server.config import LimitsConfig
 from edgespec.server.policy import Policy
 from edgespec.types import MAX_TOP_LOGPROBS, ConstraintSpec, GenerationResult, SpeculationParams, TokenLogprob
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
+DEFAULT_LIMITS = LimitsConfig()
 # OpenAI's default temperature: a caller that leaves it out samples, as it would from OpenAI
 DEFAULT_TEMPERATURE = 1.0
 MAX_TIMEOUT_SECONDS = 24 * 3600.0
@@ -100,24 +102,32 @@ def _bool(body: Mapping, name: str, default: bool = False) -> bool:
 
 
 def _str(v: Any, name: str) -> str:
+    """A string that is valid Unicode text (JSON's \\ud800 escapes can make lone surrogates)."""
     if not isinstance(v, str):
         raise BadRequest(name, f"must be a string, got {type(v).__name__}")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest(name, "must be valid Unicode text (a lone surrogate escape?)") from None
     return v
 
 
-def _stop(v: Any) -> tuple[str, ...]:
+def _stop(v: Any, limits: LimitsConfig) -> tuple[str, ...]:
     if v is None:
         return ()
     stops = [v] if isinstance(v, str) else v
     if not isinstance(stops, list):
         raise BadRequest("stop", "must be a string or a list of strings")
-    if len(stops) > MAX_STOP_STRINGS:
-        raise BadRequest("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+    if len(stops) > limits.max_stop_strings:
+        raise BadRequest("stop", f"at most {limits.max_stop_strings} stop strings (limits.max_stop_strings), "
+                                 f"got {len(stops)}")
     for i, s in enumerate(stops):
         if not isinstance(s, str) or not s:
             raise BadRequest(f"stop[{i}]", "must be a non-empty string")
-        if len(s) > 256:
-            raise BadRequest(f"stop[{i}]", f"at most 256 characters, got {len(s)}")
+        _str(s, f"stop[{i}]")
+        if len(s) > limits.max_stop_chars:
+            raise BadRequest(f"stop[{i}]", f"at most {limits.max_stop_chars} characters (limits.max_stop_chars), "
+                                           f"got {len(s)}")
     return tuple(stops)
 
 
@@ -126,7 +136,7 @@ def _content(v: Any, name: str) -> str:
     if v is None:
         return ""
     if isinstance(v, str):
-        return v
+        return _str(v, name)
     if not isinstance(v, list):
         raise BadRequest(name, "must be a string or a list of text parts")
     out = []
@@ -138,10 +148,15 @@ def _content(v: Any, name: str) -> str:
     return "".join(out)
 
 
-def _messages(v: Any) -> tuple[tuple[str, str], ...]:
+def _messages(v: Any, limits: LimitsConfig = DEFAULT_LIMITS) -> tuple[tuple[str, str], ...]:
+    """Checked before any of it is looked at further: the count, then each message, with the
+    contents' total size bounded as it goes."""
     if not isinstance(v, list) or not v:
         raise BadRequest("messages", "must be a non-empty list of {role, content} objects")
+    if len(v) > limits.max_messages:
+        raise BadRequest("messages", f"at most {limits.max_messages} messages (limits.max_messages), got {len(v)}")
     out = []
+    size = 0
     for i, m in enumerate(v):
         if not isinstance(m, Mapping):
             raise BadRequest(f"messages[{i}]", "must be an object with role and content")
@@ -150,19 +165,28 @@ def _messages(v: Any) -> tuple[tuple[str, str], ...]:
             raise BadRequest(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}, got {role!r}")
         if m.get("tool_calls"):
             raise BadRequest(f"messages[{i}].tool_calls", "tool calls are not supported")
-        out.append(("system" if role == "developer" else role, _content(m.get("content"), f"messages[{i}].content")))
+        content = _content(m.get("content"), f"messages[{i}].content")
+        size += len(content.encode("utf-8"))
+        if size > limits.max_prompt_bytes:
+            raise BadRequest(f"messages[{i}].content", f"the messages' contents together at most "
+                             f"{limits.max_prompt_bytes} bytes (limits.max_prompt_bytes)")
+        out.append(("system" if role == "developer" else role, content))
     return tuple(out)
 
 
-def _prompt(v: Any) -> str:
+def _prompt(v: Any, limits: LimitsConfig = DEFAULT_LIMITS) -> str:
     if isinstance(v, list):
         if len(v) == 1 and isinstance(v[0], str):
-            return v[0]
-        if v and all(_is_int(t) for t in v) or v and isinstance(v[0], list):
+            v = v[0]
+        elif v and (all(_is_int(t) for t in v) or isinstance(v[0], list)):
             raise BadRequest("prompt", "token-id prompts are not supported; send the text")
-        raise BadRequest("prompt", f"one prompt per request (n = 1), got a list of {len(v)}")
+        else:
+            raise BadRequest("prompt", f"one prompt per request (n = 1), got a list of {len(v)}")
     if not isinstance(v, str) or not v:
         raise BadRequest("prompt", "must be a non-empty string")
+    n = len(_str(v, "prompt").encode("utf-8"))
+    if n > limits.max_prompt_bytes:
+        raise BadRequest("prompt", f"at most {limits.max_prompt_bytes} bytes (limits.max_prompt_bytes), got {n}")
     return v
 
 
@@ -228,7 +252,8 @@ def _extension(v: Any) -> Mapping:
 # ---- the request -------------------------------------------------------------------------------
 
 
-def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str]) -> CompletionRequest:
+def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str],
+                  limits: LimitsConfig = DEFAULT_LIMITS) -> CompletionRequest:
     """Validate a request body; BadRequest(field) names the first offending field."""
     if not isinstance(body, Mapping):
         raise BadRequest("body", "must be a JSON object")
@@ -247,11 +272,11 @@ def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str
     if chat:
         if body.get("prompt") is not None:
             raise BadRequest("prompt", "chat completions take messages, not prompt")
-        messages, prompt = _messages(body.get("messages")), ""
+        messages, prompt = _messages(body.get("messages"), limits), ""
     else:
         if body.get("messages") is not None:
             raise BadRequest("messages", "completions take prompt, not messages (use /v1/chat/completions)")
-        messages, prompt = (), _prompt(body.get("prompt"))
+        messages, prompt = (), _prompt(body.get("prompt"), limits)
     n = body.get("n")
     if n is not None and n != 1:
         raise BadRequest("n", f"only n = 1 is supported, got {n!r}")
@@ -270,7 +295,7 @@ def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str
     min_p = _num(body, "min_p", 0.0, 1.0, 0.0, hi_open=True)
     seed = _int(body, "seed", 0, 2**63 - 1)
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                              max_tokens=max_tokens, stop=_stop(body.get("stop")))
+                              max_tokens=max_tokens, stop=_stop(body.get("stop"), limits))
 
     stream = _bool(body, "stream")
     so = body.get("stream_options")

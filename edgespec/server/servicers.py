@@ -11,10 +11,12 @@ from typing import Any
 
 import grpc
 
+from edgespec import chat
 from edgespec.errors import BadRequest, Cancelled, NotReady
 from edgespec.logs import bind_request_id
 from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2 as pb, inference_pb2_grpc
 from edgespec.server import convert
+from edgespec.server.config import LimitsConfig
 from edgespec.server.engine_loop import EngineLoop, Job
 from edgespec.server.policy import Policy
 from edgespec.server.status import DeadlineExceeded
@@ -24,27 +26,51 @@ POLL_SECONDS = 0.25
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
-    def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], *, parallel: int):
+    """Every request is checked against the [limits] and tokenised here, in the handler thread:
+    the engine thread receives token ids and never spends its time on a caller's text."""
+
+    def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], *, parallel: int,
+                 limits: LimitsConfig = convert.DEFAULT_LIMITS):
         self.loop = loop
         self.policy = policy
         self.parallel = parallel
+        self.limits = limits
 
     # ---- helpers -------------------------------------------------------------------------
+
+    def _encoder(self) -> Any:
+        """The loaded target's thread-safe tokenizer and chat template (EngineLoop.encoder)."""
+        enc = self.loop.encoder
+        if enc is None:
+            if not self.loop.ready:
+                raise NotReady("the models are still loading")
+            return None  # an engine without one: the engine thread tokenises
+        return enc
+
+    def _prompt_tokens(self, prompt: str, messages: tuple[tuple[str, str], ...]) -> tuple[int, ...] | None:
+        enc = self._encoder()
+        if enc is None:
+            return None
+        if messages:
+            return tuple(chat.encode_chat(enc, messages))
+        return tuple(enc.tokenize(prompt, add_special=True, parse_special=False))
 
     def _submit(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Job:
         rid = convert.validate_request_id(request.request_id) or uuid.uuid4().hex[:16]
         bind_request_id(request_id=rid)
         policy = self.policy()
-        prompt, messages = convert.prompt_from(request)
-        sampling = convert.sampling_from(request.sampling, policy)
+        prompt, messages = convert.prompt_from(request, self.limits)
+        sampling = convert.sampling_from(request.sampling, policy, self.limits)
         speculation = convert.speculation_from(request.speculation, policy)
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None and remaining < 1e8 else None
         constraint, logprobs = convert.constraint_from(request.sampling), convert.logprobs_from(request)
         if constraint is not None and "constraint" not in self.loop.capabilities:
             raise BadRequest("sampling.constraint", "structured output is not available on this server's engine yet")
+        tokens = self._prompt_tokens(prompt, messages)
         job = Job(request_id=rid, sampling=sampling, speculation=speculation, prompt=prompt,
-                  messages=messages, deadline=deadline, logprobs=logprobs, constraint=constraint)
+                  messages=messages, prompt_tokens=tokens, deadline=deadline, logprobs=logprobs,
+                  constraint=constraint)
         self.loop.submit(job)
         context.add_callback(job.cancel)  # client cancel / deadline / server stop -> engine stops within a step
         return job
@@ -79,7 +105,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             if kind == "result":
                 self._check_end(value, job)
                 return convert.response(value, text=value.text, token_ids=value.token_ids,
-                                        timings=job.timings(), request_id=job.request_id, prompt_tokens=job.prompt_tokens,
+                                        timings=job.timings(), request_id=job.request_id,
+                                        prompt_tokens=len(job.prompt_tokens or ()),
                                         logprobs=value.logprobs if job.logprobs is not None else ())
         raise NotReady("the engine stopped")  # pragma: no cover
 
@@ -96,20 +123,23 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             else:
                 self._check_end(value, job)
                 yield convert.response(value, text=held.text if held else "", token_ids=held.token_ids if held else (),
-                                       timings=job.timings(), request_id=job.request_id, prompt_tokens=job.prompt_tokens,
-                                       logprobs=held.logprobs if held else ())
+                                       timings=job.timings(), request_id=job.request_id,
+                                       prompt_tokens=len(job.prompt_tokens or ()), logprobs=held.logprobs if held else ())
 
     def Tokenize(self, request: pb.TokenizeRequest, context: grpc.ServicerContext) -> pb.TokenizeResponse:  # noqa: N802
         if request.text and request.messages:
             raise BadRequest("text", "set either text or messages, not both")
-        messages = convert.messages_from(request.messages)
+        messages = convert.messages_from(request.messages, limits=self.limits)
+        text = convert.text_within(request.text, "text", self.limits)
 
-        def run(engine: Any) -> list[int]:
-            if messages:
-                return engine.tokenize(engine.chat_prompt(list(messages)), add_special=True, parse_special=True)
-            return engine.tokenize(request.text, add_special=request.add_special, parse_special=request.parse_special)
+        def text_ids(tok: Any) -> list[int]:
+            return tok.tokenize(text, add_special=request.add_special, parse_special=request.parse_special)
 
-        ids = self.loop.call(run)
+        enc = self._encoder()
+        if enc is not None:
+            ids = chat.encode_chat(enc, messages) if messages else text_ids(enc)
+        else:  # an engine without an encoder: its own thread, through Engine.encode_chat
+            ids = self.loop.call(lambda engine: engine.encode_chat(messages) if messages else text_ids(engine))
         return pb.TokenizeResponse(token_ids=ids, count=len(ids))
 
     def ModelInfo(self, request: pb.ModelInfoRequest, context: grpc.ServicerContext) -> pb.ModelInfoResponse:  # noqa: N802
@@ -133,11 +163,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):
-    def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], set_policy: Callable[[Policy], None],
+    def __init__(self, loop: EngineLoop, policy: Callable[[], Policy],
+                 update_policy: Callable[[dict[str, object], bool], Policy],
                  drain: Callable[[bool], None], started: float):
         self.loop = loop
         self.policy = policy
-        self.set_policy = set_policy
+        self.update_policy = update_policy  # (admin overrides, reset first) -> the policy now in force
         self.drain = drain
         self.started = started
 
@@ -161,9 +192,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         return out
 
     def SetPolicy(self, request: admin_pb2.SetPolicyRequest, context: grpc.ServicerContext) -> admin_pb2.Policy:  # noqa: N802
-        new = convert.policy_update(request, self.policy())
-        self.set_policy(new)
-        return convert.policy_to_pb(new)
+        return convert.policy_to_pb(self.update_policy(convert.policy_changes(request), request.reset))
 
     def Drain(self, request: admin_pb2.DrainRequest, context: grpc.ServicerContext) -> admin_pb2.DrainResponse:  # noqa: N802
         self.drain(not request.resume)

@@ -74,15 +74,16 @@ def test_read_model_facts_errors(tmp_path):
 def test_plan_arithmetic(tiny):
     f = read_model_facts(tiny)
     p = plan_memory(f, f, n_ctx=1000, parallel=3, kv_type="f16", n_ubatch=32, n_outputs=8, gpu=False)
-    cells = 1024  # padded to 256
+    cells = 3328  # one context for the 3 slots: 3 * (1000 + 65) = 3195, padded to 256
     t = p.target
     assert t.kv_bytes == cells * 256
-    # no flash attention: KQ (n_head * cells = 4096) outgrows the logits row (100)
+    # no flash attention: KQ (n_head * cells) outgrows the logits row (100)
     assert t.compute_bytes == 4 * 32 * (4 * cells + 128 + 64)
     assert t.output_bytes == 4 * 100 * 8
-    assert t.total(3) == f.weights_bytes + 3 * (t.kv_bytes + t.compute_bytes + t.output_bytes)
-    assert p.total_bytes == 2 * t.total(3)
+    assert t.total() == f.weights_bytes + t.kv_bytes + t.compute_bytes + t.output_bytes
+    assert p.total_bytes == 2 * t.total()
     fa = plan_memory(f, None, n_ctx=1000, flash_attn=True, n_ubatch=32, kv_type="q8_0", gpu=True)
+    cells = 1280  # 1 * (1000 + 65), padded
     assert fa.target.compute_bytes == 4 * 32 * (100 + 128 + 64)
     assert fa.target.kv_bytes == math.ceil(cells * 2 * 2 * 32 * 34 / 32)
     assert fa.overhead_bytes > 0 and fa.draft is None and fa.draft_ratio is None
@@ -124,7 +125,7 @@ def test_check_fits_and_explanation(tiny):
     assert exc.value.key == "engine"
     assert "does NOT fit" in text and "CUDA0" in text and "target" in text and "draft" in text and "KV" in text
     d = p.as_dict(1 * GIB)
-    assert d["fits"] is True and d["models"]["draft"]["kv_bytes_per_slot"] == p.draft.kv_bytes
+    assert d["fits"] is True and d["models"]["draft"]["kv_bytes"] == p.draft.kv_bytes
 
 
 def test_plan_for_config(tiny):
@@ -177,13 +178,17 @@ def _demo_gguf():
 
 @pytest.mark.slow
 def test_estimates_match_llama_cpp_at_load():
-    """Load the demo GGUF with llama.cpp and compare its reported buffer sizes with the plan."""
+    """Load the demo GGUF with llama.cpp and compare its reported buffer sizes with the plan (a
+    context of the cells the engine gives one slot)."""
     import llama_cpp  # only this test may import llama_cpp directly
+
+    from edgespec.config import shared_cells
 
     path = _demo_gguf()
     n_ctx, n_batch = 1024, 256
     facts = read_model_facts(path)
     plan = plan_memory(facts, None, n_ctx=n_ctx, n_ubatch=n_batch, gpu=False)
+    n_ctx = shared_cells(1, n_ctx)
     lines: list[str] = []
 
     @llama_cpp.llama_log_callback

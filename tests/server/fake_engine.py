@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
+from edgespec import chat
 from edgespec.errors import BadRequest, Overloaded
 from edgespec.types import Chunk, GenerationRequest, GenerationResult, SpecStats, TokenLogprob
 
@@ -71,6 +72,26 @@ class FakeSession:
             self.engine.idle_left = self.engine.idle_pieces_per_request  # a context to absorb
 
 
+class FakeEncoder:
+    """The engine's thread-safe tokenizer and chat template (Engine.encoder): used by the daemon's
+    handler threads, so it records its own callers' threads, apart from the engine's."""
+
+    special_tokens: dict[str, int] = {}  # noqa: RUF012 - none: every text is text
+
+    def __init__(self) -> None:
+        self.threads: set[int] = set()
+        self.calls = 0
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        self.threads.add(threading.get_ident())
+        self.calls += 1
+        return ([1] if add_special else []) + [ord(c) % 200 + 20 for c in text]
+
+    def chat_prompt(self, messages: list[tuple[str, str]]) -> str:
+        self.threads.add(threading.get_ident())
+        return "".join(f"<{role}>{content}\n" for role, content in messages) + "<assistant>"
+
+
 class FakeEngine:
     capabilities = frozenset({"constraint"})  # constraints are only recorded
 
@@ -89,6 +110,7 @@ class FakeEngine:
         self.idle_left = 0
         self.idle_calls = 0
         self.fail_idle = False
+        self.encoder = FakeEncoder()
         time.sleep(load_seconds)
         self._touch()
 
@@ -128,10 +150,18 @@ class FakeEngine:
         self._touch()
         return "".join(f"<{role}>{content}\n" for role, content in messages) + "<assistant>"
 
+    def encode_chat(self, messages: list[tuple[str, str]]) -> list[int]:
+        self._touch()
+        return chat.encode_chat(self.encoder, messages)
+
     def model_info(self) -> dict:
         self._touch()
         return {"target": {"path": "/fake/target.gguf", "n_params": 1}, "draft": {"path": "/fake/draft.gguf"},
                 "n_vocab": 256, "n_ctx": self.n_ctx, "parallel": self.parallel, "backend": "cpu"}
+
+    def tick(self, sessions: list) -> dict:
+        """One engine tick: every session one step (the real engine batches them)."""
+        return {s: s.step() for s in sessions}
 
     def open_session(self, req: GenerationRequest) -> FakeSession:
         self._touch()

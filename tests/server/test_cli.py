@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from typer.testing import CliRunner
 
 from edgespec.cli.main import app
@@ -40,3 +41,23 @@ def test_client_commands(make_daemon):
     assert r.exit_code == 0 and '"generated_tokens_total": "6"' in r.output
     r = runner.invoke(app, ["policy", "--speculation", "off", *addr])
     assert r.exit_code == 0 and "SPECULATION_POLICY_OFF" in r.output
+    r = runner.invoke(app, ["policy", "--reset", *addr])  # the config's values again
+    assert r.exit_code == 0 and "SPECULATION_POLICY_AUTO" in r.output
+
+
+def test_serve_names_a_bad_field_once_and_exits_2():
+    r = runner.invoke(app, ["serve", "--host", "0.0.0.0", "--port", "0"])
+    assert r.exit_code == 2
+    assert r.output.count("server.host") == 1 and "error: server.host: 0.0.0.0 is not" in r.output
+
+
+@pytest.mark.slow
+def test_config_validate_refuses_a_plan_that_does_not_fit(tmp_path, demo_pair):
+    """Exit 2 naming the field, before anything binds (serve runs the same check first)."""
+    cfg = tmp_path / "huge.toml"
+    cfg.write_text(f'[server]\nparallel = 64\n[target]\npath = "{demo_pair.target}"\nn_ctx = 1048576\n'
+                   f'[draft]\npath = "{demo_pair.draft}"\nn_ctx = 1048576\n')
+    r = runner.invoke(app, ["config", "validate", str(cfg)])
+    assert r.exit_code == 2 and "target.n_ctx: with server.parallel = 64, the memory plan does NOT fit" in r.output
+    s = runner.invoke(app, ["serve", "--config", str(cfg), "--port", "0"])
+    assert s.exit_code == 2 and "target.n_ctx" in s.output and "SERVING" not in s.output

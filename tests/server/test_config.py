@@ -73,3 +73,47 @@ def test_shipped_config_documents_every_key_and_validates():
             i = next(n for n, line in enumerate(lines) if line.startswith(f"{key} ="))
             assert lines[i - 1].startswith("#"), f"{section}.{key} has no comment"
     load(path, env={})
+
+
+def test_non_loopback_metrics_without_tokens_needs_insecure(tmp_path):
+    """The gRPC rule, for /metrics too: it answers anyone who can reach it unless tokens are set."""
+    with pytest.raises(InvalidConfig) as e:
+        load(None, env={}, overrides={"metrics": {"enabled": True, "host": "0.0.0.0"}})
+    assert e.value.problems[0][0] == "metrics.host" and "--insecure" in e.value.problems[0][1]
+    assert load(None, env={}, overrides={"metrics": {"enabled": True, "host": "0.0.0.0"},
+                                         "server": {"insecure": True}}).metrics.host == "0.0.0.0"
+    tokens = tmp_path / "t"
+    tokens.write_text("a" * 64 + "\n")
+    assert load(None, env={}, overrides={"metrics": {"enabled": True, "host": "0.0.0.0"},
+                                         "auth": {"tokens_file": str(tokens)}})
+    assert load(None, env={}, overrides={"metrics": {"host": "0.0.0.0"}})  # not enabled: nothing listens
+
+
+def test_one_problem_names_its_field_once():
+    with pytest.raises(InvalidConfig) as e:
+        load(None, env={}, overrides={"server": {"host": "0.0.0.0"}})
+    assert str(e.value).count("server.host") == 1 and str(e.value).startswith("server.host: 0.0.0.0 is not")
+    assert e.value.key == "server.host"
+
+
+def test_limits_section(tmp_path):
+    cfg = load(None, env={"EDGESPEC_LIMITS_MAX_MESSAGES": "7"})
+    assert (cfg.limits.max_messages, cfg.limits.max_prompt_bytes, cfg.limits.anonymous_rpcs) == (7, 1 << 20, 8)
+    with pytest.raises(InvalidConfig) as e:
+        load(None, env={}, overrides={"limits": {"max_stop_strings": 17, "anonymous_rpcs": 0}})
+    msgs = dict(e.value.problems)
+    assert "[0, 16]" in msgs["limits.max_stop_strings"] and "[1, 1024]" in msgs["limits.anonymous_rpcs"]
+
+
+@pytest.mark.slow
+def test_an_impossible_memory_plan_is_a_config_error(demo_pair):
+    """n_ctx = 2^20 validated ok and `serve` bound its port, then exited 1 seconds later."""
+    env = {"EDGESPEC_TARGET_PATH": str(demo_pair.target), "EDGESPEC_DRAFT_PATH": str(demo_pair.draft)}
+    with pytest.raises(InvalidConfig) as e:
+        load(None, env={**env, "EDGESPEC_TARGET_N_CTX": str(1 << 20), "EDGESPEC_DRAFT_N_CTX": str(1 << 20),
+                        "EDGESPEC_SERVER_PARALLEL": "64"}, check_models=True)
+    key, message = e.value.problems[0]
+    assert key == "target.n_ctx" and "does NOT fit" in message and "server.parallel = 64" in message
+    assert load(None, env=env, check_models=True)  # the demo config fits
+    load(None, env={**env, "EDGESPEC_TARGET_N_CTX": str(1 << 20), "EDGESPEC_DRAFT_N_CTX": str(1 << 20),
+                    "EDGESPEC_SERVER_PARALLEL": "64"}, check_models=False)  # without models: not checked

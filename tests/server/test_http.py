@@ -117,6 +117,11 @@ def test_speculation_options_and_stop_reach_the_engine(make_daemon):
     ({"edgespec": {"mode": "fast"}}, "edgespec.mode"),
     ({"bogus": 1}, "bogus"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    # [limits], as for gRPC
+    ({"messages": [{"role": "user", "content": "x"}] * 1025}, "messages"),
+    ({"messages": [{"role": "user", "content": "x" * (1 << 19)}] * 3}, "messages[2].content"),
+    ({"stop": ["x" * 257]}, "stop[0]"),
+    ({"messages": [{"role": "user", "content": "\ud800"}]}, "messages[0].content"),  # a lone surrogate escape
 ])
 def test_bad_params_are_400_naming_them(make_daemon, body, param):
     r = make_daemon(http=HTTP)
@@ -143,6 +148,15 @@ def test_openai_client_sees_400_404_and_engine_side_errors(make_daemon):
     for bad in (b"{not json", b"[1, 2]", b"[" * 200_000):
         status, _, out = raw(r, "POST", "/v1/completions", bad)
         assert status == 400 and json.loads(out)["error"]["param"] == "body"
+
+
+def test_prompt_limits_on_completions_and_tokenize(make_daemon):
+    r = make_daemon(http=HTTP, limits={"max_prompt_bytes": 100})
+    for path, body in (("/v1/completions", {"prompt": "x" * 101}), ("/tokenize", {"prompt": "x" * 101})):
+        status, _, out = raw(r, "POST", path, body)
+        err = json.loads(out)["error"]
+        assert status == 400 and err["param"] == "prompt" and "limits.max_prompt_bytes" in err["message"]
+    assert raw(r, "POST", "/v1/completions", {"prompt": "x" * 100, "max_tokens": 1})[0] == 200
 
 
 def test_body_larger_than_the_limit_is_413(make_daemon):

@@ -1,0 +1,454 @@
+"""One request on one slot: its context, drafters, controller, and the per-step pieces the tick
+(edgespec/tick/) calls. Not thread-safe: driven by the engine thread.
+
+A session's context is `tokens` = prompt + emitted. Invariant between ticks once the prefill is
+done: the slot's main sequence (local seq 0 of its range) holds exactly tokens[:-1]; tokens[-1]
+(the root) is decoded by the next tick together with the drafted tree. Before that, the prompt
+is prefilled in pieces (`prefill_pos` tokens are in the cache), one piece per tick.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from edgespec.controller.shapes import PLAIN, Shape, StepOutcome, chain, eagle
+from edgespec.drafters import ModelDrafter, NgramDrafter
+from edgespec.drafters.ngram import lookup
+from edgespec.emit import Emitter
+from edgespec.errors import BadRequest
+from edgespec.logprobs import token_logprob
+from edgespec.logs import get_logger
+from edgespec.sampling import logits_to_probs
+from edgespec.tree import DraftTree
+from edgespec.types import Chunk, FinishReason, GenerationRequest, GenerationResult, SpecStats, TokenLogprob
+from edgespec.verify import VerifyResult, verify_greedy, verify_stochastic
+
+log = get_logger("edgespec.session")
+
+# explicit-mode tree defaults beyond the request's (depth, nodes): EAGLE-2 top-4 branching,
+# two frontier nodes expanded per level
+TREE_WIDTH = 4
+TREE_EXPAND = 2
+# prompt lookup: at most this many tokens, reach learnt with this EWMA weight
+NGRAM_MAX = 8
+NGRAM_EWMA = 0.15
+
+
+def fixed_shape(mode: str, draft_tokens: int, tree_nodes: int, tree_depth: int) -> Shape:
+    if mode == "plain":
+        return PLAIN
+    if mode == "chain":
+        return chain(draft_tokens)
+    return eagle(tree_depth, TREE_WIDTH, TREE_EXPAND, tree_nodes)
+
+
+class Session:
+    def __init__(self, engine, slot, req: GenerationRequest, keep: int = 0):
+        """`keep`: leading prompt positions whose KV the slot's main sequence already holds
+        (the prompt cache); the rest of the prompt is prefilled by the ticks."""
+        from edgespec.controller import Controller
+
+        self.engine = engine
+        self.slot = slot
+        self.req = req
+        self.sampling = req.sampling
+        self.spec = req.speculation
+        seed = req.sampling.seed if req.sampling.seed is not None else int.from_bytes(os.urandom(8), "little")
+        self.rng = np.random.default_rng(seed)
+        self.tokens: list[int] = list(req.prompt_tokens)
+        self.n_prompt = len(self.tokens)
+        self.stats = SpecStats()
+        model = engine.target
+        self.emitter = Emitter(self.sampling.max_tokens, self.sampling.stop, model.is_eog, model.piece)
+        self.logprobs: list[TokenLogprob] = []
+        self.check_kv = False  # tests turn this on: assert the KV invariants after every step
+        self._closed_reason: FinishReason | None = None
+        has_draft = slot.draft is not None
+        self.drafter = ModelDrafter(slot.draft, window=engine.cfg.draft_window) if has_draft else None
+        self.ngram = NgramDrafter() if self.spec.ngram else None
+        # P(target accepts > j lookup tokens), learnt per kind of lookup: [0] the context's last
+        # n >= n_min tokens occurred before, [1] only its last token did
+        self._ngram_reach = [[0.5 * 0.8 ** j for j in range(NGRAM_MAX)], [0.2 * 0.5 ** j for j in range(NGRAM_MAX)]]
+        self._lookups: list[tuple[int, list[int], int]] = []  # (position, lookup, kind) awaiting their fate
+        self.controller = None
+        if self.spec.mode == "auto":
+            self.controller = Controller(engine.controller_cfg, engine.cost, engine.prior,
+                                         max_depth=self.spec.tree_depth, max_nodes=self.spec.tree_nodes,
+                                         has_draft_model=has_draft, max_leaves=slot.target.n_seq_max,
+                                         request_id=req.request_id, refine_costs=False)
+        if self.spec.mode in ("chain", "tree") and not has_draft and not self.ngram:
+            raise BadRequest("mode", f"{self.spec.mode} needs a draft model or n-gram drafting")
+        self.stats.cached_prompt_tokens = keep
+        if self.drafter is not None:
+            kept = slot.draft_cache if engine.cfg.prompt_cache else None
+            slot.draft_cache = None  # nothing reusable until this request has ended cleanly
+            self.stats.draft_cached_tokens = self.drafter.begin(self.tokens, kept)
+        self.prefill_pos = keep
+        self._prefill = tuple(self.tokens[:-1])
+        self._consistent = True  # the caches are as the invariants say (false while a step runs)
+        self.n_past = keep
+        self._t_start = time.perf_counter()
+        self._step: _Step | None = None
+
+    # -- state --------------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self.emitter.finish_reason is not None or self._closed_reason is not None
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return self._closed_reason or self.emitter.finish_reason
+
+    @property
+    def breaker_state(self) -> str | None:
+        """closed / open / half_open for an auto request (None otherwise)."""
+        return self.controller.state if self.controller is not None else None
+
+    @property
+    def out(self) -> list[int]:
+        return self.emitter.out
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefill_pos < self.n_prompt - 1
+
+    @property
+    def prefill_left(self) -> int:
+        return max(0, self.n_prompt - 1 - self.prefill_pos)
+
+    @property
+    def remaining(self) -> int:
+        return self.sampling.max_tokens - len(self.out)
+
+    @property
+    def context(self) -> int:
+        """Positions in this session's part of the cache."""
+        return self.n_past
+
+    def step(self) -> Chunk:
+        """One tick with this session alone (the engine's tick over [self])."""
+        if self.done:
+            raise RuntimeError("session is finished")
+        return self.engine.tick([self])[self]
+
+    # -- prefill ------------------------------------------------------------------------------
+    def prefill_piece(self, limit: int) -> tuple[list[int], int]:
+        """The next piece of the prompt to prefill, at most `limit` tokens and never across a
+        multiple of n_batch: a prefill alone then runs exactly the n_batch batches a one-shot
+        prefill would, which is what makes the prompt cache's whole chunks exact (engine.
+        reusable_prefix). Returns (tokens, start position)."""
+        start = self.prefill_pos
+        chunk = self.slot.target.n_batch
+        boundary = (start // chunk + 1) * chunk
+        end = min(self.n_prompt - 1, start + max(1, limit), boundary)
+        return self.tokens[start:end], start
+
+    def prefill_done(self, n: int) -> None:
+        self.prefill_pos += n
+        self.n_past = self.prefill_pos
+        if not self.prefilling:
+            if self.engine.cfg.prompt_cache:
+                self.slot.prefill = self._prefill  # other slots may share these cells from now on
+            # decoding time starts after the target's prefill (the same in every mode, like
+            # llama.cpp's eval time); the draft's own prefill happens in its first steps and counts
+            self._t_start = time.perf_counter()
+
+    # -- one step, in the tick's phases --------------------------------------------------------
+    def choose_shape(self) -> Shape:
+        """What this request would speculate alone (its controller, or its explicit mode)."""
+        if self.remaining <= 1:
+            return PLAIN
+        if self.controller is not None:
+            backlog = self.drafter.backlog(self.tokens) if self.drafter is not None else 0
+            return self.controller.choose(remaining=self.remaining, draft_backlog=backlog,
+                                          context=self.n_past, emitted=len(self.out))
+        return fixed_shape(self.spec.mode, self.spec.draft_tokens, self.spec.tree_nodes, self.spec.tree_depth)
+
+    def begin_step(self, shape: Shape) -> None:
+        self._consistent = False  # until the step's KV commit is done
+        st = _Step(shape, DraftTree.root(self.tokens[-1]), time.perf_counter())
+        if self.ngram is not None and self.remaining > 1:
+            # prompt lookup costs no forward pass; every lookup is scored against what the target
+            # then emits (shadow evaluation), which sizes the grafts
+            prop = lookup(self.tokens, NGRAM_MAX, self.ngram.n_max, self.ngram.n_min)
+            if not prop and self.ngram.n_min > 1:
+                prop, st.kind = lookup(self.tokens, NGRAM_MAX, 1, 1), 1
+            if prop:
+                self._lookups.append((len(self.tokens), prop, st.kind))
+            st.lookup = prop
+        self._step = st
+
+    def draft_steps(self):
+        """The drafter's generator for this step (edgespec/tick/draft.py drives it), or None."""
+        st = self._step
+        if st.shape.mode == "plain" or self.drafter is None or st.shape.depth <= 0 or self.remaining <= 1:
+            return None
+        return self.drafter.propose_steps(st.tree, self.tokens, st.shape, self.sampling, self.rng)
+
+    def absorb_steps(self, budget: int):
+        """The draft absorbs `budget` more tokens of its backlog this tick (a long catch-up in
+        pieces, so it cannot stall the other sessions' tick); the step itself decodes plainly."""
+        return self.drafter.absorb_steps(self.tokens, budget)
+
+    def drafted(self, report) -> None:
+        """The drafter is done (report None: it did not run): graft prompt lookups."""
+        st = self._step
+        if report is not None:
+            st.draft_batches, st.levels = tuple(report.batches), report.levels
+            st.spine_probs = tuple(report.spine_probs)
+            st.draft_ran = bool(report.batches) and report.levels > 0
+            self.stats.draft_forwards += len(report.batches)
+        prop, tree = st.lookup, st.tree
+        if not prop:
+            return
+        room = self.slot.target.n_ctx - len(self.tokens) - 2  # deepest position the request may use
+        if st.shape.mode != "plain" and self.remaining > 1:
+            if self.drafter is None and st.kind == 0:  # n-gram-only speculation: its own tree
+                self.ngram.propose(tree, self.tokens, st.shape, self.sampling, self.rng,
+                                   limit=None if room >= self.ngram.max_tokens else max(0, room))
+                self._cap_leaves(tree)
+            else:  # graft as many lookup tokens as pay for their verification
+                k = min(self._ngram_budget(len(tree), st.kind), room)
+                if k > 0:
+                    self.ngram.graft(tree, prop[:k])
+                    self._cap_leaves(tree)
+        elif self.controller is not None:
+            # auto mode decoding plainly: graft a lookup when its measured yield pays
+            k = min(self._ngram_budget(1, st.kind), room)
+            if k > 0:
+                self.ngram.graft(tree, prop[:k])
+                st.ngram_only = tree.n_draft > 0
+
+    def _cap_leaves(self, tree: DraftTree) -> None:
+        """A graft adds a branch (a leaf, a sequence of the slot's range) unless it follows one
+        already there; one that does not fit is taken back (the last nodes added)."""
+        while len(tree.leaves()) > self.slot.target.n_seq_max:
+            tree.pop()
+
+    def target_batch(self) -> tuple[list[int], list[int], list[list[int]]]:
+        """This session's part of the tick's target forward: [root] + tree as (tokens, positions,
+        global seq ids), in KV cell order. Node i carries the seq ids of every leaf below it, so
+        it attends exactly to its ancestors; leaf sequences get the context by a copy of the main
+        sequence (cells shared, not duplicated, in a unified cache)."""
+        st = self._step
+        tree = st.tree
+        tgt = self.slot.target
+        leaves, below = tree.leaf_sets()
+        assert len(leaves) <= tgt.n_seq_max, f"tree has {len(leaves)} leaves > {tgt.n_seq_max} sequences"
+        spine = _spine(tree)
+        seq_of_leaf = _leaf_seqs(leaves, spine[-1])
+        for s in seq_of_leaf:
+            if s != 0:
+                tgt.seq_cp(0, s, -1, -1)
+        root_pos = self.n_past
+        # batch order = KV cell order: the root and the first-child spine first, so an accepted
+        # spine prefix sits in consecutive cells exactly as one-token decoding would place it;
+        # the other branches follow
+        on_spine = set(spine)
+        order = spine + [i for i in range(len(tree)) if i not in on_spine]  # the identity for a chain
+        base = tgt.base
+        seqs = [[base + seq_of_leaf[li] for li in below[i]] for i in range(len(tree))]
+        st.leaves, st.below, st.seq_of_leaf, st.order, st.root_pos = leaves, below, seq_of_leaf, order, root_pos
+        return ([tree.tokens[i] for i in order], [root_pos + tree.depths[i] for i in order], [seqs[i] for i in order])
+
+    def finish_step(self, rows: np.ndarray) -> Chunk:
+        """Verify this session's tree against its rows of the target forward (batch order),
+        commit the KV in its sequence range, emit."""
+        st = self._step
+        tree = st.tree
+        if st.order != list(range(len(tree))):
+            rows = rows[np.argsort(st.order)]  # back to node order (a copy)
+        if self.sampling.greedy:
+            res = verify_greedy(tree, np.argmax(rows, axis=1))
+        else:
+            res = verify_stochastic(tree, lambda i: logits_to_probs(rows[i], self.sampling), self.rng)
+        self._commit(tree, res, st)
+        new_tokens = [tree.tokens[i] for i in res.accepted] + [res.token]
+        self.tokens.extend(new_tokens)
+        if self._lookups:
+            self._score_lookups()
+        if self.drafter is not None and st.draft_ran:
+            self.drafter.accept(tree, res.accepted, self.tokens)
+        self._consistent = True
+        if self.check_kv:
+            self.assert_kv_invariants()
+        s = self.stats
+        s.target_forwards += 1
+        s.drafted_tokens += tree.n_draft
+        s.accepted_tokens += len(res.accepted)
+        for d in range(len(res.accepted)):
+            if len(s.accepted_per_depth) <= d:
+                s.accepted_per_depth.append(0)
+            s.accepted_per_depth[d] += 1
+        kind = "ngram" if st.ngram_only else st.shape.kind
+        s.steps_per_mode[kind] = s.steps_per_mode.get(kind, 0) + 1
+        taken, text = self.emitter.push(new_tokens)
+        lps: tuple[TokenLogprob, ...] = ()
+        if self.req.logprobs is not None and taken:
+            parents = [0] + list(res.accepted)  # the k-th emitted token was checked on its parent's row
+            lps = tuple(token_logprob(rows[parents[k]], self.sampling, t, self.req.logprobs)
+                        for k, t in enumerate(taken))
+            self.logprobs.extend(lps)
+        self.stats.emitted_tokens = len(self.out)
+        st.result, st.emitted = res, len(new_tokens)
+        return Chunk(tuple(taken), text, self.emitter.finish_reason, lps)
+
+    def observe(self, *, target_seconds: float, draft_seconds: float, verify_share: float, draft_share: float,
+                step_seconds: float) -> None:
+        """Stats and controller feedback after the tick. `target_seconds` / `draft_seconds`: the
+        tick's forwards this step waited for; `verify_share` / `draft_share`: what this step alone
+        would have cost, by the cost model scaled to the tick's measured speed (what the
+        controller compares speculation against plain decoding with)."""
+        st = self._step
+        s = self.stats
+        s.target_seconds += target_seconds
+        s.draft_seconds += draft_seconds
+        s.python_overhead_seconds += max(0.0, step_seconds - target_seconds - draft_seconds)
+        s.seconds = time.perf_counter() - self._t_start
+        if self.controller is not None:
+            res = st.result
+            self.controller.observe(StepOutcome(
+                shape=st.shape, accepted_ranks=tuple(res.ranks), offered=tuple(res.offered),
+                emitted=st.emitted, draft_seconds=draft_share, draft_batches=st.draft_batches,
+                verify_seconds=verify_share, verify_tokens=len(st.tree), depth_drafted=st.levels,
+                overhead_seconds=max(0.0, step_seconds - target_seconds - draft_seconds),
+                spine_probs=st.spine_probs, context=st.root_pos))
+            s.breaker_transitions = len(self.controller.breaker.transitions)
+        self._step = None
+
+    # -- KV -----------------------------------------------------------------------------------
+    def _commit(self, tree: DraftTree, res: VerifyResult, st: _Step) -> None:
+        """Main sequence := context + accepted path; every other sequence of the range emptied
+        (rejected cells are gone)."""
+        tgt = self.slot.target
+        below, seq_of_leaf, root_pos = st.below, st.seq_of_leaf, st.root_pos
+        last = res.accepted[-1] if res.accepted else 0
+        end = root_pos + 1 + len(res.accepted)  # cells to keep: [0, end)
+        src = seq_of_leaf[below[last][0]]
+        if 0 in (seq_of_leaf[li] for li in below[last]):
+            src = 0
+        if src != 0:
+            tgt.seq_rm(0, root_pos + 1, -1)
+            tgt.seq_cp(src, 0, root_pos + 1, end)
+        else:
+            tgt.seq_rm(0, end, -1)
+        for s in seq_of_leaf:
+            if s != 0:
+                tgt.seq_rm(s, -1, -1)
+        self.n_past = end
+
+    def assert_kv_invariants(self) -> None:
+        """Main sequence = context minus the pending root, nothing else survives (target and draft)."""
+        tgt = self.slot.target
+        assert tgt.pos_min(0) in (0, -1) and tgt.pos_max(0) == len(self.tokens) - 2, \
+            f"target seq 0 holds [{tgt.pos_min(0)}, {tgt.pos_max(0)}], expected [0, {len(self.tokens) - 2}]"
+        for s in range(1, tgt.n_seq_max):
+            assert tgt.pos_max(s) == -1, f"target seq {s} still holds cells (up to pos {tgt.pos_max(s)})"
+        if self.drafter is not None:
+            d = self.drafter.ctx
+            want = self.drafter.n_past - 1 - self.drafter.offset
+            assert d.pos_max(0) == want, f"draft seq 0 ends at {d.pos_max(0)}, expected {want}"
+            assert self.drafter.n_past <= len(self.tokens) - 1
+            for s in range(1, d.n_seq_max):
+                assert d.pos_max(s) == -1, f"draft seq {s} still holds cells"
+
+    # -- prompt lookup ------------------------------------------------------------------------
+    def _ngram_budget(self, base: int, kind: int = 0) -> int:
+        """Lookup tokens worth adding to a verification batch of `base` tokens: the k <= NGRAM_MAX
+        maximising E[min(L, k)] - (verify(base + k) - verify(base)) / verify(1), i.e. expected
+        extra tokens minus the extra verification time priced in plain-decoding tokens (0 if no k
+        gains). L is how many lookup tokens the target would accept; P(L > j) is learnt for free
+        by scoring every lookup against the tokens actually emitted (`_score_lookups`)."""
+        cost = self.engine.cost.at(self.n_past)
+        unit = cost.verify_seconds(1)
+        v0 = cost.verify_seconds(base)
+        best, best_gain = 0, 0.02
+        expected = 0.0
+        for k in range(1, NGRAM_MAX + 1):
+            expected += self._ngram_reach[kind][k - 1]
+            gain = expected - (cost.verify_seconds(base + k) - v0) / unit
+            if gain > best_gain:
+                best, best_gain = k, gain
+        return best
+
+    def _score_lookups(self) -> None:
+        """Update P(L > j) from lookups whose fate is now known (shadow evaluation: the lookup
+        at a position is compared with the tokens that were emitted after it)."""
+        keep = []
+        for start, prop, kind in self._lookups:
+            got = self.tokens[start:start + len(prop)]
+            match = 0
+            while match < len(got) and got[match] == prop[match]:
+                match += 1
+            if match < len(got) or len(got) == len(prop):  # resolved: a mismatch seen, or all matched
+                reach = self._ngram_reach[kind]
+                for j in range(NGRAM_MAX):
+                    hit = 1.0 if match > j else 0.0
+                    reach[j] += NGRAM_EWMA * (hit - reach[j])
+            else:
+                keep.append((start, prop, kind))
+        self._lookups = keep
+
+    # -- output -------------------------------------------------------------------------------
+    @property
+    def text(self) -> str:
+        return self.emitter.visible()
+
+    def result(self) -> GenerationResult:
+        self.stats.seconds = time.perf_counter() - self._t_start
+        return GenerationResult(self.emitter.visible(), list(self.out), self.finish_reason or "length",
+                                self.n_prompt, self.stats, list(self.logprobs))
+
+    def controller_summary(self) -> dict | None:
+        return self.controller.summary() if self.controller is not None else None
+
+    def close(self, reason: FinishReason | None = None) -> None:
+        if self.emitter.finish_reason is None and self._closed_reason is None:
+            self._closed_reason = reason or "cancelled"
+        self.engine.release(self)
+
+
+class _Step:
+    """What one step carries from phase to phase."""
+
+    __slots__ = ("shape", "tree", "t0", "lookup", "kind", "draft_batches", "levels", "spine_probs",
+                 "draft_ran", "ngram_only", "leaves", "below", "seq_of_leaf", "order", "root_pos",
+                 "result", "emitted")
+
+    def __init__(self, shape: Shape, tree: DraftTree, t0: float):
+        self.shape, self.tree, self.t0 = shape, tree, t0
+        self.lookup: list[int] = []
+        self.kind = 0
+        self.draft_batches: tuple[int, ...] = ()
+        self.levels = 0
+        self.spine_probs: tuple[float, ...] = ()
+        self.draft_ran = False
+        self.ngram_only = False
+        self.result: VerifyResult | None = None
+        self.emitted = 0
+
+
+def _spine(tree: DraftTree) -> list[int]:
+    """Root, its first child, that child's first child, ... down to a leaf (a chain: all)."""
+    children = tree.children()
+    spine, n = [0], 0
+    while children[n]:
+        n = children[n][0]
+        spine.append(n)
+    return spine
+
+
+def _leaf_seqs(leaves: list[int], spine_leaf: int) -> list[int]:
+    """Local seq id per leaf ordinal: the leaf on the first-child spine gets seq 0 (the common
+    case then commits without a copy), the others 1, 2, ..."""
+    out, nxt = [], 1
+    for leaf in leaves:
+        if leaf == spine_leaf:
+            out.append(0)
+        else:
+            out.append(nxt)
+            nxt += 1
+    return out

@@ -1,0 +1,72 @@
+"""Draft: every speculating session's drafter, level by level, each level of ALL sessions in one
+draft forward.
+
+Drafters are generators (ModelDrafter.propose_steps): each yields the draft batch its next level
+needs (local sequence ids of its slot's range) and is sent that batch's logits rows. Round r
+decodes level r of every drafter still growing, plus the draft catch-up pieces the schedule
+asked for, as one `llama_decode` on the shared draft context.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class DraftRecord:
+    rounds: list = field(default_factory=list)  # (tokens, output rows, seconds) per draft forward
+    sessions: set = field(default_factory=set)  # sessions whose drafter decoded this tick
+
+    @property
+    def seconds(self) -> float:
+        return sum(r[2] for r in self.rounds)
+
+
+def draft(engine, plan) -> DraftRecord:
+    rec = DraftRecord()
+    gens = {}
+    for s in plan.decoding:
+        g = s.absorb_steps(plan.absorb[s]) if s in plan.absorb else s.draft_steps()
+        if g is None:
+            s.drafted(None)
+        else:
+            gens[s] = g
+    pending = {}
+    for s, g in gens.items():
+        _advance(s, g, None, pending, absorbing=s in plan.absorb)
+    ctx = engine.draft_ctx
+    while pending:
+        order = list(pending)
+        tokens, positions, seqs, logits, counts = [], [], [], [], []
+        for s in order:
+            b = pending[s]
+            rng = s.slot.draft
+            tokens += b.tokens
+            positions += b.positions
+            seqs += [rng.to_global(x) for x in b.seqs]
+            logits += b.logits
+            counts.append(sum(1 for x in b.logits if x))
+        t0 = time.perf_counter()
+        rows = ctx.decode_rows(tokens, positions, seqs, logits)
+        rec.rounds.append((len(tokens), len(rows), time.perf_counter() - t0))
+        rec.sessions.update(order)
+        at = 0
+        for s, k in zip(order, counts):
+            part = rows[at:at + k]
+            at += k
+            _advance(s, gens[s], part, pending, absorbing=s in plan.absorb)
+    return rec
+
+
+def _advance(s, gen, rows: np.ndarray | None, pending: dict, absorbing: bool) -> None:
+    """Send a drafter its rows; keep its next batch, or hand its report to the session."""
+    try:
+        pending[s] = gen.send(rows) if rows is not None else next(gen)
+    except StopIteration as stop:
+        pending.pop(s, None)
+        s.drafted(None if absorbing else stop.value)
+        if absorbing:
+            s.stats.draft_forwards += 1

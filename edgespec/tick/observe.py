@@ -1,0 +1,58 @@
+"""Observe: one record of the tick feeds the shared cost model (the forwards as they ran, batch
+sizes of the whole tick), each session's stats and controller, and the engine's phase timings.
+
+A controller judges speculation against plain decoding for its own request, so it is told what
+its step would have cost alone: the cost model's prediction for its own shape, scaled by how the
+tick's measured forwards compared with the model's prediction for them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+PHASES = ("schedule", "draft", "forward", "verify_commit_emit", "observe")
+
+
+@dataclass
+class TickRecord:
+    sessions: int
+    decoding: int
+    verify_tokens: int
+    draft_forwards: int
+    prefill_tokens: int
+    seconds: dict  # phase -> seconds
+
+
+def observe(engine, plan, drafts, fwd, *, phases: tuple, t_start: float) -> None:
+    t0 = time.perf_counter()
+    cost = engine.cost
+    if fwd.tokens:
+        cost.observe("target", fwd.tokens, fwd.seconds, plan.context)
+    for n, rows, secs in drafts.rounds:
+        cost.observe("draft", n, max(secs - max(0, rows - 1) * cost.draft_row, 0.5 * secs))
+    pred_v = sum(v for v, _ in plan.predicted.values())
+    pred_d = sum(d for s, (_, d) in plan.predicted.items() if s in drafts.sessions)
+    alone = len(plan.decoding) == 1
+    scale = (fwd.seconds + drafts.seconds) / (pred_v + pred_d) if pred_v + pred_d > 0 else 1.0
+    now = time.perf_counter()
+    for s in plan.decoding:
+        v, d = plan.predicted[s]
+        drafted = s in drafts.sessions
+        s.observe(target_seconds=fwd.seconds, draft_seconds=drafts.seconds if drafted else 0.0,
+                  verify_share=fwd.seconds if alone else v * scale,
+                  draft_share=(drafts.seconds if alone else d * scale) if drafted else 0.0,
+                  step_seconds=now - t_start)
+    secs = dict(zip(PHASES, phases + (time.perf_counter() - t0,)))
+    rec = TickRecord(len(plan.decoding) + len(plan.prefill), len(plan.decoding), fwd.tokens,
+                     len(drafts.rounds), fwd.prefill_tokens, secs)
+    engine.last_tick = rec
+    totals = engine.tick_totals
+    totals["ticks"] = totals.get("ticks", 0) + 1
+    for k, v in secs.items():
+        totals[k + "_seconds"] = totals.get(k + "_seconds", 0.0) + v
+    totals["forward_target_seconds"] = totals.get("forward_target_seconds", 0.0) + fwd.seconds
+    totals["forward_prefill_seconds"] = totals.get("forward_prefill_seconds", 0.0) + fwd.prefill_seconds
+    totals["draft_forward_seconds"] = totals.get("draft_forward_seconds", 0.0) + drafts.seconds
+    totals["verify_tokens"] = totals.get("verify_tokens", 0) + fwd.tokens
+    totals["session_steps"] = totals.get("session_steps", 0) + len(plan.decoding)

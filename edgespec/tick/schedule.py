@@ -1,0 +1,195 @@
+"""Schedule: what each session does this tick.
+
+Speculation that knows the load. Each session's controller proposes what it would speculate
+alone (its breaker, probes, first-token and catch-up rules stay per request); with several
+sessions decoding, the shapes of the auto sessions are then chosen *jointly*, maximising the
+tick's expected emitted tokens per second on the measured cost curves of the whole batch:
+
+    rate = sum_i E_i / (target(sum_i (nodes_i + 1)) + sum_l draft(sum_i batch_i,l) + overheads)
+
+by greedy ascent from plain decoding, each move one session one rung up its ladder (plain,
+shorter chains, its own choice), while the rate grows. On a flat cost curve (one session, or a
+GPU) every session keeps its own choice; as verification tokens get dearer (more sessions on a
+CPU) the trees shrink by themselves, down to plain decoding. Explicit modes (CHAIN/TREE) keep
+their shape.
+
+Prefill rides along: a prompt is prefilled in pieces, one per tick, so streams already running
+keep getting tokens. Alone, a piece is a whole n_batch chunk; beside decoding sessions it is the
+largest piece whose forward costs at most `prefill_share` times the tick's decode work. A draft
+catch-up longer than that piece is absorbed in pieces too while the session decodes plainly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from edgespec.controller.policy import eagle_levels, sibling_probs
+from edgespec.controller.shapes import PLAIN, Shape, chain
+
+MIN_PIECE = 16  # a prefill piece is never smaller: every prompt progresses
+
+
+@dataclass
+class Plan:
+    decoding: list = field(default_factory=list)  # sessions verifying this tick
+    shapes: dict = field(default_factory=dict)  # session -> Shape
+    prefill: list = field(default_factory=list)  # (session, tokens, start position)
+    absorb: dict = field(default_factory=dict)  # session -> draft tokens to absorb (plain step)
+    predicted: dict = field(default_factory=dict)  # session -> (verify, draft) seconds alone
+    context: int = 0  # positions cached by all sessions (attention reads them all)
+
+
+@dataclass
+class _Rung:
+    shape: Shape
+    tokens: float  # expected emitted tokens
+    nodes: int  # verified tokens - 1
+    batches: tuple[int, ...]  # draft batch per level (level 1 = catch-up)
+
+
+def schedule(engine, sessions: list) -> Plan:
+    plan = Plan()
+    plan.context = sum(s.context for s in sessions)
+    decoding = [s for s in sessions if not s.prefilling and not s.done]
+    prefilling = [s for s in sessions if s.prefilling and not s.done]
+    cost = engine.cost.at(plan.context)
+    shapes = {s: s.choose_shape() for s in decoding}
+    if len(decoding) > 1:
+        shapes = _joint(decoding, shapes, cost)
+    decode_seconds = 0.0
+    if decoding:
+        decode_seconds = _tick_seconds([_rung_of(s, shapes[s], cost) for s in decoding], cost)
+    piece = _piece(engine, cost, decode_seconds if decoding else None)
+    for s in decoding:
+        shape = shapes[s]
+        backlog = s.drafter.backlog(s.tokens) if s.drafter is not None else 0
+        if shape.mode != "plain" and len(decoding) > 1 and backlog > piece and shape.depth > 0:
+            # a long draft catch-up would stall every stream of the tick: take it in pieces
+            plan.absorb[s] = piece
+            shape = PLAIN
+        plan.shapes[s] = shape
+        if s.controller is not None:
+            s.controller.overridden(shape)
+        s.begin_step(shape)
+        plan.decoding.append(s)
+    budget = piece
+    for s in prefilling:  # the oldest prompts first, while the tick's prefill budget lasts
+        toks, start = s.prefill_piece(budget)
+        plan.prefill.append((s, toks, start))
+        budget -= len(toks)
+        if budget < MIN_PIECE:
+            break
+    for s in decoding:
+        r = _rung_of(s, plan.shapes[s], cost)
+        plan.predicted[s] = (cost.verify_seconds(r.nodes + 1), _draft_seconds([r.batches], cost))
+    return plan
+
+
+def _piece(engine, cost, decode_seconds: float | None) -> int:
+    """Prefill tokens this tick may carry."""
+    chunk = engine.cfg.target.n_batch
+    share = engine.cfg.prefill_share
+    if decode_seconds is None or share <= 0:
+        return chunk
+    allowed = share * decode_seconds
+    lo, hi = MIN_PIECE, chunk
+    if cost.verify_seconds(lo) >= allowed:
+        return lo
+    while lo < hi:  # the largest piece within the allowance (the curve is non-decreasing)
+        mid = (lo + hi + 1) // 2
+        if cost.verify_seconds(mid) <= allowed:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+# -- the joint choice -----------------------------------------------------------------------------
+
+def _rung_of(s, shape: Shape, cost) -> _Rung:
+    """Expected tokens and batch structure of `shape` for session s."""
+    catchup = s.drafter.backlog(s.tokens) if s.drafter is not None else 0
+    if shape.mode == "plain" or shape.depth <= 0:
+        return _Rung(shape, 1.0, 0, ())
+    ctl = s.controller
+    if ctl is not None:
+        a = ctl.acceptance()
+        tokens, _ = ctl.policy.evaluate(shape, a, cost, catchup=max(1, catchup))
+    else:
+        tokens = 1.0 + 0.5 * shape.nodes  # explicit modes keep their shape; the value is not used
+    if s.drafter is None:  # n-gram-only speculation drafts for free
+        return _Rung(shape, tokens, shape.nodes, ())
+    if shape.mode == "chain" or shape.runner_ups:
+        batches = (max(1, catchup),) + (1,) * (shape.depth - 1)
+    else:
+        _, bs = eagle_levels(sibling_probs(ctl.acceptance()) if ctl else [[0.5] * shape.width] * shape.depth,
+                             shape.width, shape.expand, shape.depth)
+        batches = (max(1, catchup),) + tuple(bs)
+    return _Rung(shape, tokens, shape.nodes, batches)
+
+
+def _ladder(s, solo: Shape, cost) -> list[_Rung]:
+    """Plain, the chains shorter than the session's own choice, then its choice."""
+    rungs = [_rung_of(s, PLAIN, cost)]
+    if solo.mode == "plain" or solo.depth <= 0:
+        return rungs
+    depth = solo.depth if solo.mode == "chain" else min(solo.depth, 4)
+    for k in range(1, depth):
+        rungs.append(_rung_of(s, chain(k, solo.stop_prob), cost))
+    rungs.append(_rung_of(s, solo, cost))
+    return rungs
+
+
+def _draft_seconds(batch_lists: list[tuple[int, ...]], cost) -> float:
+    """Draft forwards of a tick: level l of every session in one forward."""
+    depth = max((len(b) for b in batch_lists), default=0)
+    total = 0.0
+    for level in range(depth):
+        n = sum(b[level] for b in batch_lists if len(b) > level)
+        if not n:
+            continue
+        if level == 0:
+            rows = sum(1 for b in batch_lists if b)
+            total += cost.draft_seconds(n) + (rows - 1) * cost.draft_row
+        else:
+            total += cost.expand_seconds(n)
+    return total
+
+
+def _tick_seconds(rungs: list[_Rung], cost) -> float:
+    n = sum(r.nodes + 1 for r in rungs)
+    return cost.verify_seconds(n) + _draft_seconds([r.batches for r in rungs], cost)
+
+
+def _joint(decoding: list, solo: dict, cost) -> dict:
+    ladders = {}
+    for s in decoding:
+        if s.controller is not None and solo[s].mode != "plain" and not s.controller.probing:
+            ladders[s] = _ladder(s, solo[s], cost)
+    if not ladders:
+        return solo
+    fixed = [_rung_of(s, solo[s], cost) for s in decoding if s not in ladders]
+    level = {s: 0 for s in ladders}
+
+    def rate(lv: dict) -> float:
+        rungs = fixed + [ladders[s][lv[s]] for s in ladders]
+        return sum(r.tokens for r in rungs) / _tick_seconds(rungs, cost)
+
+    best = rate(level)
+    while True:
+        move, move_rate = None, best * (1 + 1e-6)
+        for s, lad in ladders.items():
+            for j in range(level[s] + 1, len(lad)):
+                trial = dict(level)
+                trial[s] = j
+                r = rate(trial)
+                if r > move_rate:
+                    move, move_rate = (s, j), r
+        if move is None:
+            break
+        level[move[0]] = move[1]
+        best = move_rate
+    out = dict(solo)
+    for s, lad in ladders.items():
+        out[s] = lad[level[s]].shape
+    return out

@@ -1,0 +1,156 @@
+"""The engine loop over a batched engine (the fake backend of tests/fake_backend.py: the real
+tick, the real sessions, scripted logits): admission counts jobs being opened, a cancel or a
+deadline ends a request between its prefill pieces, streams keep flowing during a long prefill.
+Synchronised on the engine's own ticks, never on the clock."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from edgespec.errors import Overloaded
+from edgespec.sampling import SamplingParams
+from edgespec.server.engine_loop import EngineLoop, Job
+from edgespec.types import SpeculationParams
+from tests.fake_backend import fake_engine
+
+
+class Hooked:
+    """A fake-backend engine whose every tick first calls `before_tick(sessions)`."""
+
+    def __init__(self, **kw):
+        self.eng = fake_engine(**kw)
+        self.before_tick = lambda sessions: None
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __getattr__(self, name):
+        return getattr(self.eng, name)
+
+    def warmup(self):
+        pass
+
+    def tick(self, sessions):
+        self.gate.wait(10)
+        self.before_tick(sessions)
+        return self.eng.tick(sessions)
+
+
+def start(engine, parallel, queue_size=4):
+    loop = EngineLoop(lambda: engine, parallel=parallel, queue_size=queue_size).start()
+    assert loop.wait_loaded(10)
+    return loop
+
+
+def job(tokens, max_tokens=8, **kw) -> Job:
+    j = Job(request_id=f"r{len(tokens)}", sampling=SamplingParams(max_tokens=max_tokens),
+            speculation=SpeculationParams(mode="plain"), **kw)
+    j.prompt_tokens = tuple(tokens)
+    return j
+
+
+def events(j: Job, timeout=20.0):
+    out = []
+    while True:
+        kind, value = j.events.get(timeout=timeout)
+        out.append((kind, value))
+        if kind in ("result", "error"):
+            return out
+
+
+def test_admission_counts_jobs_being_opened():
+    """parallel 2 + queue 4 admit exactly 6 of 30 jobs submitted at once (the loop was holding
+    jobs it had taken from the queue but not yet opened outside both counts)."""
+    eng = Hooked(parallel=2)
+    eng.gate.clear()  # the engine thread blocks in its first tick: slots full, queue filling
+    loop = start(eng, parallel=2, queue_size=4)
+    try:
+        accepted, refused = [], 0
+        first = [loop.submit(job([0, 5, 6], max_tokens=50)) for _ in range(2)]
+        # wait until the engine thread has taken both into sessions (it is now stuck in tick)
+        deadline = time.monotonic() + 10
+        while loop.stats()["active_requests"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        for _ in range(28):
+            try:
+                accepted.append(loop.submit(job([0, 7], max_tokens=2)))
+            except Overloaded as e:
+                refused += 1
+                assert "2 active and 4 queued" in str(e)
+        assert len(first) + len(accepted) == 6 and refused == 24
+        eng.gate.set()
+        for j in first + accepted:
+            assert events(j)[-1][0] == "result"
+    finally:
+        eng.gate.set()
+        loop.stop()
+
+
+def test_cancel_between_prefill_pieces():
+    eng = Hooked(parallel=2, n_ctx=1024)
+    long_job = job([0] + [5] * 700, max_tokens=4)
+
+    def cancel_after_first_piece(sessions):
+        for s in sessions:
+            if s.n_prompt > 100 and s.prefill_pos > 0:
+                long_job.cancel()
+
+    eng.before_tick = cancel_after_first_piece
+    loop = start(eng, parallel=2)
+    try:
+        loop.submit(long_job)
+        res = events(long_job)[-1]
+        assert res[0] == "result" and res[1].finish_reason == "cancelled" and res[1].token_ids == []
+        assert eng.free_slots == 2
+        small = loop.submit(job([0, 9], max_tokens=3))
+        assert events(small)[-1][1].finish_reason in ("length", "eos")
+    finally:
+        loop.stop()
+
+
+def test_deadline_between_prefill_pieces():
+    eng = Hooked(parallel=2, n_ctx=1024)
+    long_job = job([0] + [5] * 700, max_tokens=4)
+
+    def expire_after_first_piece(sessions):
+        for s in sessions:
+            if s.n_prompt > 100 and s.prefill_pos > 0:
+                long_job.deadline = time.monotonic() - 1
+
+    eng.before_tick = expire_after_first_piece
+    loop = start(eng, parallel=2)
+    try:
+        loop.submit(long_job)
+        res = events(long_job)[-1]
+        assert res[1].finish_reason == "deadline"
+    finally:
+        loop.stop()
+
+
+def test_streams_get_tokens_while_a_long_prompt_is_prefilled():
+    eng = Hooked(parallel=2, n_ctx=1024)
+    prefill_ticks, stream_tokens = [], []
+    stream = job([0, 5, 6], max_tokens=400)
+
+    def watch(sessions):
+        long = [s for s in sessions if s.n_prompt > 100]
+        if long and long[0].prefilling:
+            prefill_ticks.append(long[0].prefill_pos)
+            short = [s for s in sessions if s.n_prompt < 100]
+            stream_tokens.append(len(short[0].out) if short else None)
+
+    eng.before_tick = watch
+    loop = start(eng, parallel=2)
+    try:
+        loop.submit(stream)
+        while stream.first_token is None:
+            time.sleep(0.001)
+        long_job = loop.submit(job([0] + [8] * 700, max_tokens=2))
+        events(long_job)
+        stream.cancel()
+        events(stream)
+        during = [t for t in stream_tokens if t is not None]
+        assert len(prefill_ticks) >= 3  # the prompt took several ticks
+        assert during == sorted(during) and during[-1] - during[0] >= len(during) - 1  # a token every tick
+    finally:
+        loop.stop()
