@@ -101,6 +101,19 @@ def test_completions_models_and_tokenize(server):
     assert streamed == resp.choices[0].text
 
 
+def test_logprobs_from_the_engine(server):
+    """Greedy: each token is its row's best, so it heads its own top_logprobs."""
+    resp = server.client().chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Count to five."}], max_tokens=8, temperature=0,
+        logprobs=True, top_logprobs=3)
+    content = resp.choices[0].logprobs.content
+    assert len(content) == resp.usage.completion_tokens
+    assert "".join(c.token for c in content) == resp.choices[0].message.content
+    for c in content:
+        assert c.logprob <= 0 and len(c.top_logprobs) == 3
+        assert c.top_logprobs[0].token == c.token and c.top_logprobs[0].logprob == c.logprob
+
+
 @pytest.mark.xfail(strict=False, reason="refused (400) until the engine applies edgespec/constraint.py in its step "
                    "and declares the capability")
 def test_json_schema_response_format_validates(server):
