@@ -1,4 +1,4 @@
-"""`edgespec serve`: the gRPC daemon (thin over edgespec.server.daemon)."""
+"""`edgespec serve`: the gRPC daemon, with the HTTP API when enabled (thin over edgespec.server.daemon)."""
 
 from __future__ import annotations
 
@@ -21,13 +21,14 @@ def register(app: typer.Typer) -> None:
         reflection: bool = typer.Option(False, "--reflection", help="Enable gRPC server reflection."),
         insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback address without auth tokens."),
         parallel: Optional[int] = typer.Option(None, "--parallel", help="Requests decoded at once (engine slots)."),
+        http_port: Optional[int] = typer.Option(None, "--http-port", help="Also serve the OpenAI-compatible HTTP API on this port (0 = any free port)."),
         log_level: Optional[str] = typer.Option(None, "--log-level", help="debug|info|warning|error."),
     ) -> None:
         """Run the gRPC daemon (health NOT_SERVING until both models are loaded and warmed)."""
         with user_errors():
             from edgespec.server import config as daemon_config
 
-            overrides: dict[str, dict] = {"server": {}, "logging": {}}
+            overrides: dict[str, dict] = {"server": {}, "logging": {}, "http": {}}
             if host is not None:
                 overrides["server"]["host"] = host
             if port is not None:
@@ -40,6 +41,8 @@ def register(app: typer.Typer) -> None:
                 overrides["server"]["parallel"] = parallel
             if log_level is not None:
                 overrides["logging"]["level"] = log_level
+            if http_port is not None:
+                overrides["http"].update(enabled=True, port=http_port)
             path = config or (Path(os.environ["EDGESPEC_CONFIG"]) if os.environ.get("EDGESPEC_CONFIG") else None)
             cfg = daemon_config.load(path, overrides=overrides, check_models=True)
 

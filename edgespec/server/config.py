@@ -146,6 +146,11 @@ SCHEMA: Schema = {
         "key": ((str,), "", _file_or_empty, "server private key (PEM)"),
         "client_ca": ((str,), "", _file_or_empty, "CA bundle (PEM) for client certificates; set = mutual TLS required"),
     },
+    "http": {
+        "enabled": ((bool,), False, None, "serve the OpenAI-compatible HTTP API (same tokens, TLS files and engine as gRPC)"),
+        "host": ((str,), "127.0.0.1", _host, "HTTP API address (a non-loopback one needs auth tokens or server.insecure)"),
+        "port": ((int,), 8080, _range(0, 65535), "HTTP API port (0 = pick a free one)"),
+    },
     "metrics": {
         "enabled": ((bool,), False, None, "serve Prometheus text metrics over HTTP"),
         "host": ((str,), "127.0.0.1", _host, "metrics address (loopback by default)"),
@@ -231,6 +236,13 @@ class TlsConfig:
 
 
 @dataclass(frozen=True)
+class HttpConfig:
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = 8080
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     enabled: bool = False
     host: str = "127.0.0.1"
@@ -256,6 +268,7 @@ class DaemonConfig:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     controller: dict = field(default_factory=dict)  # handed to edgespec.controller as-is
     source: str = ""  # the file it came from ("" = defaults only)
+    http: HttpConfig = field(default_factory=HttpConfig)
 
 
 def _check_controller(table: dict[str, Any]) -> list[tuple[str, str]]:
@@ -440,6 +453,12 @@ def load(
             ("server.host", f"{s['host']} is not a loopback address and no auth tokens are configured: "
              "set auth.tokens_file, or start with --insecure")
         )
+    h = values["http"]
+    if h["enabled"] and not auth.enabled and not is_loopback(h["host"]) and not s["insecure"]:
+        problems.append(
+            ("http.host", f"{h['host']} is not a loopback address and no auth tokens are configured: "
+             "set auth.tokens_file, or start with --insecure")
+        )
     m = values["metrics"]
     if m["enabled"] and not auth.enabled and not is_loopback(m["host"]) and not s["insecure"]:
         problems.append(
@@ -490,6 +509,7 @@ def load(
         limits=LimitsConfig(**values["limits"]),
         controller=dict(controller),
         source=str(path or ""),
+        http=HttpConfig(**h),
     )
 
 

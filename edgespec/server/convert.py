@@ -11,7 +11,7 @@ from edgespec.proto.edgespec.v1 import admin_pb2, inference_pb2 as pb
 from edgespec.sampling import SamplingParams
 from edgespec.server.config import LimitsConfig
 from edgespec.server.policy import Policy
-from edgespec.types import GenerationResult, SpeculationParams
+from edgespec.types import MAX_TOP_LOGPROBS, ConstraintSpec, GenerationResult, SpeculationParams, TokenLogprob
 
 ROLES = ("system", "user", "assistant", "tool")
 _MODES = {pb.AUTO: "auto", pb.OFF: "plain", pb.CHAIN: "chain", pb.TREE: "tree"}
@@ -121,6 +121,32 @@ def speculation_from(s: pb.SpeculationOptions, policy: Policy) -> SpeculationPar
         raise BadRequest(f"speculation.{exc.field}", str(exc).split(": ", 1)[-1]) from None
 
 
+def constraint_from(s: pb.SamplingOptions) -> ConstraintSpec | None:
+    """sampling.constraint -> ConstraintSpec (None when unset)."""
+    if not s.HasField("constraint"):
+        return None
+    c = s.constraint
+    try:
+        return ConstraintSpec(c.kind, c.value)  # type: ignore[arg-type]
+    except BadRequest as exc:
+        raise BadRequest(f"sampling.{exc.field}", str(exc).split(": ", 1)[-1]) from None
+
+
+def logprobs_from(req: pb.GenerateRequest) -> int | None:
+    """None: no logprobs; k: each token's logprob and its k best alternatives."""
+    lp = req.logprobs
+    if lp.top_logprobs and not lp.logprobs:
+        raise BadRequest("logprobs.top_logprobs", "needs logprobs.logprobs = true")
+    if not 0 <= lp.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise BadRequest("logprobs.top_logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {lp.top_logprobs}")
+    return lp.top_logprobs if lp.logprobs else None
+
+
+def logprobs_to_pb(items: tuple[TokenLogprob, ...] | list[TokenLogprob]) -> list[pb.TokenLogprob]:
+    return [pb.TokenLogprob(token_id=it.token, logprob=it.logprob,
+                            top=[pb.TopLogprob(token_id=t, logprob=lp) for t, lp in it.top]) for it in items]
+
+
 def prompt_from(req: pb.GenerateRequest, limits: LimitsConfig = DEFAULT_LIMITS) -> tuple[str, tuple[tuple[str, str], ...]]:
     if req.prompt and req.messages:
         raise BadRequest("prompt", "set either prompt or messages, not both")
@@ -137,9 +163,12 @@ def validate_request_id(rid: str) -> str:
 
 
 def response(result: GenerationResult | None, *, text: str, token_ids: list[int] | tuple[int, ...],
-             timings: dict[str, float] | None, request_id: str, prompt_tokens: int = 0) -> pb.GenerateResponse:
-    """A unary response / a final stream chunk (when `result` is set) / a plain chunk (result None)."""
-    out = pb.GenerateResponse(text=text, token_ids=list(token_ids), request_id=request_id)
+             timings: dict[str, float] | None, request_id: str, prompt_tokens: int = 0,
+             logprobs: tuple[TokenLogprob, ...] | list[TokenLogprob] = ()) -> pb.GenerateResponse:
+    """A unary response / a final stream chunk (when `result` is set) / a plain chunk (result None).
+    `logprobs`: one per token id of this message, when the request asked for them."""
+    out = pb.GenerateResponse(text=text, token_ids=list(token_ids), request_id=request_id,
+                              logprobs=logprobs_to_pb(logprobs))
     if result is None:
         return out
     st = result.stats

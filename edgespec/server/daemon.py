@@ -1,6 +1,7 @@
-"""Assemble and run the daemon: gRPC server (+ health, optional reflection), engine thread,
-metrics endpoint, signals (SIGTERM/SIGINT: graceful shutdown, SIGHUP: reload policy) and
-systemd notifications (through edgespec.notify when present)."""
+"""Assemble and run the daemon: gRPC server (+ health, optional reflection), the OpenAI-compatible
+HTTP API ([http], edgespec.server.http_api), engine thread, metrics endpoint, signals
+(SIGTERM/SIGINT: graceful shutdown of both APIs, SIGHUP: reload policy) and systemd
+notifications (through edgespec.notify when present)."""
 
 from __future__ import annotations
 
@@ -110,6 +111,7 @@ class Daemon:
         self.server: grpc.Server | None = None
         self.port = 0
         self._metrics_server = None
+        self.http = None  # edgespec.server.http_api.HttpServer when [http] enabled
         self._interceptor: ServerInterceptor | None = None
         self._stopped = threading.Event()
 
@@ -224,6 +226,12 @@ class Daemon:
         server.start()
         self.server = server
         log.info("listening", address=format_address(s.host, self.port), workers=workers)
+        if self.cfg.http.enabled:
+            from edgespec.server.http_api import HttpServer, http_address
+
+            self.http = HttpServer(self.cfg, self.loop, self.policy, lambda: self.auth)  # the tokens in force
+            self.http.start()
+            print(f"HTTP {self.http.scheme}://{http_address(self.cfg.http.host, self.http.port)}", flush=True)
         if self.cfg.metrics.enabled:
             m = self.cfg.metrics
             self._metrics_server = serve_metrics(self.metrics, m.host, m.port, authorize=self._metrics_authorized)
@@ -236,6 +244,10 @@ class Daemon:
     def _metrics_authorized(self, authorization: str | None) -> bool:
         """/metrics wants a bearer token (any token, user or admin) whenever gRPC does."""
         return not self.auth.enabled or self.auth.check(METRICS_SCRAPE, authorization) is None
+
+    @property
+    def http_port(self) -> int:
+        return self.http.port if self.http is not None else 0
 
     @property
     def metrics_port(self) -> int:
@@ -252,8 +264,12 @@ class Daemon:
         self.systemd("stopping", "draining")
         self.health.enter_graceful_shutdown()
         self.loop.drain(True)
+        if self.http is not None:
+            self.http.stop(grace)  # both APIs drain at once
         if self.server is not None:
             self.server.stop(grace).wait(grace + 5)
+        if self.http is not None:
+            self.http.join(grace + 5)
         self.loop.stop()
         if self._interceptor is not None:
             self._interceptor.close()

@@ -108,6 +108,9 @@ class EngineLoop:
         self._stopping = False
         self._error: BaseException | None = None
         self.breaker_state = ""
+        # what the loaded engine applies beyond plain generation ("constraint"): its `capabilities`
+        # attribute; the APIs refuse a request needing one it lacks
+        self.capabilities: frozenset[str] = frozenset()
         self.encoder: Any = None  # set on the engine thread once the engine is built (see _run)
         self.tick_totals: dict[str, float] = {}  # the engine's tick phase totals, after each tick
         self._idle_done = False  # no job, no call and no idle work left (see _run)
@@ -223,6 +226,7 @@ class EngineLoop:
             # this engine has none; its jobs are then tokenised here, on the engine thread)
             self.encoder = getattr(engine, "encoder", None)
             engine.warmup()
+            self.capabilities = frozenset(getattr(engine, "capabilities", ()))
         except BaseException as exc:  # noqa: BLE001 - reported to the starter
             self._error = exc
             log.error("engine_load_failed", error=str(exc), exc_info=True)

@@ -64,9 +64,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         speculation = convert.speculation_from(request.speculation, policy)
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None and remaining < 1e8 else None
+        constraint, logprobs = convert.constraint_from(request.sampling), convert.logprobs_from(request)
+        if constraint is not None and "constraint" not in self.loop.capabilities:
+            raise BadRequest("sampling.constraint", "structured output is not available on this server's engine yet")
         tokens = self._prompt_tokens(prompt, messages)
         job = Job(request_id=rid, sampling=sampling, speculation=speculation, prompt=prompt,
-                  messages=messages, prompt_tokens=tokens, deadline=deadline)
+                  messages=messages, prompt_tokens=tokens, deadline=deadline, logprobs=logprobs,
+                  constraint=constraint)
         self.loop.submit(job)
         context.add_callback(job.cancel)  # client cancel / deadline / server stop -> engine stops within a step
         return job
@@ -101,7 +105,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             if kind == "result":
                 self._check_end(value, job)
                 return convert.response(value, text=value.text, token_ids=value.token_ids,
-                                        timings=job.timings(), request_id=job.request_id, prompt_tokens=len(job.prompt_tokens or ()))
+                                        timings=job.timings(), request_id=job.request_id,
+                                        prompt_tokens=len(job.prompt_tokens or ()),
+                                        logprobs=value.logprobs if job.logprobs is not None else ())
         raise NotReady("the engine stopped")  # pragma: no cover
 
     def GenerateStream(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:  # noqa: N802
@@ -113,11 +119,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     held = value
                 elif value.token_ids or value.text:
                     yield convert.response(None, text=value.text, token_ids=value.token_ids, timings=None,
-                                           request_id=job.request_id)
+                                           request_id=job.request_id, logprobs=value.logprobs)
             else:
                 self._check_end(value, job)
                 yield convert.response(value, text=held.text if held else "", token_ids=held.token_ids if held else (),
-                                       timings=job.timings(), request_id=job.request_id, prompt_tokens=len(job.prompt_tokens or ()))
+                                       timings=job.timings(), request_id=job.request_id,
+                                       prompt_tokens=len(job.prompt_tokens or ()), logprobs=held.logprobs if held else ())
 
     def Tokenize(self, request: pb.TokenizeRequest, context: grpc.ServicerContext) -> pb.TokenizeResponse:  # noqa: N802
         if request.text and request.messages:

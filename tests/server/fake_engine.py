@@ -9,7 +9,7 @@ import time
 
 from edgespec import chat
 from edgespec.errors import BadRequest, Overloaded
-from edgespec.types import Chunk, GenerationRequest, GenerationResult, SpecStats
+from edgespec.types import Chunk, GenerationRequest, GenerationResult, SpecStats, TokenLogprob
 
 WORDS = ("alpha ", "beta ", "gamma ", "delta ")
 
@@ -22,6 +22,7 @@ class FakeSession:
         self.finish_reason: str | None = None
         self.stats = SpecStats()
         self.closed = False
+        self.logprobs: list[TokenLogprob] = []
 
     @property
     def done(self) -> bool:
@@ -51,11 +52,15 @@ class FakeSession:
             self.stats.accepted_per_depth = [self.stats.accepted_tokens]
         if len(self.out) >= self.req.sampling.max_tokens:
             self.finish_reason = "length"
-        return Chunk(tuple(new), piece, self.finish_reason)
+        lps: tuple[TokenLogprob, ...] = ()
+        if self.req.logprobs is not None:  # token t: logprob -t/100, alternatives 0..k-1 at -5 - j
+            lps = tuple(TokenLogprob(t, -t / 100, tuple((j, -5.0 - j) for j in range(self.req.logprobs))) for t in new)
+            self.logprobs += lps
+        return Chunk(tuple(new), piece, self.finish_reason, logprobs=lps)
 
     def result(self) -> GenerationResult:
         return GenerationResult(self.text, list(self.out), self.finish_reason or "length",
-                                len(self.req.prompt_tokens), self.stats)
+                                len(self.req.prompt_tokens), self.stats, logprobs=list(self.logprobs))
 
     def close(self, reason: str | None = None) -> None:
         self.engine._touch()
@@ -88,6 +93,8 @@ class FakeEncoder:
 
 
 class FakeEngine:
+    capabilities = frozenset({"constraint"})  # constraints are only recorded
+
     def __init__(self, parallel: int = 2, n_ctx: int = 256, step_seconds: float = 0.01, load_seconds: float = 0.0):
         self.parallel = parallel
         self.n_ctx = n_ctx

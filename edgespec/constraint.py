@@ -1,0 +1,286 @@
+"""Structured output: grammar masks over the target's vocabulary (llguidance), and the pure
+functions that apply them to a tree verification without changing the verifier.
+
+llguidance (Rust core, no torch; the grammar engine of llama.cpp, vLLM and SGLang) compiles a
+ConstraintSpec -- JSON schema, any JSON object, regex, GBNF or Lark grammar -- for the target's
+token bytes; its matcher gives the allowed-token mask at a state, consumes tokens and rolls them
+back. The grammar's accept state allows the end-of-generation tokens.
+
+The engine's API:
+
+    compiler = Compiler(Vocabulary.from_model(engine.target))   # once per model (~0.1 s for 49k tokens)
+    matcher = compiler.matcher(req.constraint)                   # per request; BadRequest on a bad grammar
+    masks, valid = matcher.node_masks(tree)     # [n_nodes, n_vocab] bool: allowed after each node's path
+    res = verify_masked(tree, rows, masks, sampling, rng)        # rows: the target's [n_nodes, n_vocab] logits
+    matcher.commit(new_tokens)                  # the accepted path + recovered/bonus token
+    matcher.finished                            # nothing but end-of-generation is allowed any more
+    logprobs_of(masked_row, sampling, token, k) # -> TokenLogprob
+
+An engine that applies constraints says so with a `capabilities` attribute holding "constraint";
+until then the daemon's APIs refuse constrained requests.
+
+What the mask does to the distribution. Constrained decoding samples from
+    p_c(x | ctx) = transform(mask(ctx) ? logits : -inf)        # mask first, then temperature/top_k/top_p/min_p
+and speculation must reproduce exactly that. For node i of the tree, ctx is the root's context
+plus the tokens on i's path, so row i is masked with the grammar state *after i's path*
+(`node_masks`), not its parent's. The verifier (edgespec/verify.py) then runs unchanged on the
+masked rows; its draft distribution q must be the one the drafter actually drew from: a drafter
+that samples from q masked at the node's state (`mask_q`: q * mask, renormalised; what pays, since
+no draft is then wasted on a forbidden token) is verified with the masked q (`masked_tree`);
+a drafter that sampled unmasked keeps its q (exact too, lower acceptance). A drafted token the
+grammar forbids has p_c = 0 at its parent, so it is always rejected; its own row (and its
+subtree's) is never read: `valid[i]` is False there and its mask all False.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import llguidance as llg
+import numpy as np
+
+from edgespec.errors import BadRequest
+from edgespec.sampling import SamplingParams, logits_to_probs
+from edgespec.tree import DraftTree
+from edgespec.types import ConstraintSpec, TokenLogprob
+from edgespec.verify import VerifyResult, verify_greedy, verify_stochastic
+
+SPECIAL_PREFIX = b"\xff"  # llguidance's marker for special tokens (never matched by grammar text)
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """What llguidance needs of a tokenizer: every token's bytes, which are special, the
+    end-of-generation tokens, and a tokenizer for text (used for grammar literals)."""
+
+    tokens: tuple[bytes, ...]  # [n_vocab]; special tokens as b"\xff" + their text
+    special: tuple[int, ...]
+    eos: tuple[int, ...]  # end-of-generation tokens: allowed where the grammar accepts
+    bos: int | None
+    tokenize: Callable[[str], list[int]]
+
+    @classmethod
+    def from_model(cls, model: Any) -> "Vocabulary":
+        """From a backend.Model: `piece` renders special tokens empty, `token_text` names them."""
+        tokens, special = [], []
+        for t in range(model.n_vocab):
+            b = model.piece(t)
+            if not b:
+                text = model.token_text(t)
+                if text:
+                    special.append(t)
+                    b = SPECIAL_PREFIX + text
+            tokens.append(b)
+        eos = tuple(t for t in range(model.n_vocab) if model.is_eog(t))
+        return cls(tuple(tokens), tuple(special), eos, getattr(model, "bos", None),
+                   lambda s: model.tokenize(s, False, False))
+
+
+class _Wrapped:
+    """The duck type llguidance.TokenizerWrapper reads."""
+
+    def __init__(self, v: Vocabulary):
+        self.eos_token_id = v.eos[0] if v.eos else len(v.tokens) - 1
+        self.bos_token_id = v.bos
+        self.tokens = list(v.tokens)
+        self.special_token_ids = list(v.special)
+        self._tokenize = v.tokenize
+
+    def __call__(self, s: str | bytes) -> list[int]:
+        return self._tokenize(s.decode("utf-8", errors="replace") if isinstance(s, bytes) else s)
+
+
+class Compiler:
+    """Compiles constraints for one vocabulary (the tokenizer's token trie is built once)."""
+
+    def __init__(self, vocab: Vocabulary):
+        self.vocab = vocab
+        self.n_vocab = len(vocab.tokens)
+        self.tokenizer = llg.LLTokenizer(llg.TokenizerWrapper(_Wrapped(vocab)), eos_token=list(vocab.eos) or None)
+
+    def grammar(self, spec: ConstraintSpec) -> str:
+        """The llguidance grammar for `spec`; BadRequest("constraint.value") if it does not compile."""
+        try:
+            if spec.kind == "json_schema":
+                schema = json.loads(spec.value)
+                if not isinstance(schema, (dict, bool)):
+                    raise BadRequest("constraint.value", "a JSON schema must be an object")
+                g = llg.LLMatcher.grammar_from_json_schema(spec.value, defaults={"whitespace_flexible": False})
+            elif spec.kind == "json_object":
+                g = llg.LLMatcher.grammar_from_json_schema('{"type": "object"}',
+                                                           defaults={"whitespace_flexible": False})
+            elif spec.kind == "regex":
+                g = llg.LLMatcher.grammar_from_regex(spec.value)
+            elif spec.kind == "grammar":
+                g = llg.grammar_from("gbnf", spec.value)
+            else:
+                g = llg.LLMatcher.grammar_from_lark(spec.value)
+        except BadRequest:
+            raise
+        except ValueError as exc:
+            raise BadRequest("constraint.value", f"invalid {spec.kind}: {_first_line(str(exc))}") from None
+        err = llg.LLMatcher.validate_grammar(g, self.tokenizer)
+        if err and not err.startswith("WARNING"):
+            raise BadRequest("constraint.value", f"invalid {spec.kind}: {_first_line(err)}")
+        return g
+
+    def matcher(self, spec: ConstraintSpec) -> "Matcher":
+        return Matcher(llg.LLMatcher(self.tokenizer, self.grammar(spec), log_level=0), self.n_vocab)
+
+
+def _first_line(s: str) -> str:
+    return " ".join(s.strip().splitlines()[:3])[:500]
+
+
+class Matcher:
+    """One request's grammar state: masks at the state and after hypothetical paths (a tree's),
+    and the commit of emitted tokens. Engine thread only."""
+
+    def __init__(self, m: Any, n_vocab: int):
+        self._m = m
+        self.n_vocab = n_vocab
+        self._words = (n_vocab + 31) // 32
+
+    def _bits(self, out: np.ndarray) -> None:
+        self._m.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
+
+    def _bools(self, bits: np.ndarray) -> np.ndarray:
+        return np.unpackbits(bits.view(np.uint8), axis=-1, bitorder="little")[..., : self.n_vocab].astype(bool)
+
+    def mask(self) -> np.ndarray:
+        """[n_vocab] bool: the tokens allowed at the current state."""
+        bits = np.zeros(self._words, dtype=np.int32)
+        self._bits(bits)
+        return self._bools(bits)
+
+    def bitmask(self) -> np.ndarray:
+        """[ceil(n_vocab / 32)] int32, bit t % 32 of word t // 32 set when token t is allowed."""
+        bits = np.zeros(self._words, dtype=np.int32)
+        self._bits(bits)
+        return bits
+
+    def node_masks(self, tree: DraftTree) -> tuple[np.ndarray, np.ndarray]:
+        """(masks [n, n_vocab] bool, valid [n] bool): masks[i] = the tokens allowed after the
+        tokens on node i's path (root excluded: the root is already committed). A node whose path
+        the grammar forbids is not valid and its mask is all False. Nothing is committed: a
+        depth-first walk consumes each node's token on the way down and rolls it back on the way up,
+        one mask computation per valid node."""
+        n = len(tree)
+        bits = np.zeros((n, self._words), dtype=np.int32)
+        valid = np.zeros(n, dtype=bool)
+        children = tree.children()
+        m = self._m
+        self._bits(bits[0])
+        valid[0] = True
+
+        def visit(node: int) -> None:
+            for c in children[node]:
+                if m.try_consume_tokens([tree.tokens[c]]) != 1:
+                    continue
+                valid[c] = True
+                self._bits(bits[c])
+                if children[c]:
+                    visit(c)
+                m.rollback(1)
+
+        visit(0)
+        if m.is_error():  # never: try_consume_tokens refuses instead of failing
+            raise RuntimeError(f"grammar matcher failed: {m.get_error()}")
+        return self._bools(bits), valid
+
+    def allows(self, tokens: Sequence[int]) -> bool:
+        """Whether the tokens can be committed in order from the current state."""
+        return self._m.validate_tokens(list(tokens)) == len(tokens)
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        """Advance the state by the emitted tokens (they were drawn from masked rows, so they are
+        allowed; anything else is a bug in the caller)."""
+        toks = [int(t) for t in tokens]
+        if not toks:
+            return
+        if self._m.try_consume_tokens(toks) != len(toks):
+            raise RuntimeError(f"grammar: tokens {toks} are not allowed at this state")
+
+    def reset(self) -> None:
+        self._m.reset()
+
+    @property
+    def finished(self) -> bool:
+        """Nothing but an end-of-generation token may follow."""
+        return bool(self._m.is_stopped())
+
+    @property
+    def accepting(self) -> bool:
+        """The text so far satisfies the grammar (end-of-generation allowed now)."""
+        return bool(self._m.is_accepting())
+
+
+# ---- pure functions over masks -----------------------------------------------------------------
+
+
+def apply_mask(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """logits with -inf where the mask forbids ([..., n_vocab], same shape; a new array)."""
+    return np.where(mask, logits, -np.inf)
+
+
+def unpack_bitmask(bits: np.ndarray, n_vocab: int) -> np.ndarray:
+    """Matcher.bitmask() -> [n_vocab] bool."""
+    return np.unpackbits(np.asarray(bits, dtype=np.int32).view(np.uint8), axis=-1,
+                         bitorder="little")[..., :n_vocab].astype(bool)
+
+
+def mask_q(q: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """The draft distribution restricted to what the grammar allows, renormalised (zeros when
+    the draft has no mass there: a drafter then proposes nothing from it)."""
+    out = np.where(mask, q, 0.0).astype(np.float64)
+    s = out.sum()
+    return out / s if s > 0 else out
+
+
+def masked_tree(tree: DraftTree, masks: np.ndarray) -> DraftTree:
+    """A copy of the tree whose draft distributions are masked at each node's state (mask_q): the
+    q to verify with when the drafter sampled from masked q."""
+    qs = [None if q is None else mask_q(q, masks[i]) for i, q in enumerate(tree.q)]
+    return dataclasses.replace(tree, tokens=list(tree.tokens), parents=list(tree.parents), depths=list(tree.depths),
+                               point=list(tree.point), q=qs)
+
+
+def verify_masked(tree: DraftTree, rows: np.ndarray, masks: np.ndarray, sampling: SamplingParams,
+                  rng: np.random.Generator, *, q_masked: bool = True) -> VerifyResult:
+    """Verify a tree under a constraint: row i ([n, n_vocab] target logits) masked by masks[i]
+    (the state after node i's path), then the usual verifier. Greedy: the argmax of each masked
+    row. Stochastic: the transformed masked rows, and the tree's q masked too when the drafter
+    sampled from masked q (`q_masked`)."""
+    # a row nothing is allowed in (a forbidden node's, or one after end-of-generation) is never
+    # sampled from: the verifier only walks accepted nodes, and generation ends at EOS; it is left
+    # unmasked to keep the arithmetic finite
+    masks = np.where(masks.any(axis=1, keepdims=True), masks, True)
+    masked = apply_mask(rows, masks)
+    if sampling.greedy:
+        return verify_greedy(tree, np.argmax(masked, axis=1))
+    t = masked_tree(tree, masks) if q_masked else tree
+    return verify_stochastic(t, lambda i: logits_to_probs(masked[i], sampling), rng)
+
+
+def logprobs_of(row: np.ndarray, sampling: SamplingParams, token: int, k: int) -> TokenLogprob:
+    """The emitted token's log-probability and the k best alternatives, under the distribution it
+    was drawn from: the transformed (temperature, top_k, top_p, min_p) row -- pass the masked row
+    under a constraint. At temperature 0 (greedy, a one-hot) the raw softmax of the row instead."""
+    x = np.asarray(row, dtype=np.float64)
+    if sampling.greedy:
+        mx = np.max(x)
+        logp = x - (mx + np.log(np.sum(np.exp(x - mx))))
+    else:
+        with np.errstate(divide="ignore"):
+            logp = np.log(logits_to_probs(x, sampling))
+    top: tuple[tuple[int, float], ...] = ()
+    if k > 0:
+        k = min(k, len(logp))
+        idx = np.argpartition(-logp, k - 1)[:k]
+        idx = idx[np.lexsort((idx, -logp[idx]))]  # best first, ties by token id
+        top = tuple((int(i), float(logp[i])) for i in idx if np.isfinite(logp[i]))
+    return TokenLogprob(int(token), float(logp[token]), top)

@@ -1,0 +1,529 @@
+"""The OpenAI-compatible HTTP API: a Starlette app served by uvicorn in a thread of the daemon.
+
+Starlette + uvicorn rather than FastAPI: the routes validate their bodies themselves
+(openai_api.py) so that a bad field is a 400 naming it in OpenAI's error shape, not pydantic's
+422; what is left is routing, requests, streaming responses and an ASGI server, which Starlette
+and uvicorn are (FastAPI would add pydantic models we would not use).
+
+Both APIs share one engine: a request becomes an engine_loop.Job submitted to the daemon's
+EngineLoop (same admission queue, metrics, deadlines and request-id logging as gRPC); a client
+that disconnects cancels its job. Errors are domain exceptions mapped to HTTP codes in ONE place
+(`STATUS` / `error_response`), as status.py maps them to gRPC codes.
+
+Routes: POST /v1/chat/completions, POST /v1/completions (unary, or server-sent events ending
+`data: [DONE]` with stream: true), GET /v1/models, GET /health (200 only when SERVING),
+POST /tokenize, POST /detokenize. Every route but /health needs a bearer token when tokens are
+configured (the gRPC token files).
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import ssl
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from edgespec import chat as chat_encoding
+from edgespec.errors import BadRequest, Cancelled, ConfigError, EdgespecError, ModelError, NotReady, Overloaded
+from edgespec.logs import bind_request_id, clear_request, get_logger
+from edgespec.server import openai_api as oa
+from edgespec.server.auth import TokenAuth
+from edgespec.server.config import DaemonConfig, LimitsConfig
+from edgespec.server.convert import validate_request_id
+from edgespec.server.engine_loop import EngineLoop, Job
+from edgespec.server.policy import Policy
+from edgespec.server.status import DeadlineExceeded
+from edgespec.types import Chunk, GenerationResult
+
+log = get_logger("edgespec.server.http_api")
+
+POLL_SECONDS = 0.25  # how often a waiting request looks whether the engine is still there
+RETRY_AFTER_SECONDS = 1
+AUTH_METHOD = "/edgespec.v1.Inference/HTTP"  # what TokenAuth.check sees for an HTTP route
+
+
+class Unauthenticated(EdgespecError):
+    """Missing or unknown bearer token."""
+
+
+class PayloadTooLarge(BadRequest):
+    """The request body is larger than server.max_message_bytes."""
+
+
+class UnknownModel(BadRequest):
+    """The request names a model this server does not serve."""
+
+
+# ---- the ONE place where errors become HTTP codes (most specific first) ----------------------
+
+STATUS: tuple[tuple[type[BaseException], int, str], ...] = (
+    (PayloadTooLarge, 413, "invalid_request_error"),
+    (UnknownModel, 404, "invalid_request_error"),
+    (BadRequest, 400, "invalid_request_error"),
+    (ConfigError, 400, "invalid_request_error"),
+    (Unauthenticated, 401, "authentication_error"),
+    (Overloaded, 429, "rate_limit_error"),
+    (NotReady, 503, "service_unavailable_error"),
+    (Cancelled, 499, "cancelled"),
+    (DeadlineExceeded, 504, "timeout_error"),
+)
+CODES = {401: "invalid_api_key", 404: "model_not_found", 413: "request_too_large", 429: "overloaded",
+         503: "not_ready", 504: "deadline_exceeded"}
+
+
+def error_status(exc: BaseException) -> tuple[int, dict]:
+    """(HTTP status, OpenAI-style error body) for any exception; unexpected ones are 500 with the
+    request id (and logged with their traceback by the caller)."""
+    for kind, status, type_ in STATUS:
+        if isinstance(exc, kind):
+            param = getattr(exc, "field", None) if isinstance(exc, BadRequest) else None
+            param = getattr(exc, "key", param) if isinstance(exc, ConfigError) else param
+            return status, oa.error_body(str(exc), type_, param, CODES.get(status))
+    rid = structlog.contextvars.get_contextvars().get("request_id", "-")
+    return 500, oa.error_body(f"internal error (request id {rid})", "server_error", None, "internal_error")
+
+
+def error_response(exc: BaseException, path: str = "") -> JSONResponse:
+    status, body = error_status(exc)
+    if status == 500:
+        log.error("http_failed", path=path, error=repr(exc), exc_info=exc)
+    else:
+        log.info("http_rejected", path=path, status=status, detail=body["error"]["message"])
+    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if status in (429, 503) else {}
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _sse(obj: Any) -> bytes:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+
+
+class HttpApi:
+    """The routes, over the daemon's engine loop, policy and auth."""
+
+    def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], auth: Callable[[], TokenAuth], *,
+                 model_id: str, created: int, max_body_bytes: int, threads: int, n_ctx: int,
+                 limits: LimitsConfig | None = None):
+        self.loop = loop
+        self.n_ctx = n_ctx
+        self.limits = limits or LimitsConfig()
+        self.policy = policy
+        self.auth = auth
+        self.model_id = model_id
+        self.created = created
+        self.max_body_bytes = max_body_bytes
+        self.limiter = anyio.CapacityLimiter(threads)  # threads waiting on engine events
+        self._vocab: list[bytes] | None = None  # token -> bytes (asked of the engine once)
+        self._vocab_lock = threading.Lock()
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._endpoint(self.chat), methods=["POST"]),
+                Route("/v1/completions", self._endpoint(self.completions), methods=["POST"]),
+                Route("/v1/models", self._endpoint(self.models), methods=["GET"]),
+                Route("/health", self._endpoint(self.health, open_=True), methods=["GET"]),
+                Route("/tokenize", self._endpoint(self.tokenize), methods=["POST"]),
+                Route("/detokenize", self._endpoint(self.detokenize), methods=["POST"]),
+            ],
+            exception_handlers={HTTPException: self._http_exception},
+        )
+
+    # ---- plumbing ------------------------------------------------------------------------------
+
+    def _endpoint(self, fn: Callable, open_: bool = False) -> Callable:
+        """Request id, auth and error mapping around a route."""
+        async def handle(request: Request) -> Response:
+            clear_request()
+            rid = request.headers.get("x-request-id", "")
+            try:
+                rid = validate_request_id(rid) or uuid.uuid4().hex[:16]
+            except BadRequest:
+                rid = uuid.uuid4().hex[:16]
+            bind_request_id(request_id=rid)
+            try:
+                if not open_ and self.auth().check(AUTH_METHOD, request.headers.get("authorization")) is not None:
+                    raise Unauthenticated("missing or invalid bearer token (header 'Authorization: Bearer <token>')")
+                resp = await fn(request, rid)
+            except Exception as exc:  # noqa: BLE001 - mapped in one place
+                resp = error_response(exc, request.url.path)
+            resp.headers["x-request-id"] = rid
+            return resp
+
+        return handle
+
+    async def _http_exception(self, request: Request, exc: HTTPException) -> Response:
+        type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return JSONResponse(oa.error_body(f"{request.method} {request.url.path}: {exc.detail}", type_),
+                            status_code=exc.status_code)
+
+    async def _json(self, request: Request) -> Any:
+        size = 0
+        parts = []
+        async for part in request.stream():
+            size += len(part)
+            if size > self.max_body_bytes:
+                raise PayloadTooLarge("body", f"larger than {self.max_body_bytes} bytes (server.max_message_bytes)")
+            parts.append(part)
+        try:
+            return json.loads(b"".join(parts))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadRequest("body", f"is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise BadRequest("body", "is nested too deeply") from None
+
+    async def _call(self, fn: Callable[[Any], Any]) -> Any:
+        """fn(engine) on the engine thread, without blocking the event loop."""
+        return await anyio.to_thread.run_sync(self.loop.call, fn, limiter=self.limiter)
+
+    async def _vocabulary(self) -> list[bytes]:
+        """Every token's bytes (for logprobs and /detokenize), read once: from the loaded target's
+        thread-safe encoder when there is one, else on the engine thread."""
+        if self._vocab is None:
+            def read(src: Any) -> list[bytes]:
+                model = src if hasattr(src, "piece") else getattr(src, "target", None)
+                if model is not None and hasattr(model, "piece"):
+                    return [model.piece(t) for t in range(int(model.n_vocab))]
+                n = int(src.model_info().get("n_vocab", 0))
+                return [src.detokenize([t]).encode() for t in range(n)]
+
+            enc = self.loop.encoder
+            if enc is not None and hasattr(enc, "piece"):
+                got = await anyio.to_thread.run_sync(read, enc, limiter=self.limiter)
+            else:
+                got = await self._call(read)
+            with self._vocab_lock:
+                self._vocab = got
+        return self._vocab
+
+    async def _prompt_tokens(self, prompt: str, messages: tuple[tuple[str, str], ...]) -> tuple[int, ...] | None:
+        """The prompt tokenised here (a worker thread), as the gRPC servicer does: the engine
+        thread gets token ids. None for an engine without an encoder (its thread tokenises)."""
+        enc = self.loop.encoder
+        if enc is None:
+            if not self.loop.ready:
+                raise NotReady("the models are still loading")
+            return None
+
+        def run() -> tuple[int, ...]:
+            if messages:
+                return tuple(chat_encoding.encode_chat(enc, messages))
+            return tuple(enc.tokenize(prompt, add_special=True, parse_special=False))
+
+        return await anyio.to_thread.run_sync(run, limiter=self.limiter)
+
+    def _wait(self, job: Job, until_result: bool) -> list[tuple[str, Any]]:
+        """Blocking (run in a worker thread): the job's events queued now (at least one), or all of
+        them up to its result when `until_result`: one thread hop per batch, not per chunk."""
+        out: list[tuple[str, Any]] = []
+        while True:
+            try:
+                event = job.events.get(timeout=POLL_SECONDS) if until_result or not out else job.events.get_nowait()
+            except queue.Empty:
+                if out and not until_result:
+                    return out
+                if self.loop.stopped:
+                    raise NotReady("the engine stopped") from None
+                continue
+            out.append(event)
+            if event[0] in ("result", "error"):
+                return out
+
+    async def _events(self, job: Job, until_result: bool = False) -> list[tuple[str, Any]]:
+        """The next batch of the job's events; raises its error (BadRequest from the engine, ...)."""
+        events = await anyio.to_thread.run_sync(self._wait, job, until_result, limiter=self.limiter)
+        if events[-1][0] == "error":
+            raise events[-1][1]
+        return events
+
+    @staticmethod
+    def _check_end(result: GenerationResult) -> None:
+        if result.finish_reason == "deadline":
+            raise DeadlineExceeded(f"edgespec.timeout_seconds passed after {len(result.token_ids)} generated tokens")
+        if result.finish_reason == "cancelled":
+            raise Cancelled("the request was cancelled")
+        if result.finish_reason == "error":
+            raise ModelError("the engine failed on this request")
+
+    # ---- generation ----------------------------------------------------------------------------
+
+    async def chat(self, request: Request, rid: str) -> Response:
+        return await self._generate(request, rid, chat=True)
+
+    async def completions(self, request: Request, rid: str) -> Response:
+        return await self._generate(request, rid, chat=False)
+
+    async def _generate(self, request: Request, rid: str, *, chat: bool) -> Response:
+        body = await self._json(request)
+        try:
+            req = oa.parse_request(body, chat=chat, policy=self.policy(), models=(self.model_id,), limits=self.limits)
+        except BadRequest as exc:
+            if exc.field == "model":
+                raise UnknownModel("model", str(exc).split(": ", 1)[-1]) from None
+            raise
+        caps = self.loop.capabilities
+        if req.constraint is not None and "constraint" not in caps:
+            field = "edgespec.constraint" if isinstance(body.get("edgespec"), dict) and \
+                body["edgespec"].get("constraint") is not None else "response_format"
+            raise BadRequest(field, "structured output is not available on this server's engine yet")
+        piece: oa.Piece | None = None
+        if req.logprobs is not None:
+            pieces = await self._vocabulary()
+            piece = lambda t: pieces[t] if 0 <= t < len(pieces) else b""  # noqa: E731
+        deadline = time.monotonic() + req.timeout_seconds if req.timeout_seconds else None
+        tokens = await self._prompt_tokens(req.prompt, req.messages)
+        job = Job(request_id=rid, sampling=req.sampling, speculation=req.speculation, prompt=req.prompt,
+                  messages=req.messages, prompt_tokens=tokens, logprobs=req.logprobs, constraint=req.constraint,
+                  deadline=deadline)
+        self.loop.submit(job)
+        rid_out = ("chatcmpl-" if chat else "cmpl-") + rid
+        created = int(time.time())
+        if req.stream:
+            try:  # wait for the first events: an error the engine raises on admission is still a status code
+                first = await self._events(job)
+            except BaseException:
+                job.cancel()
+                raise
+            return StreamingResponse(self._stream(req, job, first, rid_out, created, piece),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        result = await self._unary(request, job)
+        return JSONResponse(oa.completion_body(req, rid=rid_out, created=created, model=self.model_id, result=result,
+                                               prompt_tokens=len(job.prompt_tokens or ()), timings=job.timings(),
+                                               piece=piece or (lambda t: b"")))
+
+    async def _unary(self, request: Request, job: Job) -> GenerationResult:
+        """Wait for the result; the client going away cancels the job."""
+        async def watch() -> None:
+            while True:
+                msg = await request.receive()
+                if msg["type"] == "http.disconnect":
+                    job.cancel()
+                    return
+
+        failed: Exception | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                try:  # raised outside the task group, or it would come wrapped in an ExceptionGroup
+                    kind, value = (await self._events(job, until_result=True))[-1]
+                except Exception as exc:  # noqa: BLE001 - re-raised below
+                    failed = exc
+                tg.cancel_scope.cancel()
+            if failed is not None:
+                raise failed
+            self._check_end(value)
+            return value
+        finally:
+            if job.finished is None:
+                job.cancel()
+
+    async def _stream(self, req: oa.CompletionRequest, job: Job, first: list[tuple[str, Any]], rid: str,
+                      created: int, piece: oa.Piece | None) -> AsyncIterator[bytes]:
+        kw = {"rid": rid, "created": created, "model": self.model_id}
+        done = False
+        offset = 0
+        try:
+            if req.chat:
+                yield _sse(oa.chunk_body(req, text=None, role=True, **kw))
+            events = first
+            while not done:
+                for kind, value in events:
+                    if kind == "chunk":
+                        c: Chunk = value
+                        if c.text or c.logprobs:
+                            yield _sse(oa.chunk_body(req, text=c.text, logprobs=c.logprobs, piece=piece,
+                                                     offset=offset, **kw))
+                            offset += len(c.text)
+                        continue
+                    result: GenerationResult = value
+                    done = True
+                    self._check_end(result)
+                    last = oa.chunk_body(req, text=None, finish=result.finish_reason, **kw)
+                    last["edgespec"] = oa.speculation_stats(result, job.timings())
+                    yield _sse(last)
+                    if req.include_usage:
+                        yield _sse({"id": rid, "object": last["object"], "created": created, "model": self.model_id,
+                                    "choices": [], "usage": oa.usage(result, len(job.prompt_tokens or ()))})
+                if not done:
+                    events = await self._events(job)
+        except Exception as exc:  # noqa: BLE001 - the status line is sent: the error goes in the stream
+            done = True
+            _status, body = error_status(exc)
+            if _status == 500:
+                log.error("http_stream_failed", error=repr(exc), exc_info=exc)
+            yield _sse(body)
+        finally:
+            if not done or job.finished is None:
+                job.cancel()  # the client went away (the generator was closed) or the stream broke
+        yield b"data: [DONE]\n\n"
+
+    # ---- the rest ------------------------------------------------------------------------------
+
+    async def models(self, request: Request, rid: str) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "edgespec"}]})
+
+    async def health(self, request: Request, rid: str) -> Response:
+        if self.loop.ready:
+            return JSONResponse({"status": "SERVING"})
+        state = "DRAINING" if self.loop.draining else "NOT_SERVING"
+        return JSONResponse({"status": state}, status_code=503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+    async def tokenize(self, request: Request, rid: str) -> Response:
+        body = await self._json(request)
+        if not isinstance(body, dict):
+            raise BadRequest("body", "must be a JSON object")
+        for k in body:
+            if k not in ("model", "prompt", "messages", "add_special_tokens"):
+                raise BadRequest(k, "unknown field (known: model, prompt, messages, add_special_tokens)")
+        if body.get("model") not in (None, self.model_id):
+            raise UnknownModel("model", f"unknown model {body['model']!r} (served: {self.model_id})")
+        add_special = body.get("add_special_tokens", True)
+        if not isinstance(add_special, bool):
+            raise BadRequest("add_special_tokens", f"must be true or false, got {add_special!r}")
+        if (body.get("prompt") is None) == (body.get("messages") is None):
+            raise BadRequest("prompt", "set exactly one of prompt or messages")
+        if body.get("messages") is not None:
+            messages = oa._messages(body["messages"], self.limits)
+            text = ""
+        else:
+            messages = ()
+            text = oa._str(body["prompt"], "prompt")
+            n = len(text.encode("utf-8"))
+            if n > self.limits.max_prompt_bytes:
+                raise BadRequest("prompt", f"at most {self.limits.max_prompt_bytes} bytes (limits.max_prompt_bytes), "
+                                           f"got {n}")
+
+        def text_ids(tok: Any) -> list[int]:
+            return tok.tokenize(text, add_special=add_special, parse_special=False)
+
+        enc = self.loop.encoder
+        if enc is not None:
+            ids = await anyio.to_thread.run_sync(
+                lambda: chat_encoding.encode_chat(enc, messages) if messages else text_ids(enc), limiter=self.limiter)
+        else:  # an engine without an encoder: its own thread
+            ids = await self._call(lambda engine: engine.encode_chat(list(messages)) if messages else text_ids(engine))
+        return JSONResponse({"tokens": list(ids), "count": len(ids), "max_model_len": self.n_ctx})
+
+    async def detokenize(self, request: Request, rid: str) -> Response:
+        body = await self._json(request)
+        if not isinstance(body, dict):
+            raise BadRequest("body", "must be a JSON object")
+        for k in body:
+            if k not in ("model", "tokens"):
+                raise BadRequest(k, "unknown field (known: model, tokens)")
+        if body.get("model") not in (None, self.model_id):
+            raise UnknownModel("model", f"unknown model {body['model']!r} (served: {self.model_id})")
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list):
+            raise BadRequest("tokens", "must be a list of token ids")
+        pieces = await self._vocabulary()
+        for i, t in enumerate(tokens):
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < len(pieces):
+                raise BadRequest(f"tokens[{i}]", f"must be a token id in [0, {len(pieces) - 1}], got {t!r}")
+        text = b"".join(pieces[t] for t in tokens).decode("utf-8", errors="replace")
+        return JSONResponse({"prompt": text})
+
+
+class HttpServer:
+    """uvicorn serving HttpApi in its own thread; bound synchronously in start() (so a busy port
+    is a ConfigError at start-up), stopped with stop(grace): no new connections, in-flight
+    requests and streams get `grace` seconds, then their tasks are cancelled (which cancels the
+    jobs)."""
+
+    def __init__(self, cfg: DaemonConfig, loop: EngineLoop, policy: Callable[[], Policy],
+                 auth: Callable[[], TokenAuth]):
+        self.cfg = cfg
+        s = cfg.server
+        target = Path(cfg.engine.target.path)
+        try:
+            created = int(target.stat().st_mtime)
+        except OSError:
+            created = 0
+        workers = s.parallel + s.queue_size + 32  # as the gRPC server's handler threads
+        self.api = HttpApi(loop, policy, auth, model_id=target.name.removesuffix(".gguf"), created=created,
+                           max_body_bytes=s.max_message_bytes, threads=workers, n_ctx=cfg.engine.target.n_ctx,
+                           limits=cfg.limits)
+        self._workers = workers
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+        self.port = 0
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.cfg.tls.enabled else "http"
+
+    def start(self) -> int:
+        h, t = self.cfg.http, self.cfg.tls
+        family = socket.AF_INET6 if ":" in h.host else socket.AF_INET
+        # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that say so; without it the
+        # response's header and body writes met Nagle and delayed ACKs (+40 ms a request)
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            sock.bind((h.host.strip("[]"), h.port))
+        except OSError as exc:
+            sock.close()
+            raise ConfigError("http.port", f"cannot listen on {h.host}:{h.port}: {exc}") from None
+        sock.listen(128)
+        sock.set_inheritable(True)
+        self._sock = sock
+        self.port = sock.getsockname()[1]
+        tls: dict[str, Any] = {}
+        if t.enabled:
+            tls = {"ssl_certfile": str(Path(t.cert).expanduser()), "ssl_keyfile": str(Path(t.key).expanduser())}
+            if t.client_ca:
+                tls.update(ssl_ca_certs=str(Path(t.client_ca).expanduser()), ssl_cert_reqs=ssl.CERT_REQUIRED)
+        config = uvicorn.Config(
+            self.api.app, log_config=None, access_log=False, lifespan="off", server_header=False,
+            limit_concurrency=self._workers, timeout_graceful_shutdown=self.cfg.server.grace_seconds,
+            timeout_keep_alive=5, **tls)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
+                                        name="edgespec-http", daemon=True)
+        self._thread.start()
+        log.info("http_listening", address=f"{self.scheme}://{format_host(h.host)}:{self.port}")
+        return self.port
+
+    def stop(self, grace: float | None = None) -> None:
+        """Begin the graceful stop (returns at once); join() waits for it."""
+        if self._server is not None:
+            if grace is not None:
+                self._server.config.timeout_graceful_shutdown = grace
+            self._server.should_exit = True
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive() and self._server is not None:
+                self._server.force_exit = True
+                self._thread.join(5)
+        if self._sock is not None:
+            self._sock.close()
+
+
+def format_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def http_address(host: str, port: int) -> str:
+    return f"{format_host(host)}:{port}"
+
+
+__all__: Sequence[str] = ("HttpApi", "HttpServer", "STATUS", "error_response", "error_status")

@@ -1,0 +1,443 @@
+"""OpenAI-style JSON <-> domain types: request validation (every field named in the error, as
+OpenAI's `param`) and the response / stream-chunk bodies. Pure: no I/O, no server, no engine.
+
+Supported: model, messages (text content), prompt (one string), max_tokens /
+max_completion_tokens, temperature, top_p, top_k, min_p, seed, stop, n (1 only), stream,
+stream_options.include_usage, logprobs / top_logprobs, response_format (text, json_object,
+json_schema), user (ignored), and the `edgespec` extension object: mode, draft_tokens,
+tree_nodes, tree_depth, ngram, timeout_seconds, constraint {kind, value}.
+Refused with a 400 naming the field: tools, tool_choice, functions, function_call, audio,
+modalities, prediction, presence/frequency penalties and logit_bias other than their neutral value,
+suffix, echo, best_of > 1, non-text message parts, token-id prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from edgespec.errors import BadRequest
+from edgespec.sampling import SamplingParams
+from edgespec.server.config import LimitsConfig
+from edgespec.server.policy import Policy
+from edgespec.types import MAX_TOP_LOGPROBS, ConstraintSpec, GenerationResult, SpeculationParams, TokenLogprob
+
+ROLES = ("system", "user", "assistant", "tool", "developer")
+DEFAULT_LIMITS = LimitsConfig()
+# OpenAI's default temperature: a caller that leaves it out samples, as it would from OpenAI
+DEFAULT_TEMPERATURE = 1.0
+MAX_TIMEOUT_SECONDS = 24 * 3600.0
+_MODES = {"auto": "auto", "off": "plain", "plain": "plain", "chain": "chain", "tree": "tree"}
+# fields OpenAI defines that we do not implement: refused unless absent, null or neutral
+_REFUSED = ("tools", "tool_choice", "functions", "function_call", "audio", "modalities", "prediction",
+            "suffix", "parallel_tool_calls", "web_search_options")
+_NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {}, "echo": False, "best_of": 1,
+            "store": False}
+_KNOWN = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+          "min_p", "seed", "stop", "n", "stream", "stream_options", "logprobs", "top_logprobs", "response_format",
+          "user", "metadata", "edgespec", "service_tier", "reasoning_effort", *_REFUSED, *_NEUTRAL}
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A validated /v1/chat/completions or /v1/completions body."""
+
+    chat: bool
+    model: str
+    prompt: str
+    messages: tuple[tuple[str, str], ...]
+    sampling: SamplingParams
+    speculation: SpeculationParams
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: int | None = None  # None: none; k: the token's logprob and k alternatives
+    constraint: ConstraintSpec | None = None
+    timeout_seconds: float | None = None
+
+
+# ---- validation helpers ------------------------------------------------------------------------
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def _int(body: Mapping, name: str, lo: int, hi: int, default: Any = None) -> Any:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not _is_int(v) or not lo <= v <= hi:
+        raise BadRequest(name, f"must be an integer in [{lo}, {hi}], got {v!r}")
+    return v
+
+
+def _num(body: Mapping, name: str, lo: float, hi: float, default: float, *, lo_open: bool = False,
+         hi_open: bool = False) -> float:
+    v = body.get(name)
+    if v is None:
+        return default
+    prefix = "edgespec." if name == "timeout_seconds" else ""
+    name = prefix + name
+    ok = _is_num(v) and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+    if not ok:
+        raise BadRequest(name, f"must be a number in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}, "
+                               f"got {v!r}")
+    return float(v)
+
+
+def _bool(body: Mapping, name: str, default: bool = False) -> bool:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise BadRequest(name, f"must be true or false, got {v!r}")
+    return v
+
+
+def _str(v: Any, name: str) -> str:
+    """A string that is valid Unicode text (JSON's \\ud800 escapes can make lone surrogates)."""
+    if not isinstance(v, str):
+        raise BadRequest(name, f"must be a string, got {type(v).__name__}")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest(name, "must be valid Unicode text (a lone surrogate escape?)") from None
+    return v
+
+
+def _stop(v: Any, limits: LimitsConfig) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    stops = [v] if isinstance(v, str) else v
+    if not isinstance(stops, list):
+        raise BadRequest("stop", "must be a string or a list of strings")
+    if len(stops) > limits.max_stop_strings:
+        raise BadRequest("stop", f"at most {limits.max_stop_strings} stop strings (limits.max_stop_strings), "
+                                 f"got {len(stops)}")
+    for i, s in enumerate(stops):
+        if not isinstance(s, str) or not s:
+            raise BadRequest(f"stop[{i}]", "must be a non-empty string")
+        _str(s, f"stop[{i}]")
+        if len(s) > limits.max_stop_chars:
+            raise BadRequest(f"stop[{i}]", f"at most {limits.max_stop_chars} characters (limits.max_stop_chars), "
+                                           f"got {len(s)}")
+    return tuple(stops)
+
+
+def _content(v: Any, name: str) -> str:
+    """A message's content: a string or a list of {"type": "text", "text": ...} parts."""
+    if v is None:
+        return ""
+    if isinstance(v, str):
+        return _str(v, name)
+    if not isinstance(v, list):
+        raise BadRequest(name, "must be a string or a list of text parts")
+    out = []
+    for j, part in enumerate(v):
+        if not isinstance(part, Mapping) or part.get("type") != "text":
+            kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+            raise BadRequest(f"{name}[{j}].type", f"only text parts are supported, got {kind!r}")
+        out.append(_str(part.get("text"), f"{name}[{j}].text"))
+    return "".join(out)
+
+
+def _messages(v: Any, limits: LimitsConfig = DEFAULT_LIMITS) -> tuple[tuple[str, str], ...]:
+    """Checked before any of it is looked at further: the count, then each message, with the
+    contents' total size bounded as it goes."""
+    if not isinstance(v, list) or not v:
+        raise BadRequest("messages", "must be a non-empty list of {role, content} objects")
+    if len(v) > limits.max_messages:
+        raise BadRequest("messages", f"at most {limits.max_messages} messages (limits.max_messages), got {len(v)}")
+    out = []
+    size = 0
+    for i, m in enumerate(v):
+        if not isinstance(m, Mapping):
+            raise BadRequest(f"messages[{i}]", "must be an object with role and content")
+        role = m.get("role")
+        if role not in ROLES:
+            raise BadRequest(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}, got {role!r}")
+        if m.get("tool_calls"):
+            raise BadRequest(f"messages[{i}].tool_calls", "tool calls are not supported")
+        content = _content(m.get("content"), f"messages[{i}].content")
+        size += len(content.encode("utf-8"))
+        if size > limits.max_prompt_bytes:
+            raise BadRequest(f"messages[{i}].content", f"the messages' contents together at most "
+                             f"{limits.max_prompt_bytes} bytes (limits.max_prompt_bytes)")
+        out.append(("system" if role == "developer" else role, content))
+    return tuple(out)
+
+
+def _prompt(v: Any, limits: LimitsConfig = DEFAULT_LIMITS) -> str:
+    if isinstance(v, list):
+        if len(v) == 1 and isinstance(v[0], str):
+            v = v[0]
+        elif v and (all(_is_int(t) for t in v) or isinstance(v[0], list)):
+            raise BadRequest("prompt", "token-id prompts are not supported; send the text")
+        else:
+            raise BadRequest("prompt", f"one prompt per request (n = 1), got a list of {len(v)}")
+    if not isinstance(v, str) or not v:
+        raise BadRequest("prompt", "must be a non-empty string")
+    n = len(_str(v, "prompt").encode("utf-8"))
+    if n > limits.max_prompt_bytes:
+        raise BadRequest("prompt", f"at most {limits.max_prompt_bytes} bytes (limits.max_prompt_bytes), got {n}")
+    return v
+
+
+def _response_format(v: Any) -> ConstraintSpec | None:
+    if v is None:
+        return None
+    if not isinstance(v, Mapping):
+        raise BadRequest("response_format", "must be an object with a type")
+    kind = v.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return ConstraintSpec("json_object")
+    if kind == "json_schema":
+        js = v.get("json_schema")
+        if not isinstance(js, Mapping):
+            raise BadRequest("response_format.json_schema", "must be an object with a schema")
+        schema = js.get("schema")
+        if not isinstance(schema, Mapping):
+            raise BadRequest("response_format.json_schema.schema", "must be a JSON schema object")
+        return ConstraintSpec("json_schema", json.dumps(schema))
+    raise BadRequest("response_format.type", f"must be one of text, json_object, json_schema, got {kind!r}")
+
+
+def _speculation(ext: Mapping, policy: Policy) -> SpeculationParams:
+    mode = ext.get("mode", "auto")
+    if mode not in _MODES:
+        raise BadRequest("edgespec.mode", f"must be one of {', '.join(_MODES)}, got {mode!r}")
+    mode = _MODES[mode]
+    if mode == "auto" and policy.default_mode != "auto":
+        mode = "plain" if policy.default_mode == "off" else policy.default_mode
+    if policy.speculation == "off":
+        mode = "plain"
+    values: dict[str, Any] = {}
+    for name, default, cap in (("draft_tokens", policy.draft_tokens, policy.max_draft_tokens),
+                               ("tree_nodes", policy.tree_nodes, policy.max_tree_nodes),
+                               ("tree_depth", policy.tree_depth, policy.max_tree_depth)):
+        v = ext.get(name)
+        if v is None:
+            v = min(default, cap)
+        elif not _is_int(v) or not 1 <= v <= cap:
+            raise BadRequest(f"edgespec.{name}", f"must be an integer in [1, {cap}], got {v!r}")
+        values[name] = v
+    ngram = ext.get("ngram", policy.ngram)
+    if not isinstance(ngram, bool):
+        raise BadRequest("edgespec.ngram", f"must be true or false, got {ngram!r}")
+    return SpeculationParams(mode=mode, ngram=ngram, **values)
+
+
+def _extension(v: Any) -> Mapping:
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping):
+        raise BadRequest("edgespec", "must be an object (mode, draft_tokens, tree_nodes, tree_depth, ngram, "
+                                     "timeout_seconds, constraint)")
+    known = {"mode", "draft_tokens", "tree_nodes", "tree_depth", "ngram", "timeout_seconds", "constraint"}
+    for k in v:
+        if k not in known:
+            raise BadRequest(f"edgespec.{k}", f"unknown field (known: {', '.join(sorted(known))})")
+    return v
+
+
+# ---- the request -------------------------------------------------------------------------------
+
+
+def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str],
+                  limits: LimitsConfig = DEFAULT_LIMITS) -> CompletionRequest:
+    """Validate a request body; BadRequest(field) names the first offending field."""
+    if not isinstance(body, Mapping):
+        raise BadRequest("body", "must be a JSON object")
+    for k in body:
+        if k not in _KNOWN:
+            raise BadRequest(k, "unknown field")
+    for k in _REFUSED:
+        if body.get(k) not in (None, [], {}):
+            raise BadRequest(k, "is not supported by this server")
+    for k, neutral in _NEUTRAL.items():
+        if body.get(k) is not None and body.get(k) != neutral:
+            raise BadRequest(k, f"is not supported by this server (only {json.dumps(neutral)})")
+    model = _str(body.get("model"), "model") if body.get("model") is not None else ""
+    if model and model not in models:
+        raise BadRequest("model", f"unknown model {model!r} (served: {', '.join(models)})")
+    if chat:
+        if body.get("prompt") is not None:
+            raise BadRequest("prompt", "chat completions take messages, not prompt")
+        messages, prompt = _messages(body.get("messages"), limits), ""
+    else:
+        if body.get("messages") is not None:
+            raise BadRequest("messages", "completions take prompt, not messages (use /v1/chat/completions)")
+        messages, prompt = (), _prompt(body.get("prompt"), limits)
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise BadRequest("n", f"only n = 1 is supported, got {n!r}")
+
+    limit = policy.max_tokens
+    mct = _int(body, "max_completion_tokens", 1, limit)
+    mt = _int(body, "max_tokens", 1, limit)
+    max_tokens = mct if mct is not None else mt if mt is not None else policy.default_max_tokens
+    temperature = _num(body, "temperature", 0.0, 100.0, DEFAULT_TEMPERATURE)
+    top_p = _num(body, "top_p", 0.0, 1.0, 1.0, lo_open=True)
+    top_k = body.get("top_k")
+    if top_k is None or top_k == -1:  # -1: off, as in vLLM
+        top_k = 0
+    elif not _is_int(top_k) or top_k < 0:
+        raise BadRequest("top_k", f"must be an integer >= 0 (0 or -1 = off), got {top_k!r}")
+    min_p = _num(body, "min_p", 0.0, 1.0, 0.0, hi_open=True)
+    seed = _int(body, "seed", 0, 2**63 - 1)
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                              max_tokens=max_tokens, stop=_stop(body.get("stop"), limits))
+
+    stream = _bool(body, "stream")
+    so = body.get("stream_options")
+    include_usage = False
+    if so is not None:
+        if not isinstance(so, Mapping):
+            raise BadRequest("stream_options", "must be an object")
+        if not stream:
+            raise BadRequest("stream_options", "is only allowed with stream: true")
+        include_usage = _bool(so, "include_usage")
+
+    if chat:
+        want = _bool(body, "logprobs")
+        top = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+        if top is not None and not want:
+            raise BadRequest("top_logprobs", "needs logprobs: true")
+        logprobs = (top or 0) if want else None
+    else:
+        logprobs = _int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
+        if body.get("top_logprobs") is not None:
+            raise BadRequest("top_logprobs", "completions take logprobs: <count> instead")
+
+    ext = _extension(body.get("edgespec"))
+    constraint = _response_format(body.get("response_format"))
+    if ext.get("constraint") is not None:
+        c = ext["constraint"]
+        if constraint is not None:
+            raise BadRequest("edgespec.constraint", "set either response_format or edgespec.constraint, not both")
+        if not isinstance(c, Mapping):
+            raise BadRequest("edgespec.constraint", "must be an object {kind, value}")
+        value = c.get("value", "")
+        if not isinstance(value, str):
+            raise BadRequest("edgespec.constraint.value", "must be a string")
+        try:
+            constraint = ConstraintSpec(c.get("kind"), value)  # type: ignore[arg-type]
+        except BadRequest as exc:
+            raise BadRequest(f"edgespec.{exc.field}", str(exc).split(": ", 1)[-1]) from None
+    timeout = _num(ext, "timeout_seconds", 0.0, MAX_TIMEOUT_SECONDS, 0.0, lo_open=True) if ext.get(
+        "timeout_seconds") is not None else None
+    try:
+        speculation = _speculation(ext, policy)
+    except BadRequest as exc:
+        if exc.field.startswith("edgespec."):
+            raise
+        raise BadRequest(f"edgespec.{exc.field}", str(exc).split(": ", 1)[-1]) from None
+    return CompletionRequest(chat=chat, model=model, prompt=prompt, messages=messages, sampling=sampling,
+                             speculation=speculation, stream=stream, include_usage=include_usage, logprobs=logprobs,
+                             constraint=constraint, timeout_seconds=timeout)
+
+
+# ---- responses ---------------------------------------------------------------------------------
+
+
+def finish_reason(reason: str | None) -> str | None:
+    """OpenAI's names: stop (stop string or end of sequence), length (max_tokens)."""
+    if reason is None:
+        return None
+    return "length" if reason == "length" else "stop"
+
+
+def usage(result: GenerationResult, prompt_tokens: int) -> dict:
+    p = result.prompt_tokens or prompt_tokens
+    c = len(result.token_ids)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": result.stats.cached_prompt_tokens}}
+
+
+def speculation_stats(result: GenerationResult, timings: Mapping[str, float] | None) -> dict:
+    """The `edgespec` object of a response: speculation statistics and timings."""
+    st = result.stats
+    out = {k: v for k, v in st.as_dict().items()
+           if k in ("target_forwards", "draft_forwards", "drafted_tokens", "accepted_tokens", "tau",
+                    "accepted_per_depth", "steps_per_mode", "breaker_transitions", "draft_cached_tokens")}
+    if timings:
+        out["timings"] = {**{k: round(v, 6) for k, v in timings.items()},
+                          "verify_seconds": round(st.target_seconds, 6), "draft_seconds": round(st.draft_seconds, 6)}
+    return out
+
+
+Piece = Callable[[int], bytes]  # token id -> the bytes it renders as
+
+
+def _lp(lp: float) -> float:
+    return lp if math.isfinite(lp) else -9999.0  # JSON has no -inf; OpenAI's floor
+
+
+def chat_logprobs(items: Sequence[TokenLogprob], piece: Piece) -> dict:
+    def one(token: int, logprob: float) -> dict:
+        b = piece(token)
+        return {"token": b.decode("utf-8", errors="replace"), "logprob": _lp(logprob), "bytes": list(b)}
+
+    return {"content": [{**one(it.token, it.logprob), "top_logprobs": [one(t, lp) for t, lp in it.top]}
+                        for it in items]}
+
+
+def completion_logprobs(items: Sequence[TokenLogprob], piece: Piece, offset: int = 0) -> dict:
+    tokens, lps, tops, offsets = [], [], [], []
+    pos = offset
+    for it in items:
+        text = piece(it.token).decode("utf-8", errors="replace")
+        tokens.append(text)
+        lps.append(_lp(it.logprob))
+        tops.append({piece(t).decode("utf-8", errors="replace"): _lp(lp) for t, lp in it.top})
+        offsets.append(pos)
+        pos += len(text)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def completion_body(req: CompletionRequest, *, rid: str, created: int, model: str, result: GenerationResult,
+                    prompt_tokens: int, timings: Mapping[str, float] | None, piece: Piece) -> dict:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(result.finish_reason)}
+    lp = result.logprobs if req.logprobs is not None else None
+    if req.chat:
+        choice["message"] = {"role": "assistant", "content": result.text}
+        choice["logprobs"] = chat_logprobs(lp, piece) if lp is not None else None
+    else:
+        choice["text"] = result.text
+        choice["logprobs"] = completion_logprobs(lp, piece) if lp is not None else None
+    return {"id": rid, "object": "chat.completion" if req.chat else "text_completion", "created": created,
+            "model": model, "choices": [choice], "usage": usage(result, prompt_tokens),
+            "edgespec": speculation_stats(result, timings)}
+
+
+def chunk_body(req: CompletionRequest, *, rid: str, created: int, model: str, text: str | None,
+               finish: str | None = None, logprobs: Sequence[TokenLogprob] = (), piece: Piece | None = None,
+               role: bool = False, offset: int = 0) -> dict:
+    """One stream event's body (a delta, the role opener, or the finishing chunk)."""
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(finish)}
+    lp = None
+    if req.logprobs is not None and logprobs and piece is not None:
+        lp = chat_logprobs(logprobs, piece) if req.chat else completion_logprobs(logprobs, piece, offset)
+    if req.chat:
+        delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+        if text:
+            delta["content"] = text
+        choice["delta"] = delta
+    else:
+        choice["text"] = text or ""
+    choice["logprobs"] = lp
+    return {"id": rid, "object": "chat.completion.chunk" if req.chat else "text_completion", "created": created,
+            "model": model, "choices": [choice]}
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

@@ -1,0 +1,281 @@
+"""The HTTP API over real loopback sockets with the fake engine, driven by the official `openai`
+client and raw HTTP: routes, streaming, validation, auth, overload, loading, disconnect, shutdown."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from edgespec.server.auth import hash_token
+from tests.server.test_daemon import wait_for
+
+MODEL = "SmolLM2-135M-Instruct.F32"
+HTTP = {"enabled": True, "port": 0}
+
+
+def client(r, key: str = "none") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{r.daemon.http_port}/v1", api_key=key, max_retries=0, timeout=30)
+
+
+def raw(r, method: str, path: str, body: object = None, headers: dict | None = None) -> tuple[int, dict, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", r.daemon.http_port, timeout=30)
+    data = body if isinstance(body, bytes) else (json.dumps(body).encode() if body is not None else None)
+    conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+    resp = conn.getresponse()
+    out = resp.status, dict(resp.getheaders()), resp.read()
+    conn.close()
+    return out
+
+
+def test_chat_unary_and_stream_agree(make_daemon):
+    r = make_daemon(http=HTTP)
+    c = client(r)
+    msgs = [{"role": "user", "content": "Hello"}]
+    resp = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=7, temperature=0)
+    assert resp.object == "chat.completion" and resp.model == MODEL
+    assert resp.choices[0].message.content == "alpha beta gamma delta alpha beta gamma "
+    assert resp.choices[0].finish_reason == "length"
+    assert resp.usage.completion_tokens == 7 and resp.usage.prompt_tokens > 0
+    assert resp.usage.total_tokens == resp.usage.prompt_tokens + 7
+    assert resp.usage.prompt_tokens_details.cached_tokens == 0
+    extra = resp.model_extra["edgespec"]
+    assert extra["target_forwards"] == 5 and extra["tau"] == pytest.approx(7 / 5) and "timings" in extra
+
+    chunks = list(c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=7, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == resp.choices[0].message.content
+    assert len([ch for ch in chunks if ch.choices and ch.choices[0].delta.content]) > 1  # really streamed
+    finals = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    assert finals == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 7
+    assert len({ch.id for ch in chunks}) == 1 and chunks[0].id.startswith("chatcmpl-")
+
+
+def test_steps_slower_than_the_poll_interval(make_daemon, monkeypatch):
+    """The waiting thread wakes up between chunks (POLL_SECONDS) without losing any."""
+    from edgespec.server import http_api
+
+    monkeypatch.setattr(http_api, "POLL_SECONDS", 0.001)
+    r = make_daemon(http=HTTP, step_seconds=0.02)
+    c = client(r)
+    assert c.completions.create(model=MODEL, prompt="Hi", max_tokens=4).choices[0].text == "alpha beta gamma delta "
+    chunks = c.completions.create(model=MODEL, prompt="Hi", max_tokens=4, stream=True)
+    assert "".join(ch.choices[0].text for ch in chunks) == "alpha beta gamma delta "
+
+
+def test_completions_models_tokenize(make_daemon):
+    r = make_daemon(http=HTTP)
+    c = client(r)
+    resp = c.completions.create(model=MODEL, prompt="Hi", max_tokens=3, temperature=0.5, seed=1)
+    assert resp.choices[0].text == "alpha beta gamma " and resp.object == "text_completion"
+    assert [m.id for m in c.models.list()] == [MODEL]
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(model=MODEL, prompt="Hi", max_tokens=3,
+                                                                           stream=True))
+    assert streamed == resp.choices[0].text
+    status, _, body = raw(r, "POST", "/tokenize", {"prompt": "ab"})
+    assert status == 200 and json.loads(body) == {"tokens": [1, 117, 118], "count": 3,
+                                                "max_model_len": r.daemon.cfg.engine.target.n_ctx}
+    status, _, body = raw(r, "POST", "/detokenize", {"tokens": [104, 105]})
+    assert status == 200 and json.loads(body) == {"prompt": "hi"}
+    # the request reached the engine with the caller's fields
+    req = r.engine.requests[0]
+    assert req.sampling.temperature == 0.5 and req.sampling.seed == 1 and req.sampling.max_tokens == 3
+
+
+def test_speculation_options_and_stop_reach_the_engine(make_daemon):
+    r = make_daemon(http=HTTP)
+    client(r).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "x"}], max_completion_tokens=4, top_p=0.9, stop=["zz"],
+        extra_body={"top_k": 5, "min_p": 0.1, "edgespec": {"mode": "tree", "tree_nodes": 8, "tree_depth": 3}})
+    req = r.engine.requests[0]
+    assert (req.sampling.top_k, req.sampling.min_p, req.sampling.top_p, req.sampling.stop) == (5, 0.1, 0.9, ("zz",))
+    assert req.sampling.temperature == 1.0  # OpenAI's default when unset
+    assert (req.speculation.mode, req.speculation.tree_nodes, req.speculation.tree_depth) == ("tree", 8, 3)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"n": 2}, "n"),
+    ({"temperature": -1}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": 10**9}, "max_tokens"),
+    ({"top_logprobs": 3}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"stop": [""]}, "stop[0]"),
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"frequency_penalty": 0.5}, "frequency_penalty"),
+    ({"edgespec": {"draft_tokens": 999}}, "edgespec.draft_tokens"),
+    ({"edgespec": {"mode": "fast"}}, "edgespec.mode"),
+    ({"bogus": 1}, "bogus"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    # [limits], as for gRPC
+    ({"messages": [{"role": "user", "content": "x"}] * 1025}, "messages"),
+    ({"messages": [{"role": "user", "content": "x" * (1 << 19)}] * 3}, "messages[2].content"),
+    ({"stop": ["x" * 257]}, "stop[0]"),
+    ({"messages": [{"role": "user", "content": "\ud800"}]}, "messages[0].content"),  # a lone surrogate escape
+])
+def test_bad_params_are_400_naming_them(make_daemon, body, param):
+    r = make_daemon(http=HTTP)
+    full = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], **body}
+    status, _, out = raw(r, "POST", "/v1/chat/completions", full)
+    err = json.loads(out)["error"]
+    assert status == 400 and err["param"] == param and err["type"] == "invalid_request_error", err
+    assert not r.engine.requests  # nothing reached the engine
+
+
+def test_openai_client_sees_400_404_and_engine_side_errors(make_daemon):
+    r = make_daemon(http=HTTP, n_ctx=64)
+    c = client(r)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], n=3)
+    assert e.value.body["param"] == "n"
+    with pytest.raises(openai.NotFoundError) as e:
+        c.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "x"}])
+    assert e.value.body["param"] == "model" and e.value.body["code"] == "model_not_found"
+    for stream in (True, False):
+        with pytest.raises(openai.BadRequestError) as e:  # raised on the engine thread (context too small)
+            c.completions.create(model=MODEL, prompt="x" * 100, max_tokens=8, stream=stream)
+        assert e.value.body["param"] == "prompt"
+    for bad in (b"{not json", b"[1, 2]", b"[" * 200_000):
+        status, _, out = raw(r, "POST", "/v1/completions", bad)
+        assert status == 400 and json.loads(out)["error"]["param"] == "body"
+
+
+def test_prompt_limits_on_completions_and_tokenize(make_daemon):
+    r = make_daemon(http=HTTP, limits={"max_prompt_bytes": 100})
+    for path, body in (("/v1/completions", {"prompt": "x" * 101}), ("/tokenize", {"prompt": "x" * 101})):
+        status, _, out = raw(r, "POST", path, body)
+        err = json.loads(out)["error"]
+        assert status == 400 and err["param"] == "prompt" and "limits.max_prompt_bytes" in err["message"]
+    assert raw(r, "POST", "/v1/completions", {"prompt": "x" * 100, "max_tokens": 1})[0] == 200
+
+
+def test_body_larger_than_the_limit_is_413(make_daemon):
+    r = make_daemon(http=HTTP, server={"max_message_bytes": 4096})
+    status, _, out = raw(r, "POST", "/v1/completions", {"prompt": "x" * 10000})
+    assert status == 413 and json.loads(out)["error"]["code"] == "request_too_large"
+
+
+def test_bearer_tokens_as_for_grpc(make_daemon, tmp_path):
+    f = tmp_path / "tokens"
+    f.write_text(hash_token("s3cret") + "\n")
+    r = make_daemon(http=HTTP, auth={"tokens_file": str(f)})
+    msgs = [{"role": "user", "content": "x"}]
+    with pytest.raises(openai.AuthenticationError) as e:
+        client(r, "wrong").chat.completions.create(model=MODEL, messages=msgs, max_tokens=2)
+    assert e.value.status_code == 401
+    status, headers, _ = raw(r, "GET", "/v1/models")
+    assert status == 401 and headers["www-authenticate"] == "Bearer"
+    assert client(r, "s3cret").chat.completions.create(model=MODEL, messages=msgs, max_tokens=2).choices
+    assert raw(r, "GET", "/health")[0] == 200  # health stays open
+
+
+def test_health_503_while_loading_then_200(make_daemon):
+    r = make_daemon(http=HTTP, load_seconds=0.5, wait=False)
+    status, headers, body = raw(r, "GET", "/health")
+    assert status == 503 and json.loads(body)["status"] == "NOT_SERVING" and "retry-after" in headers
+    status, _, body = raw(r, "POST", "/v1/completions", {"prompt": "x"})
+    assert status == 503 and json.loads(body)["error"]["code"] == "not_ready"
+    assert r.daemon.loop.wait_loaded(10)
+    assert wait_for(lambda: raw(r, "GET", "/health")[0] == 200)
+    r.daemon._drain(True)
+    status, _, body = raw(r, "GET", "/health")
+    assert status == 503 and json.loads(body)["status"] == "DRAINING"
+
+
+def _open_stream(r, max_tokens: int = 4000) -> http.client.HTTPResponse:
+    conn = http.client.HTTPConnection("127.0.0.1", r.daemon.http_port, timeout=30)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": "x", "max_tokens": max_tokens, "stream": True}),
+                 {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert resp.readline().startswith(b"data: {")  # the first token arrived: the job holds the slot
+    return resp
+
+
+def test_deadline_is_504_unary_and_an_error_event_in_a_stream(make_daemon):
+    r = make_daemon(http=HTTP, step_seconds=0.01)
+    body = {"prompt": "x", "max_tokens": 4000, "edgespec": {"timeout_seconds": 0.2}}
+    status, _, out = raw(r, "POST", "/v1/completions", body)
+    assert status == 504 and json.loads(out)["error"]["code"] == "deadline_exceeded"
+    status, _, out = raw(r, "POST", "/v1/completions", {**body, "stream": True})
+    events = [ln[len("data: "):] for ln in out.decode().splitlines() if ln.startswith("data: ")]
+    assert status == 200 and events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "deadline_exceeded"
+    assert r.daemon.loop.stats().get("finished_deadline") == 2
+
+
+def test_overload_is_429_with_retry_after(make_daemon):
+    r = make_daemon(http=HTTP, step_seconds=0.01, server={"parallel": 1, "queue_size": 0})
+    held = _open_stream(r)
+    with pytest.raises(openai.RateLimitError) as e:
+        client(r).completions.create(model=MODEL, prompt="y", max_tokens=2)
+    assert e.value.response.headers["retry-after"] == "1" and e.value.body["code"] == "overloaded"
+    held.close()
+
+
+def test_client_disconnect_cancels_the_job(make_daemon):
+    r = make_daemon(http=HTTP, step_seconds=0.01)
+    resp = _open_stream(r)
+    resp.close()  # the caller goes away mid-stream
+    assert wait_for(lambda: r.daemon.loop.stats().get("finished_cancelled", 0) == 1, timeout=10)
+    assert wait_for(lambda: r.daemon.loop.stats()["active_requests"] == 0)
+
+    # a unary request whose caller goes away is cancelled too
+    conn = http.client.HTTPConnection("127.0.0.1", r.daemon.http_port, timeout=30)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 4000}),
+                 {"Content-Type": "application/json"})
+    assert wait_for(lambda: r.daemon.loop.stats()["active_requests"] == 1)
+    conn.close()
+    assert wait_for(lambda: r.daemon.loop.stats().get("finished_cancelled", 0) == 2, timeout=10)
+
+
+def test_shutdown_mid_stream_ends_the_stream_cleanly(make_daemon):
+    r = make_daemon(http=HTTP, step_seconds=0.01, server={"grace_seconds": 10.0})
+    resp = _open_stream(r, max_tokens=60)
+    stopper = threading.Thread(target=r.daemon.shutdown)
+    stopper.start()
+    rest = resp.read().decode()  # the stream goes on to its end within the grace period
+    stopper.join(20)
+    events = [line[len("data: "):] for line in rest.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    finals = [json.loads(e)["choices"][0]["finish_reason"] for e in events[:-1]]
+    assert finals[-1] == "length"
+    with pytest.raises((ConnectionError, OSError, urllib.error.URLError)):  # no new connections
+        raw(r, "GET", "/health")
+
+
+def test_tls_and_mutual_tls_with_the_grpc_files(make_daemon, certs):
+    import ssl
+
+    tls = {"cert": str(certs["server_cert"]), "key": str(certs["server_key"])}
+    r = make_daemon(http=HTTP, tls=tls)
+    ctx = ssl.create_default_context(cafile=str(certs["ca"]))
+    conn = http.client.HTTPSConnection("localhost", r.daemon.http_port, context=ctx, timeout=30)
+    conn.request("GET", "/v1/models")
+    assert conn.getresponse().status == 200
+    conn.close()
+    with pytest.raises(ssl.SSLError):  # a client that does not trust the server's CA
+        conn = http.client.HTTPSConnection("localhost", r.daemon.http_port, timeout=30,
+                                           context=ssl.create_default_context())
+        conn.request("GET", "/health")
+
+    m = make_daemon(http=HTTP, tls={**tls, "client_ca": str(certs["ca"])})
+    ok = ssl.create_default_context(cafile=str(certs["ca"]))
+    ok.load_cert_chain(str(certs["client_cert"]), str(certs["client_key"]))
+    conn = http.client.HTTPSConnection("localhost", m.daemon.http_port, context=ok, timeout=30)
+    conn.request("GET", "/health")
+    assert conn.getresponse().status == 200
+    conn.close()
+    with pytest.raises((ssl.SSLError, ConnectionError)):  # mutual TLS: no client certificate, no answer
+        conn = http.client.HTTPSConnection("localhost", m.daemon.http_port, context=ctx, timeout=30)
+        conn.request("GET", "/health")
+        conn.getresponse()

@@ -1,0 +1,167 @@
+"""End to end: `edgespec serve` as a real process on the demo models with the HTTP API on,
+driven over loopback by the official `openai` client. Slow: CI runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import jsonschema
+import openai
+import pytest
+
+from edgespec.config import models_dir
+from edgespec.server.auth import hash_token
+from edgespec.server.config import DEMO_DRAFT, DEMO_TARGET
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+LOAD_TIMEOUT = 600
+MODEL = DEMO_TARGET.removesuffix(".gguf")
+KEY = "e2e-key"
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen, base: str, log: Path):
+        self.proc, self.base, self.log = proc, base, log
+
+    def client(self, key: str = KEY, retries: int = 0) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base + "/v1", api_key=key, max_retries=retries, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    if not ((models_dir() / DEMO_TARGET).is_file() and (models_dir() / DEMO_DRAFT).is_file()):
+        pytest.skip("demo models missing: run `edgespec models prepare-demo`")
+    d = tmp_path_factory.mktemp("http")
+    (d / "tokens").write_text(hash_token(KEY) + "\n")
+    env = {**os.environ, "EDGESPEC_SERVER_GRACE_SECONDS": "30", "EDGESPEC_TARGET_N_CTX": "1024",
+           "EDGESPEC_DRAFT_N_CTX": "1024", "EDGESPEC_SERVER_QUEUE_SIZE": "0", "EDGESPEC_HTTP_ENABLED": "true",
+           "EDGESPEC_HTTP_PORT": "0", "EDGESPEC_AUTH_TOKENS_FILE": str(d / "tokens")}
+    err = open(d / "serve.log", "w")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen([sys.executable, "-m", "edgespec.cli.main", "serve", "--port", "0", "--parallel", "1"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+    lines: list[str] = []
+
+    def read() -> None:
+        while True:
+            line = proc.stdout.readline()
+            lines.append(line)
+            if not line or line.startswith("SERVING "):
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(LOAD_TIMEOUT)
+    base = next((ln.split()[1] for ln in lines if ln.startswith("HTTP ")), "")
+    if not base or not lines[-1].startswith("SERVING "):
+        proc.kill()
+        pytest.fail(f"daemon did not start: {lines!r}\n{(d / 'serve.log').read_text()[-3000:]}")
+    s = Server(proc, base, d / "serve.log")
+    yield s
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_chat_unary_and_stream_reassemble_chinese_exactly(server):
+    c = server.client()
+    msgs = [{"role": "user", "content": "请用中文回答：中国的首都是哪里？"}]
+    resp = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=24, temperature=0)
+    text = resp.choices[0].message.content
+    assert any("\u4e00" <= ch <= "\u9fff" for ch in text), text  # the demo model answers in Chinese
+    assert resp.choices[0].finish_reason in ("stop", "length")
+    assert resp.usage.prompt_tokens > 5 and 1 <= resp.usage.completion_tokens <= 24
+    assert resp.model_extra["edgespec"]["target_forwards"] >= 1
+    chunks = list(c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=24, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    pieces = [ch.choices[0].delta.content or "" for ch in chunks if ch.choices]
+    assert "".join(pieces) == text  # greedy: the same reply, whatever the chunking
+    assert len([p for p in pieces if p]) > 2
+    assert all("\ufffd" not in p for p in pieces)  # no chunk ends inside a UTF-8 sequence
+    assert chunks[-1].usage.completion_tokens == resp.usage.completion_tokens
+
+
+def test_completions_models_and_tokenize(server):
+    c = server.client()
+    assert [m.id for m in c.models.list()] == [MODEL]
+    resp = c.completions.create(model=MODEL, prompt="1, 2, 3, 4, 5,", max_tokens=8, temperature=0)
+    assert resp.choices[0].text.startswith(" 6") and resp.usage.completion_tokens == 8
+    assert resp.choices[0].finish_reason == "length"
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(
+        model=MODEL, prompt="1, 2, 3, 4, 5,", max_tokens=8, temperature=0, stream=True))
+    assert streamed == resp.choices[0].text
+
+
+def test_logprobs_from_the_engine(server):
+    """Greedy: each token is its row's best, so it heads its own top_logprobs."""
+    resp = server.client().chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Count to five."}], max_tokens=8, temperature=0,
+        logprobs=True, top_logprobs=3)
+    content = resp.choices[0].logprobs.content
+    assert len(content) == resp.usage.completion_tokens
+    assert "".join(c.token for c in content) == resp.choices[0].message.content
+    for c in content:
+        assert c.logprob <= 0 and len(c.top_logprobs) == 3
+        assert c.top_logprobs[0].token == c.token and c.top_logprobs[0].logprob == c.logprob
+
+
+@pytest.mark.xfail(strict=False, reason="refused (400) until the engine applies edgespec/constraint.py in its step "
+                   "and declares the capability")
+def test_json_schema_response_format_validates(server):
+    # bounded lengths: the object always closes within max_tokens
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                               "population": {"type": "integer", "minimum": 0, "maximum": 10**9}},
+              "required": ["city", "population"], "additionalProperties": False}
+    resp = server.client().chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Give the largest city of France as JSON."}],
+        max_tokens=96, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}})
+    assert resp.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(resp.choices[0].message.content), schema)
+
+
+def test_bad_params_400_and_no_key_401(server):
+    c = server.client()
+    msgs = [{"role": "user", "content": "x"}]
+    for kwargs, param in (({"n": 2}, "n"), ({"temperature": -1}, "temperature"), ({"top_p": 1.5}, "top_p")):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2, **kwargs)
+        assert e.value.body["param"] == param
+    with pytest.raises(openai.AuthenticationError):
+        server.client("wrong").chat.completions.create(model=MODEL, messages=msgs, max_tokens=2)
+
+
+def test_overload_is_429(server):
+    """parallel 1, queue 0: a second request while a stream holds the slot is refused."""
+    c = server.client()
+    stream = c.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=64, temperature=0, stream=True)
+    it = iter(stream)
+    next(it)  # the slot is taken
+    with pytest.raises(openai.RateLimitError) as e:
+        c.completions.create(model=MODEL, prompt="x", max_tokens=2)
+    assert e.value.response.headers.get("retry-after") == "1"
+    stream.close()
+
+
+def test_sigterm_mid_stream_ends_the_stream_cleanly(server):
+    """Last in this module: it stops the daemon."""
+    # retries: the client honours Retry-After while the previous test's cancelled stream frees the slot
+    stream = server.client(retries=8).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Tell a story."}], max_tokens=24, temperature=0,
+        stream=True)
+    it = iter(stream)
+    first = next(it)
+    server.proc.send_signal(signal.SIGTERM)
+    rest = list(it)  # ends without an error: the in-flight stream finishes within the grace period
+    finals = [ch.choices[0].finish_reason for ch in [first, *rest] if ch.choices and ch.choices[0].finish_reason]
+    assert finals and finals[-1] in ("stop", "length")
+    assert server.proc.wait(60) == 0

@@ -1,0 +1,317 @@
+"""edgespec/constraint.py: llguidance masks on a toy vocabulary, node masks for a tree, and the
+masked verification -- statistically exact (chi-square against constrained plain sampling, in the
+style of tests/test_verify_stats.py), with deliberately broken twins that the same test rejects.
+A real-vocabulary check on the demo target is marked slow."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from edgespec import constraint as C
+from edgespec.errors import BadRequest
+from edgespec.sampling import SamplingParams, logits_to_probs
+from edgespec.selftest import ALPHA, chi_square_gof, gumbel_top_k
+from edgespec.tree import DraftTree
+from edgespec.types import ConstraintSpec
+
+# token ids:     0     1     2     3      4      5      6     7
+TOKENS = (b"a", b"b", b"c", b"ab", b"ba", b"cc", b"x", b"\xff<eos>")
+EOS = 7
+V = len(TOKENS)
+# "a" then b/c's, or "b" then a/c's: which tokens are allowed depends on the state
+REGEX = ConstraintSpec("regex", "a[bc]*|b[ac]*")
+
+
+def toy_tokenize(s: str) -> list[int]:
+    out, b = [], s.encode()
+    while b:
+        t = max((i for i in range(V - 1) if b.startswith(TOKENS[i])), key=lambda i: len(TOKENS[i]))
+        out.append(t)
+        b = b[len(TOKENS[t]):]
+    return out
+
+
+@pytest.fixture(scope="module")
+def compiler() -> C.Compiler:
+    return C.Compiler(C.Vocabulary(TOKENS, (EOS,), (EOS,), None, toy_tokenize))
+
+
+def allowed(compiler: C.Compiler, prefix: tuple[int, ...]) -> set[int]:
+    m = compiler.matcher(REGEX)
+    m.commit(prefix)
+    return set(np.flatnonzero(m.mask()).tolist())
+
+
+def test_masks_follow_the_grammar_and_eos_only_where_it_accepts(compiler):
+    assert allowed(compiler, ()) == {0, 1, 3, 4}  # a, b, ab, ba; never x, no EOS on empty text
+    assert allowed(compiler, (0,)) == {1, 2, 5, EOS}  # after "a": b, c, cc, or stop
+    assert allowed(compiler, (1,)) == {0, 2, 5, EOS}
+    m = compiler.matcher(REGEX)
+    assert not m.allows([6]) and m.allows([0, 1, 2]) and not m.allows([0, 0])
+    m.commit([3])
+    assert m.accepting and not m.finished
+    with pytest.raises(RuntimeError, match="not allowed"):
+        m.commit([4])
+    done = compiler.matcher(ConstraintSpec("regex", "ab"))
+    done.commit([3])
+    assert done.finished and set(np.flatnonzero(done.mask())) == {EOS}
+    np.testing.assert_array_equal(C.unpack_bitmask(done.bitmask(), V), done.mask())
+
+
+@pytest.mark.parametrize("spec, field", [
+    (ConstraintSpec("regex", "("), "constraint.value"),
+    (ConstraintSpec("json_schema", "{not json"), "constraint.value"),
+    (ConstraintSpec("json_schema", "[1]"), "constraint.value"),
+    (ConstraintSpec("lark", "start: undefined_rule"), "constraint.value"),
+    (ConstraintSpec("grammar", "root ::= undefined-rule"), "constraint.value"),
+])
+def test_bad_constraints_are_bad_requests(compiler, spec, field):
+    with pytest.raises(BadRequest) as e:
+        compiler.matcher(spec)
+    assert e.value.field == field
+
+
+def test_every_kind_compiles(compiler):
+    for spec in (ConstraintSpec("json_object"), ConstraintSpec("json_schema", '{"type": "string"}'),
+                 ConstraintSpec("lark", 'start: "a" "b"*'), ConstraintSpec("grammar", 'root ::= "a" "b"*'),
+                 REGEX):
+        assert compiler.matcher(spec).mask().shape == (V,)
+
+
+def two_level(tokens_at_root, children_of):
+    t = DraftTree.root(6)
+    for x in tokens_at_root:
+        c = t.add(0, x, point=True)
+        for y in children_of.get(x, ()):
+            t.add(c, y, point=True)
+    return t
+
+
+def test_node_masks_are_the_states_after_each_path_and_commit_nothing(compiler):
+    m = compiler.matcher(REGEX)
+    # a (allowed) -> c (allowed), x (forbidden); x (forbidden) -> a; b -> a
+    tree = two_level([0, 6, 1], {0: [2, 6], 6: [0], 1: [0]})
+    masks, valid = m.node_masks(tree)
+    paths = [tuple(tree.tokens[i] for i in tree.path(n)) for n in range(len(tree))]
+    want_valid = [True, True, True, False, False, False, True, True]
+    assert valid.tolist() == want_valid, paths
+    for i, ok in enumerate(want_valid):
+        if ok:
+            assert set(np.flatnonzero(masks[i])) == allowed(compiler, paths[i]), paths[i]
+        else:
+            assert not masks[i].any()
+    assert set(np.flatnonzero(m.mask())) == allowed(compiler, ())  # the state did not move
+
+
+def test_greedy_constrained_is_the_argmax_of_masked_rows(compiler):
+    m = compiler.matcher(REGEX)
+    rows = np.zeros((3, V))
+    rows[0] = [1, 0, 0, 0, 0, 0, 9, 0]  # x is the raw favourite at the root, forbidden: a wins
+    rows[1] = [9, 0, 3, 0, 0, 0, 0, 0]  # after "a": a is forbidden, c wins
+    rows[2] = [0, 0, 0, 0, 0, 0, 0, 5]
+    tree = DraftTree.root(6)
+    a = tree.add(0, 0, point=True)
+    tree.add(a, 2, point=True)
+    masks, _ = m.node_masks(tree)
+    res = C.verify_masked(tree, rows, masks, SamplingParams(), np.random.default_rng(0))
+    assert res.accepted == [1, 2] and res.token == EOS and res.bonus
+    plain = C.verify_masked(tree, rows, np.ones_like(masks), SamplingParams(), np.random.default_rng(0))
+    assert plain.accepted == [] and plain.token == 6  # unconstrained: x
+
+
+def test_mask_helpers():
+    q = np.array([0.5, 0.25, 0.25, 0.0])
+    mask = np.array([False, True, True, False])
+    np.testing.assert_allclose(C.mask_q(q, mask), [0, 0.5, 0.5, 0])
+    assert not C.mask_q(q, np.array([False, False, False, True])).any()
+    np.testing.assert_array_equal(C.apply_mask(np.ones(4), mask), [-np.inf, 1, 1, -np.inf])
+
+
+def test_logprobs_of():
+    row = np.log(np.array([0.5, 0.3, 0.2]))
+    lp = C.logprobs_of(row, SamplingParams(), 1, 2)  # greedy: the raw softmax
+    assert lp.token == 1 and lp.logprob == pytest.approx(np.log(0.3))
+    assert [t for t, _ in lp.top] == [0, 1] and lp.top[0][1] == pytest.approx(np.log(0.5))
+    s = SamplingParams(temperature=1.0, top_k=2)  # sampled: the transformed distribution
+    lp = C.logprobs_of(row, s, 0, 3)
+    assert lp.logprob == pytest.approx(np.log(0.5 / 0.8)) and len(lp.top) == 2  # the cut token is not offered
+    masked = C.apply_mask(row, np.array([False, True, True]))
+    lp = C.logprobs_of(masked, SamplingParams(temperature=0.5), 2, 1)
+    assert lp.logprob == pytest.approx(np.log(0.2**2 / (0.3**2 + 0.2**2)))
+
+
+# ---- statistical exactness under a constraint ------------------------------------------------
+
+TRIALS = 30_000
+BROKEN_TRIALS = 10_000
+P = np.array([0.30, 0.05, 0.20, 0.05, 0.10, 0.05, 0.20, 0.05])  # x (forbidden) has real mass
+Q = np.array([0.05, 0.30, 0.05, 0.20, 0.05, 0.10, 0.05, 0.20])
+
+
+def rolled(base, shift_by):
+    return lambda prefix: np.roll(base, shift_by(prefix))
+
+
+TARGET = rolled(np.log(P), lambda pre: sum(t + 1 for t in pre))  # logits after a prefix
+DRAFT = rolled(Q, lambda pre: 2 * sum(pre))
+SAMPLING = SamplingParams(temperature=1.0)
+
+
+def constrained_joint(compiler) -> np.ndarray:
+    """P(x1, x2) of constrained plain sampling: each token from the masked, transformed target."""
+    out = np.zeros(V * V)
+    p1 = logits_to_probs(C.apply_mask(TARGET(()), _mask(compiler, ())), SAMPLING)
+    for x1 in range(V):
+        if p1[x1] == 0:
+            continue
+        p2 = logits_to_probs(C.apply_mask(TARGET((x1,)), _mask(compiler, (x1,))), SAMPLING)
+        out[x1 * V: (x1 + 1) * V] = p1[x1] * p2
+    return out
+
+
+_MASKS: dict[tuple[int, ...], np.ndarray] = {}
+
+
+def _mask(compiler, prefix) -> np.ndarray:
+    """The reference mask after a prefix: a fresh matcher that commits it."""
+    if prefix not in _MASKS:
+        m = compiler.matcher(REGEX)
+        m.commit(prefix)
+        _MASKS[prefix] = m.mask()
+    return _MASKS[prefix]
+
+
+def build(compiler, prefix, rng) -> DraftTree:
+    """Two draws without replacement from the MASKED draft at the root, each with two more under
+    it drawn from the draft masked at that child's state."""
+    t = DraftTree.root(prefix[-1] if prefix else 6)
+    t.q[0] = DRAFT(prefix)
+    for x in gumbel_top_k(C.mask_q(t.q[0], _mask(compiler, prefix)), 2, rng):
+        c = t.add(0, x, point=False)
+        ctx = prefix + (x,)
+        t.q[c] = DRAFT(ctx)
+        for y in gumbel_top_k(C.mask_q(t.q[c], _mask(compiler, ctx)), 2, rng):
+            t.add(c, y, point=False)
+    return t
+
+
+def run(compiler, verify, trials, seed) -> float:
+    """p-value of the first two emitted tokens against constrained plain sampling."""
+    rng = np.random.default_rng(seed)
+    m = compiler.matcher(REGEX)
+    counts = np.zeros(V * V, dtype=np.int64)
+    for _ in range(trials):
+        out: list[int] = []
+        m.reset()
+        while len(out) < 2:
+            prefix = tuple(out)
+            tree = build(compiler, prefix, rng)
+            rows = np.stack([TARGET(prefix + tuple(tree.tokens[i] for i in tree.path(n))) for n in range(len(tree))])
+            masks, _valid = m.node_masks(tree)
+            res = verify(tree, rows, masks, rng, m)
+            new = [tree.tokens[i] for i in res.accepted] + [res.token]
+            if len(out) + len(new) < 2:
+                m.commit(new)
+            out += new
+        counts[out[0] * V + out[1]] += 1
+    return chi_square_gof(counts, constrained_joint(compiler))[2]
+
+
+def exact(tree, rows, masks, rng, m):
+    return C.verify_masked(tree, rows, masks, SAMPLING, rng)
+
+
+def q_left_unmasked(tree, rows, masks, rng, m):
+    return C.verify_masked(tree, rows, masks, SAMPLING, rng, q_masked=False)
+
+
+def parents_mask(tree, rows, masks, rng, m):
+    """The target row of node i masked with its parent's state (q masked correctly)."""
+    from edgespec.verify import verify_stochastic
+
+    row = lambda i: logits_to_probs(C.apply_mask(rows[i], masks[max(tree.parents[i], 0)]), SAMPLING)  # noqa: E731
+    return verify_stochastic(C.masked_tree(tree, masks), row, rng)
+
+
+def test_tree_verification_under_a_constraint_is_constrained_sampling(compiler):
+    p = run(compiler, exact, TRIALS, seed=1)
+    assert p >= ALPHA, p
+
+
+@pytest.mark.parametrize("broken", [q_left_unmasked, parents_mask])
+def test_broken_masking_is_rejected(compiler, broken):
+    p = run(compiler, broken, BROKEN_TRIALS, seed=1)
+    assert p < ALPHA, f"{broken.__name__} not detected: p = {p}"
+
+
+# ---- the real vocabulary -----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_json_schema_on_the_demo_vocabulary():
+    from edgespec import backend
+    from edgespec.config import models_dir
+    from edgespec.server.config import DEMO_TARGET
+
+    path = models_dir() / DEMO_TARGET
+    if not path.is_file():
+        pytest.skip("demo models missing: run `edgespec models prepare-demo`")
+    model = backend.Model(path)
+    try:
+        comp = C.Compiler(C.Vocabulary.from_model(model))
+        schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                  "required": ["name", "age"], "additionalProperties": False}
+        m = comp.matcher(ConstraintSpec("json_schema", json.dumps(schema)))
+        text = '{"name":"Bob","age":42}'
+        ids = model.tokenize(text, False, False)
+        start = m.mask()
+        assert not start[model.tokenize("[", False, False)[0]] and not start[model.eos]  # an object, not empty
+        for t in ids:
+            assert m.mask()[t], model.piece(t)
+            m.commit([t])
+        assert m.accepting and set(np.flatnonzero(m.mask())) == {t for t in range(model.n_vocab) if model.is_eog(t)}
+    finally:
+        model.close()
+
+
+@pytest.mark.slow
+def test_constrained_greedy_decoding_of_the_demo_target_matches_the_schema():
+    """Plain greedy decoding with each step's logits masked (the engine's job once wired): the demo
+    target then writes schema-valid JSON and stops with an end-of-generation token."""
+    import jsonschema
+
+    from edgespec import backend
+    from edgespec.config import ModelConfig, models_dir
+    from edgespec.server.config import DEMO_TARGET
+
+    path = models_dir() / DEMO_TARGET
+    if not path.is_file():
+        pytest.skip("demo models missing: run `edgespec models prepare-demo`")
+    model = backend.Model(path)
+    ctx = backend.Context(model, ModelConfig(path=str(path), n_ctx=512, n_batch=128))
+    try:
+        schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+                                                   "country": {"type": "string", "maxLength": 30}},
+                  "required": ["city", "country"], "additionalProperties": False}
+        m = C.Compiler(C.Vocabulary.from_model(model)).matcher(ConstraintSpec("json_schema", json.dumps(schema)))
+        prompt = model.tokenize(model.chat_prompt([("user", "Name the capital of France as JSON.")]), True, True)
+        ctx.decode_seq(prompt, 0)
+        out: list[int] = []
+        for _ in range(64):
+            masks, _ = m.node_masks(DraftTree.root(prompt[-1]))
+            t = int(np.argmax(C.apply_mask(ctx.logits(-1), masks[0])))
+            if model.is_eog(t):
+                break
+            m.commit([t])
+            out.append(t)
+            ctx.decode_seq([t], len(prompt) + len(out) - 1)
+        else:
+            pytest.fail(f"no end of generation after 64 tokens: {model.detokenize(out)!r}")
+        assert m.accepting
+        jsonschema.validate(json.loads(model.detokenize(out)), schema)
+    finally:
+        ctx.close()
+        model.close()
