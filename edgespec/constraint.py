@@ -14,7 +14,7 @@ The engine's API:
     res = verify_masked(tree, rows, masks, sampling, rng)        # rows: the target's [n_nodes, n_vocab] logits
     matcher.commit(new_tokens)                  # the accepted path + recovered/bonus token
     matcher.finished                            # nothing but end-of-generation is allowed any more
-    logprobs_of(masked_row, sampling, token, k) # -> TokenLogprob
+    matcher.mask_after(path)                    # drafting: allowed after drafted tokens (nothing committed)
 
 An engine that applies constraints says so with a `capabilities` attribute holding "constraint";
 until then the daemon's APIs refuse constrained requests.
@@ -46,7 +46,7 @@ import numpy as np
 from edgespec.errors import BadRequest
 from edgespec.sampling import SamplingParams, logits_to_probs
 from edgespec.tree import DraftTree
-from edgespec.types import ConstraintSpec, TokenLogprob
+from edgespec.types import ConstraintSpec
 from edgespec.verify import VerifyResult, verify_greedy, verify_stochastic
 
 SPECIAL_PREFIX = b"\xff"  # llguidance's marker for special tokens (never matched by grammar text)
@@ -192,6 +192,20 @@ class Matcher:
             raise RuntimeError(f"grammar matcher failed: {m.get_error()}")
         return self._bools(bits), valid
 
+    def mask_after(self, path: Sequence[int]) -> np.ndarray:
+        """[n_vocab] bool: the tokens allowed after `path` (tokens not committed: a drafted branch),
+        all False when the grammar forbids the path itself. Nothing is committed."""
+        toks = [int(t) for t in path]
+        m = self._m
+        n = m.try_consume_tokens(toks) if toks else 0
+        try:
+            if n != len(toks):
+                return np.zeros(self.n_vocab, dtype=bool)
+            return self.mask()
+        finally:
+            if n:
+                m.rollback(n)
+
     def allows(self, tokens: Sequence[int]) -> bool:
         """Whether the tokens can be committed in order from the current state."""
         return self._m.validate_tokens(list(tokens)) == len(tokens)
@@ -264,23 +278,3 @@ def verify_masked(tree: DraftTree, rows: np.ndarray, masks: np.ndarray, sampling
         return verify_greedy(tree, np.argmax(masked, axis=1))
     t = masked_tree(tree, masks) if q_masked else tree
     return verify_stochastic(t, lambda i: logits_to_probs(masked[i], sampling), rng)
-
-
-def logprobs_of(row: np.ndarray, sampling: SamplingParams, token: int, k: int) -> TokenLogprob:
-    """The emitted token's log-probability and the k best alternatives, under the distribution it
-    was drawn from: the transformed (temperature, top_k, top_p, min_p) row -- pass the masked row
-    under a constraint. At temperature 0 (greedy, a one-hot) the raw softmax of the row instead."""
-    x = np.asarray(row, dtype=np.float64)
-    if sampling.greedy:
-        mx = np.max(x)
-        logp = x - (mx + np.log(np.sum(np.exp(x - mx))))
-    else:
-        with np.errstate(divide="ignore"):
-            logp = np.log(logits_to_probs(x, sampling))
-    top: tuple[tuple[int, float], ...] = ()
-    if k > 0:
-        k = min(k, len(logp))
-        idx = np.argpartition(-logp, k - 1)[:k]
-        idx = idx[np.lexsort((idx, -logp[idx]))]  # best first, ties by token id
-        top = tuple((int(i), float(logp[i])) for i in idx if np.isfinite(logp[i]))
-    return TokenLogprob(int(token), float(logp[token]), top)

@@ -32,5 +32,5 @@ def token_logprob(row: np.ndarray, sampling: SamplingParams, token: int, k: int)
         k = min(k, len(lp))
         idx = np.argpartition(-lp, k - 1)[:k]
         idx = idx[np.lexsort((idx, -lp[idx]))]  # best first, ties by token id
-        top = tuple((int(i), float(lp[i])) for i in idx)
+        top = tuple((int(i), float(lp[i])) for i in idx if np.isfinite(lp[i]))  # a masked row: allowed only
     return TokenLogprob(int(token), float(lp[token]), top)

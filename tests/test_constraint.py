@@ -12,6 +12,7 @@ import pytest
 
 from edgespec import constraint as C
 from edgespec.errors import BadRequest
+from edgespec.logprobs import token_logprob
 from edgespec.sampling import SamplingParams, logits_to_probs
 from edgespec.selftest import ALPHA, chi_square_gof, gumbel_top_k
 from edgespec.tree import DraftTree
@@ -132,14 +133,14 @@ def test_mask_helpers():
 
 def test_logprobs_of():
     row = np.log(np.array([0.5, 0.3, 0.2]))
-    lp = C.logprobs_of(row, SamplingParams(), 1, 2)  # greedy: the raw softmax
+    lp = token_logprob(row, SamplingParams(), 1, 2)  # greedy: the raw softmax
     assert lp.token == 1 and lp.logprob == pytest.approx(np.log(0.3))
     assert [t for t, _ in lp.top] == [0, 1] and lp.top[0][1] == pytest.approx(np.log(0.5))
     s = SamplingParams(temperature=1.0, top_k=2)  # sampled: the transformed distribution
-    lp = C.logprobs_of(row, s, 0, 3)
+    lp = token_logprob(row, s, 0, 3)
     assert lp.logprob == pytest.approx(np.log(0.5 / 0.8)) and len(lp.top) == 2  # the cut token is not offered
     masked = C.apply_mask(row, np.array([False, True, True]))
-    lp = C.logprobs_of(masked, SamplingParams(temperature=0.5), 2, 1)
+    lp = token_logprob(masked, SamplingParams(temperature=0.5), 2, 1)
     assert lp.logprob == pytest.approx(np.log(0.2**2 / (0.3**2 + 0.2**2)))
 
 

@@ -60,7 +60,7 @@ def plan_cmd(
     kv_type: str = typer.Option("f16", "--kv-type", help="KV cache type: f16, q8_0, q4_0 (f32 also accepted)."),
     n_batch: int = typer.Option(512, "--n-batch", help="Micro-batch (n_ubatch) llama.cpp reserves compute for."),
     n_outputs: int = typer.Option(64, "--n-outputs", help="Logit rows per decode (tree nodes verified at once)."),
-    flash_attn: bool = typer.Option(False, "--flash-attn/--no-flash-attn", help="Flash attention (no KQ buffer)."),
+    flash_attn: bool = typer.Option(True, "--flash-attn/--no-flash-attn", help="Flash attention (no KQ buffer)."),
     cpu: bool = typer.Option(False, "--cpu", help="Plan for CPU inference (no CUDA runtime overhead)."),
     headroom: float = typer.Option(0.05, "--headroom", help="Fraction of the device kept free."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),

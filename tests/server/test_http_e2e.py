@@ -114,8 +114,6 @@ def test_logprobs_from_the_engine(server):
         assert c.top_logprobs[0].token == c.token and c.top_logprobs[0].logprob == c.logprob
 
 
-@pytest.mark.xfail(strict=False, reason="refused (400) until the engine applies edgespec/constraint.py in its step "
-                   "and declares the capability")
 def test_json_schema_response_format_validates(server):
     # bounded lengths: the object always closes within max_tokens
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
