@@ -284,8 +284,9 @@ class Session:
             res = verify_stochastic(tree, lambda i: logits_to_probs(rows[i], self.sampling), self.rng)
         self._commit(tree, res, st)
         new_tokens = [tree.tokens[i] for i in res.accepted] + [res.token]
-        if self.matcher is not None:
-            self.matcher.commit(new_tokens)
+        if self.matcher is not None:  # up to an end-of-generation token (it ends the request)
+            eog = next((k for k, t in enumerate(new_tokens) if self.engine.target.is_eog(t)), len(new_tokens))
+            self.matcher.commit(new_tokens[:eog])
         self.tokens.extend(new_tokens)
         if self._lookups:
             self._score_lookups()

@@ -43,8 +43,10 @@ def test_constrained_and_free_requests_batch_together(engine):
             engine.open_session(request(engine, PROMPTS[1], "auto", constrained=False))]
     while any(not s.done for s in sess):
         engine.tick([s for s in sess if not s.done])
-    jsonschema.validate(json.loads(sess[0].text), SCHEMA)
-    free = engine.generate(request(engine, PROMPTS[1], "plain", constrained=False))
-    assert list(sess[1].out) == free.token_ids
+    texts = [s.text for s in sess]
+    outs = [list(s.out) for s in sess]
     for s in sess:
         s.close()
+    jsonschema.validate(json.loads(texts[0]), SCHEMA)
+    free = engine.generate(request(engine, PROMPTS[1], "plain", constrained=False))
+    assert outs[1] == free.token_ids
