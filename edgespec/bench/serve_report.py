@@ -63,7 +63,8 @@ def to_markdown(report: dict[str, Any]) -> str:
                 f"Parallel {len(sc['streams']) + 1}; the streams ask for up to {ss.get('stream_tokens')} tokens; the "
                 f"long prompt arrives once each stream has its first {ss.get('warm_tokens')} tokens and asks for "
                 f"{ss.get('long_tokens')}. Window = its submission to its first token; the streams' inter-token "
-                f"gaps overlapping it (a stall across the window counts once, whole). Medians over "
+                f"latency per delivery (a chunk's tokens count once) over the gaps overlapping it (a stall across "
+                f"the window counts once, whole); 'before' = the same before the long prompt arrived. Medians over "
                 f"{ss.get('rounds')} rounds; ms.", "",
                 "| system | long prompt tokens | long TTFT | streams' ITL p50 in window | p99 in window | max in "
                 "window | ITL p50 before | ITL p99 before | streams decoding throughout |",

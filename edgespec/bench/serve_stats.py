@@ -153,26 +153,29 @@ def speculation_summary(traces: Sequence[Trace]) -> dict[str, Any]:
     return out
 
 
-def window_gaps(traces: Sequence[Trace], start: float, end: float) -> list[float]:
-    """The inter-token gaps of `traces` that overlap the window [start, end]: a gap from token
+def window_gaps(traces: Sequence[Trace], start: float, end: float, burst: float = BURST_SECONDS) -> list[float]:
+    """The delivery gaps of `traces` that overlap the window [start, end]: a gap from token
     i-1 to token i counts when token i arrives after `start` and token i-1 before `end`, so a
-    stall spanning the whole window counts once, at its full length."""
+    stall spanning the whole window counts once, at its full length. Tokens of one delivery
+    (within `burst`) add no zero gaps: in a window of a few deliveries those would make the
+    median say nothing."""
     out: list[float] = []
     for t in traces:
         times = token_times(t.arrivals)
-        out += [b - a for a, b in zip(times, times[1:]) if b > start and a < end]
+        out += [b - a for a, b in zip(times, times[1:]) if b > start and a < end and b - a > burst]
     return out
 
 
 def window_metrics(streams: Sequence[Trace], long: Trace) -> dict[str, Any]:
-    """The long request's TTFT, and the streams' ITL while it prefilled (its submission to its
-    first token): p50, p99 and max over the gaps overlapping that window."""
+    """The long request's TTFT, and the streams' inter-token latency while it prefilled (its
+    submission to its first token), per delivery: p50, p99 and max over the gaps overlapping
+    that window; the same before it, for comparison."""
     times = token_times(long.arrivals)
     if long.error is not None or not times:
         return {"error": long.error or "the long request produced no token"}
     start, end = long.submitted, times[0]
     gaps = window_gaps(streams, start, end)
-    before = [g for t in streams for g in itl([x for x in token_times(t.arrivals) if x <= start])]
+    before = [g for t in streams for g in delivery_gaps([x for x in token_times(t.arrivals) if x <= start])]
     running = sum(1 for t in streams if t.finished is not None and t.finished >= end)
     return _rounded({
         "long_prompt_tokens": long.prompt_tokens,

@@ -82,6 +82,9 @@ def test_window_counts_a_stall_across_it_once_whole():
     assert window_gaps([stream], 1.5, 3.5) == [3.0]
     # gaps ending before the window or starting after it are left out
     assert window_gaps([stream], 4.05, 5.0) == pytest.approx([0.1])
+    # a chunk of 3 tokens is one delivery: no zero gaps inside the window
+    chunked = trace(0.0, [(0.9, 1), (2.0, 3), (2.5, 1)])
+    assert window_gaps([chunked], 1.0, 3.0) == pytest.approx([1.1, 0.5])
 
 
 def test_window_metrics():
