@@ -93,6 +93,8 @@ class EdgespecClient:
                                       "accepted_tokens": s.accepted_tokens}
         except grpc.RpcError as exc:
             tr.error = f"{exc.code().name}: {exc.details()}"  # type: ignore[attr-defined]
+        except ValueError as exc:  # the channel closed under a running client (the bench was interrupted)
+            tr.error = str(exc)
         return tr
 
 
