@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -150,14 +151,21 @@ def bench_serve(
         typer.echo(md)
 
 
+@dataclass
 class _Starter:
     """Starts one level's servers (the daemon unless attached, the llama-servers) and their clients."""
 
-    def __init__(self, *, addr, target, draft, threads, n_gpu_layers, max_tokens, systems, llama_bin, draft_max,
-                 workdir, commands):  # noqa: ANN001
-        self.__dict__.update(addr=addr, target=target, draft=draft, threads=threads, n_gpu_layers=n_gpu_layers,
-                             max_tokens=max_tokens, systems=systems, llama_bin=llama_bin, draft_max=draft_max,
-                             workdir=workdir, commands=commands)
+    addr: Optional[str]
+    target: str
+    draft: str
+    threads: int
+    n_gpu_layers: int
+    max_tokens: int  # the daemon's max_tokens limit: the largest any request of the run asks for
+    systems: list[str]
+    llama_bin: Optional[Path]
+    draft_max: int
+    workdir: Path
+    commands: dict = field(default_factory=dict)  # what the report lists under "commands"
 
     def start(self, n: int, ctx: int, prompts, max_tokens: int, long_tokens: int | None = None):  # noqa: ANN001, ANN201
         from edgespec.bench import serve_systems as ss
