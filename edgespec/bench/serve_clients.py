@@ -159,11 +159,19 @@ class LlamaServerClient:
 
 
 def _final(tr: Trace, event: dict[str, Any]) -> None:
-    """llama-server's last event: its token count, why it stopped, its draft statistics."""
+    """llama-server's last event: its token count, why it stopped, its draft statistics.
+    llama-server streams the EOS token as an event and counts it in `tokens_predicted`; edgespec
+    emits no token for EOS, so the EOS event and its count are left out here, as there."""
     tr.completion_tokens = int(event.get("tokens_predicted", 0))
     tr.prompt_tokens = int(event.get("tokens_evaluated", tr.prompt_tokens or 0))
     stop = event.get("stop_type", "")
     tr.finish_reason = {"eos": "eos", "limit": "length", "word": "stop"}.get(stop, stop)
+    if tr.finish_reason == "eos" and tr.completion_tokens > 0:
+        tr.completion_tokens -= 1
+        if tr.arrivals:
+            t, n = tr.arrivals.pop()
+            if n > 1:
+                tr.arrivals.append((t, n - 1))
     t = event.get("timings") or {}
     if t.get("draft_n"):
         tr.speculation = {"drafted_tokens": int(t["draft_n"]), "accepted_tokens": int(t.get("draft_n_accepted", 0))}

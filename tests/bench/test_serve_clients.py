@@ -69,6 +69,15 @@ def test_stream_is_read_token_by_token(server):
     assert body["temperature"] == 0.0 and body["n_predict"] == 2
 
 
+def test_eos_is_no_completion_token(server, monkeypatch):
+    # llama-server streams the EOS token and counts it; edgespec does neither
+    events = EVENTS[:3] + [{"content": "", "tokens": [2], "stop": False},
+                           {**EVENTS[3], "tokens_predicted": 3, "stop_type": "eos"}]
+    monkeypatch.setattr(f"{__name__}.EVENTS", events)
+    tr = LlamaServerClient(server, "llama-server").stream("p", "", 8, tokens=[1])
+    assert tr.finish_reason == "eos" and tr.tokens == 2 and [n for _, n in tr.arrivals] == [1, 1]
+
+
 def test_http_error_is_recorded(server):
     tr = LlamaServerClient(server, "llama-server").stream("p", "", 0, tokens=[1])
     assert tr.error.startswith("HTTP 400") and not tr.arrivals
