@@ -2,7 +2,8 @@
 # The llama.cpp anchor: build llama.cpp's own binaries from the llama.cpp vendored in the
 # llama-cpp-python sdist we pin (same source as the engine's backend), then run plain decoding
 # (llama-completion) and llama.cpp's own draft-model speculation (llama-speculative-simple) on
-# the same models, prompts and token counts as `edgespec bench`.
+# the same models, prompts and token counts as `edgespec bench`; llama.cpp's HTTP server
+# (llama-server) is built too, for `edgespec bench-serve --llama-server-bin`.
 #
 # usage:
 #   tools/llama-anchor.sh build                      # prints the bin dir on its last line
@@ -20,11 +21,11 @@ VERSION=${LLAMA_CPP_VERSION:-0.3.36}
 CACHE=${EDGESPEC_ANCHOR_CACHE:-$HOME/.cache/edgespec}
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 JOBS=${JOBS:-2}
-TARGETS=(llama-speculative-simple llama-completion llama-bench)
+TARGETS=(llama-speculative-simple llama-completion llama-bench llama-server)
 # the same CPU instruction sets as the engine's wheel (tools/cpu-flags.sh), stock source (no patches)
 # shellcheck source=tools/cpu-flags.sh
 source "$HERE/cpu-flags.sh"
-FLAGS="-DCMAKE_BUILD_TYPE=Release $CPU_FLAGS -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF"
+FLAGS="-DCMAKE_BUILD_TYPE=Release $CPU_FLAGS -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF"
 if [[ "${CUDA:-0}" == "1" ]]; then
   FLAGS="$FLAGS -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES:-80;86;89;90}"
 fi
@@ -38,7 +39,9 @@ build() {
   local key src bin tarball
   key=$(printf '%s|%s|%s' "$VERSION" "$FLAGS" "${TARGETS[*]}" | sha256sum | cut -c1-16)
   bin="$CACHE/llama-anchor/$key/bin"
-  if [[ -x "$bin/llama-speculative-simple" && -x "$bin/llama-completion" && -x "$bin/llama-bench" ]]; then
+  local t have=1
+  for t in "${TARGETS[@]}"; do [[ -x "$bin/$t" ]] || have=0; done
+  if [[ $have == 1 ]]; then
     echo "reusing $bin" >&2
     echo "$bin"
     return

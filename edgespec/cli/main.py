@@ -25,6 +25,7 @@ _COMMAND_MODULES = (
     "edgespec.cli.config_cmd",  # config validate|show
     "edgespec.cli.plan",  # plan
     "edgespec.cli.bench",  # bench
+    "edgespec.cli.bench_serve",  # bench-serve
 )
 
 for _name in _COMMAND_MODULES:

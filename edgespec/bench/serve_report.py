@@ -1,0 +1,130 @@
+"""The serving benchmark's renderings: the markdown tables and the plot (tokens/s against
+concurrency per system; the long-prompt scenario beside it). The JSON is the report itself."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _ms(x: float | None) -> str:
+    return "–" if x is None else f"{1000 * x:.1f}"
+
+
+def _f(x: float | None, spec: str = ".1f") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def to_markdown(report: dict[str, Any]) -> str:
+    s, m = report["settings"], report["machine"]
+    out = [
+        "# edgespec serving benchmark",
+        "",
+        f"`{report['command']}`",
+        "",
+        f"Machine: {m.get('cpu')} ({m.get('cores')} cores), GPU: {m.get('gpu') or 'none'}; llama-cpp-python "
+        f"{m.get('llama_cpp_python')}. Greedy, max {s['max_tokens']} tokens per request (EOS ends earlier), "
+        f"{s['requests']} requests per cell in {s['rounds']} interleaved rounds, {s['threads']} threads, "
+        f"suite `{s['suite']}` ({s['prompts']} prompts), per-request context {s['n_ctx']}.",
+        "",
+        "Aggregate = all completion tokens / wall time of the round, median over rounds. Per request: "
+        "(tokens - 1) / (last token - first token), median. TTFT from submission. ITL per token: a chunk's "
+        "tokens arrive together (the first carries the wait, the others 0); TPOT = mean ITL; gap = wait between "
+        "deliveries. Latencies in ms, pooled over the cell's requests.",
+        "",
+        "| N | system | aggregate tok/s | per-request tok/s p50 | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | TPOT "
+        "| gap p99 | tau | accepted / drafted | tokens |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for lv in report["levels"]:
+        for name, c in lv["systems"].items():
+            p = c["pooled"]
+            acc = (f"{p['accepted_tokens']} / {p['drafted_tokens']} ({100 * p['acceptance']:.0f} %)"
+                   if p.get("drafted_tokens") else "–")
+            out.append(f"| {lv['concurrency']} | {name} | {_f(c['tokens_per_second'])} | "
+                       f"{_f(p['request_tokens_per_second_p50'])} | {_ms(p['ttft_p50_s'])} | {_ms(p['ttft_p99_s'])} | "
+                       f"{_ms(p['itl_p50_s'])} | {_ms(p['itl_p99_s'])} | {_ms(p['tpot_mean_s'])} | "
+                       f"{_ms(p['delivery_gap_p99_s'])} | {_f(p.get('tau'), '.2f')} | {acc} | "
+                       f"{p['completion_tokens']}{' (' + str(p['errors']) + ' errors)' if p['errors'] else ''} |")
+    pairs = list(dict.fromkeys(k for lv in report["levels"] for k in lv["ratios"]))
+    if pairs:
+        out += ["", "Aggregate tokens/s ratios (median of per-round ratios; rounds in brackets):", "",
+                "| N | " + " | ".join(pairs) + " |", "|---|" + "---|" * len(pairs)]
+        for lv in report["levels"]:
+            cells = []
+            for k in pairs:
+                r = lv["ratios"].get(k)
+                cells.append("–" if r is None else f"{_f(r['median'], '.2f')} "
+                             f"({', '.join(_f(x, '.2f') for x in r['rounds'])})")
+            out.append(f"| {lv['concurrency']} | " + " | ".join(cells) + " |")
+    sc = report.get("scenario")
+    if sc:
+        ss = sc.get("settings", {})
+        out += ["", f"## A {ss.get('prompt_tokens')}-token prompt arriving while {len(sc['streams'])} streams decode", "",
+                f"Parallel {len(sc['streams']) + 1}; the streams ask for up to {ss.get('stream_tokens')} tokens; the "
+                f"long prompt arrives once each stream has its first {ss.get('warm_tokens')} tokens and asks for "
+                f"{ss.get('long_tokens')}. Window = its submission to its first token; the streams' inter-token "
+                f"latency per delivery (a chunk's tokens count once) over the gaps overlapping it (a stall across "
+                f"the window counts once, whole); 'before' = the same before the long prompt arrived. Medians over "
+                f"{ss.get('rounds')} rounds; ms.", "",
+                "| system | long prompt tokens | long TTFT | streams' ITL p50 in window | p99 in window | max in "
+                "window | ITL p50 before | ITL p99 before | streams decoding throughout |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for name, r in sc["systems"].items():
+            md = r["median"]
+            out.append(f"| {name} | {_f(md.get('long_prompt_tokens'), '.0f')} | {_ms(md.get('long_ttft_s'))} | "
+                       f"{_ms(md.get('window_itl_p50_s'))} | {_ms(md.get('window_itl_p99_s'))} | "
+                       f"{_ms(md.get('window_itl_max_s'))} | {_ms(md.get('before_itl_p50_s'))} | "
+                       f"{_ms(md.get('before_itl_p99_s'))} | {_f(md.get('streams_decoding_throughout'), '.0f')} |")
+    cmds = report.get("commands") or {}
+    if cmds:
+        out += ["", "Servers:", ""] + [f"- {k}: `{v}`" for k, v in cmds.items() if isinstance(v, str)]
+    return "\n".join(out) + "\n"
+
+
+def plot(report: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = report["levels"]
+    systems = list(dict.fromkeys(n for lv in levels for n in lv["systems"]))
+    sc = report.get("scenario")
+    panels = 3 if sc else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 4.2), squeeze=False)
+    xs = [lv["concurrency"] for lv in levels]
+    for key, ax, title in (("aggregate", axes[0][0], "aggregate tokens/s"),
+                           ("request", axes[0][1], "per-request tokens/s (median)")):
+        for name in systems:
+            ys = [(lv["systems"][name]["tokens_per_second"] if key == "aggregate"
+                   else lv["systems"][name]["pooled"]["request_tokens_per_second_p50"])
+                  if name in lv["systems"] else None for lv in levels]
+            ax.plot(xs, [y if y is not None else float("nan") for y in ys], marker="o", label=name)
+        ax.set_xlabel("concurrent requests (N)")
+        ax.set_xticks(xs)
+        ax.set_ylabel("tokens/s")
+        ax.set_title(title)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    if sc:
+        import numpy as np
+
+        ax = axes[0][2]
+        names = list(sc["systems"])
+        x = np.arange(len(names))
+        vals = {k: [(sc["systems"][n]["median"].get(k) or 0.0) * 1000 for n in names]
+                for k in ("window_itl_p99_s", "long_ttft_s")}
+        ax.bar(x - 0.2, vals["window_itl_p99_s"], 0.4, label="streams' ITL p99 during the prefill")
+        ax.bar(x + 0.2, vals["long_ttft_s"], 0.4, label="long prompt's TTFT")
+        ax.set_xticks(x, names, rotation=20, ha="right", fontsize="small")
+        ax.set_ylabel("ms")
+        ax.set_title(f"a {sc.get('settings', {}).get('prompt_tokens')}-token prompt arrives")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize="small")
+    m = report.get("machine", {})
+    fig.suptitle(f"edgespec bench-serve — {m.get('cpu')} ({m.get('cores')} cores), max "
+                 f"{report['settings']['max_tokens']} tokens, greedy", fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,248 @@
+"""`edgespec bench-serve`: the serving benchmark. Real servers on loopback (an edgespec daemon
+per concurrency level, or one given with --addr; llama.cpp's llama-server beside it with
+--llama-server-bin), N concurrent streaming clients, interleaved rounds; JSON / markdown / PNG."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from edgespec.cli.common import user_errors
+
+DEFAULT_N_CTX = 2048
+
+
+def _ints(field: str, text: str) -> list[int]:
+    from edgespec.errors import BadRequest
+
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise BadRequest(field, f"expected comma-separated integers, got {text!r}") from None
+    if not vals or any(not 1 <= v <= 64 for v in vals) or len(set(vals)) != len(vals):
+        raise BadRequest(field, f"expected distinct integers in [1, 64], got {text!r}")
+    return vals
+
+
+def _systems(modes: str, llama: str, with_llama: bool) -> list[str]:
+    from edgespec.bench.serve_clients import EDGESPEC_MODES
+    from edgespec.errors import BadRequest
+
+    names = []
+    for m in (x.strip() for x in modes.split(",") if x.strip()):
+        if m not in EDGESPEC_MODES:
+            raise BadRequest("modes", f"must be among {', '.join(EDGESPEC_MODES)}, got {m!r}")
+        names.append(f"edgespec-{m}")
+    if with_llama:
+        for m in (x.strip() for x in llama.split(",") if x.strip()):
+            if m not in ("plain", "draft"):
+                raise BadRequest("llama_server_modes", f"must be among plain, draft, got {m!r}")
+            names.append("llama-server" if m == "plain" else "llama-server-draft")
+    if not names or len(set(names)) != len(names):
+        raise BadRequest("modes", f"need at least one system, each once (got {names})")
+    return names
+
+
+def bench_serve(
+    concurrency: str = typer.Option("1,2,4", help="comma-separated concurrency levels N (client threads; "
+                                    "the daemon's parallel and llama-server's -np)"),
+    modes: str = typer.Option("auto,plain", help="edgespec speculation modes (plain = mode OFF)"),
+    suite: str = typer.Option("structured", help="prompt suite (a shipped name or a JSONL file)"),
+    limit: Optional[int] = typer.Option(None, help="first N prompts of each suite file"),
+    requests: int = typer.Option(16, help="requests per system and concurrency level"),
+    rounds: int = typer.Option(2, help="interleaved rounds the requests are split into (systems rotate)"),
+    max_tokens: int = typer.Option(128, "--max-tokens", help="max tokens per request (EOS ends earlier)"),
+    target: Optional[str] = typer.Option(None, help="target GGUF (default: the demo F32 target)"),
+    draft: Optional[str] = typer.Option(None, help="draft GGUF (default: the demo Q8_0 draft)"),
+    threads: int = typer.Option(0, help="CPU threads of every server (0 = all cores)"),
+    n_ctx: int = typer.Option(DEFAULT_N_CTX, "--n-ctx", help="context per request (edgespec n_ctx per slot; "
+                              "llama-server -c = N x this)"),
+    n_gpu_layers: int = typer.Option(0, "--n-gpu-layers", help="-1 = all layers on the GPU (CUDA builds)"),
+    addr: Optional[str] = typer.Option(None, "--addr", help="use this running edgespec daemon (host:port) "
+                                       "instead of starting one per level"),
+    llama_server_bin: Optional[Path] = typer.Option(None, "--llama-server-bin", help="directory with llama.cpp's "
+                                                    "llama-server (tools/llama-anchor.sh build): run it beside edgespec"),
+    llama_server_modes: str = typer.Option("plain,draft", help="llama-server without / with the draft model"),
+    draft_max: int = typer.Option(4, "--draft-max", help="llama-server --spec-draft-n-max"),
+    scenario: bool = typer.Option(True, help="also run the long-prompt scenario (3 streams + one long prompt)"),
+    scenario_tokens: int = typer.Option(2000, "--scenario-tokens", help="the long prompt's tokens"),
+    scenario_stream_tokens: int = typer.Option(256, "--scenario-stream-tokens", help="max tokens of the 3 streams"),
+    scenario_long_tokens: int = typer.Option(16, "--scenario-long-tokens", help="max tokens of the long request"),
+    scenario_rounds: int = typer.Option(2, "--scenario-rounds"),
+    workdir: Optional[Path] = typer.Option(None, "--workdir", help="where configs and server logs go "
+                                           "(default: a new temporary directory)"),
+    json_out: Optional[Path] = typer.Option(None, "--json"),
+    markdown_out: Optional[Path] = typer.Option(None, "--markdown"),
+    plot_out: Optional[Path] = typer.Option(None, "--plot"),
+    progress: bool = typer.Option(True, help="progress bar on stderr"),
+) -> None:
+    """Serving benchmark: tokens/s, TTFT and inter-token latency at N concurrent streams, edgespec's
+    daemon (auto, plain) beside llama.cpp's llama-server (plain, draft), interleaved."""
+    with user_errors():
+        from edgespec.bench import serve_report
+        from edgespec.bench.report import machine_info, write_json
+        from edgespec.bench.serve_run import default_threads, run_levels, run_scenarios, workdir_default
+        from edgespec.bench.suite import load_suite
+        from edgespec.errors import BadRequest
+
+        levels = _ints("concurrency", concurrency)
+        systems = _systems(modes, llama_server_modes, llama_server_bin is not None)
+        if llama_server_bin is not None and not (llama_server_bin / "llama-server").is_file():
+            raise BadRequest("llama_server_bin", f"{llama_server_bin / 'llama-server'} not found "
+                                                 "(tools/llama-anchor.sh build prints the directory)")
+        for name, v, lo in (("max_tokens", max_tokens, 1), ("requests", requests, 1), ("rounds", rounds, 1),
+                            ("scenario_tokens", scenario_tokens, 16), ("scenario_rounds", scenario_rounds, 1),
+                            ("draft_max", draft_max, 1), ("n_ctx", n_ctx, 128)):
+            if v < lo:
+                raise BadRequest(name, f"must be >= {lo}, got {v}")
+        if rounds > requests:
+            raise BadRequest("rounds", f"must be <= requests ({requests}), got {rounds}")
+        prompts = load_suite(suite, limit=limit)
+        target_path, draft_path = _models(target, draft)
+        t = default_threads(threads)
+        work = workdir or workdir_default()
+
+        def log(msg: str) -> None:
+            typer.echo(msg, err=True)
+
+        commands: dict[str, str] = {}
+        starter = _Starter(addr=addr, target=target_path, draft=draft_path, threads=t, n_gpu_layers=n_gpu_layers,
+                           max_tokens=max(max_tokens, scenario_stream_tokens), systems=systems,
+                           llama_bin=llama_server_bin, draft_max=draft_max, workdir=work, commands=commands)
+        level_results = run_levels(lambda n: starter.start(n, n_ctx, prompts, max_tokens), systems, prompts, levels,
+                                   requests=requests, rounds=rounds, max_tokens=max_tokens, progress=progress, log=log)
+        scen = None
+        if scenario:
+            from edgespec.bench.serve_run import STREAM_PROMPTS
+
+            need = scenario_tokens + max(scenario_stream_tokens, scenario_long_tokens) + 64
+            ctx = max(n_ctx, -(-need // 256) * 256)
+            scen = run_scenarios(lambda n: starter.start(n, ctx, list(STREAM_PROMPTS), scenario_stream_tokens,
+                                                         long_tokens=scenario_tokens),
+                                 systems, rounds=scenario_rounds, stream_tokens=scenario_stream_tokens,
+                                 long_tokens=scenario_long_tokens, log=log)
+            scen["settings"] = {"prompt_tokens": scenario_tokens, "stream_tokens": scenario_stream_tokens,
+                                "long_tokens": scenario_long_tokens, "rounds": scenario_rounds, "warm_tokens": 4,
+                                "n_ctx": ctx, "parallel": len(STREAM_PROMPTS) + 1}
+        report = {
+            "command": _command_line(),
+            "settings": {"concurrency": levels, "systems": systems, "suite": suite, "prompts": len(prompts),
+                         "requests": requests, "rounds": rounds, "max_tokens": max_tokens, "temperature": 0.0,
+                         "threads": t, "n_ctx": n_ctx, "n_gpu_layers": n_gpu_layers, "target": target_path,
+                         "draft": draft_path, "draft_max": draft_max, "addr": addr,
+                         "prompt_cache": False if addr is None else "as the attached daemon"},
+            "machine": machine_info(),
+            "commands": commands,
+            "levels": level_results,
+            **({"scenario": scen} if scen else {}),
+        }
+        md = serve_report.to_markdown(report)
+        if json_out:
+            write_json(report, str(json_out))
+        if markdown_out:
+            markdown_out.write_text(md, encoding="utf-8")
+        if plot_out:
+            serve_report.plot(report, str(plot_out))
+        typer.echo(md)
+
+
+@dataclass
+class _Starter:
+    """Starts one level's servers (the daemon unless attached, the llama-servers) and their clients."""
+
+    addr: Optional[str]
+    target: str
+    draft: str
+    threads: int
+    n_gpu_layers: int
+    max_tokens: int  # the daemon's max_tokens limit: the largest any request of the run asks for
+    systems: list[str]
+    llama_bin: Optional[Path]
+    draft_max: int
+    workdir: Path
+    commands: dict = field(default_factory=dict)  # what the report lists under "commands"
+
+    def start(self, n: int, ctx: int, prompts, max_tokens: int, long_tokens: int | None = None):  # noqa: ANN001, ANN201
+        from edgespec.bench import serve_systems as ss
+        from edgespec.bench.serve_clients import EdgespecClient, LlamaServerClient
+        from edgespec.bench.serve_run import Level, check_fits, long_prompt
+        from edgespec.bench.suite import load_suite
+        from edgespec.types import SpeculationParams
+
+        procs: list[ss.Process] = []
+        clients: dict = {}
+        info: dict = {}
+
+        def stop() -> None:
+            for c in clients.values():
+                c.close()
+            for p in reversed(procs):
+                p.stop()
+
+        try:
+            addr = self.addr
+            if addr is None:
+                sections = ss.daemon_sections(target=self.target, draft=self.draft, parallel=n, n_ctx=ctx,
+                                              threads=self.threads, max_tokens=self.max_tokens,
+                                              n_gpu_layers=self.n_gpu_layers)
+                d = ss.start_daemon(self.workdir, sections)
+                procs.append(d)
+                addr = d.addr
+                self.commands.setdefault("edgespec", f"edgespec serve --config {d.command[-1]}")
+                self.commands.setdefault("edgespec_config", {k: dict(v) for k, v in sections.items()})
+                self.commands["edgespec_config"]["server"]["parallel"] = "N"
+            tok = EdgespecClient(addr, "auto")
+            clients["_tokenizer"] = tok
+            info["daemon"] = {k: v for k, v in tok.model_info().items() if k in ("parallel", "n_ctx", "backend")}
+            prompts = list(prompts)
+            if long_tokens is not None:
+                lp = long_prompt(tok.chat_tokens, load_suite("long"), long_tokens)
+                info["long_prompt"] = lp
+                prompts.append(lp)
+            tokens = {p.id: tok.chat_tokens(p.prompt) for p in prompts}
+            check_fits(tokens, max_tokens, ctx, SpeculationParams().context_headroom)
+            info["tokens"] = tokens
+            info["prompt_tokens"] = {pid: len(ids) for pid, ids in tokens.items()}
+            for name in self.systems:
+                if name.startswith("edgespec-"):
+                    clients[name] = EdgespecClient(addr, name.split("-", 1)[1])
+                else:
+                    with_draft = name == "llama-server-draft"
+                    p = ss.start_llama_server(self.llama_bin, self.workdir, name, target=self.target,
+                                              draft=self.draft if with_draft else None, parallel=n, n_ctx=ctx,
+                                              threads=self.threads, draft_max=self.draft_max,
+                                              n_gpu_layers=self.n_gpu_layers)
+                    procs.append(p)
+                    self.commands.setdefault(name, shlex.join(p.command))
+                    clients[name] = LlamaServerClient(int(p.addr.rsplit(":", 1)[1]), name)
+        except BaseException:
+            stop()
+            raise
+        return Level(clients=clients, stop=stop, info=info)
+
+
+def _models(target: Optional[str], draft: Optional[str]) -> tuple[str, str]:
+    from edgespec.models import default_pair
+
+    pair = default_pair()
+    t, d = target or str(pair.target), draft or str(pair.draft)
+    for p in (t, d):
+        if not Path(p).is_file():
+            raise FileNotFoundError(2, "model not found (run `edgespec models prepare-demo`)", p)
+    return t, d
+
+
+def _command_line() -> str:
+    args = sys.argv[1:]
+    if args[:1] == ["bench-serve"]:
+        args = args[1:]
+    return "edgespec bench-serve " + shlex.join(args)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench-serve")(bench_serve)

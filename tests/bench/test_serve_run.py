@@ -1,0 +1,138 @@
+"""The serving benchmark's loop with fake clients (pure logic: rotation, concurrency, ratios, the
+scenario's window), and the server commands it builds."""
+
+import threading
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from edgespec.bench.serve_report import to_markdown
+from edgespec.bench.serve_run import Level, long_prompt, run_batch, run_levels, run_scenario
+from edgespec.bench.serve_stats import Trace
+from edgespec.bench.serve_systems import daemon_sections, llama_server_cmd, toml_config
+from edgespec.bench.suite import Prompt
+from edgespec.errors import BadRequest
+
+PROMPTS = [Prompt(f"p{i}", "c", f"prompt {i}") for i in range(3)]
+
+
+class FakeClient:
+    """Emits `tokens` chunks of `per_chunk` tokens, `step` seconds apart; logs calls."""
+
+    def __init__(self, system, calls, *, step=0.001, tokens=4, per_chunk=1):
+        self.system, self.calls, self.step, self.tokens, self.per_chunk = system, calls, step, tokens, per_chunk
+        self.active = 0
+        self.peak = 0
+        self.lock = threading.Lock()
+
+    def stream(self, prompt_id, prompt, max_tokens, tokens=(), on_chunk=None):
+        with self.lock:
+            self.calls.append((self.system, prompt_id))
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+        tr = Trace(self.system, prompt_id, time.perf_counter())
+        for _ in range(min(self.tokens, max_tokens) // self.per_chunk):
+            time.sleep(self.step)
+            tr.arrivals.append((time.perf_counter(), self.per_chunk))
+            if on_chunk:
+                on_chunk(tr)
+        with self.lock:
+            self.active -= 1
+        return tr
+
+    def close(self):
+        pass
+
+
+def test_run_batch_keeps_n_in_flight_and_takes_prompts_in_turn():
+    calls = []
+    c = FakeClient("a", calls, step=0.01)
+    traces, wall = run_batch(c, PROMPTS, start=1, count=5, concurrency=2, max_tokens=4, tokens={})
+    assert len(traces) == 5 and wall > 0
+    assert c.peak == 2
+    assert sorted(p for _, p in calls) == sorted(["p1", "p2", "p0", "p1", "p2"])
+
+
+def test_run_levels_rotates_systems_and_reports_ratios():
+    calls, started = [], []
+
+    def start(n):
+        started.append(n)
+        clients = {"edgespec-auto": FakeClient("edgespec-auto", calls, per_chunk=2),
+                   "edgespec-plain": FakeClient("edgespec-plain", calls, step=0.004)}
+        return Level(clients=clients, stop=lambda: started.append(-n))
+
+    levels = run_levels(start, ["edgespec-auto", "edgespec-plain"], PROMPTS, [1, 2], requests=4, rounds=2,
+                        max_tokens=4, progress=False)
+    assert started == [1, -1, 2, -2]  # each level's servers stopped before the next start
+    # warm-up (one each), then round 0: auto, plain; round 1: plain, auto
+    order = [s for s, _ in calls[:2 + 8]]
+    assert order[:2] == ["edgespec-auto", "edgespec-plain"]
+    assert order[2:4] == ["edgespec-auto"] * 2 and order[4:6] == ["edgespec-plain"] * 2
+    assert order[6:8] == ["edgespec-plain"] * 2 and order[8:10] == ["edgespec-auto"] * 2
+    lv = levels[0]
+    assert lv["concurrency"] == 1 and set(lv["systems"]) == {"edgespec-auto", "edgespec-plain"}
+    auto = lv["systems"]["edgespec-auto"]
+    assert len(auto["rounds_tokens_per_second"]) == 2 and len(auto["requests"]) == 4
+    assert auto["pooled"]["completion_tokens"] == 16
+    r = lv["ratios"]["edgespec-auto / edgespec-plain"]
+    assert len(r["rounds"]) == 2 and r["median"] > 1.5  # auto's fake is much faster
+    md = to_markdown({"command": "x", "settings": {"max_tokens": 4, "requests": 4, "rounds": 2, "threads": 1,
+                                                    "suite": "s", "prompts": 3, "n_ctx": 512},
+                      "machine": {}, "levels": levels})
+    assert "| 2 | edgespec-plain |" in md and "edgespec-auto / edgespec-plain" in md
+
+
+def test_rounds_must_fit_the_requests():
+    with pytest.raises(BadRequest):
+        run_levels(lambda n: None, ["a"], PROMPTS, [1], requests=1, rounds=2, max_tokens=4, progress=False)
+
+
+def test_scenario_submits_the_long_prompt_once_the_streams_decode():
+    calls = []
+    c = FakeClient("s", calls, step=0.01, tokens=20)
+    long = Prompt("long", "long", "x")
+    res = run_scenario(c, PROMPTS, long, {}, stream_tokens=20, long_tokens=2, warm_tokens=3)
+    assert calls[-1] == ("s", "long") and len(calls) == 4
+    assert res["streams"] == 3 and res["streams_decoding_throughout"] == 3
+    assert res["long_ttft_s"] > 0 and res["window_gaps"] >= 3
+    assert len(res["requests"]) == 4
+
+
+def test_long_prompt_comes_close_below_the_target():
+    def tokenize(text):  # ~ one token per 4 characters, + a template of 10
+        return [0] * (10 + len(text) // 4)
+
+    p = long_prompt(tokenize, [Prompt("a", "c", "word " * 50)], 2000)
+    n = len(tokenize(p.prompt))
+    assert 1990 <= n <= 2000 and p.prompt.endswith("one sentence.")
+
+
+def test_daemon_config_is_valid_toml_the_daemon_accepts(tmp_path: Path):
+    from edgespec.server.config import load
+
+    for name in ("t.gguf", "d.gguf"):
+        (tmp_path / name).write_bytes(b"")  # the config checks the files exist, not what they hold
+    sections = daemon_sections(target=str(tmp_path / "t.gguf"), draft=str(tmp_path / "d.gguf"), parallel=3,
+                               n_ctx=1024, threads=1, max_tokens=64)
+    text = toml_config(sections)
+    assert tomllib.loads(text)["server"]["parallel"] == 3
+    (tmp_path / "c.toml").write_text(text)
+    cfg = load(tmp_path / "c.toml", env={})
+    assert cfg.server.parallel == 3 and cfg.server.host == "127.0.0.1" and not cfg.server.prompt_cache
+    assert cfg.engine.target.n_ctx == 1024 and cfg.engine.draft is not None
+
+
+def test_llama_server_command():
+    plain = llama_server_cmd(Path("/b"), target="t.gguf", draft=None, parallel=4, n_ctx=1024, threads=2, port=9)
+    def val(flag):
+        return plain[plain.index(flag) + 1]
+
+    assert plain[0] == "/b/llama-server"
+    assert (val("--host"), val("-np"), val("-c"), val("-t")) == ("127.0.0.1", "4", "4096", "2")
+    assert "-md" not in plain and "--no-kv-unified" in plain
+    spec = llama_server_cmd(Path("/b"), target="t.gguf", draft="d.gguf", parallel=1, n_ctx=1024, threads=2, port=9)
+    assert spec[spec.index("-md") + 1] == "d.gguf"
+    assert spec[spec.index("--spec-draft-n-max") + 1] == "4" and spec[spec.index("--spec-draft-n-min") + 1] == "0"
