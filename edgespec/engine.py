@@ -130,7 +130,7 @@ class Engine:
         if eng.backend_name == "cpu":
             from edgespec.tick.forward import EXACT_COLUMNS
 
-            eng.verify_chunk = EXACT_COLUMNS
+            eng.verify_chunk = eng.cost.verify_chunk = EXACT_COLUMNS
         if controller_cfg is not None:
             eng.controller_cfg = controller_cfg
         if calibrate:
@@ -194,7 +194,7 @@ class Engine:
             for _ in range(2):
                 measure(ctx, 4)  # warm-up: the first decodes allocate buffers and fault pages in
             spent, table[kind] = 0.0, {}
-            for n in (s for s in sizes if s <= self.cfg.target.n_batch):
+            for n in (s for s in sizes if s <= self.cfg.target.n_batch and s <= (self.verify_chunk or s)):
                 if spent > budget_seconds and len(table[kind]) >= 4:
                     break  # the cost model extrapolates linearly beyond the last size
                 table[kind][n] = measure(ctx, n)

@@ -170,9 +170,12 @@ class Session:
                                           context=self.n_past, emitted=len(self.out))
         return fixed_shape(self.spec.mode, self.spec.draft_tokens, self.spec.tree_nodes, self.spec.tree_depth)
 
-    def begin_step(self, shape: Shape) -> None:
+    def begin_step(self, shape: Shape, batch=None) -> None:
+        """`batch` (a tick of several sessions, schedule.Batch): prompt lookups are priced on the
+        whole tick's verification, not on this step's alone."""
         self._consistent = False  # until the step's KV commit is done
         st = _Step(shape, DraftTree.root(self.tokens[-1]), time.perf_counter())
+        st.batch = batch
         if self.ngram is not None and self.remaining > 1:
             # prompt lookup costs no forward pass; every lookup is scored against what the target
             # then emits (shadow evaluation), which sizes the grafts
@@ -220,16 +223,21 @@ class Session:
                                    limit=None if room >= self.ngram.max_tokens else max(0, room))
                 self._cap_leaves(tree)
             else:  # graft as many lookup tokens as pay for their verification
-                k = min(self._ngram_budget(len(tree), st.kind), room)
+                k = min(self._ngram_budget(len(tree), st.kind, st.batch), room)
                 if k > 0:
+                    n = len(tree)
                     self.ngram.graft(tree, prop[:k])
                     self._cap_leaves(tree)
+                    if st.batch is not None:
+                        st.batch.tokens += len(tree) - n
         elif self.controller is not None:
             # auto mode decoding plainly: graft a lookup when its measured yield pays
-            k = min(self._ngram_budget(1, st.kind), room)
+            k = min(self._ngram_budget(1, st.kind, st.batch), room)
             if k > 0:
                 self.ngram.graft(tree, prop[:k])
                 st.ngram_only = tree.n_draft > 0
+                if st.batch is not None:
+                    st.batch.tokens += tree.n_draft
 
     def _cap_leaves(self, tree: DraftTree) -> None:
         """A graft adds a branch (a leaf, a sequence of the slot's range) unless it follows one
@@ -376,14 +384,18 @@ class Session:
                 assert d.pos_max(s) == -1, f"draft seq {s} still holds cells"
 
     # -- prompt lookup ------------------------------------------------------------------------
-    def _ngram_budget(self, base: int, kind: int = 0) -> int:
+    def _ngram_budget(self, base: int, kind: int = 0, batch=None) -> int:
         """Lookup tokens worth adding to a verification batch of `base` tokens: the k <= NGRAM_MAX
         maximising E[min(L, k)] - (verify(base + k) - verify(base)) / verify(1), i.e. expected
         extra tokens minus the extra verification time priced in plain-decoding tokens (0 if no k
         gains). L is how many lookup tokens the target would accept; P(L > j) is learnt for free
-        by scoring every lookup against the tokens actually emitted (`_score_lookups`)."""
+        by scoring every lookup against the tokens actually emitted (`_score_lookups`). In a tick
+        of several sessions (`batch`) the extra time is what k more tokens add to the whole
+        tick's forward, priced in the tick's own seconds per expected token."""
         cost = self.engine.cost.at(self.n_past)
         unit = cost.verify_seconds(1)
+        if batch is not None:
+            base, unit = batch.tokens, max(batch.unit, 1e-9)
         v0 = cost.verify_seconds(base)
         best, best_gain = 0, 0.02
         expected = 0.0
@@ -436,7 +448,7 @@ class _Step:
 
     __slots__ = ("shape", "tree", "t0", "lookup", "kind", "draft_batches", "levels", "spine_probs",
                  "draft_ran", "ngram_only", "leaves", "below", "seq_of_leaf", "order", "root_pos",
-                 "result", "emitted")
+                 "result", "emitted", "batch")
 
     def __init__(self, shape: Shape, tree: DraftTree, t0: float):
         self.shape, self.tree, self.t0 = shape, tree, t0
@@ -449,6 +461,7 @@ class _Step:
         self.ngram_only = False
         self.result: VerifyResult | None = None
         self.emitted = 0
+        self.batch = None
 
 
 def _spine(tree: DraftTree) -> list[int]:

@@ -30,6 +30,16 @@ MIN_PIECE = 16  # a prefill piece is never smaller: every prompt progresses
 
 
 @dataclass
+class Batch:
+    """The tick's verification as the prompt lookups see it while they graft, one session after
+    the other: its tokens so far and the seconds per expected token of the tick (what a lookup
+    token must beat to be worth its place in the forward)."""
+
+    tokens: int = 0
+    unit: float = 0.0
+
+
+@dataclass
 class Plan:
     decoding: list = field(default_factory=list)  # sessions verifying this tick
     shapes: dict = field(default_factory=dict)  # session -> Shape
@@ -37,6 +47,7 @@ class Plan:
     absorb: dict = field(default_factory=dict)  # session -> draft tokens to absorb (plain step)
     predicted: dict = field(default_factory=dict)  # session -> (verify, draft) seconds alone
     context: int = 0  # positions cached by all sessions (attention reads them all)
+    batch: Batch = field(default_factory=Batch)
 
 
 @dataclass
@@ -58,7 +69,9 @@ def schedule(engine, sessions: list) -> Plan:
         shapes = _joint(decoding, shapes, cost)
     decode_seconds = 0.0
     if decoding:
-        decode_seconds = _tick_seconds([_rung_of(s, shapes[s], cost) for s in decoding], cost)
+        rungs = [_rung_of(s, shapes[s], cost) for s in decoding]
+        decode_seconds = _tick_seconds(rungs, cost)
+        plan.batch = Batch(sum(r.nodes + 1 for r in rungs), decode_seconds / sum(r.tokens for r in rungs))
     piece = _piece(engine, cost, decode_seconds if decoding else None)
     for s in decoding:
         shape = shapes[s]
@@ -70,7 +83,7 @@ def schedule(engine, sessions: list) -> Plan:
         plan.shapes[s] = shape
         if s.controller is not None:
             s.controller.overridden(shape)
-        s.begin_step(shape)
+        s.begin_step(shape, plan.batch if len(decoding) > 1 else None)
         plan.decoding.append(s)
     budget = piece
     for s in prefilling:  # the oldest prompts first, while the tick's prefill budget lasts
