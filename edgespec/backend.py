@@ -534,11 +534,12 @@ class HeadContext:
             ll.llama_batch_ext_clear(self._batch)
             self._keep = []
             pos = (ll.llama_pos * 1)()
+            base = self.pos_max(0) + 1  # the encoder ignores positions; the batch check wants them after seq 0's
             for j in range(len(chunk)):
                 idx = ll.llama_batch_ext_add_embd(self._batch, 0, self._embd(chunk[j:j + 1]))
                 if idx < 0:
                     raise ModelError(f"head encode: batch add failed ({idx})")
-                pos[0] = j
+                pos[0] = base + j
                 ll.llama_batch_ext_set_pos(self._batch, idx, pos)
                 ll.llama_batch_ext_set_output_embd(self._batch, idx, True)
             rc = ll.llama_process(self._ctx, ll.LLAMA_PROCESS_TYPE_ENCODE, self._batch)
