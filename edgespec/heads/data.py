@@ -75,7 +75,7 @@ def windows(tokens: Sequence[int], length: int) -> Iterator[list[int]]:
         yield list(tokens[s:s + length])
 
 
-def self_distill(target, prompts: Sequence[str], max_new: int, n_seq: int = 32, threads: int = 0,
+def self_distill(target, prompts: Sequence[str], max_new: int, n_seq: int = 40, threads: int = 0,
                  progress=None) -> list[list[int]]:  # noqa: ANN001
     """The target's greedy answers (chat template applied; prompt + answer tokens), `n_seq`
     sequences per forward."""

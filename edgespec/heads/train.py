@@ -9,6 +9,7 @@ training resumes from its last checkpoint (`checkpoint.npz`, written every `chec
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -34,6 +35,7 @@ class TrainSpec:
     max_new: int = 160  # answer tokens per prompt
     text_windows: int = 64  # windows of package text
     window: int = 128  # tokens per training window
+    max_windows: int = 0  # train on at most this many windows (0: all)
     draft_vocab: int = 0  # 0: the smallest of DRAFT_VOCABS covering `coverage` of the labels
     coverage: float = 0.97
     n_ff: int = 1536
@@ -118,6 +120,8 @@ def choose_draft_vocab(labels: np.ndarray, n_vocab: int, size: int, coverage: fl
 
 
 def train(spec: TrainSpec, log: Callable[[str], None] = _log) -> dict:
+    if spec.threads == 1 and "XLA_FLAGS" not in os.environ:  # before jax starts its CPU client
+        os.environ["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
     import jax.numpy as jnp
 
     from edgespec.backend import Model
@@ -129,9 +133,10 @@ def train(spec: TrainSpec, log: Callable[[str], None] = _log) -> dict:
     shards, held, held_starts = build_data(spec, target, probe.layers)
     t_data = time.time() - t_start
     data = [Shard.load(p) for p in shards]
-    tokens = np.concatenate([d.tokens for d in data])
-    labels = np.concatenate([d.labels for d in data])
-    feats = np.concatenate([d.features for d in data])
+    keep = spec.max_windows or None
+    tokens = np.concatenate([d.tokens for d in data])[:keep]
+    labels = np.concatenate([d.labels for d in data])[:keep]
+    feats = np.concatenate([d.features for d in data])[:keep]
     d2t, cov_table = choose_draft_vocab(labels, target.n_vocab, spec.draft_vocab, spec.coverage)
     log("draft vocabulary coverage of the target's greedy tokens: " + ", ".join(f"{v}: {c:.3f}" for v, c in cov_table)
         + f" -> {len(d2t)}")
@@ -174,7 +179,7 @@ def train(spec: TrainSpec, log: Callable[[str], None] = _log) -> dict:
 
     last_save = time.time()
     accs = np.zeros(spec.ttt_steps)
-    loss = float("nan")
+    loss = float("nan")  # the last step's (nan when a resumed run had nothing left to train)
     bar = tqdm(total=max_steps if max_steps else int(budget), initial=step_i if max_steps else int(trained_s),
                desc="training", unit="step" if max_steps else "s")
     while True:

@@ -66,8 +66,9 @@ class HeadWeights:
         return int(sum(a.size for a in self.w.values()))
 
 
-def copy_tokenizer(target_gguf: Path, writer) -> None:  # noqa: ANN001
-    """Copy the target's tokenizer.* metadata (a head speaks the target's vocabulary)."""
+def copy_tokenizer(target_gguf: Path, writer, edit=None) -> None:  # noqa: ANN001
+    """Copy the target's tokenizer.* metadata (a head speaks the target's vocabulary); `edit(key,
+    value) -> value` alters it (tests write incompatible heads with it)."""
     import gguf
 
     reader = gguf.GGUFReader(str(target_gguf))
@@ -76,11 +77,12 @@ def copy_tokenizer(target_gguf: Path, writer) -> None:  # noqa: ANN001
             continue
         vtype = field.types[0]
         sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, field.contents(), vtype, sub)
+        value = field.contents()
+        writer.add_key_value(key, edit(key, value) if edit else value, vtype, sub)
 
 
 def write_gguf(head: HeadWeights, path: Path, target_gguf: Path, dtype: str = "f16",
-               name: str = "edgespec EAGLE-3 head") -> Path:
+               name: str = "edgespec EAGLE-3 head", target_hidden: int | None = None, vocab_edit=None) -> Path:  # noqa: ANN001
     """Write `head` as an `eagle3` GGUF (matrices in `dtype`: f16 or f32; norms F32; d2t I64)."""
     import gguf
 
@@ -102,10 +104,10 @@ def write_gguf(head: HeadWeights, path: Path, target_gguf: Path, dtype: str = "f
     wr.add_float32("eagle3.rope.freq_base", c.rope_base)
     wr.add_float32("eagle3.attention.layer_norm_rms_epsilon", c.rms_eps)
     wr.add_array("eagle3.target_layers", [int(x) for x in c.layers])
-    wr.add_uint32("eagle3.target_hidden_size", c.n_embd)
+    wr.add_uint32("eagle3.target_hidden_size", target_hidden or c.n_embd)
     wr.add_bool("eagle3.norm_before_residual", False)
     wr.add_bool("eagle3.norm_before_fc", False)
-    copy_tokenizer(Path(target_gguf), wr)
+    copy_tokenizer(Path(target_gguf), wr, vocab_edit)
     mat = np.float16 if dtype == "f16" else np.float32
     w = head.w
     tensors = [
