@@ -13,6 +13,7 @@ from edgespec.cli.common import fail, user_errors
 
 def register(models_app: typer.Typer) -> None:
     models_app.command("train-head")(train_head)
+    models_app.command("head-cost")(head_cost)
 
 
 def train_head(
@@ -68,3 +69,34 @@ def train_head(
             typer.echo(f"trained {rep['train_minutes']:.1f} min, {rep['epochs']:.1f} epochs over {rep['train_tokens']} tokens")
             typer.echo("held-out acceptance (greedy chain, through llama.cpp): "
                        + ", ".join(f"depth {d + 1}: {a:.3f}" for d, a in enumerate(acc)))
+
+
+def head_cost(
+    head: Annotated[Path, typer.Argument(help="an EAGLE-3 head GGUF")],
+    target: Annotated[Optional[Path], typer.Option(help="target GGUF (default: the demo target)")] = None,
+    context: Annotated[int, typer.Option(help="context tokens before the timed forwards")] = 256,
+    rounds: int = 40,
+    threads: Annotated[int, typer.Option(help="llama.cpp threads")] = 1,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """A head's bytes and forward time as fractions of its target's (timed in one process, interleaved)."""
+    with user_errors():
+        from edgespec.backend import Model, check_head
+        from edgespec.heads.evaluate import forward_costs
+
+        if target is None:
+            from edgespec.models import default_pair
+
+            target = default_pair().target
+        t, h = Model(target), Model(head)
+        check_head(t, h)
+        c = forward_costs(t, h, context=context, rounds=rounds, threads=threads)
+        rep = {"head_bytes": h.size_bytes, "target_bytes": t.size_bytes, "bytes_fraction": h.size_bytes / t.size_bytes,
+               "target_forward_s": c.target_s, "head_forward_s": c.head_s, "head_forward_fraction": c.ratio,
+               "head_catchup_2_s": c.head_catchup_s, "context": context, "rounds": rounds, "threads": threads}
+        if as_json:
+            typer.echo(json.dumps(rep))
+        else:
+            typer.echo(f"bytes: head {h.size_bytes / 2**20:.1f} MiB = {rep['bytes_fraction']:.1%} of the target's")
+            typer.echo(f"forward (1 token after {context}): target {c.target_s * 1e3:.2f} ms, head {c.head_s * 1e3:.2f} ms "
+                       f"= {c.ratio:.3f} of a target forward; encode + 2-token catch-up {c.head_catchup_s * 1e3:.2f} ms")

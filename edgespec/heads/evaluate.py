@@ -82,3 +82,57 @@ def acceptance(target: Model, head: Model, sequences: Sequence[Sequence[int]], s
         hctx.close()
         tctx.close()
     return res
+
+
+@dataclass
+class Costs:
+    target_s: float  # median seconds of one target forward of 1 token (a plain decoding step)
+    head_s: float  # median seconds of one head forward of 1 token (a draft level of one node)
+    head_catchup_s: float  # median seconds of encode + head forward of 2 tokens (after a verification)
+    context: int
+
+    @property
+    def ratio(self) -> float:
+        return self.head_s / self.target_s
+
+
+def forward_costs(target: Model, head: Model, context: int = 256, rounds: int = 40, threads: int = 1) -> Costs:
+    """Head vs target forward time, measured in one process, interleaved round by round (a
+    neighbour's load hits both alike), medians; both after `context` tokens of context."""
+    import time
+
+    cfg = ModelConfig(path=str(target.path), n_ctx=context + rounds * 4 + 16, n_batch=512, threads=threads)
+    tctx = FeatureContext(target, cfg, target_layer_ids(head))
+    hctx = HeadContext(head, tctx, cfg)
+    try:
+        toks = [int(t) for t in np.random.default_rng(0).integers(100, 20000, context)]
+        tctx.decode_seq(toks, 0)
+        f = tctx.features()
+        hctx.decode(toks[1:], range(context - 1), [(0,)] * (context - 1), hctx.encode(f[:context - 1]),
+                    [False] * (context - 2) + [True])
+        g = hctx.hidden(-1).copy()
+        t_s, h_s, c_s = [], [], []
+        for r in range(rounds):
+            p = context + r  # the target's next position; the head is one behind (hp)
+            hp = p - 1
+            t0 = time.perf_counter()
+            tctx.decode([toks[r % context]], [p], [(0,)], [True])
+            tctx.logits(0)
+            t1 = time.perf_counter()
+            hctx.decode([toks[r % context]], [hp], [(0,)], g[None], [True])
+            hctx.logits(0)
+            t2 = time.perf_counter()
+            hctx.seq_rm(0, hp, -1)
+            gg = hctx.encode(np.repeat(f[-1:], 2, axis=0))
+            hctx.decode(toks[:2], [hp, hp + 1], [(0,), (0,)], gg, [False, True])
+            hctx.logits(-1)
+            t3 = time.perf_counter()
+            hctx.seq_rm(0, hp, -1)
+            hctx.decode([toks[r % context]], [hp], [(0,)], g[None], [False])  # the head stays one behind the target
+            t_s.append(t1 - t0)
+            h_s.append(t2 - t1)
+            c_s.append(t3 - t2)
+        return Costs(float(np.median(t_s)), float(np.median(h_s)), float(np.median(c_s)), context)
+    finally:
+        hctx.close()
+        tctx.close()
