@@ -167,3 +167,30 @@ def test_sampled_tree_draws_children_without_replacement(pair):
             assert abs(q.sum() - 1) < 1e-5 and not q[~d2t_mask].any()  # mass only on the draft vocabulary
     drafter.accept(tree, [], toks)
     drafter.check_kv(toks)
+
+
+class StaleFeatures(Eagle3Drafter):
+    """A broken twin: gets every feature row one position late (the row before the right one),
+    as an engine passing the wrong verify rows would."""
+
+    def add_features(self, features):  # noqa: ANN001
+        prev = getattr(self, "_prev_row", None)
+        shifted = features if prev is None else np.concatenate([prev, features[:-1]])
+        self._prev_row = features[-1:]
+        if prev is None:  # the first (prefill) call: shift within it
+            shifted = np.concatenate([features[:1], features[:-1]])
+        super().add_features(shifted)
+
+
+def test_acceptance_depends_on_the_right_feature_rows(pair):
+    """Exactness cannot tell a head fed the wrong rows (the target verifies every token), so
+    acceptance does: on the head's own training answers the right rows are accepted far more often."""
+    target, tctx, hctx = pair
+    res = {}
+    for name, cls in (("right", Eagle3Drafter), ("stale", StaleFeatures)):
+        acc = []
+        for text in synthetic_prompts(2):
+            toks = prompt_tokens(target, text)
+            acc += speculative_greedy(tctx, cls(hctx), toks, N_TOKENS, CHAIN, check=False)[1]
+        res[name] = sum(acc) / len(acc)
+    assert res["right"] > 0.8 and res["right"] > 1.5 * res["stale"], res
