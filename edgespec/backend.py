@@ -550,7 +550,9 @@ class HeadContext:
 
     def decode(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
                g: np.ndarray, logits: Sequence[bool]) -> None:
-        """One head forward: entry i is (tokens[i], g[i]) at positions[i] in seqs seq_ids[i]."""
+        """One head forward: entry i is (tokens[i], g[i]) at positions[i] in seqs seq_ids[i].
+        Logits and pre-norm outputs are kept for every entry (`logits` is accepted for symmetry
+        with Context.decode): read them by batch index, -1 = last."""
         n = len(tokens)
         if n > self.n_batch:
             raise ModelError(f"head batch of {n} exceeds n_batch {self.n_batch}")
@@ -570,9 +572,10 @@ class HeadContext:
             ll.llama_batch_ext_set_pos(self._batch, idx, pos)
             ll.llama_batch_ext_set_embd_token(self._batch, idx, ll.llama_embd(
                 g[i:i + 1].ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd))
-            if logits[i]:
-                ll.llama_batch_ext_set_output_logits(self._batch, idx, True)
-                n_out += 1
+            # every row is an output: llama.cpp fills the eagle3 pre-norm rows (`hidden`) in batch
+            # order but indexes them by output, so they only line up when all rows are outputs
+            ll.llama_batch_ext_set_output_logits(self._batch, idx, True)
+            n_out += 1
         t0 = time.perf_counter()
         rc = ll.llama_process(self._ctx, ll.LLAMA_PROCESS_TYPE_DECODE, self._batch)
         self.decode_seconds += time.perf_counter() - t0

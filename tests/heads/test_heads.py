@@ -210,3 +210,54 @@ def test_training_resumes_from_its_checkpoint(tiny_head):
     rep = train(replace(spec, epochs=spec.epochs + 2, hf_dir=None, heldout_prompts=spec.heldout_prompts), log=lambda s: None)
     assert rep["steps"] > tiny_head["report"]["steps"]
     assert rep["steps"] - tiny_head["report"]["steps"] <= 2 * max(1, rep["train_windows"] // spec.batch)
+
+
+def test_training_time_test_is_what_drafting_computes(target, demo_pair, embed, tmp_path):
+    """TTT step j at position t (g = the step before's output at t-1; attention to the committed
+    context up to t-j and to its own drafted ancestors) is llama.cpp drafting depth j+1."""
+    pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from edgespec.heads import model_jax as mj
+
+    h = random_head(demo_pair, embed, seed=3)
+    path = write_gguf(h, tmp_path / "h.gguf", demo_pair.target, dtype="f32")
+    toks = target.tokenize(TEXT)
+    n = len(toks) - 3  # committed head positions 0..n-1; drafted n, n+1
+    x = toks[1:n + 3]  # the input token at each head position
+    head = backend.Model(path)
+    cfg = ModelConfig(path=str(demo_pair.target), n_ctx=256, n_batch=64, threads=1)
+    tctx = backend.FeatureContext(target, cfg, backend.target_layer_ids(head))
+    hctx = backend.HeadContext(head, tctx, cfg)
+    try:
+        tctx.decode_seq(toks, 0)
+        f = tctx.features()[:n + 2]
+        hctx.decode(x[:n], range(n), [(0,)] * n, hctx.encode(f[:n]), [False] * (n - 1) + [True])
+        g = hctx.hidden(-1).copy()
+        g_committed = g.copy()
+        drafted = []
+        for d in range(2):
+            hctx.decode([x[n + d]], [n + d], [(0,)], g[None], [True])
+            drafted.append(hctx.logits(0)[h.d2t].copy())
+            g = hctx.hidden(0).copy()
+    finally:
+        hctx.close()
+        tctx.close()
+        head.close()
+    p = {k: jnp.asarray(v) for k, v in h.w.items()}
+    emb = jnp.asarray(embed[x])[None]
+    gj = jnp.asarray(f)[None] @ p["fc"].T
+    keys: list = []
+    out = []
+    for j in range(3):
+        hj, lg, kv = mj.step(p, h.cfg, emb, gj, keys, j)
+        keys.append(kv)
+        out.append(np.asarray(lg[0]))
+        gj = mj._shift(hj, 1)
+    h0 = np.asarray(mj.step(p, h.cfg, emb, jnp.asarray(f)[None] @ p["fc"].T, [], 0)[0][0])
+    assert np.abs(h0[n - 1] - g_committed).max() < 2e-3 * max(1.0, np.abs(h0).max())
+    for d in range(2):
+        ref = out[d + 1][n + d]
+        assert np.abs(ref - drafted[d]).max() < 2e-3 * max(1.0, np.abs(ref).max()), d
+    # the step-0 logits at those positions (no TTT: features the head never has while drafting) differ
+    assert np.abs(out[0][n + 1] - drafted[1]).max() > 1e-2 * max(1.0, np.abs(drafted[1]).max())
