@@ -386,3 +386,277 @@ def devices() -> list[Device]:
         out.append(Device(lib.ggml_backend_dev_name(dev).decode(), kinds.get(lib.ggml_backend_dev_type(dev), "?"),
                           int(free.value), int(total.value)))
     return out
+
+
+# -- EAGLE-3 heads --------------------------------------------------------------------------
+# llama-cpp-python 0.3.36 binds llama_batch_ext_* and llama_process but not the layer-feature
+# functions; libllama exports them with C++ linkage, so they are bound here by mangled name.
+
+class _Eagle3Lib:
+    def __init__(self) -> None:
+        from llama_cpp import llama_cpp as _llama
+
+        lib = _llama._lib
+        vp, u32, i32, b = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int32, ctypes.c_bool
+        fp = ctypes.POINTER(ctypes.c_float)
+
+        def fn(mangled: str, args: list, res):  # noqa: ANN001
+            f = getattr(lib, mangled)
+            f.argtypes, f.restype = args, res
+            return f
+
+        self.set_layer_inp = fn("_Z30llama_set_embeddings_layer_inpP13llama_contextjb", [vp, u32, b], None)
+        self.get_layer_inp = fn("_Z30llama_get_embeddings_layer_inpP13llama_contextj", [vp, u32], fp)
+        self.set_nextn = fn("_Z26llama_set_embeddings_nextnP13llama_contextbb", [vp, b, b], None)
+        self.get_nextn = fn("_Z26llama_get_embeddings_nextnP13llama_context", [vp], fp)
+        self.get_nextn_ith = fn("_Z30llama_get_embeddings_nextn_ithP13llama_contexti", [vp, i32], fp)
+        self.layer_ids = fn("_Z28llama_model_target_layer_idsPK11llama_model", [vp], ctypes.POINTER(i32))
+        self.layer_ids_n = fn("_Z30llama_model_target_layer_ids_nPK11llama_model", [vp], u32)
+
+
+_e3: _Eagle3Lib | None = None
+
+
+def _eagle3() -> _Eagle3Lib:
+    global _e3
+    if _e3 is None:
+        _e3 = _Eagle3Lib()
+    return _e3
+
+
+def model_meta(model: Model, key: str) -> str | None:
+    """A GGUF metadata value of a loaded model as text (None when absent)."""
+    buf = ctypes.create_string_buffer(1024)
+    n = ll.llama_model_meta_val_str(model._model, key.encode(), buf, len(buf))
+    return buf.value.decode(errors="replace") if n >= 0 else None
+
+
+def model_arch(model: Model) -> str:
+    return model_meta(model, "general.architecture") or "?"
+
+
+def target_layer_ids(model: Model) -> tuple[int, ...]:
+    """The target layers an EAGLE-3 head reads (`<arch>.target_layers`); () for other models."""
+    e3 = _eagle3()
+    n = int(e3.layer_ids_n(model._model))
+    if n == 0:
+        return ()
+    p = e3.layer_ids(model._model)
+    return tuple(int(p[i]) for i in range(n))
+
+
+def _rows(ptr, n: int, width: int) -> np.ndarray:  # noqa: ANN001
+    return np.ctypeslib.as_array(ptr, shape=(n, width))
+
+
+class FeatureContext(Context):
+    """A target context that also outputs the inputs of chosen layers (the hidden state entering
+    layer `lid`, for every token of a decode), the features an EAGLE-3 head reads."""
+
+    def __init__(self, model: Model, cfg: ModelConfig, layers: Sequence[int], n_seq_max: int = 1):
+        super().__init__(model, cfg, n_seq_max)
+        self.layers = tuple(int(x) for x in layers)
+        for lid in self.layers:
+            if not 0 <= lid < model.n_layer:
+                raise ModelError(f"feature layer {lid} out of range: {model.path.name} has layers 0..{model.n_layer - 1}")
+        e3 = _eagle3()
+        for lid in sorted(set(self.layers)):
+            e3.set_layer_inp(self._ctx, lid, True)
+
+    @property
+    def n_features(self) -> int:
+        return len(self.layers) * self.model.n_embd
+
+    def layer_rows(self, k: int) -> np.ndarray:
+        """[tokens of the last decode call, n_embd] input of layer `layers[k]` (a view; rows in
+        batch order within the last sub-batch)."""
+        ptr = _eagle3().get_layer_inp(self._ctx, self.layers[k])
+        if not ptr:
+            raise ModelError(f"no features for layer {self.layers[k]}")
+        return _rows(ptr, self._last_rows, self.model.n_embd)
+
+    def features(self, rows: Sequence[int] | np.ndarray | slice = slice(None)) -> np.ndarray:
+        """[len(rows), len(layers) * n_embd] the chosen rows of the last decode, the layers'
+        inputs concatenated low to high (the head's `g` input; a copy)."""
+        return np.concatenate([self.layer_rows(k)[rows] for k in range(len(self.layers))], axis=1)
+
+    def decode(self, tokens, positions, seq_ids, logits) -> None:  # noqa: ANN001
+        super().decode(tokens, positions, seq_ids, logits)
+        n = len(tokens)
+        self._last_rows = n - self.n_batch * ((n - 1) // self.n_batch) if n else 0
+
+
+def check_head(target: Model, head: Model) -> None:
+    """An EAGLE-3 head must read layers the target has, of the target's width, and speak its
+    vocabulary. Raises IncompatibleDraft naming what differs."""
+    arch = model_arch(head)
+    if arch != "eagle3":
+        raise IncompatibleDraft(f"{head.path.name} is not an EAGLE-3 head (architecture {arch!r})")
+    diffs = []
+    hidden = model_meta(head, "eagle3.target_hidden_size")
+    if hidden is None or int(hidden) != target.n_embd:
+        diffs.append(f"target hidden size {hidden} vs the target's n_embd {target.n_embd}")
+    ids = target_layer_ids(head)
+    bad = [i for i in ids if not 0 <= i < target.n_layer]
+    if len(ids) != 3 or bad:
+        diffs.append(f"target layer ids {list(ids)} out of range 0..{target.n_layer - 1}")
+    if head.n_vocab != target.n_vocab:
+        diffs.append(f"vocab size {head.n_vocab} vs {target.n_vocab}")
+    elif head.vocab_type != target.vocab_type:
+        diffs.append(f"vocab type {head.vocab_type} vs {target.vocab_type}")
+    else:
+        for t in range(target.n_vocab):
+            a, b = target.token_text(t), head.token_text(t)
+            if a != b:
+                diffs.append(f"token {t} text {a!r} vs {b!r}")
+                break
+    if diffs:
+        raise IncompatibleDraft(f"head {head.path.name} cannot draft for target {target.path.name}: " + "; ".join(diffs))
+
+
+class HeadContext:
+    """An EAGLE-3 head's context. It shares the target's token embeddings (and lm_head when the
+    head has none) through llama.cpp's `ctx_other`: `target` must outlive it.
+
+    Convention (llama.cpp's common/speculative): at head position P the input is the pair
+    (token[P+1], g[P]), g[P] = fc(target features at P) from `encode`, or, while drafting, the
+    head's own pre-norm output at P-1 (`hidden`). Its logits at P predict token[P+2]; they are
+    over the target's vocabulary (-inf outside a reduced draft vocabulary `d2t`)."""
+
+    def __init__(self, head: Model, target: Context, cfg: ModelConfig, n_seq_max: int = 1):
+        check_head(target.model, head)
+        self.model = head
+        self.target = target
+        self.n_seq_max = n_seq_max
+        self.layers = target_layer_ids(head)
+        cp = ll.llama_context_default_params()
+        cp.n_ctx = cfg.n_ctx
+        cp.n_batch = cfg.n_batch
+        cp.n_ubatch = cfg.n_batch
+        cp.n_seq_max = n_seq_max
+        cp.n_threads = cfg.n_threads
+        cp.n_threads_batch = cfg.n_threads
+        cp.kv_unified = True
+        cp.type_k = _KV_TYPES[cfg.kv_type]
+        cp.type_v = _KV_TYPES[cfg.kv_type]
+        cp.no_perf = True
+        cp.ctx_other = target._ctx
+        self._ctx = ll.llama_init_from_model(head._model, cp)
+        if not self._ctx:
+            raise ModelError(f"llama.cpp could not create a context for the head {head.path}")
+        self.n_ctx = int(ll.llama_n_ctx(self._ctx))
+        self.n_batch = cfg.n_batch
+        self.n_embd = head.n_embd
+        self.n_vocab = head.n_vocab
+        self._mem = ll.llama_get_memory(self._ctx)
+        _eagle3().set_nextn(self._ctx, True, True)
+        self._batch = ll.llama_batch_ext_init(self._ctx)
+        self._keep: list[np.ndarray] = []
+        self._n_out = 0
+        self.decode_seconds = 0.0
+
+    def _embd(self, rows: np.ndarray) -> ll.llama_embd:
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        self._keep.append(rows)
+        return ll.llama_embd(rows.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), rows.shape[0], rows.shape[1])
+
+    def encode(self, features: np.ndarray) -> np.ndarray:
+        """[n, 3 * target n_embd] target features -> [n, n_embd] g (the head's fc; a copy)."""
+        features = np.ascontiguousarray(features, dtype=np.float32)
+        out = np.empty((len(features), self.n_embd), np.float32)
+        for start in range(0, len(features), self.n_batch):
+            chunk = features[start:start + self.n_batch]
+            ll.llama_batch_ext_clear(self._batch)
+            self._keep = []
+            pos = (ll.llama_pos * 1)()
+            base = self.pos_max(0) + 1  # the encoder ignores positions; the batch check wants them after seq 0's
+            for j in range(len(chunk)):
+                idx = ll.llama_batch_ext_add_embd(self._batch, 0, self._embd(chunk[j:j + 1]))
+                if idx < 0:
+                    raise ModelError(f"head encode: batch add failed ({idx})")
+                pos[0] = base + j
+                ll.llama_batch_ext_set_pos(self._batch, idx, pos)
+                ll.llama_batch_ext_set_output_embd(self._batch, idx, True)
+            rc = ll.llama_process(self._ctx, ll.LLAMA_PROCESS_TYPE_ENCODE, self._batch)
+            if rc != 0:
+                raise ModelError(f"head encode failed with code {rc}")
+            out[start:start + len(chunk)] = _rows(_eagle3().get_nextn(self._ctx), len(chunk), self.n_embd)
+        return out
+
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
+               g: np.ndarray, logits: Sequence[bool]) -> None:
+        """One head forward: entry i is (tokens[i], g[i]) at positions[i] in seqs seq_ids[i].
+        Logits and pre-norm outputs are kept for every entry (`logits` is accepted for symmetry
+        with Context.decode): read them by batch index, -1 = last."""
+        n = len(tokens)
+        if n > self.n_batch:
+            raise ModelError(f"head batch of {n} exceeds n_batch {self.n_batch}")
+        g = np.ascontiguousarray(g, dtype=np.float32).reshape(n, self.n_embd)
+        ll.llama_batch_ext_clear(self._batch)
+        self._keep = [g]
+        pos = (ll.llama_pos * 1)()
+        n_out = 0
+        for i in range(n):
+            s = seq_ids[i]
+            idx = ll.llama_batch_ext_add_token(self._batch, s[0], int(tokens[i]))
+            if idx < 0:
+                raise ModelError(f"head decode: batch add failed ({idx})")
+            for extra in s[1:]:
+                ll.llama_batch_ext_add_seq(self._batch, idx, extra)
+            pos[0] = int(positions[i])
+            ll.llama_batch_ext_set_pos(self._batch, idx, pos)
+            ll.llama_batch_ext_set_embd_token(self._batch, idx, ll.llama_embd(
+                g[i:i + 1].ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd))
+            # every row is an output: llama.cpp fills the eagle3 pre-norm rows (`hidden`) in batch
+            # order but indexes them by output, so they only line up when all rows are outputs
+            ll.llama_batch_ext_set_output_logits(self._batch, idx, True)
+            n_out += 1
+        t0 = time.perf_counter()
+        rc = ll.llama_process(self._ctx, ll.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+        self.decode_seconds += time.perf_counter() - t0
+        if rc != 0:
+            raise ModelError(f"head decode failed with code {rc} (batch of {n} tokens, KV cache full?)")
+        self._n_out = n_out
+
+    def logits(self, j: int) -> np.ndarray:
+        """[vocab] logits of the j-th output of the last decode (-1 = last; a view)."""
+        ptr = ll.llama_get_logits_ith(self._ctx, j)
+        if not ptr:
+            raise ModelError(f"no head logits for output {j}")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def hidden(self, j: int) -> np.ndarray:
+        """[n_embd] pre-norm output of the j-th output of the last decode: the next position's
+        g while drafting (a view)."""
+        ptr = _eagle3().get_nextn_ith(self._ctx, j)
+        if not ptr:
+            raise ModelError(f"no head hidden state for output {j}")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_embd,))
+
+    # -- KV cache -----------------------------------------------------------------------------
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
+        ll.llama_memory_seq_rm(self._mem, seq, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        ll.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def pos_max(self, seq: int) -> int:
+        return int(ll.llama_memory_seq_pos_max(self._mem, seq))
+
+    def pos_min(self, seq: int) -> int:
+        return int(ll.llama_memory_seq_pos_min(self._mem, seq))
+
+    def clear(self) -> None:
+        ll.llama_memory_clear(self._mem, True)
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            ll.llama_batch_ext_free(self._batch)
+            ll.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self) -> None:  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -59,3 +59,12 @@ def random_draft(
         if not src.is_file():
             fail(f"source model not found: {src}")
         typer.echo(str(write_random_draft(src, out, seed)))
+
+
+def _register_train_head() -> None:
+    from edgespec.cli import train_head
+
+    train_head.register(models_app)
+
+
+_register_train_head()

@@ -1,0 +1,102 @@
+"""`edgespec models train-head`: train an EAGLE-3 head for a target GGUF (optional extra [train])."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from edgespec.cli.common import fail, user_errors
+
+
+def register(models_app: typer.Typer) -> None:
+    models_app.command("train-head")(train_head)
+    models_app.command("head-cost")(head_cost)
+
+
+def train_head(
+    out: Annotated[Path, typer.Argument(help="the head GGUF to write")],
+    target: Annotated[Optional[Path], typer.Option(help="target GGUF (default: the demo target)")] = None,
+    work_dir: Annotated[Optional[Path], typer.Option(help="data shards and checkpoints (default: OUT + '.work')")] = None,
+    minutes: Annotated[float, typer.Option(help="training time budget (data building not included)")] = 30.0,
+    epochs: Annotated[float, typer.Option(help="stop after this many epochs instead (0: use --minutes)")] = 0.0,
+    distill_prompts: Annotated[int, typer.Option(help="synthetic prompts the target answers (self-distillation)")] = 256,
+    max_new: Annotated[int, typer.Option(help="answer tokens per prompt")] = 160,
+    text_windows: Annotated[int, typer.Option(help="windows of text shipped in installed packages")] = 64,
+    heldout_prompts: Annotated[int, typer.Option(help="prompts kept out of training for the report")] = 16,
+    window: Annotated[int, typer.Option(help="tokens per training window")] = 128,
+    max_windows: Annotated[int, typer.Option(help="train on at most this many windows (0: all)")] = 0,
+    draft_vocab: Annotated[int, typer.Option(help="reduced draft vocabulary size (0: smallest covering --coverage)")] = 0,
+    coverage: Annotated[float, typer.Option(help="label coverage the automatic draft vocabulary must reach")] = 0.97,
+    ttt_steps: Annotated[int, typer.Option(help="training-time-test steps (head fed its own outputs)")] = 3,
+    batch: int = 8,
+    lr: float = 1e-3,
+    n_ff: Annotated[int, typer.Option(help="the head's FFN width")] = 1536,
+    hf_dir: Annotated[Optional[Path], typer.Option(help="also export the public EAGLE-3 HF layout here")] = None,
+    threads: Annotated[int, typer.Option(help="llama.cpp threads (0: all cores)")] = 0,
+    seed: int = 0,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Train an EAGLE-3 head on the target's own answers and package text; write a GGUF that
+    llama.cpp's eagle3 loader reads, and report held-out acceptance at depth 1, 2, 3."""
+    with user_errors():
+        try:
+            from edgespec.heads.train import TrainSpec, train
+        except ImportError as e:  # pragma: no cover
+            fail(f"train-head needs the [train] extra (pip install 'edgespec[train]'): {e}")
+        if target is None:
+            from edgespec.models import default_pair
+
+            target = default_pair().target
+        if not target.is_file():
+            fail(f"target model not found: {target}")
+        if minutes <= 0 and epochs <= 0:
+            fail(f"--minutes must be > 0 (or --epochs > 0), got {minutes}")
+        spec = TrainSpec(target=target, out=out, work_dir=work_dir or Path(str(out) + ".work"), minutes=minutes,
+                         epochs=epochs, distill_prompts=distill_prompts, max_new=max_new, text_windows=text_windows,
+                         heldout_prompts=heldout_prompts, window=window, max_windows=max_windows,
+                         draft_vocab=draft_vocab, coverage=coverage, ttt_steps=ttt_steps, batch=batch, lr=lr,
+                         n_ff=n_ff, hf_dir=hf_dir, threads=threads, seed=seed)
+        rep = train(spec)
+        if as_json:
+            typer.echo(json.dumps(rep))
+        else:
+            acc = rep["acceptance_by_depth"]
+            typer.echo(f"head: {rep['head']} ({rep['head_fraction_of_target']:.1%} of the target's bytes, "
+                       f"draft vocabulary {rep['draft_vocab']})")
+            typer.echo(f"trained {rep['train_minutes']:.1f} min, {rep['epochs']:.1f} epochs over {rep['train_tokens']} tokens")
+            typer.echo("held-out acceptance (greedy chain, through llama.cpp): "
+                       + ", ".join(f"depth {d + 1}: {a:.3f}" for d, a in enumerate(acc)))
+
+
+def head_cost(
+    head: Annotated[Path, typer.Argument(help="an EAGLE-3 head GGUF")],
+    target: Annotated[Optional[Path], typer.Option(help="target GGUF (default: the demo target)")] = None,
+    context: Annotated[int, typer.Option(help="context tokens before the timed forwards")] = 256,
+    rounds: int = 40,
+    threads: Annotated[int, typer.Option(help="llama.cpp threads")] = 1,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """A head's bytes and forward time as fractions of its target's (timed in one process, interleaved)."""
+    with user_errors():
+        from edgespec.backend import Model, check_head
+        from edgespec.heads.evaluate import forward_costs
+
+        if target is None:
+            from edgespec.models import default_pair
+
+            target = default_pair().target
+        t, h = Model(target), Model(head)
+        check_head(t, h)
+        c = forward_costs(t, h, context=context, rounds=rounds, threads=threads)
+        rep = {"head_bytes": h.size_bytes, "target_bytes": t.size_bytes, "bytes_fraction": h.size_bytes / t.size_bytes,
+               "target_forward_s": c.target_s, "head_forward_s": c.head_s, "head_forward_fraction": c.ratio,
+               "head_catchup_2_s": c.head_catchup_s, "context": context, "rounds": rounds, "threads": threads}
+        if as_json:
+            typer.echo(json.dumps(rep))
+        else:
+            typer.echo(f"bytes: head {h.size_bytes / 2**20:.1f} MiB = {rep['bytes_fraction']:.1%} of the target's")
+            typer.echo(f"forward (1 token after {context}): target {c.target_s * 1e3:.2f} ms, head {c.head_s * 1e3:.2f} ms "
+                       f"= {c.ratio:.3f} of a target forward; encode + 2-token catch-up {c.head_catchup_s * 1e3:.2f} ms")

@@ -1,0 +1,126 @@
+"""The EAGLE-3 head in jax, the same maths as llama.cpp's src/models/eagle3.cpp, with
+EAGLE-3's training-time test: the head fed its own outputs for `steps` steps.
+
+Why jax: autodiff over a hand-written forward that mirrors llama.cpp's graph line by line, a
+CPU wheel of ~100 MB from PyPI (torch from PyPI pulls gigabytes of CUDA libraries on Linux),
+and XLA compiles the whole step (forward, backward, Adam) into one fused CPU program.
+
+Training-time test. At head position t the input is (token[t+1], g), the label the target's
+greedy next token after token[t+1]. Step 0 uses g = fc(features[t]). Step j >= 1 uses
+g = h_{j-1}[t-1], the head's own pre-norm output one position back, exactly what drafting feeds
+at depth j+1; its query attends to step-0 keys at positions <= t-j (the committed context) and
+to step i's key at position t-(j-i) for i = 1..j (its own drafted ancestors).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from edgespec.heads.weights import HeadConfig
+
+
+def rms(x, w, eps):  # noqa: ANN001, ANN201
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def rope(x, pos, base):  # noqa: ANN001, ANN201
+    """llama.cpp's NORM rope: adjacent pairs (x[2i], x[2i+1]) rotated by pos * base^(-2i/d).
+    x [B, T, H, d], pos [T]."""
+    d = x.shape[-1]
+    inv = base ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)
+    ang = pos[:, None].astype(jnp.float32) * inv[None, :]  # [T, d/2]
+    c, s = jnp.cos(ang)[None, :, None, :], jnp.sin(ang)[None, :, None, :]
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    return jnp.stack([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1).reshape(x.shape)
+
+
+def _shift(x, k: int):  # noqa: ANN001, ANN202
+    """x[:, t - k] at t (zeros where t < k), along axis 1."""
+    if k == 0:
+        return x
+    pad = jnp.zeros_like(x[:, :k])
+    return jnp.concatenate([pad, x[:, :-k]], axis=1)
+
+
+def step(p, cfg: HeadConfig, emb, g, keys: list, j: int):  # noqa: ANN001, ANN201
+    """One TTT step. emb, g [B, T, e]; keys: (k, v) of steps 0..j-1. Returns (h, logits, (k, v))."""
+    B, T, _ = emb.shape
+    H, KV, d = cfg.n_head, cfg.n_head_kv, cfg.head_dim
+    x = jnp.concatenate([rms(emb, p["attn_norm"], cfg.rms_eps), rms(g, p["hidden_norm"], cfg.rms_eps)], axis=-1)
+    pos = jnp.arange(T)
+    q = rope((x @ p["wq"].T).reshape(B, T, H, d), pos, cfg.rope_base)
+    k = rope((x @ p["wk"].T).reshape(B, T, KV, d), pos, cfg.rope_base)
+    v = (x @ p["wv"].T).reshape(B, T, KV, d)
+    rep = H // KV
+    kk = [kv[0] for kv in keys] + [k]
+    vv = [kv[1] for kv in keys] + [v]
+    scale = 1.0 / np.sqrt(d)
+    k0 = jnp.repeat(kk[0], rep, axis=2)
+    v0 = jnp.repeat(vv[0], rep, axis=2)
+    s0 = jnp.einsum("bthd,bshd->bhts", q, k0) * scale
+    t_idx, s_idx = np.arange(T)[:, None], np.arange(T)[None, :]
+    s0 = jnp.where(jnp.asarray(s_idx <= t_idx - j)[None, None], s0, -1e30)
+    diag = []
+    for i in range(1, j + 1):
+        ki = _shift(jnp.repeat(kk[i], rep, axis=2), j - i)
+        diag.append(jnp.einsum("bthd,bthd->bht", q, ki)[..., None] * scale)  # [B, H, T, 1]
+    alls = jnp.concatenate([s0] + diag, axis=-1)
+    pr = jax.nn.softmax(alls, axis=-1)
+    out = jnp.einsum("bhts,bshd->bthd", pr[..., :T], v0)
+    for n, i in enumerate(range(1, j + 1)):
+        vi = _shift(jnp.repeat(vv[i], rep, axis=2), j - i)
+        out = out + pr[..., T + n].transpose(0, 2, 1)[..., None] * vi
+    attn = out.reshape(B, T, H * d) @ p["wo"].T
+    ffn_inp = attn + g
+    hn = rms(ffn_inp, p["ffn_norm"], cfg.rms_eps)
+    h = ffn_inp + (jax.nn.silu(hn @ p["gate"].T) * (hn @ p["up"].T)) @ p["down"].T
+    logits = rms(h, p["output_norm"], cfg.rms_eps) @ p["lm_head"].T
+    return h, logits, (k, v)
+
+
+def loss_fn(p, cfg: HeadConfig, embed, feats, tokens, labels_d, steps: int, decay: float = 0.8):  # noqa: ANN001, ANN201
+    """feats [B, T, 3e] f32; tokens [B, T] (input token[t+1] at t); labels_d [B, T] draft-vocab
+    index of the target's next token (-1: outside the draft vocabulary or past the end).
+    Returns (loss, per-step top-1 accuracy [steps])."""
+    emb = embed[tokens]
+    g = feats @ p["fc"].T
+    keys: list = []
+    total, accs = 0.0, []
+    T = tokens.shape[1]
+    for j in range(steps):
+        h, logits, kv = step(p, cfg, emb, g, keys, j)
+        keys.append(kv)
+        valid = (labels_d >= 0) & jnp.asarray(np.arange(T) >= j)[None, :]
+        lab = jnp.maximum(labels_d, 0)
+        lp = jax.nn.log_softmax(logits, axis=-1)
+        nll = -jnp.take_along_axis(lp, lab[..., None], axis=-1)[..., 0]
+        n = jnp.maximum(valid.sum(), 1)
+        total = total + (decay ** j) * jnp.sum(jnp.where(valid, nll, 0.0)) / n
+        accs.append(jnp.sum(jnp.where(valid, jnp.argmax(logits, -1) == lab, False)) / n)
+        g = _shift(h, 1)
+    return total, jnp.stack(accs)
+
+
+def adam_init(p):  # noqa: ANN001, ANN201
+    z = jax.tree_util.tree_map(jnp.zeros_like, p)
+    return {"m": z, "v": jax.tree_util.tree_map(jnp.zeros_like, p), "t": jnp.zeros((), jnp.int32)}
+
+
+def make_train_step(cfg: HeadConfig, steps: int, wd: float = 0.0):  # noqa: ANN201
+    """A jitted (params, opt, batch..., lr) -> (params, opt, loss, accs): one Adam step."""
+
+    def train_step(p, opt, embed, feats, tokens, labels_d, lr):  # noqa: ANN001, ANN202
+        (loss, accs), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, cfg, embed, feats, tokens, labels_d, steps)
+        gn = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree_util.tree_leaves(grads)))
+        clip = jnp.minimum(1.0, 1.0 / (gn + 1e-6))
+        t = opt["t"] + 1
+        b1, b2 = 0.9, 0.95
+        m = jax.tree_util.tree_map(lambda m, g: b1 * m + (1 - b1) * g * clip, opt["m"], grads)
+        v = jax.tree_util.tree_map(lambda v, g: b2 * v + (1 - b2) * (g * clip) ** 2, opt["v"], grads)
+        c1, c2 = 1 - b1 ** t, 1 - b2 ** t
+        p = jax.tree_util.tree_map(lambda w, m, v: w - lr * ((m / c1) / (jnp.sqrt(v / c2) + 1e-8) + wd * w), p, m, v)
+        return p, {"m": m, "v": v, "t": t}, loss, accs
+
+    return jax.jit(train_step)
