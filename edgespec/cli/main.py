@@ -18,7 +18,7 @@ app = typer.Typer(
 # module -> registers its commands on `app`
 _COMMAND_MODULES = (
     "edgespec.cli.generate",  # generate
-    "edgespec.cli.models",  # models prepare-demo | verify | random-draft
+    "edgespec.cli.models",  # models add | list | verify | prepare-demo | random-draft
     "edgespec.cli.selftest",  # selftest
     "edgespec.cli.serve",  # serve
     "edgespec.cli.client",  # client generate|stream, health, stats, policy, drain
