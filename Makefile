@@ -50,7 +50,11 @@ test-fast: install
 bench: install models
 	$(EDGESPEC) bench --suite structured --modes plain,chain,tree,auto
 
-bundle: install models
+# MODELS=name1,name2 bundles those manifest entries (`edgespec models add`), MODELS=none none
+# (software-only); unset: every model in the manifest, the demo pair prepared first.
+MODELS ?=
+export MODELS
+bundle: install $(if $(MODELS),,models)
 	tools/make-bundle.sh
 
 clean:
