@@ -70,6 +70,11 @@ def _file_or_empty(v: str) -> str | None:
     return None
 
 
+def _strings(v: list) -> str | None:
+    bad = [x for x in v if not isinstance(x, str) or not x.strip()]
+    return f"must be a list of non-empty strings, got {bad[0]!r}" if bad else None
+
+
 def _json_mode(v: Any) -> str | None:
     return None if v in ("auto", True, False) else f"must be \"auto\", true or false, got {v!r}"
 
@@ -123,13 +128,15 @@ SCHEMA: Schema = {
         "max_tree_depth": ((int,), MAX_TREE_DEPTH, _range(1, MAX_TREE_DEPTH), "largest tree_depth a request may ask for"),
     },
     "auth": {
-        "tokens_file": ((str,), "", _file_or_empty, "sha256 hex hashes of bearer tokens, one per line (`edgespec config hash-token`)"),
+        "tokens_file": ((str,), "", _file_or_empty, "sha256 hex hashes of bearer tokens, one per line, optionally named: name:hash (`edgespec config hash-token --name N`)"),
         "admin_tokens_file": ((str,), "", _file_or_empty, "hashes of tokens that may also call the Admin service"),
+        "admin_subjects": ((list,), [], _strings, "client certificate subjects (\"CN=ops,O=site\") or common names "
+                           "that may also call the Admin service (mutual TLS)"),
     },
     "tls": {
         "cert": ((str,), "", _file_or_empty, "server certificate chain (PEM); empty = plaintext"),
         "key": ((str,), "", _file_or_empty, "server private key (PEM)"),
-        "client_ca": ((str,), "", _file_or_empty, "CA bundle (PEM) for client certificates; set = mutual TLS required"),
+        "client_ca": ((str,), "", _file_or_empty, "CA bundle (PEM) for client certificates; set = mutual TLS required, and a verified certificate is an identity"),
     },
     "metrics": {
         "enabled": ((bool,), False, None, "serve Prometheus text metrics over HTTP"),
@@ -186,6 +193,7 @@ class SpeculationConfig:
 class AuthConfig:
     tokens_file: str = ""
     admin_tokens_file: str = ""
+    admin_subjects: tuple[str, ...] = ()
 
     @property
     def enabled(self) -> bool:
@@ -259,6 +267,8 @@ def is_loopback(host: str) -> bool:
 
 def _coerce_env(raw: str, types: tuple[type, ...]) -> Any:
     """Environment values are strings: convert to the key's type (booleans: 1/0/true/false/yes/no)."""
+    if list in types:  # comma-separated
+        return [x.strip() for x in raw.split(",") if x.strip()]
     if bool in types:
         low = raw.strip().lower()
         if low in ("1", "true", "yes", "on"):
@@ -405,12 +415,14 @@ def load(
         problems.append(("tls.key" if tls["cert"] else "tls.cert", "tls.cert and tls.key must be set together"))
     if tls["client_ca"] and not tls["cert"]:
         problems.append(("tls.client_ca", "mutual TLS needs tls.cert and tls.key"))
-    auth = AuthConfig(**values["auth"])
-    if not auth.enabled and not is_loopback(s["host"]) and not s["insecure"]:
+    auth = AuthConfig(**{**values["auth"], "admin_subjects": tuple(values["auth"]["admin_subjects"])})
+    if not (auth.enabled or tls["client_ca"]) and not is_loopback(s["host"]) and not s["insecure"]:
         problems.append(
-            ("server.host", f"{s['host']} is not a loopback address and no auth tokens are configured: "
-             "set auth.tokens_file, or start with --insecure")
+            ("server.host", f"{s['host']} is not a loopback address and no authentication is configured: "
+             "set auth.tokens_file, or tls.client_ca (mutual TLS), or start with --insecure")
         )
+    if auth.admin_subjects and not tls["client_ca"]:
+        problems.append(("auth.admin_subjects", "certificate subjects need mutual TLS (tls.client_ca)"))
     for key in ("tokens_file", "admin_tokens_file"):
         if values["auth"][key] and not any(problems_key == f"auth.{key}" for problems_key, _ in problems):
             from edgespec.server.auth import read_hashes

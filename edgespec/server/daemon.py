@@ -91,8 +91,25 @@ def check_memory(engine_cfg: Any) -> None:
         check_fits(plan, system_memory_bytes(), device="RAM")
 
 
+def _model_digests(cfg: DaemonConfig) -> dict[str, tuple[str, str]]:
+    """role -> (manifest name, SHA-256) of the configured models; ("", "") for a file no manifest
+    lists (hashing it here would delay the start by the time it takes to read the whole file)."""
+    from edgespec.models import manifest_entry_for
+
+    out = {}
+    for role, m in (("target", cfg.engine.target), ("draft", cfg.engine.draft)):
+        if m is not None:
+            out[role] = manifest_entry_for(m.path) or ("", "")
+    return out
+
+
 def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def auth_from_config(cfg: DaemonConfig) -> TokenAuth:
+    return TokenAuth.from_files(cfg.auth.tokens_file, cfg.auth.admin_tokens_file,
+                                client_certs=bool(cfg.tls.client_ca), admin_subjects=cfg.auth.admin_subjects)
 
 
 class Daemon:
@@ -101,7 +118,7 @@ class Daemon:
         self._policy = Policy.from_config(cfg.speculation, cfg.server)
         self._policy_lock = threading.Lock()
         self.metrics = Metrics()
-        self.auth = TokenAuth.from_files(cfg.auth.tokens_file, cfg.auth.admin_tokens_file)
+        self.auth = auth_from_config(cfg)
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self.systemd = _Systemd()
         self.loop = EngineLoop(
@@ -114,6 +131,7 @@ class Daemon:
             log_text=cfg.logging.log_text,
         )
         self.metrics.state = self.loop.stats
+        self.model_digests = _model_digests(cfg)
         self.started = time.monotonic()
         self.server: grpc.Server | None = None
         self.port = 0
@@ -154,7 +172,8 @@ class Daemon:
         self._set_health(health_pb2.HealthCheckResponse.SERVING)
         addr = format_address(self.cfg.server.host, self.port)
         log.info("serving", address=addr, tls=self.cfg.tls.enabled, mtls=bool(self.cfg.tls.client_ca),
-                 auth=self.auth.enabled, reflection=self.cfg.server.reflection)
+                 auth=self.auth.enabled, reflection=self.cfg.server.reflection,
+                 **{f"{role}_sha256": sha or "not in manifest" for role, (_, sha) in self.model_digests.items()})
         print(f"SERVING {addr}", flush=True)  # a line for scripts and tests
         self.systemd("ready", f"serving on {addr}")
 
@@ -182,7 +201,7 @@ class Daemon:
             maximum_concurrent_rpcs=workers,
         )
         inference_pb2_grpc.add_InferenceServicer_to_server(
-            InferenceServicer(self.loop, self.policy, parallel=s.parallel), server)
+            InferenceServicer(self.loop, self.policy, parallel=s.parallel, digests=lambda: self.model_digests), server)
         admin_pb2_grpc.add_AdminServicer_to_server(
             AdminServicer(self.loop, self.policy, self.set_policy, self._drain, self.started), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
+import structlog
 
 from edgespec.errors import BadRequest, Cancelled, NotReady
 from edgespec.logs import bind_request_id
@@ -24,15 +25,18 @@ POLL_SECONDS = 0.25
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
-    def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], *, parallel: int):
+    def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], *, parallel: int,
+                 digests: Callable[[], dict[str, tuple[str, str]]] = dict):
         self.loop = loop
         self.policy = policy
         self.parallel = parallel
+        self.digests = digests  # role -> (manifest name, sha256) of the loaded models
 
     # ---- helpers -------------------------------------------------------------------------
 
     def _submit(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Job:
-        rid = convert.validate_request_id(request.request_id) or uuid.uuid4().hex[:16]
+        rid = (convert.validate_request_id(request.request_id)
+               or structlog.contextvars.get_contextvars().get("x_request_id") or uuid.uuid4().hex[:16])
         bind_request_id(request_id=rid)
         policy = self.policy()
         prompt, messages = convert.prompt_from(request)
@@ -118,6 +122,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             backend=str(info.pop("backend", "")),
             parallel=int(info.pop("parallel", self.parallel) or self.parallel),
         )
+        digests = self.digests()
+        out.target_name, out.target_sha256 = digests.get("target", ("", ""))
+        out.draft_name, out.draft_sha256 = digests.get("draft", ("", ""))
         for prefix, d in (("target", target), ("draft", draft)):
             for key, value in d.items():
                 if key != "path":

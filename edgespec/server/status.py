@@ -1,9 +1,15 @@
-"""The ONE place where errors become gRPC status codes, plus bearer-token auth, as a server
+"""The ONE place where errors become gRPC status codes, plus auth and the access log, as a server
 interceptor that wraps every handler. Domain exceptions are raised anywhere below; this maps them.
-Anything unexpected is INTERNAL with the request id, logged with its traceback; the daemon stays up."""
+Anything unexpected is INTERNAL with the request id, logged with its traceback; the daemon stays up.
+
+Every RPC ends with one `rpc` log line carrying the peer address, the caller's identity (a token's
+name or a client certificate's subject, never a secret), the caller's `x-request-id` (echoed back
+in trailing metadata) and the status code; every other line logged while handling it carries the
+same fields (structlog contextvars)."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -53,37 +59,6 @@ def _abort(context: grpc.ServicerContext, exc: BaseException, method: str) -> No
     context.abort(code, message)
 
 
-def _begin(context: grpc.ServicerContext) -> None:
-    clear_request()  # handler threads are pooled: drop the previous RPC's bindings
-    md = dict(context.invocation_metadata() or ())
-    bind_request_id(request_id=str(md.get("x-request-id") or uuid.uuid4().hex[:16]))
-
-
-def _wrap_unary(fn: Callable, method: str) -> Callable:
-    def behavior(request: Any, context: grpc.ServicerContext) -> Any:
-        _begin(context)
-        try:
-            return fn(request, context)
-        except Exception as exc:  # noqa: BLE001 - mapped below
-            if _is_abort(exc, context):
-                raise
-            _abort(context, exc, method)
-
-    return behavior
-
-
-def _wrap_stream(fn: Callable, method: str) -> Callable:
-    def behavior(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-        _begin(context)
-        try:
-            yield from fn(request, context)
-        except Exception as exc:  # noqa: BLE001 - mapped below
-            if _is_abort(exc, context):
-                raise
-            _abort(context, exc, method)
-
-    return behavior
-
 
 def _is_abort(exc: BaseException, context: grpc.ServicerContext) -> bool:
     """context.abort() raises a bare Exception after setting the code: let it through."""
@@ -91,22 +66,35 @@ def _is_abort(exc: BaseException, context: grpc.ServicerContext) -> bool:
     return type(exc) is Exception and code is not None
 
 
-def _denied(code: grpc.StatusCode, message: str, streaming_response: bool) -> Callable:
-    if streaming_response:
-        def stream(_request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-            context.abort(code, message)
-            yield  # pragma: no cover
+def _caller_request_id(md: dict) -> str:
+    """The caller's x-request-id, checked like GenerateRequest.request_id."""
+    rid = str(md.get("x-request-id") or "")
+    if len(rid) > 128 or any(not (c.isascii() and (c.isalnum() or c in "-_.:")) for c in rid):
+        raise BadRequest("x-request-id", "at most 128 characters of [A-Za-z0-9-_.:]")
+    return rid
 
-        return stream
 
-    def unary(_request: Any, context: grpc.ServicerContext) -> Any:
-        context.abort(code, message)
+def _subject(context: grpc.ServicerContext) -> tuple[str, str] | None:
+    """(subject, common name) of the client certificate grpc verified, or None."""
+    ac = context.auth_context() or {}
+    if b"ssl" not in ac.get("transport_security_type", ()):
+        return None
+    full = b"".join(ac.get("x509_subject", ())[:1]).decode("utf-8", "replace")
+    cn = b"".join(ac.get("x509_common_name", ())[:1]).decode("utf-8", "replace")
+    return (full, cn) if (full or cn) else None
 
-    return unary
+
+DENIED = {
+    "unauthenticated": (grpc.StatusCode.UNAUTHENTICATED,
+                        "missing or invalid credentials (metadata 'authorization: Bearer <token>', or a client certificate)"),
+    "permission_denied": (grpc.StatusCode.PERMISSION_DENIED,
+                          "this RPC needs an admin token or a certificate subject in auth.admin_subjects"),
+}
 
 
 class ServerInterceptor(grpc.ServerInterceptor):
-    """Auth (every RPC but health, when tokens are configured) and error mapping for every RPC."""
+    """Auth, error mapping and the access log for every RPC. `auth` may be replaced while serving
+    (a reload): each RPC reads it once, when it starts."""
 
     def __init__(self, auth: TokenAuth | None = None):
         self.auth = auth or TokenAuth()
@@ -116,19 +104,66 @@ class ServerInterceptor(grpc.ServerInterceptor):
         if handler is None:
             return None
         method = details.method
-        md = dict(details.invocation_metadata or ())
-        verdict = self.auth.check(method, md.get("authorization"))
         kind = ("stream" if handler.request_streaming else "unary") + "_" + ("stream" if handler.response_streaming else "unary")
         make = getattr(grpc, f"{kind}_rpc_method_handler")
         ser = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
-        if verdict is not None:
-            code = grpc.StatusCode.UNAUTHENTICATED if verdict == "unauthenticated" else grpc.StatusCode.PERMISSION_DENIED
-            message = ("missing or invalid bearer token (metadata 'authorization: Bearer <token>')"
-                       if verdict == "unauthenticated" else "this RPC needs an admin token")
-            log.warning("rpc_denied", method=method, code=code.name)
-            return make(_denied(code, message, handler.response_streaming), **ser)
-        if handler.request_streaming:  # reflection: nothing of ours to map
-            return handler
         fn = getattr(handler, kind)
-        wrapped = _wrap_stream(fn, method) if handler.response_streaming else _wrap_unary(fn, method)
-        return make(wrapped, **ser)
+        if handler.response_streaming:
+            def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                started = self._begin(context, method)
+                try:
+                    yield from fn(request, context)
+                except Exception as exc:  # noqa: BLE001 - mapped below
+                    if _is_abort(exc, context):
+                        raise
+                    _abort(context, exc, method)
+                finally:
+                    _end(context, method, started)
+
+            return make(stream, **ser)
+
+        def unary(request: Any, context: grpc.ServicerContext) -> Any:
+            started = self._begin(context, method)
+            try:
+                return fn(request, context)
+            except Exception as exc:  # noqa: BLE001 - mapped below
+                if _is_abort(exc, context):
+                    raise
+                _abort(context, exc, method)
+            finally:
+                _end(context, method, started)
+
+        return make(unary, **ser)
+
+    def _begin(self, context: grpc.ServicerContext, method: str) -> float:
+        """Bind the RPC's log fields, echo the caller's request id, check the credentials (an
+        RPC that fails them is aborted here)."""
+        clear_request()  # handler threads are pooled: drop the previous RPC's bindings
+        started = time.monotonic()
+        md = dict(context.invocation_metadata() or ())
+        bind_request_id(request_id=uuid.uuid4().hex[:16], peer=context.peer())
+        decision = self.auth.decide(method, md.get("authorization"), _subject(context))
+        bind_request_id(caller=decision.identity)
+        try:
+            caller_rid = _caller_request_id(md)
+        except BadRequest as exc:
+            _end(context, method, started, grpc.StatusCode.INVALID_ARGUMENT)
+            _abort(context, exc, method)
+        if caller_rid:
+            bind_request_id(x_request_id=caller_rid)
+            context.set_trailing_metadata((("x-request-id", caller_rid),))
+        if decision.verdict is not None:
+            code, message = DENIED[decision.verdict]
+            log.warning("rpc_denied", method=method, code=code.name)
+            _end(context, method, started, code)
+            context.abort(code, message)
+        return started
+
+
+def _end(context: grpc.ServicerContext, method: str, started: float, code: grpc.StatusCode | None = None) -> None:
+    """The access log line: one per RPC (health checks at debug level)."""
+    code = code or getattr(context, "code", lambda: None)() or grpc.StatusCode.OK
+    if not isinstance(code, grpc.StatusCode):  # some grpcio versions report the raw value
+        code = next((c for c in grpc.StatusCode if code in (c.value[0], c.value)), grpc.StatusCode.UNKNOWN)
+    level = log.debug if method.startswith("/grpc.health.v1.Health/") else log.info
+    level("rpc", method=method, code=code.name, seconds=round(time.monotonic() - started, 6))
