@@ -11,7 +11,7 @@ import ipaddress
 import os
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -465,6 +465,22 @@ def load(
 def reload_speculation(cfg: DaemonConfig, env: Mapping[str, str] | None = None) -> SpeculationConfig:
     """SIGHUP: re-read only the policy sections of the config file (validated the same way)."""
     return load(cfg.source or None, env=env, overrides={"server": {"host": cfg.server.host, "insecure": cfg.server.insecure}}).speculation
+
+
+RELOADED_SECTIONS = ("auth", "tls", "speculation")  # what SIGHUP re-reads; the rest needs a restart
+
+
+def reload_config(cfg: DaemonConfig, env: Mapping[str, str] | None = None) -> DaemonConfig:
+    """SIGHUP: `cfg` with [auth], [tls] and [speculation] re-read from its config file (validated
+    as at start, against the running [server] section); without a file, `cfg` itself (the caller
+    re-reads the token and certificate files it names). Turning TLS or mutual TLS on or off needs
+    a restart (the listening socket's credentials are fixed)."""
+    if not cfg.source:
+        return cfg
+    new = load(cfg.source, env=env, overrides={"server": asdict(cfg.server)})
+    if new.tls.enabled != cfg.tls.enabled or bool(new.tls.client_ca) != bool(cfg.tls.client_ca):
+        raise ConfigError("tls", "turning TLS or mutual TLS on or off needs a restart, not a reload")
+    return replace(cfg, auth=new.auth, tls=new.tls, speculation=new.speculation)
 
 
 def documented_defaults() -> str:

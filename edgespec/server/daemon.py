@@ -1,10 +1,12 @@
 """Assemble and run the daemon: gRPC server (+ health, optional reflection), engine thread,
-metrics endpoint, signals (SIGTERM/SIGINT: graceful shutdown, SIGHUP: reload policy) and
-systemd notifications (through edgespec.notify when present)."""
+metrics endpoint, signals (SIGTERM/SIGINT: graceful shutdown; SIGHUP: reload token files, TLS
+certificate/key files and [speculation], without dropping a request) and systemd notifications
+(through edgespec.notify when present)."""
 
 from __future__ import annotations
 
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -20,7 +22,7 @@ from edgespec.errors import ConfigError
 from edgespec.logs import get_logger
 from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2, inference_pb2_grpc
 from edgespec.server.auth import TokenAuth
-from edgespec.server.config import DaemonConfig, reload_speculation
+from edgespec.server.config import DaemonConfig, reload_config
 from edgespec.server.engine_loop import EngineLoop
 from edgespec.server.metrics import Metrics, serve_metrics
 from edgespec.server.policy import Policy
@@ -91,6 +93,24 @@ def check_memory(engine_cfg: Any) -> None:
         check_fits(plan, system_memory_bytes(), device="RAM")
 
 
+def _tls_files(cfg: DaemonConfig) -> tuple[bytes, bytes, bytes | None]:
+    """(certificate chain, key, client CA) read and checked: the key must match the certificate
+    (ssl.SSLError otherwise), so a reload never installs a pair no handshake could use."""
+    t = cfg.tls
+    cert, key = Path(t.cert).expanduser(), Path(t.key).expanduser()
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        raise ConfigError("tls.key", f"{key} is not the private key of {cert} or not PEM ({exc.reason or exc})") from None
+    ca = Path(t.client_ca).expanduser().read_bytes() if t.client_ca else None
+    if ca is not None:
+        try:
+            ssl.create_default_context(cadata=ca.decode("ascii", "replace"))
+        except (ssl.SSLError, ValueError) as exc:
+            raise ConfigError("tls.client_ca", f"{t.client_ca}: no PEM certificate ({exc})") from None
+    return cert.read_bytes(), key.read_bytes(), ca
+
+
 def _model_digests(cfg: DaemonConfig) -> dict[str, tuple[str, str]]:
     """role -> (manifest name, SHA-256) of the configured models; ("", "") for a file no manifest
     lists (hashing it here would delay the start by the time it takes to read the whole file)."""
@@ -137,6 +157,10 @@ class Daemon:
         self.port = 0
         self._metrics_server = None
         self._stopped = threading.Event()
+        self._interceptor: ServerInterceptor | None = None
+        self._tls_lock = threading.Lock()
+        self._tls_pending: Any = None
+        self.last_reload: dict[str, Any] | None = None
 
     # ---- policy ----------------------------------------------------------------------------
 
@@ -150,15 +174,43 @@ class Daemon:
         log.info("policy_set", speculation=p.speculation, max_draft_tokens=p.max_draft_tokens,
                  max_tree_nodes=p.max_tree_nodes, max_tree_depth=p.max_tree_depth, max_tokens=p.max_tokens)
 
-    def reload(self) -> None:
-        """SIGHUP: re-read the policy sections of the config file; in-flight requests are untouched."""
+    def reload(self) -> bool:
+        """SIGHUP: re-read the config file's [auth], [tls] and [speculation] (and the token and
+        certificate files they name), validate all of it, then swap it in: RPCs already running
+        keep what they started with, new RPCs and new TLS handshakes get the new. A reload that
+        fails validation changes nothing and says why (log, Admin.Stats last_reload)."""
         try:
-            spec = reload_speculation(self.cfg)
-        except ConfigError as exc:
-            log.error("reload_failed", error=str(exc))
-            return
-        self.set_policy(Policy.from_config(spec, self.cfg.server))
-        log.info("config_reloaded", source=self.cfg.source)
+            new = reload_config(self.cfg)
+            auth = auth_from_config(new)
+            tls = _tls_files(new) if new.tls.enabled else None
+        except (ConfigError, OSError, ssl.SSLError, ValueError) as exc:
+            self.last_reload = {"ok": False, "unix_time": time.time(), "error": str(exc), "source": self.cfg.source}
+            log.error("reload_failed", error=str(exc), source=self.cfg.source)
+            return False
+        self.auth = auth
+        if self._interceptor is not None:
+            self._interceptor.auth = auth
+        reloaded = ["auth"]
+        if tls is not None:
+            with self._tls_lock:
+                self._tls_pending = grpc.ssl_server_certificate_configuration([(tls[1], tls[0])], root_certificates=tls[2])
+            reloaded.append("tls")
+        self.cfg = new
+        if new.source:
+            self.set_policy(Policy.from_config(new.speculation, self.cfg.server))
+            reloaded.append("speculation")
+        self.last_reload = {"ok": True, "unix_time": time.time(), "error": "", "source": new.source,
+                            "reloaded": reloaded}
+        log.info("config_reloaded", source=new.source, reloaded=reloaded, auth=auth.enabled,
+                 tokens=len(auth.tokens) + len(auth.admin_tokens))
+        return True
+
+    def _fetch_tls(self) -> Any:
+        """grpc's certificate-config fetcher, asked at every new TLS handshake: a new
+        configuration once after a reload, else None (keep the current one)."""
+        with self._tls_lock:
+            pending, self._tls_pending = self._tls_pending, None
+        return pending
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -189,6 +241,7 @@ class Daemon:
         """Bind and start serving (health NOT_SERVING), then load the engine in its thread."""
         s = self.cfg.server
         workers = s.parallel + s.queue_size + SPARE_THREADS
+        self._interceptor = ServerInterceptor(self.auth)
         options = [
             ("grpc.max_receive_message_length", s.max_message_bytes),
             ("grpc.max_send_message_length", s.max_message_bytes),
@@ -196,14 +249,15 @@ class Daemon:
         ]
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="edgespec-rpc"),
-            interceptors=[ServerInterceptor(self.auth)],
+            interceptors=[self._interceptor],
             options=options,
             maximum_concurrent_rpcs=workers,
         )
         inference_pb2_grpc.add_InferenceServicer_to_server(
             InferenceServicer(self.loop, self.policy, parallel=s.parallel, digests=lambda: self.model_digests), server)
         admin_pb2_grpc.add_AdminServicer_to_server(
-            AdminServicer(self.loop, self.policy, self.set_policy, self._drain, self.started), server)
+            AdminServicer(self.loop, self.policy, self.set_policy, self._drain, self.started,
+                          last_reload=lambda: self.last_reload), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         if s.reflection:
@@ -216,13 +270,10 @@ class Daemon:
         addr = format_address(s.host, s.port)
         try:
             if self.cfg.tls.enabled:
-                t = self.cfg.tls
-                ca = Path(t.client_ca).expanduser().read_bytes() if t.client_ca else None
-                creds = grpc.ssl_server_credentials(
-                    [(Path(t.key).expanduser().read_bytes(), Path(t.cert).expanduser().read_bytes())],
-                    root_certificates=ca,
-                    require_client_auth=ca is not None,
-                )
+                cert, key, ca = _tls_files(self.cfg)
+                initial = grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+                creds = grpc.dynamic_ssl_server_credentials(initial, self._fetch_tls,
+                                                            require_client_authentication=ca is not None)
                 self.port = server.add_secure_port(addr, creds)
             else:
                 self.port = server.add_insecure_port(addr)

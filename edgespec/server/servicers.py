@@ -136,12 +136,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):
     def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], set_policy: Callable[[Policy], None],
-                 drain: Callable[[bool], None], started: float):
+                 drain: Callable[[bool], None], started: float, last_reload: Callable[[], dict | None] = lambda: None):
         self.loop = loop
         self.policy = policy
         self.set_policy = set_policy
         self.drain = drain
         self.started = started
+        self.last_reload = last_reload
 
     def Stats(self, request: admin_pb2.StatsRequest, context: grpc.ServicerContext) -> admin_pb2.StatsResponse:  # noqa: N802
         s = self.loop.stats()
@@ -157,6 +158,8 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             breaker_transitions_total=s.get("breaker_transitions_total", 0),
             policy=convert.policy_to_pb(self.policy()),
         )
+        if (r := self.last_reload()) is not None:
+            out.last_reload.CopyFrom(admin_pb2.LastReload(**r))
         for key, value in s.items():
             if key.startswith("finished_"):
                 out.finished_by_reason[key[len("finished_"):]] = value

@@ -7,6 +7,7 @@ daemons on loopback (fake engine), real certificates."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import grpc
 import pytest
@@ -166,3 +167,24 @@ def test_client_certificate_is_an_identity_and_admin_by_subject(make_daemon, cer
     assert callers == [
         (INF, "cert:CN=edgespec client", "OK"), (ADM, "cert:CN=edgespec client", "PERMISSION_DENIED"),
         (ADM, "token:admin_tokens:1", "OK"), (ADM, "cert:CN=edgespec client", "OK")]
+
+
+def test_reload_swaps_tokens_and_a_failed_one_changes_nothing(make_daemon, named_tokens, tmp_path):
+    r = make_daemon(auth=named_tokens)
+    admin = (("authorization", f"Bearer {ADMIN_SECRET}"),)
+    assert not r.admin.Stats(admin_pb2.StatsRequest(), timeout=5, metadata=admin).HasField("last_reload")
+    Path(named_tokens["tokens_file"]).write_text(f"next:{hash_token('next-secret')}\n")
+    assert r.daemon.reload()
+    ok = lambda token: r.inference.Generate(req(max_tokens=2), timeout=5,  # noqa: E731
+                                            metadata=(("authorization", f"Bearer {token}"),)).text
+    assert ok("next-secret")
+    with pytest.raises(grpc.RpcError) as e:
+        ok(USER_SECRET)
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    st = r.admin.Stats(admin_pb2.StatsRequest(), timeout=5, metadata=admin).last_reload
+    assert st.ok and list(st.reloaded) == ["auth"] and st.source == ""  # no config file: the same files re-read
+    Path(named_tokens["tokens_file"]).write_text("not a hash\n")
+    assert not r.daemon.reload()
+    assert ok("next-secret")  # unchanged
+    st = r.admin.Stats(admin_pb2.StatsRequest(), timeout=5, metadata=admin).last_reload
+    assert not st.ok and "line 1" in st.error and named_tokens["tokens_file"] in st.error
