@@ -13,7 +13,8 @@ from edgespec.cli.common import fail
 
 client_app = typer.Typer(help="Talk to a running edgespec daemon.", no_args_is_help=True)
 
-ADDR = typer.Option("127.0.0.1:50051", "--addr", envvar="EDGESPEC_ADDR", help="host:port of the daemon.")
+ADDR = typer.Option("127.0.0.1:50051", "--addr", envvar="EDGESPEC_ADDR",
+                    help="host:port of the daemon; several: a,b,c or dns:///name:port (round robin over the healthy ones).")
 TOKEN = typer.Option("", "--token", envvar="EDGESPEC_TOKEN", help="Bearer token.")
 CA = typer.Option("", "--ca", help="CA certificate (PEM): connect with TLS.")
 CERT = typer.Option("", "--cert", help="Client certificate (PEM) for mutual TLS.")
