@@ -11,7 +11,7 @@ app = typer.Typer(
     name="edgespec",
     help="Exact speculative decoding appliance on llama.cpp.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
     pretty_exceptions_enable=False,
 )
 
