@@ -99,7 +99,8 @@ def _tls_files(cfg: DaemonConfig) -> tuple[bytes, bytes, bytes | None]:
     t = cfg.tls
     cert, key = Path(t.cert).expanduser(), Path(t.key).expanduser()
     try:
-        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+        # password: never prompt on a terminal for an encrypted key (gRPC cannot use one anyway)
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key, password=lambda: b"")
     except ssl.SSLError as exc:
         raise ConfigError("tls.key", f"{key} is not the private key of {cert} or not PEM ({exc.reason or exc})") from None
     ca = Path(t.client_ca).expanduser().read_bytes() if t.client_ca else None
