@@ -9,6 +9,7 @@
 # usage: tools/make-bundle.sh            (run by `make bundle`)
 #   env: PYTHON       venv python used to build wheels (default .venv/bin/python)
 #        CUDA=1       llama-cpp-python with -DGGML_CUDA=on; CUDA_ARCHITECTURES="80;86;89;90"
+#        RPC=1        llama-cpp-python with -DGGML_RPC=ON, and rpc-server/rpc-server for helper boxes
 #        CMAKE_ARGS   full override of the llama.cpp CMake flags (see tools/build-llama-wheel.sh)
 #        MODELS_DIR   where the models are (default: edgespec.config.models_dir())
 #        MODELS       manifest names to bundle, comma- or space-separated (default: every file in the
@@ -74,6 +75,12 @@ LLAMA_WHEEL=$(tools/build-llama-wheel.sh "$PY" | tail -n1)
 cp "$LLAMA_WHEEL" "$B/wheelhouse/"
 log "llama-cpp-python: $(basename "$LLAMA_WHEEL") ($(cat "$(dirname "$LLAMA_WHEEL")/CMAKE_ARGS" 2>/dev/null || echo flags unknown))"
 
+# 1b. RPC=1: llama.cpp's rpc-server for the helper boxes of a target larger than one box.
+if [[ "${RPC:-0}" == "1" ]]; then
+  mkdir -p "$B/rpc-server"
+  cp "$(tools/build-rpc-server.sh "$PY" | tail -n1)" "$B/rpc-server/rpc-server"
+fi
+
 # 2. edgespec itself (generated protobuf modules included) and every runtime dependency.
 #    --find-links the built llama wheel so pip takes it instead of building PyPI's sdist.
 [[ -f tools/gen_protos.py ]] && "$PY" tools/gen_protos.py >&2
@@ -100,6 +107,7 @@ chmod 755 "$B/install.sh"
   echo "PYTHON_VERSION=$("$PY" -c 'import sys;print("%d.%d" % sys.version_info[:2])')"
   echo "PLATFORM=$(uname -m)"
   echo "CUDA=${CUDA:-0}"
+  echo "RPC=${RPC:-0}"
   echo "LLAMA_CMAKE_ARGS=\"$(cat "$(dirname "$LLAMA_WHEEL")/CMAKE_ARGS" 2>/dev/null || true)\""
   echo "LLAMA_CPU_FEATURES=\"$(cat "$(dirname "$LLAMA_WHEEL")/CPU_FEATURES" 2>/dev/null || echo avx avx2 fma f16c bmi2)\""
   echo "LLAMA_PATCHES=\"$(tr '\n' ' ' < "$(dirname "$LLAMA_WHEEL")/PATCHES" 2>/dev/null || true)\""

@@ -75,6 +75,14 @@ def _strings(v: list) -> str | None:
     return f"must be a list of non-empty strings, got {bad[0]!r}" if bad else None
 
 
+def _endpoints(v: list) -> str | None:
+    for x in v:
+        host, sep, port = str(x).rpartition(":") if isinstance(x, str) else ("", "", "")
+        if not sep or not port.isdigit() or not 0 < int(port) < 65536 or _host(host.strip("[]")):
+            return f"must be a list of host:port, got {x!r}"
+    return None
+
+
 def _json_mode(v: Any) -> str | None:
     return None if v in ("auto", True, False) else f"must be \"auto\", true or false, got {v!r}"
 
@@ -109,7 +117,11 @@ SCHEMA: Schema = {
                          "long prefix prefills only from the last whole n_batch chunk they share; its draft keeps "
                          "(and absorbs while idle) the last context, reusable up to any shared prefix"),
     },
-    "target": _MODEL_KEYS,
+    "target": {
+        **_MODEL_KEYS,
+        "rpc_servers": ((list,), [], _endpoints, "llama.cpp rpc-servers (host:port) that hold part of the target's "
+                        "layers, for a target larger than one box; needs a wheel built with RPC=1 and n_gpu_layers != 0"),
+    },
     "draft": {
         **_MODEL_KEYS,
         "enabled": ((bool,), True, None, "false = model-free (n-gram) drafting only"),
@@ -235,6 +247,7 @@ class DaemonConfig:
     metrics: MetricsConfig
     logging: LoggingConfig
     controller: dict = field(default_factory=dict)  # handed to edgespec.controller as-is
+    rpc_servers: tuple[str, ...] = ()  # [target] rpc_servers: registered before the engine loads
     source: str = ""  # the file it came from ("" = defaults only)
 
 
@@ -433,6 +446,8 @@ def load(
                 problems.append((f"auth.{key}", str(exc).split(": ", 1)[-1]))
 
     target = _model(values["target"], DEMO_TARGET)
+    if values["target"]["rpc_servers"] and values["target"]["n_gpu_layers"] == 0:
+        problems.append(("target.n_gpu_layers", "must be -1 (all) or > 0 to place layers on target.rpc_servers"))
     draft_vals = values["draft"]
     draft = _model(draft_vals, DEMO_DRAFT) if draft_vals["enabled"] else None
     if check_models:
@@ -459,6 +474,7 @@ def load(
         logging=LoggingConfig(**values["logging"]),
         controller=dict(controller),
         source=str(path or ""),
+        rpc_servers=tuple(values["target"]["rpc_servers"]),
     )
 
 

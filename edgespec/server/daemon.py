@@ -73,7 +73,14 @@ def default_engine_factory(cfg: DaemonConfig) -> Callable[[], Any]:
             from edgespec.controller import ControllerConfig
 
             controller_cfg = ControllerConfig.from_dict(dict(cfg.controller))
-        check_memory(cfg.engine)
+        if cfg.rpc_servers:  # the target's layers go to other boxes: this box's memory plan does not apply
+            from edgespec import backend
+
+            devs = backend.add_rpc_servers(cfg.rpc_servers)
+            log.info("rpc_servers", servers=list(cfg.rpc_servers),
+                     devices=[{"name": d.name, "free_bytes": d.free_bytes} for d in devs])
+        else:
+            check_memory(cfg.engine)
         return Engine.load(cfg.engine, controller_cfg=controller_cfg)
 
     return load

@@ -73,3 +73,16 @@ def test_shipped_config_documents_every_key_and_validates():
             i = next(n for n, line in enumerate(lines) if line.startswith(f"{key} ="))
             assert lines[i - 1].startswith("#"), f"{section}.{key} has no comment"
     load(path, env={})
+
+
+def test_rpc_servers_are_host_ports_and_need_offloaded_layers():
+    from edgespec.server.config import InvalidConfig, load
+
+    cfg = load(None, env={}, overrides={"target": {"rpc_servers": ["10.0.0.7:50052", "[::1]:50053"], "n_gpu_layers": -1}})
+    assert cfg.rpc_servers == ("10.0.0.7:50052", "[::1]:50053")
+    with pytest.raises(InvalidConfig, match="target.rpc_servers: must be a list of host:port, got '10.0.0.7'"):
+        load(None, env={}, overrides={"target": {"rpc_servers": ["10.0.0.7"], "n_gpu_layers": -1}})
+    with pytest.raises(InvalidConfig, match="target.n_gpu_layers: must be -1"):
+        load(None, env={}, overrides={"target": {"rpc_servers": ["10.0.0.7:50052"]}})
+    with pytest.raises(InvalidConfig, match="draft.rpc_servers: unknown key"):
+        load(None, env={}, overrides={"draft": {"rpc_servers": ["10.0.0.7:50052"]}})
