@@ -322,3 +322,32 @@ def manifest_entry_for(path: str | Path) -> tuple[str, str] | None:
             if e.get("sha256") and (directory / name).resolve() == want:
                 return name, e["sha256"]
     return None
+
+
+def write_random_draft(src: Path, dst: Path, seed: int = 0) -> Path:
+    """A same-vocabulary draft with random weights: the worst possible drafter (for tests and the
+    'useless draft' benchmark). Copies `src` (a Q4_0/Q8_0 GGUF) and replaces every quantized
+    block's values with random ones, keeping the block scales (so the numbers stay finite) and all
+    metadata (so the vocabulary is identical)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    tmp = dst.with_suffix(".part")
+    tmp.write_bytes(src.read_bytes())
+    rng = np.random.default_rng(seed)
+    reader = GGUFReader(tmp, "r+")
+    block = {GGMLQuantizationType.Q4_0: (18, 2), GGMLQuantizationType.Q8_0: (34, 2),
+             GGMLQuantizationType.Q4_1: (20, 4)}
+    touched = 0
+    for t in reader.tensors:
+        if t.tensor_type in block:
+            size, head = block[t.tensor_type]
+            raw = t.data.reshape(-1)
+            blocks = raw.reshape(-1, size)
+            blocks[:, head:] = rng.integers(0, 256, size=blocks[:, head:].shape, dtype=np.uint8)
+            touched += 1
+    if touched == 0:
+        raise ModelError(f"{src}: no Q4_0/Q4_1/Q8_0 tensors to randomise")
+    del reader
+    os.replace(tmp, dst)
+    return dst
