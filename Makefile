@@ -8,11 +8,15 @@ EDGESPEC := $(VENV)/bin/edgespec
 # CUDA=1 builds llama-cpp-python with -DGGML_CUDA=on (CUDA_ARCHITECTURES="80;86;89;90" by default).
 CUDA ?= 0
 export CUDA
+# RPC=1 adds llama.cpp's RPC backend to the wheel (-DGGML_RPC=ON: [target] rpc_servers) and
+# `make rpc-server` builds the server for the helper boxes. A venv made without it: rm .venv/.installed.
+RPC ?= 0
+export RPC
 HOST ?= 127.0.0.1
 PORT ?= 50051
 PYTEST_ARGS ?=
 
-.PHONY: all venv install proto models serve test test-fast bundle clean bench
+.PHONY: all venv install proto models serve test test-fast bundle clean bench rpc-server
 
 all: install
 
@@ -50,8 +54,15 @@ test-fast: install
 bench: install models
 	$(EDGESPEC) bench --suite structured --modes plain,chain,tree,auto
 
-bundle: install models
+# MODELS=name1,name2 bundles those manifest entries (`edgespec models add`), MODELS=none none
+# (software-only); unset: every model in the manifest, the demo pair prepared first.
+MODELS ?=
+export MODELS
+bundle: install $(if $(MODELS),,models)
 	tools/make-bundle.sh
+
+rpc-server: install
+	tools/build-rpc-server.sh $(PY)
 
 clean:
 	rm -rf $(VENV) build dist edgespec/proto *.egg-info

@@ -660,3 +660,60 @@ class HeadContext:
             self.close()
         except Exception:
             pass
+_rpc_lock = threading.Lock()
+_rpc_added: set[str] = set()  # mirrors ggml's own process-wide device registry
+
+
+def add_rpc_servers(endpoints: Sequence[str]) -> list[Device]:
+    """Register llama.cpp `rpc-server`s (host:port) as ggml devices, as llama.cpp's own
+    `--rpc` does: every model loaded afterwards with n_gpu_layers != 0 spreads its layers over
+    them (and any local GPU) by their free memory. Needs a wheel built with RPC=1 (GGML_RPC)."""
+    _init()
+    from llama_cpp import _ggml
+
+    lib = _ggml.libggml
+    lib.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
+    lib.ggml_backend_reg_by_name.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+    lib.ggml_backend_register.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_register.restype = None
+    reg = lib.ggml_backend_reg_by_name(b"RPC")
+    add = lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server") if reg else None
+    if not add:
+        raise ModelError("target.rpc_servers: this llama.cpp build has no RPC backend "
+                         "(rebuild the wheel with `make install RPC=1`, i.e. -DGGML_RPC=ON)")
+    add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(add)
+    with _rpc_lock:
+        for ep in endpoints:
+            if ep in _rpc_added:
+                continue
+            _probe(ep)  # ggml aborts the whole process when it cannot reach an endpoint
+            server_reg = add_server(ep.encode())
+            if not server_reg:
+                raise ModelError(f"target.rpc_servers: cannot reach the rpc-server at {ep}")
+            lib.ggml_backend_register(server_reg)
+            _rpc_added.add(ep)
+    return [d for d in devices() if d.name.upper().startswith("RPC")]
+
+
+def _probe(endpoint: str, timeout: float = 10.0) -> None:
+    import socket
+
+    host, _, port = endpoint.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"target.rpc_servers: cannot reach the rpc-server at {endpoint} ({exc})") from None
+
+
+def has_rpc() -> bool:
+    """Whether this llama.cpp build has the RPC backend (a wheel built with RPC=1)."""
+    _init()
+    from llama_cpp import _ggml
+
+    lib = _ggml.libggml
+    lib.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
+    lib.ggml_backend_reg_by_name.restype = ctypes.c_void_p
+    return bool(lib.ggml_backend_reg_by_name(b"RPC"))

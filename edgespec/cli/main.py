@@ -11,14 +11,14 @@ app = typer.Typer(
     name="edgespec",
     help="Exact speculative decoding appliance on llama.cpp.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
     pretty_exceptions_enable=False,
 )
 
 # module -> registers its commands on `app`
 _COMMAND_MODULES = (
     "edgespec.cli.generate",  # generate
-    "edgespec.cli.models",  # models prepare-demo | verify | random-draft
+    "edgespec.cli.models",  # models add | list | verify | prepare-demo | random-draft
     "edgespec.cli.selftest",  # selftest
     "edgespec.cli.serve",  # serve
     "edgespec.cli.client",  # client generate|stream, health, stats, policy, drain

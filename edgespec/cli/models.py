@@ -1,4 +1,5 @@
-"""`edgespec models`: prepare the demo pair, verify checksums, write a random-weights draft."""
+"""`edgespec models`: add your own GGUFs, list and verify the manifest, prepare the demo pair,
+write a random-weights draft."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import typer
 
 from edgespec.cli.common import fail, user_errors
 
-models_app = typer.Typer(help="Model files: demo pair, checksums, test drafts.", no_args_is_help=True)
+models_app = typer.Typer(help="Model files: your own GGUFs, the manifest, the demo pair, test drafts.", no_args_is_help=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -32,12 +33,57 @@ def prepare_demo(
         typer.echo(json.dumps(pair.as_dict()) if as_json else f"target: {pair.target}\ndraft:  {pair.draft}")
 
 
+@models_app.command("add")
+def add(
+    path: Annotated[Path, typer.Argument(help="a GGUF file")],
+    role: Annotated[Optional[str], typer.Option(help="target | draft")] = None,
+    name: Annotated[Optional[str], typer.Option(help="file name in the models directory (default: PATH's)")] = None,
+    link: Annotated[bool, typer.Option("--link", help="symlink instead of copying (the daemon must be able to read PATH)")] = False,
+    models_dir: Annotated[Optional[Path], typer.Option(help="default: $EDGESPEC_HOME/models")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Copy (or link) a GGUF into the models directory and record its role, size, SHA-256,
+    architecture, parameter count and file type in manifest.json (the header is read; the model
+    is not loaded)."""
+    with user_errors():
+        from edgespec.models import add_model
+
+        e = add_model(path, role=role, name=name, link=link, directory=models_dir, log=lambda s: typer.echo(s, err=True))
+        typer.echo(json.dumps(e.as_dict()) if as_json else _row(e))
+
+
+def _row(e) -> str:
+    params = f"{e.parameters / 1e9:.2f}B" if e.parameters and e.parameters >= 1e9 else (
+        f"{e.parameters / 1e6:.0f}M" if e.parameters else "-")
+    return (f"{e.name}  role={e.role or '-'}  {e.architecture or '-'}  {params}  {e.file_type or '-'}  "
+            f"{e.size / (1 << 20):.1f} MiB  sha256={e.sha256[:12]}" + (f"  -> {e.linked_to}" if e.linked_to else ""))
+
+
+@models_app.command("list")
+def list_(
+    models_dir: Annotated[Optional[Path], typer.Option(help="default: $EDGESPEC_HOME/models")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """The models in manifest.json (name, role, architecture, parameters, file type, size, SHA-256)."""
+    from edgespec.models import list_models
+
+    entries = list_models(models_dir)
+    if as_json:
+        typer.echo(json.dumps([e.as_dict() for e in entries], indent=2))
+    else:
+        for e in entries:
+            typer.echo(_row(e))
+
+
 @models_app.command("verify")
-def verify(models_dir: Annotated[Optional[Path], typer.Option(help="default: $EDGESPEC_HOME/models")] = None) -> None:
-    """Check every model file against the SHA-256 manifest (exit 1 on any mismatch)."""
+def verify(
+    names: Annotated[Optional[list[str]], typer.Argument(help="manifest names (default: all)")] = None,
+    models_dir: Annotated[Optional[Path], typer.Option(help="default: $EDGESPEC_HOME/models")] = None,
+) -> None:
+    """Check model files against the manifest's size and SHA-256 (exit 1 on any mismatch)."""
     from edgespec.models import verify_models
 
-    problems = verify_models(models_dir)
+    problems = verify_models(models_dir, names or ())
     for p in problems:
         typer.echo(p, err=True)
     if problems:

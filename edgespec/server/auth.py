@@ -1,6 +1,12 @@
-"""Bearer-token auth: token files hold sha256 hex hashes (one per line, `#` comments); a presented
-token is hashed and compared against every stored hash in constant time. Admin tokens may call
-everything; plain tokens everything but the Admin service. Health is always open."""
+"""Who is calling, and may they: bearer tokens and verified client certificates.
+
+Token files hold sha256 hex hashes, one per line (`#` comments), optionally named: `name:hash`
+(`edgespec config hash-token --name N`); a presented token is hashed and compared against every
+stored hash in constant time. Under mutual TLS a verified client certificate is an identity too
+(its subject). Admin tokens and the certificate subjects in `[auth] admin_subjects` may call
+everything; other callers everything but the Admin service. Health is always open. The caller's
+identity (a token's name, never the token; a certificate's subject) goes into every request's log
+line."""
 
 from __future__ import annotations
 
@@ -19,16 +25,30 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
-def read_hashes(path: str | Path) -> tuple[str, ...]:
+def read_named_hashes(path: str | Path) -> tuple[tuple[str, str], ...]:
+    """(name, hash) per line; an unnamed hash is named after its file and line (`tokens:3`)."""
     out = []
-    for n, line in enumerate(Path(path).expanduser().read_text().splitlines(), 1):
-        line = line.split("#", 1)[0].strip().lower()
+    p = Path(path).expanduser()
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
         if not line:
             continue
-        if len(line) != 64 or any(c not in "0123456789abcdef" for c in line):
-            raise ConfigError(str(path), f"line {n}: expected a sha256 hex hash (use `edgespec config hash-token`)")
-        out.append(line)
+        name, sep, h = line.rpartition(":")
+        name, h = name.strip(), h.strip().lower()
+        if len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
+            raise ConfigError(str(path), f"line {n}: expected a sha256 hex hash or name:hash (use `edgespec config hash-token`)")
+        if sep and not valid_name(name):
+            raise ConfigError(str(path), f"line {n}: a token name is 1-64 characters of [A-Za-z0-9-_.@], got {name!r}")
+        out.append((name or f"{p.name}:{n}", h))
     return tuple(out)
+
+
+def read_hashes(path: str | Path) -> tuple[str, ...]:
+    return tuple(h for _, h in read_named_hashes(path))
+
+
+def valid_name(name: str) -> bool:
+    return 0 < len(name) <= 64 and all(c.isascii() and (c.isalnum() or c in "-_.@") for c in name)
 
 
 def _matches(presented_hash: str, stored: tuple[str, ...]) -> bool:
@@ -39,42 +59,83 @@ def _matches(presented_hash: str, stored: tuple[str, ...]) -> bool:
 
 
 @dataclass(frozen=True)
+class Decision:
+    verdict: str | None  # None = allowed, "unauthenticated", "permission_denied"
+    identity: str  # "token:<name>", "cert:<subject>", "invalid-token" or "anonymous"; never a secret
+    admin: bool = False
+
+    @property
+    def identified(self) -> bool:
+        """A valid token or a verified certificate: not an anonymous caller."""
+        return self.identity.startswith(("token:", "cert:"))
+
+
+@dataclass(frozen=True)
 class TokenAuth:
     tokens: tuple[str, ...] = ()
     admin_tokens: tuple[str, ...] = ()
+    names: tuple[tuple[str, str], ...] = ()  # (hash, name) of every token
+    client_certs: bool = False  # mutual TLS: a verified client certificate is an identity
+    admin_subjects: tuple[str, ...] = ()  # certificate subjects (or CNs) with admin rights
 
     @classmethod
-    def from_files(cls, tokens_file: str = "", admin_tokens_file: str = "") -> "TokenAuth":
+    def from_files(cls, tokens_file: str = "", admin_tokens_file: str = "", *, client_certs: bool = False,
+                   admin_subjects: tuple[str, ...] = ()) -> "TokenAuth":
+        users = read_named_hashes(tokens_file) if tokens_file else ()
+        admins = read_named_hashes(admin_tokens_file) if admin_tokens_file else ()
         return cls(
-            tokens=read_hashes(tokens_file) if tokens_file else (),
-            admin_tokens=read_hashes(admin_tokens_file) if admin_tokens_file else (),
+            tokens=tuple(h for _, h in users),
+            admin_tokens=tuple(h for _, h in admins),
+            names=tuple((h, name) for name, h in (*users, *admins)),
+            client_certs=client_certs,
+            admin_subjects=tuple(admin_subjects),
         )
 
     @property
     def enabled(self) -> bool:
+        return bool(self.tokens or self.admin_tokens or self.client_certs)
+
+    @property
+    def has_tokens(self) -> bool:
         return bool(self.tokens or self.admin_tokens)
+
+    def needs_subject(self, authorization: str | None) -> bool:
+        """Whether decide() depends on the client certificate: no bearer token, under mutual TLS.
+        Otherwise the decision can be made from the metadata alone, before any request message."""
+        return self.client_certs and _bearer(authorization) is None
 
     def check(self, method: str, authorization: str | None) -> str | None:
         """None when allowed, else "unauthenticated" or "permission_denied".
 
         `method` is the full gRPC method ("/pkg.Service/Method").
         """
-        if not self.enabled:
-            return None
+        return self.decide(method, authorization).verdict
+
+    def decide(self, method: str, authorization: str | None, subject: tuple[str, str] | None = None) -> Decision:
+        """`subject`: (subject, common name) of the verified client certificate, when there is one.
+        A bearer token, when sent, decides; else the certificate (under mutual TLS)."""
         service = method.lstrip("/").split("/", 1)[0]
-        if service in OPEN_SERVICES:
-            return None
         token = _bearer(authorization)
-        if token is None:
-            return "unauthenticated"
-        h = hash_token(token)
-        is_admin = _matches(h, self.admin_tokens)
-        is_user = _matches(h, self.tokens)
-        if not (is_admin or is_user):
-            return "unauthenticated"
-        if service == ADMIN_SERVICE and not is_admin:
-            return "permission_denied"
-        return None
+        who = "anonymous"
+        if token is not None:
+            h = hash_token(token)
+            is_admin, is_user = _matches(h, self.admin_tokens), _matches(h, self.tokens)
+            if is_admin or is_user:
+                name = next((n for k, n in self.names if hmac.compare_digest(k, h)), "unnamed")
+                return self._allow(service, f"token:{name}", is_admin)
+            who = "invalid-token"
+        elif subject is not None and self.client_certs:
+            full, cn = subject
+            return self._allow(service, f"cert:{full or cn}", full in self.admin_subjects or cn in self.admin_subjects)
+        if service in OPEN_SERVICES or not self.enabled:
+            return Decision(None, who)
+        return Decision("unauthenticated", who)
+
+    @staticmethod
+    def _allow(service: str, identity: str, admin: bool) -> Decision:
+        if service == ADMIN_SERVICE and not admin:
+            return Decision("permission_denied", identity)
+        return Decision(None, identity, admin)
 
 
 def _bearer(value: str | None) -> str | None:

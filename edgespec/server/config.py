@@ -11,7 +11,7 @@ import ipaddress
 import os
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,19 @@ def _file_or_empty(v: str) -> str | None:
     return None
 
 
+def _strings(v: list) -> str | None:
+    bad = [x for x in v if not isinstance(x, str) or not x.strip()]
+    return f"must be a list of non-empty strings, got {bad[0]!r}" if bad else None
+
+
+def _endpoints(v: list) -> str | None:
+    for x in v:
+        host, sep, port = str(x).rpartition(":") if isinstance(x, str) else ("", "", "")
+        if not sep or not port.isdigit() or not 0 < int(port) < 65536 or _host(host.strip("[]")):
+            return f"must be a list of host:port, got {x!r}"
+    return None
+
+
 def _json_mode(v: Any) -> str | None:
     return None if v in ("auto", True, False) else f"must be \"auto\", true or false, got {v!r}"
 
@@ -111,7 +124,11 @@ SCHEMA: Schema = {
                          "long prefix prefills only from the last whole n_batch chunk they share; its draft keeps "
                          "(and absorbs while idle) the last context, reusable up to any shared prefix"),
     },
-    "target": _MODEL_KEYS,
+    "target": {
+        **_MODEL_KEYS,
+        "rpc_servers": ((list,), [], _endpoints, "llama.cpp rpc-servers (host:port) that hold part of the target's "
+                        "layers, for a target larger than one box; needs a wheel built with RPC=1 and n_gpu_layers != 0"),
+    },
     "draft": {
         **_MODEL_KEYS,
         "enabled": ((bool,), True, None, "false = model-free (n-gram) drafting only"),
@@ -139,13 +156,15 @@ SCHEMA: Schema = {
                            "(Watch streams included), on threads of their own; beyond: RESOURCE_EXHAUSTED"),
     },
     "auth": {
-        "tokens_file": ((str,), "", _file_or_empty, "sha256 hex hashes of bearer tokens, one per line (`edgespec config hash-token`)"),
+        "tokens_file": ((str,), "", _file_or_empty, "sha256 hex hashes of bearer tokens, one per line, optionally named: name:hash (`edgespec config hash-token --name N`)"),
         "admin_tokens_file": ((str,), "", _file_or_empty, "hashes of tokens that may also call the Admin service"),
+        "admin_subjects": ((list,), [], _strings, "client certificate subjects (\"CN=ops,O=site\") or common names "
+                           "that may also call the Admin service (mutual TLS)"),
     },
     "tls": {
         "cert": ((str,), "", _file_or_empty, "server certificate chain (PEM); empty = plaintext"),
         "key": ((str,), "", _file_or_empty, "server private key (PEM)"),
-        "client_ca": ((str,), "", _file_or_empty, "CA bundle (PEM) for client certificates; set = mutual TLS required"),
+        "client_ca": ((str,), "", _file_or_empty, "CA bundle (PEM) for client certificates; set = mutual TLS required, and a verified certificate is an identity"),
     },
     "http": {
         "enabled": ((bool,), False, None, "serve the OpenAI-compatible HTTP API (same tokens, TLS files and engine as gRPC)"),
@@ -219,6 +238,7 @@ class LimitsConfig:
 class AuthConfig:
     tokens_file: str = ""
     admin_tokens_file: str = ""
+    admin_subjects: tuple[str, ...] = ()
 
     @property
     def enabled(self) -> bool:
@@ -268,6 +288,7 @@ class DaemonConfig:
     logging: LoggingConfig
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     controller: dict = field(default_factory=dict)  # handed to edgespec.controller as-is
+    rpc_servers: tuple[str, ...] = ()  # [target] rpc_servers: registered before the engine loads
     source: str = ""  # the file it came from ("" = defaults only)
     http: HttpConfig = field(default_factory=HttpConfig)
 
@@ -301,6 +322,8 @@ def is_loopback(host: str) -> bool:
 
 def _coerce_env(raw: str, types: tuple[type, ...]) -> Any:
     """Environment values are strings: convert to the key's type (booleans: 1/0/true/false/yes/no)."""
+    if list in types:  # comma-separated
+        return [x.strip() for x in raw.split(",") if x.strip()]
     if bool in types:
         low = raw.strip().lower()
         if low in ("1", "true", "yes", "on"):
@@ -448,11 +471,11 @@ def load(
         problems.append(("tls.key" if tls["cert"] else "tls.cert", "tls.cert and tls.key must be set together"))
     if tls["client_ca"] and not tls["cert"]:
         problems.append(("tls.client_ca", "mutual TLS needs tls.cert and tls.key"))
-    auth = AuthConfig(**values["auth"])
-    if not auth.enabled and not is_loopback(s["host"]) and not s["insecure"]:
+    auth = AuthConfig(**{**values["auth"], "admin_subjects": tuple(values["auth"]["admin_subjects"])})
+    if not (auth.enabled or tls["client_ca"]) and not is_loopback(s["host"]) and not s["insecure"]:
         problems.append(
-            ("server.host", f"{s['host']} is not a loopback address and no auth tokens are configured: "
-             "set auth.tokens_file, or start with --insecure")
+            ("server.host", f"{s['host']} is not a loopback address and no authentication is configured: "
+             "set auth.tokens_file, or tls.client_ca (mutual TLS), or start with --insecure")
         )
     h = values["http"]
     if h["enabled"] and not auth.enabled and not is_loopback(h["host"]) and not s["insecure"]:
@@ -466,6 +489,8 @@ def load(
             ("metrics.host", f"{m['host']} is not a loopback address and no auth tokens are configured: /metrics "
              "would answer anyone; set auth.tokens_file (scrapers then send a bearer token), or start with --insecure")
         )
+    if auth.admin_subjects and not tls["client_ca"]:
+        problems.append(("auth.admin_subjects", "certificate subjects need mutual TLS (tls.client_ca)"))
     for key in ("tokens_file", "admin_tokens_file"):
         if values["auth"][key] and not any(problems_key == f"auth.{key}" for problems_key, _ in problems):
             from edgespec.server.auth import read_hashes
@@ -476,6 +501,8 @@ def load(
                 problems.append((f"auth.{key}", str(exc).split(": ", 1)[-1]))
 
     target = _model(values["target"], DEMO_TARGET)
+    if values["target"]["rpc_servers"] and values["target"]["n_gpu_layers"] == 0:
+        problems.append(("target.n_gpu_layers", "must be -1 (all) or > 0 to place layers on target.rpc_servers"))
     draft_vals = values["draft"]
     draft = _model(draft_vals, DEMO_DRAFT) if draft_vals["enabled"] else None
     if check_models:
@@ -490,7 +517,8 @@ def load(
         engine.validate()
     except ConfigError as exc:
         problems.append((exc.key, str(exc).split(": ", 1)[-1]))
-    if check_models and not problems:
+    # the memory plan covers this box only: with rpc_servers the target's layers go to other boxes
+    if check_models and not problems and not values["target"]["rpc_servers"]:
         try:
             check_memory(engine)
         except ConfigError as exc:
@@ -511,6 +539,7 @@ def load(
         controller=dict(controller),
         source=str(path or ""),
         http=HttpConfig(**h),
+        rpc_servers=tuple(values["target"]["rpc_servers"]),
     )
 
 
@@ -531,9 +560,20 @@ def check_memory(engine_cfg: EngineConfig) -> None:
         check_fits(plan, system_memory_bytes(), device="RAM")
 
 
-def reload_speculation(cfg: DaemonConfig, env: Mapping[str, str] | None = None) -> SpeculationConfig:
-    """SIGHUP: re-read only the policy sections of the config file (validated the same way)."""
-    return load(cfg.source or None, env=env, overrides={"server": {"host": cfg.server.host, "insecure": cfg.server.insecure}}).speculation
+RELOADED_SECTIONS = ("auth", "tls", "speculation")  # what SIGHUP re-reads; the rest needs a restart
+
+
+def reload_config(cfg: DaemonConfig, env: Mapping[str, str] | None = None) -> DaemonConfig:
+    """SIGHUP: `cfg` with [auth], [tls] and [speculation] re-read from its config file (validated
+    as at start, against the running [server] section); without a file, `cfg` itself (the caller
+    re-reads the token and certificate files it names). Turning TLS or mutual TLS on or off needs
+    a restart (the listening socket's credentials are fixed)."""
+    if not cfg.source:
+        return cfg
+    new = load(cfg.source, env=env, overrides={"server": asdict(cfg.server)})
+    if new.tls.enabled != cfg.tls.enabled or bool(new.tls.client_ca) != bool(cfg.tls.client_ca):
+        raise ConfigError("tls", "turning TLS or mutual TLS on or off needs a restart, not a reload")
+    return replace(cfg, auth=new.auth, tls=new.tls, speculation=new.speculation)
 
 
 def documented_defaults() -> str:

@@ -1,11 +1,13 @@
 """Assemble and run the daemon: gRPC server (+ health, optional reflection), the OpenAI-compatible
 HTTP API ([http], edgespec.server.http_api), engine thread, metrics endpoint, signals
-(SIGTERM/SIGINT: graceful shutdown of both APIs, SIGHUP: reload policy) and systemd
-notifications (through edgespec.notify when present)."""
+(SIGTERM/SIGINT: graceful shutdown of both APIs; SIGHUP: reload token files, TLS certificate/key
+files and [speculation], without dropping a request) and systemd notifications (through
+edgespec.notify when present)."""
 
 from __future__ import annotations
 
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -17,12 +19,12 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from edgespec.errors import ConfigError
+from edgespec.errors import BadRequest, ConfigError
 from edgespec.logs import get_logger
 from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2, inference_pb2_grpc
 from edgespec.server import convert
 from edgespec.server.auth import TokenAuth
-from edgespec.server.config import DaemonConfig, check_memory, reload_speculation
+from edgespec.server.config import DaemonConfig, check_memory, reload_config
 from edgespec.server.engine_loop import EngineLoop
 from edgespec.server.metrics import Metrics, serve_metrics
 from edgespec.server.policy import Policy
@@ -74,14 +76,57 @@ def default_engine_factory(cfg: DaemonConfig) -> Callable[[], Any]:
             from edgespec.controller import ControllerConfig
 
             controller_cfg = ControllerConfig.from_dict(dict(cfg.controller))
-        check_memory(cfg.engine)
+        if cfg.rpc_servers:  # the target's layers go to other boxes: this box's memory plan does not apply
+            from edgespec import backend
+
+            devs = backend.add_rpc_servers(cfg.rpc_servers)
+            log.info("rpc_servers", servers=list(cfg.rpc_servers),
+                     devices=[{"name": d.name, "free_bytes": d.free_bytes} for d in devs])
+        else:
+            check_memory(cfg.engine)
         return Engine.load(cfg.engine, controller_cfg=controller_cfg)
 
     return load
 
 
+def _tls_files(cfg: DaemonConfig) -> tuple[bytes, bytes, bytes | None]:
+    """(certificate chain, key, client CA) read and checked: the key must match the certificate
+    (ssl.SSLError otherwise), so a reload never installs a pair no handshake could use."""
+    t = cfg.tls
+    cert, key = Path(t.cert).expanduser(), Path(t.key).expanduser()
+    try:
+        # password: never prompt on a terminal for an encrypted key (gRPC cannot use one anyway)
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key, password=lambda: b"")
+    except ssl.SSLError as exc:
+        raise ConfigError("tls.key", f"{key} is not the private key of {cert} or not PEM ({exc.reason or exc})") from None
+    ca = Path(t.client_ca).expanduser().read_bytes() if t.client_ca else None
+    if ca is not None:
+        try:
+            ssl.create_default_context(cadata=ca.decode("ascii", "replace"))
+        except (ssl.SSLError, ValueError) as exc:
+            raise ConfigError("tls.client_ca", f"{t.client_ca}: no PEM certificate ({exc})") from None
+    return cert.read_bytes(), key.read_bytes(), ca
+
+
+def _model_digests(cfg: DaemonConfig) -> dict[str, tuple[str, str]]:
+    """role -> (manifest name, SHA-256) of the configured models; ("", "") for a file no manifest
+    lists (hashing it here would delay the start by the time it takes to read the whole file)."""
+    from edgespec.models import manifest_entry_for
+
+    out = {}
+    for role, m in (("target", cfg.engine.target), ("draft", cfg.engine.draft)):
+        if m is not None:
+            out[role] = manifest_entry_for(m.path) or ("", "")
+    return out
+
+
 def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def auth_from_config(cfg: DaemonConfig) -> TokenAuth:
+    return TokenAuth.from_files(cfg.auth.tokens_file, cfg.auth.admin_tokens_file,
+                                client_certs=bool(cfg.tls.client_ca), admin_subjects=cfg.auth.admin_subjects)
 
 
 class Daemon:
@@ -94,7 +139,7 @@ class Daemon:
         self._policy = self._file_policy
         self._policy_lock = threading.Lock()
         self.metrics = Metrics()
-        self.auth = TokenAuth.from_files(cfg.auth.tokens_file, cfg.auth.admin_tokens_file)
+        self.auth = auth_from_config(cfg)
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self.systemd = _Systemd()
         self.loop = EngineLoop(
@@ -107,13 +152,17 @@ class Daemon:
             log_text=cfg.logging.log_text,
         )
         self.metrics.state = self.loop.stats
+        self.model_digests = _model_digests(cfg)
         self.started = time.monotonic()
         self.server: grpc.Server | None = None
         self.port = 0
         self._metrics_server = None
         self.http = None  # edgespec.server.http_api.HttpServer when [http] enabled
-        self._interceptor: ServerInterceptor | None = None
         self._stopped = threading.Event()
+        self._interceptor: ServerInterceptor | None = None
+        self._tls_lock = threading.Lock()
+        self._tls_pending: Any = None
+        self.last_reload: dict[str, Any] | None = None
 
     # ---- policy ----------------------------------------------------------------------------
 
@@ -134,21 +183,56 @@ class Daemon:
                  reset=reset, admin_overrides=sorted(overrides))
         return p
 
-    def reload(self) -> None:
-        """SIGHUP: re-read the policy sections of the config file; in-flight requests are untouched.
-        Admin overrides stay on top of the new file values (logged), until SetPolicy(reset)."""
+    def reload(self) -> bool:
+        """SIGHUP: re-read the config file's [auth], [tls] and [speculation] (and the token and
+        certificate files they name), validate all of it, then swap it in: RPCs already running
+        keep what they started with, new RPCs and new TLS handshakes get the new. A reload that
+        fails validation changes nothing and says why (log, Admin.Stats last_reload). Admin
+        overrides (SetPolicy) stay on top of the new [speculation] until SetPolicy(reset)."""
         try:
-            spec = reload_speculation(self.cfg)
-        except ConfigError as exc:
-            log.error("reload_failed", error=str(exc))
-            return
-        file_policy = Policy.from_config(spec, self.cfg.server)
-        with self._policy_lock:
-            p = convert.with_overrides(file_policy, self._overrides)
-            self._file_policy, self._policy = file_policy, p
-            kept = dict(self._overrides)
-        log.info("config_reloaded", source=self.cfg.source, speculation=p.speculation, max_tokens=p.max_tokens,
-                 admin_overrides_kept=kept)
+            new = reload_config(self.cfg)
+            auth = auth_from_config(new)
+            tls = _tls_files(new) if new.tls.enabled else None
+            file_policy = Policy.from_config(new.speculation, new.server) if new.source else None
+            if file_policy is not None:
+                with self._policy_lock:  # the admin overrides must still apply on top of it
+                    convert.with_overrides(file_policy, self._overrides)
+        except (ConfigError, BadRequest, OSError, ssl.SSLError, ValueError) as exc:
+            self.last_reload = {"ok": False, "unix_time": time.time(), "error": str(exc), "source": self.cfg.source}
+            log.error("reload_failed", error=str(exc), source=self.cfg.source)
+            return False
+        self.auth = auth
+        if self._interceptor is not None:
+            self._interceptor.auth = auth
+        reloaded = ["auth"]
+        if tls is not None:
+            with self._tls_lock:
+                self._tls_pending = grpc.ssl_server_certificate_configuration([(tls[1], tls[0])], root_certificates=tls[2])
+            reloaded.append("tls")
+        self.cfg = new
+        kept: dict[str, object] = {}
+        if file_policy is not None:
+            # the file's [speculation] replaces the old file values; admin overrides (SetPolicy)
+            # stay on top of it until SetPolicy(reset)
+            with self._policy_lock:
+                self._file_policy = file_policy
+                self._policy = convert.with_overrides(file_policy, self._overrides)
+                kept = dict(self._overrides)
+            reloaded.append("speculation")
+        p = self.policy()
+        self.last_reload = {"ok": True, "unix_time": time.time(), "error": "", "source": new.source,
+                            "reloaded": reloaded}
+        log.info("config_reloaded", source=new.source, reloaded=reloaded, auth=auth.enabled,
+                 tokens=len(auth.tokens) + len(auth.admin_tokens), speculation=p.speculation,
+                 max_tokens=p.max_tokens, admin_overrides_kept=kept)
+        return True
+
+    def _fetch_tls(self) -> Any:
+        """grpc's certificate-config fetcher, asked at every new TLS handshake: a new
+        configuration once after a reload, else None (keep the current one)."""
+        with self._tls_lock:
+            pending, self._tls_pending = self._tls_pending, None
+        return pending
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -162,7 +246,8 @@ class Daemon:
         self._set_health(health_pb2.HealthCheckResponse.SERVING)
         addr = format_address(self.cfg.server.host, self.port)
         log.info("serving", address=addr, tls=self.cfg.tls.enabled, mtls=bool(self.cfg.tls.client_ca),
-                 auth=self.auth.enabled, reflection=self.cfg.server.reflection)
+                 auth=self.auth.enabled, reflection=self.cfg.server.reflection,
+                 **{f"{role}_sha256": sha or "not in manifest" for role, (_, sha) in self.model_digests.items()})
         print(f"SERVING {addr}", flush=True)  # a line for scripts and tests
         self.systemd("ready", f"serving on {addr}")
 
@@ -194,9 +279,11 @@ class Daemon:
             maximum_concurrent_rpcs=workers + 2 * anonymous,
         )
         inference_pb2_grpc.add_InferenceServicer_to_server(
-            InferenceServicer(self.loop, self.policy, parallel=s.parallel, limits=self.cfg.limits), server)
+            InferenceServicer(self.loop, self.policy, parallel=s.parallel, limits=self.cfg.limits,
+                              digests=lambda: self.model_digests), server)
         admin_pb2_grpc.add_AdminServicer_to_server(
-            AdminServicer(self.loop, self.policy, self.update_policy, self._drain, self.started), server)
+            AdminServicer(self.loop, self.policy, self.update_policy, self._drain, self.started,
+                          last_reload=lambda: self.last_reload), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         if s.reflection:
@@ -209,13 +296,10 @@ class Daemon:
         addr = format_address(s.host, s.port)
         try:
             if self.cfg.tls.enabled:
-                t = self.cfg.tls
-                ca = Path(t.client_ca).expanduser().read_bytes() if t.client_ca else None
-                creds = grpc.ssl_server_credentials(
-                    [(Path(t.key).expanduser().read_bytes(), Path(t.cert).expanduser().read_bytes())],
-                    root_certificates=ca,
-                    require_client_auth=ca is not None,
-                )
+                cert, key, ca = _tls_files(self.cfg)
+                initial = grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+                creds = grpc.dynamic_ssl_server_credentials(initial, self._fetch_tls,
+                                                            require_client_authentication=ca is not None)
                 self.port = server.add_secure_port(addr, creds)
             else:
                 self.port = server.add_insecure_port(addr)
@@ -242,8 +326,11 @@ class Daemon:
         return self.port
 
     def _metrics_authorized(self, authorization: str | None) -> bool:
-        """/metrics wants a bearer token (any token, user or admin) whenever gRPC does."""
-        return not self.auth.enabled or self.auth.check(METRICS_SCRAPE, authorization) is None
+        """/metrics wants a bearer token (any token, user or admin) whenever token files are
+        configured (plain HTTP carries no client certificate: mutual TLS alone leaves it to the
+        loopback rule of config validation)."""
+        auth = self.auth
+        return not auth.has_tokens or auth.check(METRICS_SCRAPE, authorization) is None
 
     @property
     def http_port(self) -> int:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
+import structlog
 
 from edgespec import chat
 from edgespec.errors import BadRequest, Cancelled, NotReady
@@ -30,11 +31,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     the engine thread receives token ids and never spends its time on a caller's text."""
 
     def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], *, parallel: int,
-                 limits: LimitsConfig = convert.DEFAULT_LIMITS):
+                 limits: LimitsConfig = convert.DEFAULT_LIMITS,
+                 digests: Callable[[], dict[str, tuple[str, str]]] = dict):
         self.loop = loop
         self.policy = policy
         self.parallel = parallel
         self.limits = limits
+        self.digests = digests  # role -> (manifest name, sha256) of the loaded models
 
     # ---- helpers -------------------------------------------------------------------------
 
@@ -56,7 +59,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         return tuple(enc.tokenize(prompt, add_special=True, parse_special=False))
 
     def _submit(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Job:
-        rid = convert.validate_request_id(request.request_id) or uuid.uuid4().hex[:16]
+        rid = (convert.validate_request_id(request.request_id)
+               or structlog.contextvars.get_contextvars().get("x_request_id") or uuid.uuid4().hex[:16])
         bind_request_id(request_id=rid)
         policy = self.policy()
         prompt, messages = convert.prompt_from(request, self.limits)
@@ -153,6 +157,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             backend=str(info.pop("backend", "")),
             parallel=int(info.pop("parallel", self.parallel) or self.parallel),
         )
+        digests = self.digests()
+        out.target_name, out.target_sha256 = digests.get("target", ("", ""))
+        out.draft_name, out.draft_sha256 = digests.get("draft", ("", ""))
         for prefix, d in (("target", target), ("draft", draft)):
             for key, value in d.items():
                 if key != "path":
@@ -165,12 +172,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 class AdminServicer(admin_pb2_grpc.AdminServicer):
     def __init__(self, loop: EngineLoop, policy: Callable[[], Policy],
                  update_policy: Callable[[dict[str, object], bool], Policy],
-                 drain: Callable[[bool], None], started: float):
+                 drain: Callable[[bool], None], started: float, last_reload: Callable[[], dict | None] = lambda: None):
         self.loop = loop
         self.policy = policy
         self.update_policy = update_policy  # (admin overrides, reset first) -> the policy now in force
         self.drain = drain
         self.started = started
+        self.last_reload = last_reload
 
     def Stats(self, request: admin_pb2.StatsRequest, context: grpc.ServicerContext) -> admin_pb2.StatsResponse:  # noqa: N802
         s = self.loop.stats()
@@ -186,6 +194,8 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             breaker_transitions_total=s.get("breaker_transitions_total", 0),
             policy=convert.policy_to_pb(self.policy()),
         )
+        if (r := self.last_reload()) is not None:
+            out.last_reload.CopyFrom(admin_pb2.LastReload(**r))
         for key, value in s.items():
             if key.startswith("finished_"):
                 out.finished_by_reason[key[len("finished_"):]] = value

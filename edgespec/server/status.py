@@ -1,21 +1,32 @@
-"""The ONE place where errors become gRPC status codes, plus bearer-token auth, as a server
-interceptor that wraps every handler. Domain exceptions are raised anywhere below; this maps them.
-Anything unexpected is INTERNAL with the request id, logged with its traceback; the daemon stays up.
+"""The ONE place where errors become gRPC status codes, plus auth and the access log, as a server
+interceptor that wraps every handler (reflection included). Domain exceptions are raised anywhere
+below; this maps them. Anything unexpected is INTERNAL with the request id, logged with its
+traceback; the daemon stays up.
+
+Every RPC ends with one `rpc` log line carrying the peer address, the caller's identity (a token's
+name or a client certificate's subject, never a secret), the caller's `x-request-id` (echoed back
+in trailing metadata) and the status code; every other line logged while handling it carries the
+same fields (structlog contextvars).
 
 Two defences against callers without a token live here too, since only this layer sees a call
 before its handler runs:
-- health calls without a valid token (health is open by design) are *anonymous*: at most
-  `anonymous_rpcs` of them at once, Watch streams included, served by a thread pool of their own;
-  past that they are refused with RESOURCE_EXHAUSTED at once. Authorised work keeps every thread
-  and concurrency slot it had, whatever anonymous callers hold.
+- health calls without a valid token or certificate (health is open by design) are *anonymous*:
+  at most `anonymous_rpcs` of them at once, Watch streams included, served by a thread pool of
+  their own; past that they are refused with RESOURCE_EXHAUSTED at once. Authorised work keeps
+  every thread and concurrency slot it had, whatever anonymous callers hold.
 - refused calls (no token, wrong token, not an admin) are answered without waiting for their
   request message, so a caller who never sends one holds nothing.
+Both are decided from the call's metadata, before grpc reads a request. Only a call without a
+token under mutual TLS needs its certificate's subject, which grpc shows inside the handler: that
+caller has passed the TLS handshake with a certificate the client CA signed (no anonymous caller),
+and is decided there, as every RPC's identity is bound there.
 A request whose bytes do not decode (invalid UTF-8 in a string field) is INVALID_ARGUMENT naming
 the field (edgespec.server.wire), logged, instead of grpc's unlogged INTERNAL."""
 
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -26,13 +37,10 @@ import structlog
 
 from edgespec.errors import BadRequest, Cancelled, ConfigError, EdgespecError, ModelError, NotReady, Overloaded
 from edgespec.logs import bind_request_id, clear_request, get_logger
-from edgespec.server.auth import OPEN_SERVICES, TokenAuth
+from edgespec.server.auth import OPEN_SERVICES, Decision, TokenAuth
 from edgespec.server.wire import bad_utf8_field
 
 log = get_logger("edgespec.server")
-
-# a method no token-less caller may call: "does this token pass here" = "is it a valid token"
-_TOKEN_PROBE = "/edgespec.v1.Inference/Generate"
 
 
 class DeadlineExceeded(EdgespecError):
@@ -70,6 +78,15 @@ def _abort(context: grpc.ServicerContext, exc: BaseException, method: str) -> No
     context.abort(code, message)
 
 
+def _is_abort(exc: BaseException, context: grpc.ServicerContext) -> bool:
+    """context.abort() raises a bare Exception after setting the code: let it through."""
+    code = getattr(context, "code", lambda: None)()
+    return type(exc) is Exception and code is not None
+
+
+# ---- undecodable requests -------------------------------------------------------------------
+
+
 class Undecodable:
     """What a request deserializer returns instead of raising (grpc would answer INTERNAL,
     unlogged): the handler wrapper turns it into BadRequest naming the field."""
@@ -105,58 +122,135 @@ def _checked(request: Any) -> Any:
     return request
 
 
-def _begin(context: grpc.ServicerContext) -> None:
+# ---- identity and the access log ------------------------------------------------------------
+
+
+def _caller_request_id(md: dict) -> str:
+    """The caller's x-request-id, checked like GenerateRequest.request_id."""
+    rid = str(md.get("x-request-id") or "")
+    if len(rid) > 128 or any(not (c.isascii() and (c.isalnum() or c in "-_.:")) for c in rid):
+        raise BadRequest("x-request-id", "at most 128 characters of [A-Za-z0-9-_.:]")
+    return rid
+
+
+def _subject(context: grpc.ServicerContext) -> tuple[str, str] | None:
+    """(subject, common name) of the client certificate grpc verified, or None."""
+    ac = context.auth_context() or {}
+    if b"ssl" not in ac.get("transport_security_type", ()):
+        return None
+    full = b"".join(ac.get("x509_subject", ())[:1]).decode("utf-8", "replace")
+    cn = b"".join(ac.get("x509_common_name", ())[:1]).decode("utf-8", "replace")
+    return (full, cn) if (full or cn) else None
+
+
+DENIED = {
+    "unauthenticated": (grpc.StatusCode.UNAUTHENTICATED,
+                        "missing or invalid credentials (metadata 'authorization: Bearer <token>', or a client certificate)"),
+    "permission_denied": (grpc.StatusCode.PERMISSION_DENIED,
+                          "this RPC needs an admin token or a certificate subject in auth.admin_subjects"),
+}
+
+
+def _begin(context: grpc.ServicerContext, method: str, auth: TokenAuth, decision: Decision | None) -> float:
+    """Bind the RPC's log fields, echo the caller's request id, apply the credentials' decision
+    (`None`: decide here, with the client certificate); an RPC they refuse is aborted here, after
+    its access log line."""
     clear_request()  # handler threads are pooled: drop the previous RPC's bindings
+    started = time.monotonic()
     md = dict(context.invocation_metadata() or ())
-    bind_request_id(request_id=str(md.get("x-request-id") or uuid.uuid4().hex[:16]))
+    bind_request_id(request_id=uuid.uuid4().hex[:16], peer=context.peer())
+    if decision is None:
+        decision = auth.decide(method, md.get("authorization"), _subject(context))
+    bind_request_id(caller=decision.identity)
+    try:
+        caller_rid = _caller_request_id(md)
+    except BadRequest as exc:
+        _end(context, method, started, grpc.StatusCode.INVALID_ARGUMENT)
+        _abort(context, exc, method)
+    if caller_rid:
+        bind_request_id(x_request_id=caller_rid)
+        context.set_trailing_metadata((("x-request-id", caller_rid),))
+    if decision.verdict is not None:
+        code, message = DENIED[decision.verdict]
+        log.warning("rpc_denied", method=method, code=code.name)
+        _end(context, method, started, code)
+        context.abort(code, message)
+    return started
 
 
-def _wrap_unary(fn: Callable, method: str) -> Callable:
-    def behavior(request: Any, context: grpc.ServicerContext) -> Any:
-        _begin(context)
-        try:
-            return fn(_checked(request), context)
-        except Exception as exc:  # noqa: BLE001 - mapped below
-            if _is_abort(exc, context):
-                raise
-            _abort(context, exc, method)
-
-    return behavior
+def _end(context: grpc.ServicerContext, method: str, started: float, code: grpc.StatusCode | None = None,
+         fields: dict | None = None) -> None:
+    """The access log line: one per RPC (health checks at debug level). `fields`: the RPC's bound
+    log fields, for a line written from grpc's termination callback (another thread)."""
+    code = code or getattr(context, "code", lambda: None)() or grpc.StatusCode.OK
+    if not isinstance(code, grpc.StatusCode):  # some grpcio versions report the raw value
+        code = next((c for c in grpc.StatusCode if code in (c.value[0], c.value)), grpc.StatusCode.UNKNOWN)
+    level = log.debug if method.startswith("/grpc.health.v1.Health/") else log.info
+    level("rpc", **(fields or {}), method=method, code=code.name, seconds=round(time.monotonic() - started, 6))
 
 
-def _wrap_stream(fn: Callable, method: str) -> Callable:
-    def behavior(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-        _begin(context)
-        try:
-            yield from fn(_checked(request), context)
-        except Exception as exc:  # noqa: BLE001 - mapped below
-            if _is_abort(exc, context):
-                raise
-            _abort(context, exc, method)
-
-    return behavior
+# ---- handlers ---------------------------------------------------------------------------------
 
 
-def _is_abort(exc: BaseException, context: grpc.ServicerContext) -> bool:
-    """context.abort() raises a bare Exception after setting the code: let it through."""
-    code = getattr(context, "code", lambda: None)()
-    return type(exc) is Exception and code is not None
+def _denied(method: str, auth: TokenAuth, decision: Decision, streaming_response: bool, *,
+            refusal: tuple[grpc.StatusCode, str] | None = None, **ser: Any) -> grpc.RpcMethodHandler:
+    """A handler that refuses at once (the decision's verdict, or `refusal`), after the access log
+    line. Request-streaming, whatever the method: grpc then calls it without first waiting for the
+    request message, which a hostile caller may never send."""
 
+    def refuse(context: grpc.ServicerContext) -> None:
+        started = _begin(context, method, auth, decision)  # aborts for a refused decision
+        if refusal is not None:
+            _end(context, method, started, refusal[0])
+            context.abort(*refusal)
 
-def _denied(code: grpc.StatusCode, message: str, streaming_response: bool, **ser: Any) -> grpc.RpcMethodHandler:
-    """A handler that refuses at once. Request-streaming, whatever the method: grpc then calls it
-    without first waiting for the request message, which a hostile caller may never send."""
     if streaming_response:
         def stream(_requests: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-            context.abort(code, message)
+            refuse(context)
             yield  # pragma: no cover
 
         return grpc.stream_stream_rpc_method_handler(stream, **ser)
 
     def unary(_requests: Any, context: grpc.ServicerContext) -> Any:
-        context.abort(code, message)
+        refuse(context)
 
     return grpc.stream_unary_rpc_method_handler(unary, **ser)
+
+
+def _wrapped(handler: grpc.RpcMethodHandler, kind: str, method: str, auth: TokenAuth,
+             decision: Decision | None, ser: dict) -> grpc.RpcMethodHandler:
+    """Any handler kind with auth (`decision`, or decided inside with the certificate), error
+    mapping and the access log; a request-streaming one (reflection) gets its messages as they
+    come."""
+    fn = getattr(handler, kind)
+    make = getattr(grpc, f"{kind}_rpc_method_handler")
+    arg = (lambda r: r) if handler.request_streaming else _checked
+    if handler.response_streaming:
+        def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            started = _begin(context, method, auth, decision)
+            try:
+                yield from fn(arg(request), context)
+            except Exception as exc:  # noqa: BLE001 - mapped below
+                if _is_abort(exc, context):
+                    raise
+                _abort(context, exc, method)
+            finally:
+                _end(context, method, started)
+
+        return make(stream, **ser)
+
+    def unary(request: Any, context: grpc.ServicerContext) -> Any:
+        started = _begin(context, method, auth, decision)
+        try:
+            return fn(arg(request), context)
+        except Exception as exc:  # noqa: BLE001 - mapped below
+            if _is_abort(exc, context):
+                raise
+            _abort(context, exc, method)
+        finally:
+            _end(context, method, started)
+
+    return make(unary, **ser)
 
 
 class _Slots:
@@ -193,8 +287,8 @@ class _Slots:
 
 
 class ServerInterceptor(grpc.ServerInterceptor):
-    """Auth (every RPC but health, when tokens are configured), the anonymous-call cap and error
-    mapping for every RPC."""
+    """Auth, the anonymous-call cap, error mapping and the access log for every RPC. `auth` may be
+    replaced while serving (a reload): each RPC reads it once, when it starts."""
 
     def __init__(self, auth: TokenAuth | None = None, anonymous_rpcs: int = 8):
         self.auth = auth or TokenAuth()
@@ -207,54 +301,48 @@ class ServerInterceptor(grpc.ServerInterceptor):
     def close(self) -> None:
         self.anonymous_pool.shutdown(wait=False, cancel_futures=True)
 
-    def _has_valid_token(self, authorization: str | None) -> bool:
-        return self.auth.enabled and self.auth.check(_TOKEN_PROBE, authorization) is None
-
     def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails) -> Any:
         handler = continuation(details)
         if handler is None:
             return None
         method = details.method
-        md = dict(details.invocation_metadata or ())
-        authorization = md.get("authorization")
-        verdict = self.auth.check(method, authorization)
+        auth = self.auth  # one reading per RPC
+        authorization = dict(details.invocation_metadata or ()).get("authorization")
         kind = ("stream" if handler.request_streaming else "unary") + "_" + ("stream" if handler.response_streaming else "unary")
-        make = getattr(grpc, f"{kind}_rpc_method_handler")
-        ser = {"request_deserializer": lenient(handler.request_deserializer),
-               "response_serializer": handler.response_serializer}
-        if verdict is not None:
-            code = grpc.StatusCode.UNAUTHENTICATED if verdict == "unauthenticated" else grpc.StatusCode.PERMISSION_DENIED
-            message = ("missing or invalid bearer token (metadata 'authorization: Bearer <token>')"
-                       if verdict == "unauthenticated" else "this RPC needs an admin token")
-            log.warning("rpc_denied", method=method, code=code.name)
-            return _denied(code, message, handler.response_streaming, **ser)
-        if handler.request_streaming:  # reflection: nothing of ours to map
-            return handler
+        # a request-streaming handler (reflection) reads its own messages: grpc's deserializer
+        deserializer = handler.request_deserializer if handler.request_streaming else lenient(handler.request_deserializer)
+        ser = {"request_deserializer": deserializer, "response_serializer": handler.response_serializer}
+        # decided here, before grpc waits for a request message, unless only the certificate can tell
+        decision = None if auth.needs_subject(authorization) else auth.decide(method, authorization)
+        if decision is not None and decision.verdict is not None:
+            return _denied(method, auth, decision, handler.response_streaming, **ser)
         service = method.lstrip("/").split("/", 1)[0]
-        if service in OPEN_SERVICES and not self._has_valid_token(authorization):
-            return self._anonymous(handler, kind, method, ser)
-        fn = getattr(handler, kind)
-        wrapped = _wrap_stream(fn, method) if handler.response_streaming else _wrap_unary(fn, method)
-        return make(wrapped, **ser)
+        if (decision is not None and not decision.identified and service in OPEN_SERVICES
+                and not handler.request_streaming):
+            return self._anonymous(handler, kind, method, auth, decision, ser)
+        return _wrapped(handler, kind, method, auth, decision, ser)
 
-    def _anonymous(self, handler: grpc.RpcMethodHandler, kind: str, method: str, ser: dict) -> grpc.RpcMethodHandler:
+    def _anonymous(self, handler: grpc.RpcMethodHandler, kind: str, method: str, auth: TokenAuth,
+                   decision: Decision, ser: dict) -> grpc.RpcMethodHandler:
         """A health call without a valid token: a slot of `anonymous_rpcs` (taken here, on the
         server's one serving thread, so a refusal needs no thread of the anonymous pool) for as
         long as the call lives, given back by grpc's termination callback whatever ends it."""
         if not self.anonymous.take():
             log.warning("rpc_refused", method=method, reason="limits.anonymous_rpcs", limit=self.anonymous.capacity)
-            return _denied(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                           f"too many calls without a token at once (limits.anonymous_rpcs = "
-                           f"{self.anonymous.capacity}); retry later, or send a bearer token",
-                           handler.response_streaming, **ser)
+            return _denied(method, auth, decision, handler.response_streaming,
+                           refusal=(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                    f"too many calls without a token at once (limits.anonymous_rpcs = "
+                                    f"{self.anonymous.capacity}); retry later, or send a bearer token"), **ser)
         give = self.anonymous.give_back_once()
         fn = getattr(handler, kind)
 
-        def first(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
-            """The one request message (read here: the slot bounds a caller who never sends it)."""
-            _begin(context)
+        def begin(context: grpc.ServicerContext) -> float:
             if not context.add_callback(give):
                 give()  # already over
+            return _begin(context, method, auth, decision)
+
+        def first(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+            """The one request message (read here: the slot bounds a caller who never sends it)."""
             try:
                 return _checked(next(requests))
             except StopIteration:
@@ -268,23 +356,32 @@ class ServerInterceptor(grpc.ServerInterceptor):
 
         if handler.response_streaming:
             def stream(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+                started = begin(context)
                 try:
                     request = first(requests, context)
                 except EdgespecError as exc:
+                    _end(context, method, started, status_for(exc)[0])
                     _abort(context, exc, method)
                     return iter(())
+                # the access line when the stream ends, whatever ends it (on grpc's callback thread)
+                fields = structlog.contextvars.get_contextvars()
+                if not context.add_callback(lambda: _end(context, method, started, fields=fields)):
+                    _end(context, method, started)
                 return fn(request, context)  # the servicer's own iterator (Watch): no generator of ours
 
             stream.experimental_thread_pool = self.anonymous_pool  # type: ignore[attr-defined]
             return grpc.stream_stream_rpc_method_handler(stream, **ser)
 
         def unary(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+            started = begin(context)
             try:
                 return fn(first(requests, context), context)
             except Exception as exc:  # noqa: BLE001 - mapped below
                 if _is_abort(exc, context):
                     raise
                 _abort(context, exc, method)
+            finally:
+                _end(context, method, started)
 
         unary.experimental_thread_pool = self.anonymous_pool  # type: ignore[attr-defined]
         return grpc.stream_unary_rpc_method_handler(unary, **ser)

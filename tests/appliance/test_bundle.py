@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 
 from edgespec.config import models_dir
+from edgespec.models import add_model, sha256_file
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "SmolLM2-135M-Instruct.Q8_0.gguf"  # the demo draft: the smaller of the demo pair
+OWN = "site-model.gguf"  # a small GGUF of the operator's own (`models add`)
 
 pytestmark = pytest.mark.slow
 
@@ -45,25 +47,56 @@ def _flip_byte(path: Path, offset: int | None = None) -> None:
         f.write(bytes([byte[0] ^ 0x01]))
 
 
+def _make_bundle(dist: Path, models: str, models_dir_: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DIST": str(dist), "MODELS": models, "MODELS_DIR": str(models_dir_), "GZIP_LEVEL": "1",
+           "PYTHON": sys.executable}
+    return subprocess.run([ROOT / "tools/make-bundle.sh"], capture_output=True, text=True, env=env, timeout=1800)
+
+
+def _unpack(tarball: Path, into: Path) -> Path:
+    with tarfile.open(tarball) as tar:
+        tar.extractall(into, filter="tar")
+    (root,) = into.iterdir()
+    return root
+
+
+def _reseal(root: Path) -> None:
+    """Recompute SHA256SUMS after changing a bundle's files: a new, consistent bundle."""
+    subprocess.run("find . -type f ! -name SHA256SUMS -printf '%P\\n' | LC_ALL=C sort | xargs -d '\\n' sha256sum > SHA256SUMS",
+                   shell=True, cwd=root, check=True)
+
+
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory):
-    if not _can_unshare_net():
-        pytest.skip("`unshare -n` not permitted here (needs root or user namespaces)")
+def site_models(tmp_path_factory):
+    """An operator's models directory: the demo draft linked in with `models add --link`, and a
+    small GGUF of their own copied in."""
+    from tests.test_models_registry import write_gguf
+
     if not (models_dir() / MODEL).is_file():
         pytest.skip(f"demo models not prepared in {models_dir()} (run `edgespec models prepare-demo`)")
+    d = tmp_path_factory.mktemp("site") / "models"
+    add_model(models_dir() / MODEL, role="draft", link=True, directory=d)
+    add_model(write_gguf(d.parent / "mine.gguf", arch="qwen2"), role="target", name=OWN, directory=d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory, site_models):
+    if not _can_unshare_net():
+        pytest.skip("`unshare -n` not permitted here (needs root or user namespaces)")
     dist = tmp_path_factory.mktemp("dist")
-    env = {**os.environ, "DIST": str(dist), "MODELS": MODEL, "GZIP_LEVEL": "1", "PYTHON": sys.executable}
-    proc = subprocess.run(
-        [ROOT / "tools/make-bundle.sh"], capture_output=True, text=True, env=env, timeout=1800
-    )
+    proc = _make_bundle(dist, f"{MODEL.removesuffix('.gguf')},{OWN}", site_models)  # names, ".gguf" optional
     assert proc.returncode == 0, proc.stderr[-4000:]
     tarball = Path(proc.stdout.strip().splitlines()[-1])
     assert tarball.name.startswith("edgespec-bundle-") and tarball.is_file()
-    unpacked = tmp_path_factory.mktemp("unpacked")
-    with tarfile.open(tarball) as tar:
-        tar.extractall(unpacked, filter="tar")
-    (root,) = unpacked.iterdir()
-    return tarball, root
+    return tarball, _unpack(tarball, tmp_path_factory.mktemp("unpacked"))
+
+
+@pytest.fixture(scope="module")
+def software_bundle(tmp_path_factory, site_models):
+    proc = _make_bundle(tmp_path_factory.mktemp("dist-sw"), "none", site_models)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return _unpack(Path(proc.stdout.strip().splitlines()[-1]), tmp_path_factory.mktemp("unpacked-sw"))
 
 
 def test_bundle_contents(bundle):
@@ -74,15 +107,19 @@ def test_bundle_contents(bundle):
     assert listed == present  # a checksum for every file
     wheels = {p.name.split("-")[0] for p in (root / "wheelhouse").glob("*.whl")}
     assert {"edgespec", "llama_cpp_python", "numpy", "gguf", "grpcio", "typer", "structlog"} <= wheels
-    assert (root / "models" / MODEL).is_file()
-    assert set(json.loads((root / "models/manifest.json").read_text())["files"]) == {MODEL}
+    assert (root / "models" / MODEL).is_file() and not (root / "models" / MODEL).is_symlink()  # linked: the file ships
+    assert sha256_file(root / "models" / MODEL) == sha256_file(models_dir() / MODEL)
+    files = json.loads((root / "models/manifest.json").read_text())["files"]
+    assert set(files) == {MODEL, OWN}
+    assert (files[OWN]["role"], files[OWN]["architecture"]) == ("target", "qwen2")
+    assert files[MODEL]["role"] == "draft" and files[MODEL]["file_type"] == "Q8_0" and "link" not in files[MODEL]
     for name in ("install.sh", "BUNDLE_INFO", "config/edgespec.toml", "systemd/edgespec.service",
                  "systemd/edgespec-models-check.service", "systemd/edgespec.service.d/override.conf.example"):
         assert (root / name).is_file(), name
     assert "CUDA=0" in (root / "BUNDLE_INFO").read_text()
 
 
-def test_offline_install_generates_and_upgrades(bundle, tmp_path):
+def test_offline_install_generates_and_upgrades(bundle, software_bundle, tmp_path):
     _, root = bundle
     prefix = tmp_path / "pfx"
     proc = _offline([root / "install.sh", "--prefix", prefix, "--no-systemd"], timeout=900)
@@ -110,6 +147,17 @@ def test_offline_install_generates_and_upgrades(bundle, tmp_path):
     assert os.readlink(prefix / "current") != first and (prefix / first).is_dir()
     assert model.stat().st_ino == model_inode  # unchanged model not copied again
     assert _offline([exe, "version"]).returncode == 0
+
+    # A software-only bundle (MODELS=none) ships no weights and leaves the installed models and
+    # their manifest alone.
+    manifest = (prefix / "var/models/manifest.json").read_text()
+    assert software_bundle.joinpath("models/manifest.json").is_file()
+    assert not [p for p in (software_bundle / "models").iterdir() if p.suffix == ".gguf"]
+    sw = _offline([software_bundle / "install.sh", "--prefix", prefix, "--no-systemd"], timeout=900)
+    assert sw.returncode == 0, sw.stderr
+    assert "software-only bundle" in sw.stderr
+    assert model.stat().st_ino == model_inode and (prefix / "var/models/manifest.json").read_text() == manifest
+    assert subprocess.run([exe, "models", "verify"], env=env, capture_output=True).returncode == 0
 
     # Uninstall keeps config and models; --purge removes them.
     gone = subprocess.run([root / "install.sh", "--uninstall", "--no-systemd", "--prefix", prefix], capture_output=True)
@@ -222,9 +270,44 @@ def test_systemd_install_upgrade_and_rollback(bundle, tmp_path):
     good = os.readlink(prefix / "current")
 
     # The upgrade never becomes healthy: back to the previous version, restarted, exit 4.
+    # It also replaces a model under the same name and adds one: the rollback puts the previous
+    # model set back (files and manifest).
+    models = tmp_path / "var/models"
+    before = {p.name: sha256_file(p) for p in models.glob("*.gguf")}
+    manifest_before = (models / "manifest.json").read_text()
+    shipped = (root / "models/manifest.json").read_text()
+    upgrade = tmp_path / "upgrade" / root.name
+    shutil.copytree(root, upgrade)
+    from tests.test_models_registry import write_gguf
+
+    write_gguf(upgrade / "models" / OWN, arch="qwen2", fill=3.0)  # new weights, same name
+    write_gguf(upgrade / "models/extra.gguf")
+    m = json.loads(shipped)
+    for name in (OWN, "extra.gguf"):
+        p = upgrade / "models" / name
+        m["files"][name] = {**m["files"][OWN], "sha256": sha256_file(p), "size": p.stat().st_size}
+    (upgrade / "models/manifest.json").write_text(json.dumps(m))
+    _reseal(upgrade)
+    root = upgrade
     second = install("failed active")
     assert second.returncode == 4, second.stderr
-    assert "rolling back" in second.stderr
+    assert "rolling back" in second.stderr and f"model {OWN} restored" in second.stderr
     assert os.readlink(prefix / "current") == good
     assert _offline([prefix / "bin/edgespec", "version"]).returncode == 0
     assert log.read_text().count("systemctl restart edgespec.service") == 3
+    assert {p.name: sha256_file(p) for p in models.glob("*.gguf")} == before  # extra.gguf gone too
+    assert (models / "manifest.json").read_text() == manifest_before and not (models / ".previous").exists()
+
+    # The same upgrade, healthy: the new model serves, the previous one is kept for one rollback.
+    third = install("active")
+    assert third.returncode == 0, third.stderr
+    assert sha256_file(models / OWN) == m["files"][OWN]["sha256"]
+    assert sha256_file(models / ".previous" / OWN) == before[OWN]
+
+
+def test_a_name_the_manifest_lacks_is_refused_before_building(site_models, tmp_path):
+    proc = _make_bundle(tmp_path / "dist", f"{OWN},not-there", site_models)
+    assert proc.returncode == 1
+    assert "MODELS: not-there.gguf is not in" in proc.stderr and OWN in proc.stderr and "edgespec models add" in proc.stderr
+    assert "llama-cpp-python:" not in proc.stderr  # nothing was built
+    assert not (tmp_path / "dist").exists()

@@ -61,3 +61,51 @@ def test_config_validate_refuses_a_plan_that_does_not_fit(tmp_path, demo_pair):
     assert r.exit_code == 2 and "target.n_ctx: with server.parallel = 64, the memory plan does NOT fit" in r.output
     s = runner.invoke(app, ["serve", "--config", str(cfg), "--port", "0"])
     assert s.exit_code == 2 and "target.n_ctx" in s.output and "SERVING" not in s.output
+
+
+def test_exit_codes_tell_usage_from_a_dead_daemon_from_refused_credentials(make_daemon, tmp_path):
+    gone = make_daemon()
+    dead = gone.addr
+    gone.daemon.shutdown(grace=0)  # a daemon that was there and died: nothing listens on its port
+    r = runner.invoke(app, ["client", "generate", "Hi", "--addr", dead, "--timeout", "10"])
+    assert r.exit_code == 3 and f"UNAVAILABLE ({dead})" in r.output, r.output
+    assert runner.invoke(app, ["health", "--addr", dead]).exit_code == 3
+    assert runner.invoke(app, ["stats", "--addr", dead]).exit_code == 3
+    r = runner.invoke(app, ["client", "generate", "Hi", "--addr", "127.0.0.1:1,oops"])
+    assert r.exit_code == 2 and "--addr: expected host:port" in r.output
+    assert runner.invoke(app, ["client", "generate", "Hi", "--ca", str(tmp_path / "none.pem")]).exit_code == 2
+    assert runner.invoke(app, ["client", "generate"]).exit_code == 2  # missing argument (click)
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text(hash_token("t") + "\n")
+    d = make_daemon(auth={"tokens_file": str(tokens)})
+    r = runner.invoke(app, ["client", "generate", "Hi", "--addr", d.addr, "--token", "wrong"])
+    assert r.exit_code == 4 and "UNAUTHENTICATED" in r.output
+    assert runner.invoke(app, ["stats", "--addr", d.addr, "--token", "t"]).exit_code == 4  # not an admin token
+    assert runner.invoke(app, ["client", "generate", "Hi", "--addr", d.addr, "--token", "t"]).exit_code == 0
+    d.daemon._drain(True)
+    assert runner.invoke(app, ["health", "--addr", d.addr]).exit_code == 1  # answered: NOT_SERVING
+
+
+def test_client_takes_several_addresses(make_daemon):
+    """One request per invocation goes to one healthy replica (balancing: test_balancing.py)."""
+    a, b = make_daemon(), make_daemon()
+    b.daemon._drain(True)  # NOT_SERVING: skipped
+    for _ in range(3):
+        r = runner.invoke(app, ["client", "generate", "Hi", "--max-tokens", "2", "--addr", f"{b.addr},{a.addr}"])
+        assert r.exit_code == 0, r.output
+    assert len(a.engine.requests) == 3 and not b.engine.requests
+
+
+def test_shell_completion_is_available():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).parent / "edgespec"
+    r = subprocess.run([exe, "--show-completion", "bash"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "_EDGESPEC_COMPLETE" in r.stdout
+    env = {**os.environ, "_EDGESPEC_COMPLETE": "complete_bash", "COMP_WORDS": "edgespec mod", "COMP_CWORD": "1"}
+    r = subprocess.run([exe], capture_output=True, text=True, env=env, timeout=60)
+    assert "models" in r.stdout.split()

@@ -117,3 +117,14 @@ def test_an_impossible_memory_plan_is_a_config_error(demo_pair):
     assert load(None, env=env, check_models=True)  # the demo config fits
     load(None, env={**env, "EDGESPEC_TARGET_N_CTX": str(1 << 20), "EDGESPEC_DRAFT_N_CTX": str(1 << 20),
                     "EDGESPEC_SERVER_PARALLEL": "64"}, check_models=False)  # without models: not checked
+def test_rpc_servers_are_host_ports_and_need_offloaded_layers():
+    from edgespec.server.config import InvalidConfig, load
+
+    cfg = load(None, env={}, overrides={"target": {"rpc_servers": ["10.0.0.7:50052", "[::1]:50053"], "n_gpu_layers": -1}})
+    assert cfg.rpc_servers == ("10.0.0.7:50052", "[::1]:50053")
+    with pytest.raises(InvalidConfig, match="target.rpc_servers: must be a list of host:port, got '10.0.0.7'"):
+        load(None, env={}, overrides={"target": {"rpc_servers": ["10.0.0.7"], "n_gpu_layers": -1}})
+    with pytest.raises(InvalidConfig, match="target.n_gpu_layers: must be -1"):
+        load(None, env={}, overrides={"target": {"rpc_servers": ["10.0.0.7:50052"]}})
+    with pytest.raises(InvalidConfig, match="draft.rpc_servers: unknown key"):
+        load(None, env={}, overrides={"draft": {"rpc_servers": ["10.0.0.7:50052"]}})

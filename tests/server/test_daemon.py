@@ -353,11 +353,11 @@ def test_auth(make_daemon, token_files):
     assert r.inference.Generate(req(max_tokens=2), timeout=5, metadata=admin).text
 
 
-def _tls_daemon(make_daemon, certs, mtls: bool):  # noqa: ANN001, ANN202
+def _tls_daemon(make_daemon, certs, mtls: bool, **sections):  # noqa: ANN001, ANN202
     tls = {"cert": str(certs["server_cert"]), "key": str(certs["server_key"])}
     if mtls:
         tls["client_ca"] = str(certs["ca"])
-    return make_daemon(tls=tls)
+    return make_daemon(tls=tls, **sections)
 
 
 def test_tls(make_daemon, certs):
@@ -371,7 +371,7 @@ def test_tls(make_daemon, certs):
 
 
 def test_mutual_tls(make_daemon, certs):
-    r = _tls_daemon(make_daemon, certs, mtls=True)
+    r = _tls_daemon(make_daemon, certs, mtls=True, auth={"admin_subjects": ["edgespec client"]})
     addr = f"localhost:{r.daemon.port}"
     good = ClientOptions(addr=addr, ca=str(certs["ca"]), cert=str(certs["client_cert"]), key=str(certs["client_key"]))
     with open_channel(good) as ch:

@@ -190,8 +190,9 @@ def test_cancel_frees_slot_and_overload_rejects(server):
 
 def test_deadline(server):
     """A request that cannot finish in its deadline on any machine: counting on for 900 tokens
-    (never an EOS) within 0.15 s. The server stops it and frees the slot."""
-    rq = pb.GenerateRequest(prompt=", ".join(str(i) for i in range(1, 40)) + ",")
+    (never an EOS) within 0.15 s. The server stops it and frees the slot. (86 prompt tokens + 900
+    fit the 1024-token context's 1015 usable ones.)"""
+    rq = pb.GenerateRequest(prompt=", ".join(str(i) for i in range(1, 25)) + ",")
     rq.sampling.max_tokens = 900
     rq.speculation.mode = pb.OFF
     with pytest.raises(grpc.RpcError) as e:
@@ -316,3 +317,115 @@ def test_anonymous_watch_flood_leaves_generate_served(server):
             break
         time.sleep(0.2)
     assert json.loads(health.stdout)["status"] == "SERVING", health.stderr
+
+
+def _server_cert(d: Path, name: str) -> tuple[Path, Path, Path]:
+    """A CA of its own and a server certificate for localhost/127.0.0.1 it signed: (ca, cert, key)."""
+    def ossl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+    ossl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}-ca.key", "-out", f"{name}-ca.pem",
+         "-days", "2", "-subj", f"/CN={name} CA")
+    (d / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    ossl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", "/CN=localhost")
+    ossl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{name}-ca.pem", "-CAkey", f"{name}-ca.key", "-CAcreateserial",
+         "-out", f"{name}.pem", "-days", "2", "-extfile", "san.ext")
+    return d / f"{name}-ca.pem", d / f"{name}.pem", d / f"{name}.key"
+
+
+def test_sighup_reloads_tokens_and_certificate_mid_stream(tmp_path):
+    """`systemctl reload` = SIGHUP to the real daemon while a stream runs: the stream completes;
+    the old token is refused and the new one accepted; new connections get the new certificate;
+    a reload that fails validation changes nothing and says why in Admin.Stats."""
+    if not shutil.which("openssl"):
+        pytest.skip("openssl not installed")
+    from edgespec.server.auth import hash_token
+    from edgespec.server.channel import ClientOptions, open_channel
+
+    old_ca, old_cert, old_key = _server_cert(tmp_path, "old")
+    new_ca, new_cert, new_key = _server_cert(tmp_path, "new")
+    cert, key = tmp_path / "server.pem", tmp_path / "server.key"
+    shutil.copy(old_cert, cert)
+    shutil.copy(old_key, key)
+    tokens, admin = tmp_path / "tokens", tmp_path / "admin_tokens"
+    tokens.write_text(f"app:{hash_token('old-token')}\n")
+    admin.write_text(f"ops:{hash_token('admin-token')}\n")
+    cfg = tmp_path / "edgespec.toml"
+    cfg.write_text(f'[auth]\ntokens_file = "{tokens}"\nadmin_tokens_file = "{admin}"\n'
+                   f'[tls]\ncert = "{cert}"\nkey = "{key}"\n')
+    s = start_server(tmp_path, "--config", str(cfg), "--log-level", "info")
+    port = s.addr.rsplit(":", 1)[1]
+
+    def channel(ca: Path) -> grpc.Channel:
+        return open_channel(ClientOptions(addr=f"localhost:{port}", ca=str(ca)))
+
+    def bearer(token: str) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {token}"),)
+
+    def generate(ch: grpc.Channel, token: str) -> grpc.StatusCode:
+        rq = pb.GenerateRequest(prompt="Hi")
+        rq.sampling.max_tokens = 2
+        try:
+            inference_pb2_grpc.InferenceStub(ch).Generate(rq, timeout=120, metadata=bearer(token))
+        except grpc.RpcError as exc:
+            return exc.code()
+        return grpc.StatusCode.OK
+
+    def reloaded_after(ch: grpc.Channel, t: float) -> admin_pb2.StatsResponse:
+        deadline = time.monotonic() + 60
+        while True:
+            st = admin_pb2_grpc.AdminStub(ch).Stats(admin_pb2.StatsRequest(), timeout=30, metadata=bearer("admin-token"))
+            if st.HasField("last_reload") and st.last_reload.unix_time > t:
+                return st
+            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[-2000:]
+            time.sleep(0.1)  # polling for the reload to be applied, not a synchronisation by time
+
+    before = channel(old_ca)  # its connection was made with the old certificate and stays up
+    try:
+        assert generate(before, "old-token") == grpc.StatusCode.OK
+        assert generate(channel(new_ca), "old-token") == grpc.StatusCode.UNAVAILABLE  # not the new cert yet
+        # The reload must land while the stream is generating. How long a stream of n tokens
+        # lasts depends on the machine, so each try doubles n until the daemon reports the
+        # stream still active when the reload is applied (one try on a slow CPU).
+        for attempt, n in enumerate((32, 128, 512, 2048)):
+            rq = pb.GenerateRequest(prompt="Count from 1 to 3000, separated by commas: 1, 2, 3,")
+            rq.sampling.max_tokens = n
+            stream = inference_pb2_grpc.InferenceStub(before).GenerateStream(rq, timeout=900, metadata=bearer("admin-token"))
+            next(stream)
+            tokens.write_text(f"app:{hash_token('new-token')}\n")
+            shutil.copy(new_cert, cert)
+            shutil.copy(new_key, key)
+            t0 = time.time()
+            s.proc.send_signal(signal.SIGHUP)
+            st = reloaded_after(before, t0)
+            assert st.last_reload.ok and set(st.last_reload.reloaded) == {"auth", "tls", "speculation"}, st.last_reload
+            in_flight = st.active_requests == 1
+            rest = list(stream)  # completes whatever the reload did
+            assert rest and rest[-1].finish_reason in (pb.LENGTH, pb.EOS, pb.STOP)
+            if in_flight:
+                break
+        else:
+            pytest.fail("every stream ended before the reload was applied")
+
+        after = channel(new_ca)  # a new connection: the new certificate, which the new CA verifies
+        assert generate(after, "new-token") == grpc.StatusCode.OK
+        assert generate(after, "old-token") == grpc.StatusCode.UNAUTHENTICATED
+        assert generate(channel(old_ca), "new-token") == grpc.StatusCode.UNAVAILABLE  # old cert no longer served
+
+        # A broken reload (a key that is not the certificate's) changes nothing and says why.
+        shutil.copy(old_key, key)
+        tokens.write_text(f"app:{hash_token('third-token')}\n")
+        t1 = time.time()
+        s.proc.send_signal(signal.SIGHUP)
+        st = reloaded_after(after, t1)
+        assert not st.last_reload.ok and "tls.key" in st.last_reload.error, st.last_reload
+        assert generate(channel(new_ca), "new-token") == grpc.StatusCode.OK
+        assert generate(after, "third-token") == grpc.StatusCode.UNAUTHENTICATED
+        assert s.proc.poll() is None
+        log = (tmp_path / "serve.log").read_text()
+        assert "reload_failed" in log and "old-token" not in log and "new-token" not in log
+    finally:
+        s.channel.close()
+        if s.proc.poll() is None:
+            s.proc.send_signal(signal.SIGTERM)
+            s.proc.wait(60)
