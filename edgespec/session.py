@@ -285,7 +285,8 @@ class Session:
 
             masks, _valid = self.matcher.node_masks(tree)
             res = verify_masked(tree, rows, masks, self.sampling, self.rng, q_masked=False)
-            rows = apply_mask(rows, np.where(masks.any(axis=1, keepdims=True), masks, True))
+            if self.req.logprobs is not None:  # logprobs under the distribution sampled from
+                rows = apply_mask(rows, np.where(masks.any(axis=1, keepdims=True), masks, True))
         elif self.sampling.greedy:
             res = verify_greedy(tree, np.argmax(rows, axis=1))
         else:
