@@ -132,9 +132,12 @@ class Session:
         return self.n_past
 
     def step(self) -> Chunk:
-        """One tick with this session alone (the engine's tick over [self])."""
+        """One decoding step of this session alone: the ticks that prefill its prompt (whole
+        n_batch chunks when alone, as a one-shot prefill would), then one tick that verifies."""
         if self.done:
             raise RuntimeError("session is finished")
+        while self.prefilling:
+            self.engine.tick([self])
         return self.engine.tick([self])[self]
 
     # -- prefill ------------------------------------------------------------------------------
