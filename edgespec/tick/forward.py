@@ -11,7 +11,8 @@ and a node always comes after its parent), which costs a little more than one ti
 keeps every request's output what it would be alone. Prefill pieces join the verification
 forward only while it stays within EXACT_COLUMNS; small pieces of several prompts share one
 forward under the same bound; a larger piece runs as its own forward in the same tick (it is
-compute-bound: it costs the same either way).
+compute-bound: it costs the same either way), on a CPU in calls of EXACT_COLUMNS tokens too, so a
+prompt's cells are the same whatever pieces it was read in, alone or beside other streams.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def verify_forward(engine, plan) -> ForwardRecord:
         tokens, positions, seqs = [], [], []
         _append(group, tokens, positions, seqs)
         t0 = time.perf_counter()
-        ctx.decode_rows(tokens, positions, seqs, [False] * len(tokens))
+        ctx.decode_rows(tokens, positions, seqs, [False] * len(tokens), chunk=engine.verify_chunk)
         _done(group, rec, time.perf_counter() - t0)
     return rec
 
