@@ -38,20 +38,23 @@ def _blocks(src: str, kind: str) -> dict[str, str]:
     return {m.group(1): m.group(2) for m in re.finditer(kind + r"\s+(\w+)\s*\{([^{}]*)\}", src)}
 
 
+# what a line of a block declares: a message field's name, an enum value
+DECLARED = {"message": r"(?:optional\s+|repeated\s+)?(?:map<[^>]+>|[\w.]+)\s+(\w+)\s*=\s*\d+\s*;",
+            "enum": r"(\w+)\s*=\s*\d+\s*;"}
+
+
+def proto_names(kind: str) -> dict[str, list[str]]:
+    """name -> the fields (kind "message") or values (kind "enum") it declares, over every proto."""
+    return {name: re.findall(DECLARED[kind], body)
+            for p in PROTOS for name, body in _blocks(_strip_comments(text(p)), kind).items()}
+
+
 def proto_messages() -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for p in PROTOS:
-        for name, body in _blocks(_strip_comments(text(p)), "message").items():
-            out[name] = re.findall(r"(?:optional\s+|repeated\s+)?(?:map<[^>]+>|[\w.]+)\s+(\w+)\s*=\s*\d+\s*;", body)
-    return out
+    return proto_names("message")
 
 
 def proto_enums() -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for p in PROTOS:
-        for name, body in _blocks(_strip_comments(text(p)), "enum").items():
-            out[name] = re.findall(r"(\w+)\s*=\s*\d+\s*;", body)
-    return out
+    return proto_names("enum")
 
 
 def proto_rpcs() -> list[tuple[str, str]]:
