@@ -310,12 +310,21 @@ def section_class(name: str, section: str, doc: str, module: str, *,
                   namespace: Mapping[str, Any] | None = None, tuples: Iterable[str] = ()) -> type:
     """A frozen dataclass with one field per key of `section`, defaulting to the declaration
     (list keys named in `tuples` become tuples)."""
+    keys = {key: (section, key) for key in SECTIONS[section]}
+    return settings_class(name, keys, doc, module, namespace=namespace, tuples=tuples)
+
+
+def settings_class(name: str, keys: Mapping[str, tuple[str, str]], doc: str, module: str, *,
+                   namespace: Mapping[str, Any] | None = None, tuples: Iterable[str] = ()) -> type:
+    """A frozen dataclass with a field per `keys` item (field name -> the (section, key) declaring
+    its type and default)."""
     tuples = set(tuples)
     fields = []
-    for key, s in SECTIONS[section].items():
-        default = tuple(s.default) if key in tuples else s.default
-        typ = tuple[str, ...] if key in tuples else (float if s.types == F else s.types[0])
-        fields.append((key, typ, dataclasses.field(default=default)))
+    for attr, (section, key) in keys.items():
+        s = SECTIONS[section][key]
+        default = tuple(s.default) if attr in tuples else s.default
+        typ = tuple[str, ...] if attr in tuples else (float if s.types == F else s.types[0])
+        fields.append((attr, typ, dataclasses.field(default=default)))
     cls = dataclasses.make_dataclass(name, fields, frozen=True, namespace=dict(namespace or {}))
     cls.__doc__, cls.__module__ = doc, module
     return cls
