@@ -68,6 +68,10 @@ class Setting:
         """[1, 16], (0, 1], >= 0, one of a, b; "" when anything of its type goes."""
         if self.choices:
             return "one of " + ", ".join(_text(c) for c in self.choices)
+        if self.types == (bool,):
+            return "true or false"
+        if self.check is not None and self.check in CHECK_TEXT:
+            return CHECK_TEXT[self.check]
         hi = self.hi_text or (None if self.hi is None else _num(self.hi))
         if self.lo is not None and hi is not None:
             return f"{'(' if self.lo_open else '['}{_num(self.lo)}, {hi}{')' if self.hi_open else ']'}"
@@ -85,7 +89,8 @@ class Setting:
         if self.choices and value not in self.choices:
             return f"must be {self.range_text()}, got {value!r}"
         if isinstance(value, (int, float)) and not isinstance(value, bool) and not self._in_range(value):
-            return f"must be {'' if self.range_text()[0] in '<>' else 'in '}{self.range_text()}, got {value!r}"
+            rng = self.range_text()
+            return f"must be {'finite' if not rng else rng if rng[0] in '<>' else 'in ' + rng}, got {value!r}"
         return self.check(value) if self.check else None
 
     def _in_range(self, v: float) -> bool:
@@ -152,6 +157,15 @@ def _endpoints(v: list) -> str | None:
 
 def _json_mode(v: Any) -> str | None:
     return None if v in ("auto", True, False) else f"must be \"auto\", true or false, got {v!r}"
+
+
+CHECK_TEXT: dict[Any, str] = {  # how the docs write what an extra check allows
+    check_host: "an IP address or host name",
+    _file_or_empty: "an existing file, or empty",
+    _strings: "non-empty strings",
+    _endpoints: "host:port entries",
+    _json_mode: "\"auto\", true or false",
+}
 
 
 # ---- the declaration ------------------------------------------------------------------------
@@ -290,6 +304,22 @@ SETTINGS: tuple[Setting, ...] = (
     # cost model
     _ctl("ewma_alpha", F, 0.1, "weight of one online timing in the cost model", lo=0.0, hi=1.0),
 )
+
+SECTION_HELP = {
+    "server": "The gRPC listener, the engine's slots and queue, and what a request may ask for.",
+    "target": "The target model: the distribution every mode reproduces exactly.",
+    "draft": "The draft model that proposes tokens (its logits never change the output, only the speed).",
+    "speculation": "The speculation policy and the shape defaults a request gets when it sets none. "
+                   "SIGHUP reloads it; `edgespec policy` (Admin.SetPolicy) overrides stay on top until reset.",
+    "limits": "What one request may send, checked by the gRPC and HTTP handlers before the engine sees it.",
+    "auth": "Bearer tokens and admin identities. SIGHUP re-reads the files.",
+    "tls": "TLS and mutual TLS for gRPC and HTTP. SIGHUP re-reads the files (turning TLS on or off needs "
+           "a restart).",
+    "http": "The OpenAI-compatible HTTP API.",
+    "metrics": "Prometheus text metrics.",
+    "logging": "Structured logs.",
+    "controller": "The adaptive controller of `auto` mode and its circuit breaker (docs/controller.md).",
+}
 
 SECTIONS: dict[str, dict[str, Setting]] = {}
 for _s in SETTINGS:
