@@ -272,7 +272,7 @@ def _sampling(body: Mapping, policy: Policy, limits: LimitsConfig) -> SamplingPa
     check_fields(lengths, dict.fromkeys(lengths, SAMPLING["max_tokens"]), caps={k: policy.max_tokens for k in lengths})
     values = {k: body.get(k) for k in SAMPLING}
     values["max_tokens"] = next((v for v in lengths.values() if v is not None), None)
-    if values["top_k"] == -1 and not isinstance(values["top_k"], bool):
+    if values["top_k"] == -1:
         values["top_k"] = 0
     return sampling_for(policy, limits, {**values, "stop": _stop(body.get("stop"), limits)},
                         temperature=DEFAULT_TEMPERATURE)
