@@ -13,20 +13,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgespec.errors import BadRequest
+from edgespec.settings import MAX_STOP_STRINGS, SAMPLING, check_fields, check_stop
 
-MAX_STOP_STRINGS = 16
 GREEDY_BELOW = 1e-5  # a temperature in (0, GREEDY_BELOW) is taken as 0 (greedy)
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.0
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # in (0, 1]
-    min_p: float = 0.0  # in [0, 1)
-    seed: int | None = None
-    max_tokens: int = 128
+    """Defaults and ranges: edgespec.settings.SAMPLING."""
+
+    temperature: float = SAMPLING["temperature"].default
+    top_k: int = SAMPLING["top_k"].default  # 0 = off
+    top_p: float = SAMPLING["top_p"].default  # in (0, 1]
+    min_p: float = SAMPLING["min_p"].default  # in [0, 1)
+    seed: int | None = SAMPLING["seed"].default
+    max_tokens: int = SAMPLING["max_tokens"].default
     stop: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
@@ -41,24 +42,18 @@ class SamplingParams:
 
 def validate_sampling(s: SamplingParams, max_tokens_limit: int = 1 << 20) -> None:
     """Raise BadRequest naming the field and its allowed range."""
-    t = s.temperature
-    if not isinstance(t, (int, float)) or not np.isfinite(t) or t < 0 or t > 100:
-        raise BadRequest("temperature", f"must be in [0, 100], got {t!r}")
-    if not isinstance(s.top_k, int) or s.top_k < 0:
-        raise BadRequest("top_k", f"must be an integer >= 0 (0 = off), got {s.top_k!r}")
-    if not isinstance(s.top_p, (int, float)) or not (0.0 < s.top_p <= 1.0):
-        raise BadRequest("top_p", f"must be in (0, 1], got {s.top_p!r}")
-    if not isinstance(s.min_p, (int, float)) or not (0.0 <= s.min_p < 1.0):
-        raise BadRequest("min_p", f"must be in [0, 1), got {s.min_p!r}")
-    if s.seed is not None and (not isinstance(s.seed, int) or s.seed < 0 or s.seed >= 2**63):
-        raise BadRequest("seed", f"must be an integer in [0, 2^63), got {s.seed!r}")
-    if not isinstance(s.max_tokens, int) or not (1 <= s.max_tokens <= max_tokens_limit):
-        raise BadRequest("max_tokens", f"must be in [1, {max_tokens_limit}], got {s.max_tokens!r}")
-    if len(s.stop) > MAX_STOP_STRINGS:
-        raise BadRequest("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(s.stop)}")
-    for i, st in enumerate(s.stop):
-        if not isinstance(st, str) or not st:
-            raise BadRequest(f"stop[{i}]", "must be a non-empty string")
+    check_sampling(s.__dict__, max_tokens_limit=max_tokens_limit)
+
+
+def check_sampling(values: dict, *, prefix: str = "", max_tokens_limit: int = 1 << 20,
+                   max_stop_strings: int = MAX_STOP_STRINGS, max_stop_chars: int | None = None) -> None:
+    """The one check of a request's sampling fields, for gRPC, HTTP and the CLI: each field of
+    `values` (temperature, top_k, top_p, min_p, seed, max_tokens, stop; None = unset) in its
+    declared range (edgespec.settings.SAMPLING), max_tokens at most `max_tokens_limit`. BadRequest
+    names the field as the caller's API does (`prefix`: "sampling." for gRPC)."""
+    check_fields({k: v for k, v in values.items() if k in SAMPLING}, SAMPLING, prefix=prefix,
+                 caps={"max_tokens": max_tokens_limit})
+    check_stop(values.get("stop", ()), prefix=prefix, max_strings=max_stop_strings, max_chars=max_stop_chars)
 
 
 def logits_to_probs(logits: np.ndarray, s: SamplingParams) -> np.ndarray:

@@ -7,37 +7,29 @@ from typing import Literal
 
 from edgespec.errors import BadRequest
 from edgespec.sampling import SamplingParams
+# the shape limits a request may ask for, re-exported from where they are declared
+from edgespec.settings import MAX_DRAFT_TOKENS, MAX_TREE_DEPTH, MAX_TREE_NODES  # noqa: F401
+from edgespec.settings import SPECULATION, check_fields, setting
 
 Mode = Literal["plain", "chain", "tree", "auto"]
 MODES: tuple[str, ...] = ("plain", "chain", "tree", "auto")
 FinishReason = Literal["stop", "length", "eos", "cancelled", "deadline", "error"]
 
-# Limits on speculation shapes a request may ask for.
-MAX_DRAFT_TOKENS = 16
-MAX_TREE_NODES = 64
-MAX_TREE_DEPTH = 16
-
-
 @dataclass(frozen=True)
 class SpeculationParams:
-    """How to speculate. Defaults are the explicit-mode defaults of the issue: chain drafts 4,
-    a tree verifies at most 16 nodes, at most 6 deep."""
+    """How to speculate. The defaults and ranges are the [speculation] keys of edgespec.settings
+    (chain drafts 4, a tree verifies at most 16 nodes, at most 6 deep)."""
 
     mode: Mode = "auto"
-    draft_tokens: int = 4  # chain length
-    tree_nodes: int = 16  # tree node budget (excluding the root)
-    tree_depth: int = 6
-    ngram: bool = True  # also use model-free prompt-lookup drafts
+    draft_tokens: int = setting("speculation", "draft_tokens").default  # chain length
+    tree_nodes: int = setting("speculation", "tree_nodes").default  # tree node budget (excluding the root)
+    tree_depth: int = setting("speculation", "tree_depth").default
+    ngram: bool = setting("speculation", "ngram").default  # also use model-free prompt-lookup drafts
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise BadRequest("mode", f"must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if not isinstance(self.draft_tokens, int) or not 1 <= self.draft_tokens <= MAX_DRAFT_TOKENS:
-            raise BadRequest("draft_tokens", f"must be in [1, {MAX_DRAFT_TOKENS}], got {self.draft_tokens!r}")
-        if not isinstance(self.tree_nodes, int) or not 1 <= self.tree_nodes <= MAX_TREE_NODES:
-            raise BadRequest("tree_nodes", f"must be in [1, {MAX_TREE_NODES}], got {self.tree_nodes!r}")
-        if not isinstance(self.tree_depth, int) or not 1 <= self.tree_depth <= MAX_TREE_DEPTH:
-            raise BadRequest("tree_depth", f"must be in [1, {MAX_TREE_DEPTH}], got {self.tree_depth!r}")
+        check_fields({k: getattr(self, k) for k in SPECULATION}, SPECULATION)
 
     @property
     def context_headroom(self) -> int:

@@ -213,3 +213,20 @@ def test_sample_is_reproducible_with_a_seed():
     s3 = [sample(probs, other) for _ in range(200)]
     assert s1 == s2
     assert s1 != s3
+
+
+def test_one_check_names_the_field_as_each_api_does():
+    """gRPC (sampling.), HTTP (bare) and the CLI (SamplingParams) share check_sampling."""
+    from edgespec.sampling import check_sampling
+
+    for prefix in ("", "sampling."):
+        with pytest.raises(BadRequest) as e:
+            check_sampling({"top_p": 0.0}, prefix=prefix)
+        assert e.value.field == prefix + "top_p" and "(0, 1]" in str(e.value)
+        with pytest.raises(BadRequest) as e:
+            check_sampling({"max_tokens": 300}, prefix=prefix, max_tokens_limit=256)
+        assert e.value.field == prefix + "max_tokens" and "[1, 256]" in str(e.value)
+        with pytest.raises(BadRequest) as e:
+            check_sampling({"stop": ("ab", "abcd")}, prefix=prefix, max_stop_chars=3)
+        assert e.value.field == prefix + "stop[1]" and "limits.max_stop_chars" in str(e.value)
+    check_sampling({"temperature": None, "seed": None, "max_tokens": 256}, max_tokens_limit=256)  # None = unset

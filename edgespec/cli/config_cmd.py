@@ -1,4 +1,4 @@
-"""`edgespec config validate|show|defaults|hash-token`."""
+"""`edgespec config validate|show|defaults|reference|hash-token`."""
 
 from __future__ import annotations
 
@@ -54,6 +54,15 @@ def defaults() -> None:
     from edgespec.server.config import documented_defaults
 
     typer.echo(documented_defaults())
+
+
+@config_app.command("reference")
+def reference() -> None:
+    """Print the configuration reference (docs/configuration.md) as Markdown: every key with its
+    type, default, range and meaning."""
+    from edgespec.server.config import reference as markdown
+
+    typer.echo(markdown(), nl=False)
 
 
 @config_app.command("hash-token")

@@ -9,6 +9,15 @@ from typing import Annotated, Optional
 import typer
 
 from edgespec.cli.common import engine_config, user_errors
+from edgespec.settings import SAMPLING, SECTIONS, Setting
+
+# the options' defaults and ranges are the declared ones: the [speculation] and [target] keys, and
+# the request fields every API checks the same way
+_SPEC, _MODEL = SECTIONS["speculation"], SECTIONS["target"]
+
+
+def _help(s: Setting) -> str:
+    return f"{s.help} ({s.range_text()})" if s.range_text() else s.help
 
 
 def register(app: typer.Typer) -> None:
@@ -18,23 +27,23 @@ def register(app: typer.Typer) -> None:
 def generate(
     prompt: Annotated[str, typer.Argument(help="The prompt (a user message unless --raw).")],
     mode: Annotated[str, typer.Option(help="plain | chain | tree | auto")] = "auto",
-    draft_tokens: Annotated[int, typer.Option(help="chain length")] = 4,
-    tree_nodes: Annotated[int, typer.Option(help="tree node budget")] = 16,
-    tree_depth: Annotated[int, typer.Option(help="tree depth limit")] = 6,
-    temperature: Annotated[float, typer.Option(help="0 = greedy")] = 0.0,
-    top_k: Annotated[int, typer.Option(help="0 = off")] = 0,
-    top_p: Annotated[float, typer.Option(help="in (0, 1]")] = 1.0,
-    min_p: Annotated[float, typer.Option(help="in [0, 1)")] = 0.0,
-    seed: Annotated[Optional[int], typer.Option(help="sampling seed")] = None,
-    max_tokens: Annotated[int, typer.Option(help="tokens to generate at most")] = 128,
+    draft_tokens: Annotated[int, typer.Option(help=_help(_SPEC["draft_tokens"]))] = _SPEC["draft_tokens"].default,
+    tree_nodes: Annotated[int, typer.Option(help=_help(_SPEC["tree_nodes"]))] = _SPEC["tree_nodes"].default,
+    tree_depth: Annotated[int, typer.Option(help=_help(_SPEC["tree_depth"]))] = _SPEC["tree_depth"].default,
+    temperature: Annotated[float, typer.Option(help=_help(SAMPLING["temperature"]))] = SAMPLING["temperature"].default,
+    top_k: Annotated[int, typer.Option(help=_help(SAMPLING["top_k"]))] = SAMPLING["top_k"].default,
+    top_p: Annotated[float, typer.Option(help=_help(SAMPLING["top_p"]))] = SAMPLING["top_p"].default,
+    min_p: Annotated[float, typer.Option(help=_help(SAMPLING["min_p"]))] = SAMPLING["min_p"].default,
+    seed: Annotated[Optional[int], typer.Option(help=_help(SAMPLING["seed"]))] = SAMPLING["seed"].default,
+    max_tokens: Annotated[int, typer.Option(help=_help(SAMPLING["max_tokens"]))] = SAMPLING["max_tokens"].default,
     stop: Annotated[Optional[list[str]], typer.Option(help="stop string (repeatable)")] = None,
     raw: Annotated[bool, typer.Option(help="no chat template")] = False,
-    ngram: Annotated[bool, typer.Option(help="add model-free prompt-lookup drafts")] = True,
+    ngram: Annotated[bool, typer.Option(help=_help(_SPEC["ngram"]))] = _SPEC["ngram"].default,
     target: Annotated[Optional[str], typer.Option(help="target GGUF (default: demo F32)")] = None,
     draft: Annotated[Optional[str], typer.Option(help="draft GGUF (default: demo Q8_0)")] = None,
-    n_ctx: Annotated[int, typer.Option(help="context size")] = 4096,
-    n_gpu_layers: Annotated[int, typer.Option(help="layers on the GPU (-1 = all; CUDA build)")] = 0,
-    threads: Annotated[int, typer.Option(help="CPU threads (0 = all cores)")] = 0,
+    n_ctx: Annotated[int, typer.Option(help=_help(_MODEL["n_ctx"]))] = _MODEL["n_ctx"].default,
+    n_gpu_layers: Annotated[int, typer.Option(help=_help(_MODEL["n_gpu_layers"]))] = _MODEL["n_gpu_layers"].default,
+    threads: Annotated[int, typer.Option(help=_help(_MODEL["threads"]))] = _MODEL["threads"].default,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Generate text locally with plain, chain, tree or adaptive (auto) speculative decoding."""

@@ -3,14 +3,14 @@ The servicers stay thin: they call these and the engine loop."""
 
 from __future__ import annotations
 
-import math
 import string
 
 from edgespec.errors import BadRequest
 from edgespec.proto.edgespec.v1 import admin_pb2, inference_pb2 as pb
 from edgespec.sampling import SamplingParams
 from edgespec.server.config import LimitsConfig
-from edgespec.server.policy import Policy
+from edgespec.server.policy import Policy, sampling_for, speculation_for
+from edgespec.settings import SAMPLING, SPECULATION
 from edgespec.types import MAX_TOP_LOGPROBS, ConstraintSpec, GenerationResult, SpeculationParams, TokenLogprob
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -57,68 +57,16 @@ def messages_from(msgs: object, field: str = "messages",
 
 def sampling_from(s: pb.SamplingOptions, policy: Policy, limits: LimitsConfig = DEFAULT_LIMITS) -> SamplingParams:
     """Unset fields take defaults; every set field is range-checked (BadRequest names it)."""
-    def opt(name: str, default):  # noqa: ANN001, ANN202
-        return getattr(s, name) if s.HasField(name) else default
-
-    temperature = opt("temperature", 0.0)
-    if not math.isfinite(temperature) or not 0.0 <= temperature <= 100.0:
-        raise BadRequest("sampling.temperature", f"must be in [0, 100], got {temperature!r}")
-    top_k = opt("top_k", 0)
-    if top_k < 0:
-        raise BadRequest("sampling.top_k", f"must be >= 0 (0 = off), got {top_k}")
-    top_p = opt("top_p", 1.0)
-    if not math.isfinite(top_p) or not 0.0 < top_p <= 1.0:
-        raise BadRequest("sampling.top_p", f"must be in (0, 1], got {top_p!r}")
-    min_p = opt("min_p", 0.0)
-    if not math.isfinite(min_p) or not 0.0 <= min_p < 1.0:
-        raise BadRequest("sampling.min_p", f"must be in [0, 1), got {min_p!r}")
-    seed = opt("seed", None)
-    if seed is not None and seed < 0:
-        raise BadRequest("sampling.seed", f"must be in [0, 2^63), got {seed}")
-    max_tokens = opt("max_tokens", policy.default_max_tokens)
-    if not 1 <= max_tokens <= policy.max_tokens:
-        raise BadRequest("sampling.max_tokens", f"must be in [1, {policy.max_tokens}], got {max_tokens}")
-    if len(s.stop) > limits.max_stop_strings:
-        raise BadRequest("sampling.stop", f"at most {limits.max_stop_strings} stop strings "
-                         f"(limits.max_stop_strings), got {len(s.stop)}")
-    stop = tuple(s.stop)
-    for i, st in enumerate(stop):
-        if not st:
-            raise BadRequest(f"sampling.stop[{i}]", "must be a non-empty string")
-        if len(st) > limits.max_stop_chars:
-            raise BadRequest(f"sampling.stop[{i}]", f"at most {limits.max_stop_chars} characters "
-                             f"(limits.max_stop_chars), got {len(st)}")
-    try:
-        return SamplingParams(temperature=float(temperature), top_k=top_k, top_p=float(top_p), min_p=float(min_p),
-                              seed=seed, max_tokens=max_tokens, stop=stop)
-    except BadRequest as exc:
-        raise BadRequest(f"sampling.{exc.field}", str(exc).split(": ", 1)[-1]) from None
+    values = {name: getattr(s, name) if s.HasField(name) else None for name in SAMPLING}
+    return sampling_for(policy, limits, {**values, "stop": tuple(s.stop)}, prefix="sampling.")
 
 
 def speculation_from(s: pb.SpeculationOptions, policy: Policy) -> SpeculationParams:
     if s.mode not in _MODES:
         raise BadRequest("speculation.mode", f"must be one of AUTO, OFF, CHAIN, TREE, got {s.mode}")
-    mode = _MODES[s.mode]
-    if mode == "auto" and policy.default_mode != "auto":
-        mode = "plain" if policy.default_mode == "off" else policy.default_mode
-    if policy.speculation == "off":
-        mode = "plain"
-    values = {}
-    for name, default, cap in (("draft_tokens", policy.draft_tokens, policy.max_draft_tokens),
-                               ("tree_nodes", policy.tree_nodes, policy.max_tree_nodes),
-                               ("tree_depth", policy.tree_depth, policy.max_tree_depth)):
-        if s.HasField(name):
-            v = getattr(s, name)
-            if not 1 <= v <= cap:
-                raise BadRequest(f"speculation.{name}", f"must be in [1, {cap}], got {v}")
-        else:
-            v = min(default, cap)
-        values[name] = v
-    ngram = s.ngram if s.HasField("ngram") else policy.ngram
-    try:
-        return SpeculationParams(mode=mode, ngram=ngram, **values)  # type: ignore[arg-type]
-    except BadRequest as exc:
-        raise BadRequest(f"speculation.{exc.field}", str(exc).split(": ", 1)[-1]) from None
+    shape = {name: getattr(s, name) if s.HasField(name) else None for name in SPECULATION}
+    return speculation_for(policy, _MODES[s.mode], shape, s.ngram if s.HasField("ngram") else None,
+                           prefix="speculation.")
 
 
 def constraint_from(s: pb.SamplingOptions) -> ConstraintSpec | None:

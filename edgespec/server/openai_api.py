@@ -22,7 +22,8 @@ from typing import Any
 from edgespec.errors import BadRequest
 from edgespec.sampling import SamplingParams
 from edgespec.server.config import LimitsConfig
-from edgespec.server.policy import Policy
+from edgespec.server.policy import Policy, sampling_for, speculation_for
+from edgespec.settings import SAMPLING, SPECULATION, Setting, check_fields, check_stop
 from edgespec.types import MAX_TOP_LOGPROBS, ConstraintSpec, GenerationResult, SpeculationParams, TokenLogprob
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -30,6 +31,8 @@ DEFAULT_LIMITS = LimitsConfig()
 # OpenAI's default temperature: a caller that leaves it out samples, as it would from OpenAI
 DEFAULT_TEMPERATURE = 1.0
 MAX_TIMEOUT_SECONDS = 24 * 3600.0
+TIMEOUT = Setting("edgespec", "timeout_seconds", (int, float), None, "the request's deadline",
+                  lo=0, lo_open=True, hi=MAX_TIMEOUT_SECONDS)
 _MODES = {"auto": "auto", "off": "plain", "plain": "plain", "chain": "chain", "tree": "tree"}
 # fields OpenAI defines that we do not implement: refused unless absent, null or neutral
 _REFUSED = ("tools", "tool_choice", "functions", "function_call", "audio", "modalities", "prediction",
@@ -65,10 +68,6 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_num(v: Any) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
-
-
 def _int(body: Mapping, name: str, lo: int, hi: int, default: Any = None) -> Any:
     v = body.get(name)
     if v is None:
@@ -76,20 +75,6 @@ def _int(body: Mapping, name: str, lo: int, hi: int, default: Any = None) -> Any
     if not _is_int(v) or not lo <= v <= hi:
         raise BadRequest(name, f"must be an integer in [{lo}, {hi}], got {v!r}")
     return v
-
-
-def _num(body: Mapping, name: str, lo: float, hi: float, default: float, *, lo_open: bool = False,
-         hi_open: bool = False) -> float:
-    v = body.get(name)
-    if v is None:
-        return default
-    prefix = "edgespec." if name == "timeout_seconds" else ""
-    name = prefix + name
-    ok = _is_num(v) and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
-    if not ok:
-        raise BadRequest(name, f"must be a number in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}, "
-                               f"got {v!r}")
-    return float(v)
 
 
 def _bool(body: Mapping, name: str, default: bool = False) -> bool:
@@ -113,21 +98,17 @@ def _str(v: Any, name: str) -> str:
 
 
 def _stop(v: Any, limits: LimitsConfig) -> tuple[str, ...]:
+    """A string or a list of strings; their count and lengths are checked with the other
+    sampling fields (policy.sampling_for)."""
     if v is None:
         return ()
     stops = [v] if isinstance(v, str) else v
     if not isinstance(stops, list):
         raise BadRequest("stop", "must be a string or a list of strings")
-    if len(stops) > limits.max_stop_strings:
-        raise BadRequest("stop", f"at most {limits.max_stop_strings} stop strings (limits.max_stop_strings), "
-                                 f"got {len(stops)}")
+    # its count, then each string's length, before any of them is looked at further
+    check_stop(stops, max_strings=limits.max_stop_strings, max_chars=limits.max_stop_chars)
     for i, s in enumerate(stops):
-        if not isinstance(s, str) or not s:
-            raise BadRequest(f"stop[{i}]", "must be a non-empty string")
         _str(s, f"stop[{i}]")
-        if len(s) > limits.max_stop_chars:
-            raise BadRequest(f"stop[{i}]", f"at most {limits.max_stop_chars} characters (limits.max_stop_chars), "
-                                           f"got {len(s)}")
     return tuple(stops)
 
 
@@ -215,25 +196,8 @@ def _speculation(ext: Mapping, policy: Policy) -> SpeculationParams:
     mode = ext.get("mode", "auto")
     if mode not in _MODES:
         raise BadRequest("edgespec.mode", f"must be one of {', '.join(_MODES)}, got {mode!r}")
-    mode = _MODES[mode]
-    if mode == "auto" and policy.default_mode != "auto":
-        mode = "plain" if policy.default_mode == "off" else policy.default_mode
-    if policy.speculation == "off":
-        mode = "plain"
-    values: dict[str, Any] = {}
-    for name, default, cap in (("draft_tokens", policy.draft_tokens, policy.max_draft_tokens),
-                               ("tree_nodes", policy.tree_nodes, policy.max_tree_nodes),
-                               ("tree_depth", policy.tree_depth, policy.max_tree_depth)):
-        v = ext.get(name)
-        if v is None:
-            v = min(default, cap)
-        elif not _is_int(v) or not 1 <= v <= cap:
-            raise BadRequest(f"edgespec.{name}", f"must be an integer in [1, {cap}], got {v!r}")
-        values[name] = v
-    ngram = ext.get("ngram", policy.ngram)
-    if not isinstance(ngram, bool):
-        raise BadRequest("edgespec.ngram", f"must be true or false, got {ngram!r}")
-    return SpeculationParams(mode=mode, ngram=ngram, **values)
+    return speculation_for(policy, _MODES[mode], {k: ext.get(k) for k in SPECULATION}, ext.get("ngram"),
+                           prefix="edgespec.")
 
 
 def _extension(v: Any) -> Mapping:
@@ -257,6 +221,28 @@ def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str
     """Validate a request body; BadRequest(field) names the first offending field."""
     if not isinstance(body, Mapping):
         raise BadRequest("body", "must be a JSON object")
+    _refuse_unsupported(body)
+    model = _str(body.get("model"), "model") if body.get("model") is not None else ""
+    if model and model not in models:
+        raise BadRequest("model", f"unknown model {model!r} (served: {', '.join(models)})")
+    messages, prompt = _input(body, chat, limits)
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise BadRequest("n", f"only n = 1 is supported, got {n!r}")
+    sampling = _sampling(body, policy, limits)
+    stream, include_usage = _stream(body)
+    logprobs = _logprobs(body, chat)
+    ext = _extension(body.get("edgespec"))
+    constraint = _constraint(body.get("response_format"), ext.get("constraint"))
+    check_fields({"timeout_seconds": ext.get("timeout_seconds")}, {"timeout_seconds": TIMEOUT}, prefix="edgespec.")
+    timeout = None if ext.get("timeout_seconds") is None else float(ext["timeout_seconds"])
+    return CompletionRequest(chat=chat, model=model, prompt=prompt, messages=messages, sampling=sampling,
+                             speculation=_speculation(ext, policy), stream=stream, include_usage=include_usage,
+                             logprobs=logprobs, constraint=constraint, timeout_seconds=timeout)
+
+
+def _refuse_unsupported(body: Mapping) -> None:
+    """Unknown fields, and the fields OpenAI defines that we do not implement unless neutral."""
     for k in body:
         if k not in _KNOWN:
             raise BadRequest(k, "unknown field")
@@ -266,84 +252,75 @@ def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str
     for k, neutral in _NEUTRAL.items():
         if body.get(k) is not None and body.get(k) != neutral:
             raise BadRequest(k, f"is not supported by this server (only {json.dumps(neutral)})")
-    model = _str(body.get("model"), "model") if body.get("model") is not None else ""
-    if model and model not in models:
-        raise BadRequest("model", f"unknown model {model!r} (served: {', '.join(models)})")
+
+
+def _input(body: Mapping, chat: bool, limits: LimitsConfig) -> tuple[tuple[tuple[str, str], ...], str]:
+    """(messages, prompt): chat completions take messages, completions one prompt."""
     if chat:
         if body.get("prompt") is not None:
             raise BadRequest("prompt", "chat completions take messages, not prompt")
-        messages, prompt = _messages(body.get("messages"), limits), ""
-    else:
-        if body.get("messages") is not None:
-            raise BadRequest("messages", "completions take prompt, not messages (use /v1/chat/completions)")
-        messages, prompt = (), _prompt(body.get("prompt"), limits)
-    n = body.get("n")
-    if n is not None and n != 1:
-        raise BadRequest("n", f"only n = 1 is supported, got {n!r}")
+        return _messages(body.get("messages"), limits), ""
+    if body.get("messages") is not None:
+        raise BadRequest("messages", "completions take prompt, not messages (use /v1/chat/completions)")
+    return (), _prompt(body.get("prompt"), limits)
 
-    limit = policy.max_tokens
-    mct = _int(body, "max_completion_tokens", 1, limit)
-    mt = _int(body, "max_tokens", 1, limit)
-    max_tokens = mct if mct is not None else mt if mt is not None else policy.default_max_tokens
-    temperature = _num(body, "temperature", 0.0, 100.0, DEFAULT_TEMPERATURE)
-    top_p = _num(body, "top_p", 0.0, 1.0, 1.0, lo_open=True)
-    top_k = body.get("top_k")
-    if top_k is None or top_k == -1:  # -1: off, as in vLLM
-        top_k = 0
-    elif not _is_int(top_k) or top_k < 0:
-        raise BadRequest("top_k", f"must be an integer >= 0 (0 or -1 = off), got {top_k!r}")
-    min_p = _num(body, "min_p", 0.0, 1.0, 0.0, hi_open=True)
-    seed = _int(body, "seed", 0, 2**63 - 1)
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                              max_tokens=max_tokens, stop=_stop(body.get("stop"), limits))
 
+def _sampling(body: Mapping, policy: Policy, limits: LimitsConfig) -> SamplingParams:
+    """The sampling fields, checked with gRPC's (policy.sampling_for); max_completion_tokens
+    wins over max_tokens; top_k -1 is off, as in vLLM; an unset temperature is OpenAI's 1."""
+    lengths = {k: body.get(k) for k in ("max_completion_tokens", "max_tokens")}
+    check_fields(lengths, dict.fromkeys(lengths, SAMPLING["max_tokens"]), caps={k: policy.max_tokens for k in lengths})
+    values = {k: body.get(k) for k in SAMPLING}
+    values["max_tokens"] = next((v for v in lengths.values() if v is not None), None)
+    if values["top_k"] == -1:
+        values["top_k"] = 0
+    return sampling_for(policy, limits, {**values, "stop": _stop(body.get("stop"), limits)},
+                        temperature=DEFAULT_TEMPERATURE)
+
+
+def _stream(body: Mapping) -> tuple[bool, bool]:
+    """(stream, stream_options.include_usage)."""
     stream = _bool(body, "stream")
     so = body.get("stream_options")
-    include_usage = False
-    if so is not None:
-        if not isinstance(so, Mapping):
-            raise BadRequest("stream_options", "must be an object")
-        if not stream:
-            raise BadRequest("stream_options", "is only allowed with stream: true")
-        include_usage = _bool(so, "include_usage")
+    if so is None:
+        return stream, False
+    if not isinstance(so, Mapping):
+        raise BadRequest("stream_options", "must be an object")
+    if not stream:
+        raise BadRequest("stream_options", "is only allowed with stream: true")
+    return stream, _bool(so, "include_usage")
 
+
+def _logprobs(body: Mapping, chat: bool) -> int | None:
+    """None: no logprobs; k: each token's logprob and its k best alternatives (chat: logprobs +
+    top_logprobs; completions: logprobs: <count>)."""
     if chat:
         want = _bool(body, "logprobs")
         top = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
         if top is not None and not want:
             raise BadRequest("top_logprobs", "needs logprobs: true")
-        logprobs = (top or 0) if want else None
-    else:
-        logprobs = _int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
-        if body.get("top_logprobs") is not None:
-            raise BadRequest("top_logprobs", "completions take logprobs: <count> instead")
+        return (top or 0) if want else None
+    if body.get("top_logprobs") is not None:
+        raise BadRequest("top_logprobs", "completions take logprobs: <count> instead")
+    return _int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
 
-    ext = _extension(body.get("edgespec"))
-    constraint = _response_format(body.get("response_format"))
-    if ext.get("constraint") is not None:
-        c = ext["constraint"]
-        if constraint is not None:
-            raise BadRequest("edgespec.constraint", "set either response_format or edgespec.constraint, not both")
-        if not isinstance(c, Mapping):
-            raise BadRequest("edgespec.constraint", "must be an object {kind, value}")
-        value = c.get("value", "")
-        if not isinstance(value, str):
-            raise BadRequest("edgespec.constraint.value", "must be a string")
-        try:
-            constraint = ConstraintSpec(c.get("kind"), value)  # type: ignore[arg-type]
-        except BadRequest as exc:
-            raise BadRequest(f"edgespec.{exc.field}", str(exc).split(": ", 1)[-1]) from None
-    timeout = _num(ext, "timeout_seconds", 0.0, MAX_TIMEOUT_SECONDS, 0.0, lo_open=True) if ext.get(
-        "timeout_seconds") is not None else None
+
+def _constraint(response_format: Any, c: Any) -> ConstraintSpec | None:
+    """response_format, or the edgespec.constraint extension {kind, value}; not both."""
+    constraint = _response_format(response_format)
+    if c is None:
+        return constraint
+    if constraint is not None:
+        raise BadRequest("edgespec.constraint", "set either response_format or edgespec.constraint, not both")
+    if not isinstance(c, Mapping):
+        raise BadRequest("edgespec.constraint", "must be an object {kind, value}")
+    value = c.get("value", "")
+    if not isinstance(value, str):
+        raise BadRequest("edgespec.constraint.value", "must be a string")
     try:
-        speculation = _speculation(ext, policy)
+        return ConstraintSpec(c.get("kind"), value)  # type: ignore[arg-type]
     except BadRequest as exc:
-        if exc.field.startswith("edgespec."):
-            raise
         raise BadRequest(f"edgespec.{exc.field}", str(exc).split(": ", 1)[-1]) from None
-    return CompletionRequest(chat=chat, model=model, prompt=prompt, messages=messages, sampling=sampling,
-                             speculation=speculation, stream=stream, include_usage=include_usage, logprobs=logprobs,
-                             constraint=constraint, timeout_seconds=timeout)
 
 
 # ---- responses ---------------------------------------------------------------------------------

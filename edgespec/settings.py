@@ -1,0 +1,407 @@
+"""Every configuration setting, declared once: section, key, type, default, range, help.
+
+The daemon's frozen config sections, their validation, `edgespec config defaults`,
+`edgespec config reference` (docs/configuration.md), the CLI defaults of `generate` and the
+speculation defaults of gRPC/HTTP requests are all derived from `SETTINGS`. The request fields
+a client sets (sampling, speculation) are declared the same way in `SAMPLING` / `SPECULATION`
+and checked in one place (`check_fields`).
+
+No heavy imports: the engine's own types (types.py, sampling.py, config.py) read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from edgespec.errors import BadRequest
+
+# the limits a request's speculation shape may reach
+MAX_DRAFT_TOKENS = 16
+MAX_TREE_NODES = 64
+MAX_TREE_DEPTH = 16
+MAX_STOP_STRINGS = 16
+KV_TYPES = ("f16", "q8_0", "q4_0", "f32")
+SPEC_MODES = ("auto", "off", "plain", "chain", "tree")
+CONTROLLER_MAX_DEPTH = 16  # draft levels a controller shape may have
+CONTROLLER_MAX_NODES = 128  # verification nodes (excluding the root)
+CONTROLLER_MAX_WIDTH = 8  # children per expanded node / ranks tracked by the acceptance model
+
+Check = Callable[[Any], "str | None"]  # an extra check: an error message or None
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One key: the types TOML may give it, its default, the range or choices it must lie in
+    (open ends with lo_open / hi_open), an extra check, and what it does."""
+
+    section: str
+    key: str
+    types: tuple[type, ...]
+    default: Any
+    help: str
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    choices: tuple[Any, ...] = ()
+    check: Check | None = None
+    hi_text: str = ""  # how the docs and messages write `hi` (2^63)
+
+    @property
+    def name(self) -> str:
+        """How messages name it: the TOML dotted key, `server.parallel` for `[server] parallel`."""
+        return f"{self.section}.{self.key}"
+
+    @property
+    def type_text(self) -> str:
+        types = [t for t in self.types if not (t is int and float in self.types)]  # a number may be written 3
+        return " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in types)
+
+    def range_text(self) -> str:
+        """[1, 16], (0, 1], >= 0, one of a, b; "" when anything of its type goes."""
+        if self.choices:
+            return "one of " + ", ".join(_text(c) for c in self.choices)
+        if self.types == (bool,):
+            return "true or false"
+        if self.check is not None and self.check in CHECK_TEXT:
+            return CHECK_TEXT[self.check]
+        hi = self.hi_text or (None if self.hi is None else _num(self.hi))
+        if self.lo is not None and hi is not None:
+            return f"{'(' if self.lo_open else '['}{_num(self.lo)}, {hi}{')' if self.hi_open else ']'}"
+        if self.lo is not None:
+            return f"{'>' if self.lo_open else '>='} {_num(self.lo)}"
+        if hi is not None:
+            return f"{'<' if self.hi_open else '<='} {hi}"
+        return ""
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with `value` for this key (type, range, choices, extra check), or None."""
+        if not _has_type(value, self.types):
+            article = "an" if self.type_text[0] in "aeiou" else "a"
+            return f"must be {article} {self.type_text}, got {type(value).__name__} {value!r}"
+        if self.choices and value not in self.choices:
+            return f"must be {self.range_text()}, got {value!r}"
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not self._in_range(value):
+            rng = self.range_text()
+            return f"must be {'finite' if not rng else rng if rng[0] in '<>' else 'in ' + rng}, got {value!r}"
+        return self.check(value) if self.check else None
+
+    def _in_range(self, v: float) -> bool:
+        if not math.isfinite(v):
+            return False
+        if self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo):
+            return False
+        return self.hi is None or not (v >= self.hi if self.hi_open else v > self.hi)
+
+
+_TYPE_NAMES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "list"}
+
+
+def _has_type(v: Any, types: tuple[type, ...]) -> bool:
+    if isinstance(v, bool):
+        return bool in types
+    if isinstance(v, int) and float in types:
+        return True
+    return isinstance(v, types)
+
+
+def _num(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() and not isinstance(v, float) else repr(v)
+
+
+def _text(v: Any) -> str:
+    return ("true" if v else "false") if isinstance(v, bool) else str(v)
+
+
+# ---- extra checks: an error message or None -------------------------------------------------
+
+
+def check_host(v: str) -> str | None:
+    if not v:
+        return "must not be empty"
+    if v == "localhost":
+        return None
+    try:
+        ipaddress.ip_address(v.strip("[]"))
+    except ValueError:
+        if not all(part and part.replace("-", "").isalnum() for part in v.split(".")):
+            return f"is not an IP address or host name: {v!r}"
+    return None
+
+
+def _file_or_empty(v: str) -> str | None:
+    if v and not Path(v).expanduser().is_file():
+        return f"file not found: {v}"
+    return None
+
+
+def _strings(v: list) -> str | None:
+    bad = [x for x in v if not isinstance(x, str) or not x.strip()]
+    return f"must be a list of non-empty strings, got {bad[0]!r}" if bad else None
+
+
+def _endpoints(v: list) -> str | None:
+    for x in v:
+        host, sep, port = str(x).rpartition(":") if isinstance(x, str) else ("", "", "")
+        if not sep or not port.isdigit() or not 0 < int(port) < 65536 or check_host(host.strip("[]")):
+            return f"must be a list of host:port, got {x!r}"
+    return None
+
+
+def _json_mode(v: Any) -> str | None:
+    return None if v in ("auto", True, False) else f"must be \"auto\", true or false, got {v!r}"
+
+
+CHECK_TEXT: dict[Any, str] = {  # how the docs write what an extra check allows
+    check_host: "an IP address or host name",
+    _file_or_empty: "an existing file, or empty",
+    _strings: "non-empty strings",
+    _endpoints: "host:port entries",
+    _json_mode: "\"auto\", true or false",
+}
+
+
+# ---- the declaration ------------------------------------------------------------------------
+
+# the TOML types a key takes: integer, number (an integer too), boolean, string, list
+I, F, B, S, L = (int,), (int, float), (bool,), (str,), (list,)
+
+
+def _model(section: str) -> tuple[Setting, ...]:
+    m = partial(Setting, section)
+    return (
+        m("path", S, "", "GGUF file; empty = the demo model from `edgespec models prepare-demo`",
+          check=_file_or_empty),
+        m("n_gpu_layers", I, 0, "layers offloaded to the GPU (-1 = all; CUDA builds only)", lo=-1),
+        m("n_ctx", I, 4096, "context length in tokens (prompt + output)", lo=128, hi=1 << 20),
+        m("n_batch", I, 512, "llama.cpp batch size for prompt processing", lo=1, hi=1 << 16),
+        m("threads", I, 0, "CPU threads (0 = all cores)", lo=0, hi=1024),
+        m("flash_attn", B, True, "use flash attention (its logits do not depend on the other requests' cells "
+          "in the shared cache; off: ~1e-2 differences between cache layouts)"),
+        m("kv_type", S, "f16", "KV cache type", choices=KV_TYPES),
+    )
+
+
+_server = partial(Setting, "server")
+_spec = partial(Setting, "speculation")
+_limits = partial(Setting, "limits")
+_auth = partial(Setting, "auth")
+_tls = partial(Setting, "tls")
+_ctl = partial(Setting, "controller")
+
+SETTINGS: tuple[Setting, ...] = (
+    _server("host", S, "127.0.0.1", "address to listen on", check=check_host),
+    _server("port", I, 50051, "TCP port (0 = pick a free one)", lo=0, hi=65535),
+    _server("reflection", B, False, "enable gRPC server reflection"),
+    _server("insecure", B, False, "allow a non-loopback address without auth tokens"),
+    _server("max_message_bytes", I, 4 << 20, "largest request/response message", lo=1024, hi=1 << 30),
+    _server("grace_seconds", F, 30.0, "SIGTERM: time in-flight requests get to finish", lo=0, hi=3600),
+    _server("parallel", I, 2, "requests decoded at once (engine slots)", lo=1, hi=64),
+    _server("queue_size", I, 16, "requests waiting for a slot; beyond: RESOURCE_EXHAUSTED", lo=0, hi=100000),
+    _server("max_tokens", I, 4096, "largest max_tokens a request may ask for", lo=1, hi=1 << 20),
+    _server("default_max_tokens", I, 256, "max_tokens when a request leaves it unset", lo=1, hi=1 << 20),
+    _server("max_tree_leaves", I, 32, "tree leaves a slot may verify at once (sequence ids of the shared "
+            "context; all slots together get at most 256)", lo=1, hi=255),
+    _server("prefill_share", F, 1.5, "a prompt is prefilled in pieces inside the engine ticks: beside decoding "
+            "streams a piece may cost this many times the tick's decode work (0 = whole n_batch chunks, the "
+            "streams wait)", lo=0, hi=100),
+    _server("prompt_cache", B, True, "a slot keeps its last prompt's prefill: a request sharing a long prefix "
+            "prefills only from the last whole n_batch chunk they share; its draft keeps (and absorbs while "
+            "idle) the last context, reusable up to any shared prefix"),
+    *_model("target"),
+    Setting("target", "rpc_servers", L, [], "llama.cpp rpc-servers (host:port) that hold part of the target's "
+            "layers, for a target larger than one box; needs a wheel built with RPC=1 and n_gpu_layers != 0",
+            check=_endpoints),
+    *_model("draft"),
+    Setting("draft", "enabled", B, True, "false = model-free (n-gram) drafting only"),
+    Setting("draft", "window", I, 256, "most context tokens the draft absorbs at once: a longer prompt is "
+            "drafted from its last `window` tokens", lo=16, hi=1 << 20),
+    _spec("policy", S, "auto", "auto: honour request modes; off: force plain decoding", choices=("auto", "off")),
+    _spec("mode", S, "auto", "mode used when a request says AUTO", choices=SPEC_MODES),
+    _spec("draft_tokens", I, 4, "default chain length", lo=1, hi=MAX_DRAFT_TOKENS),
+    _spec("tree_nodes", I, 16, "default tree node budget (excluding the root)", lo=1, hi=MAX_TREE_NODES),
+    _spec("tree_depth", I, 6, "default tree depth", lo=1, hi=MAX_TREE_DEPTH),
+    _spec("ngram", B, True, "also draft from prompt n-grams"),
+    _spec("max_draft_tokens", I, MAX_DRAFT_TOKENS, "largest draft_tokens a request may ask for",
+          lo=1, hi=MAX_DRAFT_TOKENS),
+    _spec("max_tree_nodes", I, MAX_TREE_NODES, "largest tree_nodes a request may ask for", lo=1, hi=MAX_TREE_NODES),
+    _spec("max_tree_depth", I, MAX_TREE_DEPTH, "largest tree_depth a request may ask for", lo=1, hi=MAX_TREE_DEPTH),
+    _limits("max_messages", I, 1024, "chat messages in one request (Generate, Tokenize)", lo=1, hi=1 << 20),
+    _limits("max_prompt_bytes", I, 1 << 20, "largest prompt in UTF-8 bytes: a prompt, the chat messages' "
+            "contents together, or a Tokenize text", lo=1, hi=1 << 30),
+    _limits("max_stop_strings", I, MAX_STOP_STRINGS, "stop strings in one request", lo=0, hi=MAX_STOP_STRINGS),
+    _limits("max_stop_chars", I, 256, "longest stop string, in characters", lo=1, hi=4096),
+    _limits("anonymous_rpcs", I, 8, "health calls without a valid token served at once (Watch streams "
+            "included), on threads of their own; beyond: RESOURCE_EXHAUSTED", lo=1, hi=1024),
+    _auth("tokens_file", S, "", "sha256 hex hashes of bearer tokens, one per line, optionally named: name:hash "
+          "(`edgespec config hash-token --name N`)", check=_file_or_empty),
+    _auth("admin_tokens_file", S, "", "hashes of tokens that may also call the Admin service",
+          check=_file_or_empty),
+    _auth("admin_subjects", L, [], "client certificate subjects (\"CN=ops,O=site\") or common names that may "
+          "also call the Admin service (mutual TLS)", check=_strings),
+    _tls("cert", S, "", "server certificate chain (PEM); empty = plaintext", check=_file_or_empty),
+    _tls("key", S, "", "server private key (PEM)", check=_file_or_empty),
+    _tls("client_ca", S, "", "CA bundle (PEM) for client certificates; set = mutual TLS required, and a "
+         "verified certificate is an identity", check=_file_or_empty),
+    Setting("http", "enabled", B, False, "serve the OpenAI-compatible HTTP API (same tokens, TLS files and "
+            "engine as gRPC)"),
+    Setting("http", "host", S, "127.0.0.1", "HTTP API address (a non-loopback one needs auth tokens or "
+            "server.insecure)", check=check_host),
+    Setting("http", "port", I, 8080, "HTTP API port (0 = pick a free one)", lo=0, hi=65535),
+    Setting("metrics", "enabled", B, False, "serve Prometheus text metrics over HTTP"),
+    Setting("metrics", "host", S, "127.0.0.1", "metrics address (loopback by default)", check=check_host),
+    Setting("metrics", "port", I, 9464, "metrics port", lo=0, hi=65535),
+    Setting("logging", "level", S, "info", "log level", choices=("debug", "info", "warning", "error")),
+    Setting("logging", "json", (str, bool), "auto", "auto: JSON under systemd / without a TTY, console otherwise",
+            check=_json_mode),
+    Setting("logging", "log_text", B, False, "log prompt and output text (off by default)"),
+    # the adaptive controller (docs/controller.md): acceptance model
+    _ctl("window", I, 32, "speculative steps of this request the acceptance estimate looks at", lo=1, hi=4096),
+    _ctl("decay", F, 1.0, "weight of a step in the window = decay**age (1 = plain sliding window)", lo=0.5, hi=1.0),
+    _ctl("drift_threshold", F, 4.0, "CUSUM alarm level for a sudden acceptance drop (0 = off)", lo=0.0, hi=100.0),
+    _ctl("drift_drop", F, 0.5, "the drop the detector looks for: acceptance falling to this fraction",
+         lo=0.01, hi=0.99),
+    _ctl("prior_weight", F, 1.0, "pseudo-count (in trials) of the cross-request prior in each estimate",
+         lo=0.0, hi=1000.0),
+    _ctl("prior_alpha", F, 0.2, "how fast the cross-request prior follows finished requests (EWMA)", lo=0.0, hi=1.0),
+    # circuit breaker
+    _ctl("open_margin", F, 0.1, "open the breaker when the best expected speedup < 1 - open_margin ...",
+         lo=0.0, hi=0.9),
+    _ctl("open_after_steps", I, 2, "... for this many consecutive steps", lo=1, hi=1000),
+    _ctl("close_margin", F, 0.05, "close when the probes' expected speedup > 1 + close_margin", lo=0.0, hi=10.0),
+    _ctl("min_dwell_steps", I, 4, "speculative steps the breaker stays closed before it may open again",
+         lo=0, hi=100000),
+    _ctl("cooldown_tokens", I, 32, "tokens decoded plainly (zero drafting) before the first probe", lo=1, hi=1 << 20),
+    _ctl("max_cooldown_tokens", I, 512, "cap of the cooldown after repeated failed probes", lo=1, hi=1 << 20),
+    _ctl("cooldown_growth", F, 2.0, "cooldown multiplier after each failed probe", lo=1.0, hi=100.0),
+    _ctl("probe_steps", I, 3, "speculative steps of a half-open probe", lo=1, hi=1000),
+    _ctl("probe_depth", I, 2, "the probe is a chain of this depth", lo=1, hi=CONTROLLER_MAX_DEPTH),
+    _ctl("probe_cost_fraction", F, 0.05, "skip a probe whose draft catch-up would cost more than this fraction of "
+         "the request's remaining plain decoding (short requests after a long plain phase)", lo=0.0, hi=1.0),
+    # shapes
+    _ctl("min_depth", I, 1, "shallowest draft the controller picks", lo=1, hi=CONTROLLER_MAX_DEPTH),
+    _ctl("max_depth", I, 8, "deepest draft the controller picks", lo=1, hi=CONTROLLER_MAX_DEPTH),
+    _ctl("max_nodes", I, 64, "most verification nodes of a shape", lo=1, hi=CONTROLLER_MAX_NODES),
+    _ctl("max_width", I, 4, "most children per expanded node", lo=1, hi=CONTROLLER_MAX_WIDTH),
+    _ctl("stop_prob", F, 0.6, "stop drafting when the best path's estimated acceptance falls below this "
+         "(measured, fixed chain of 4: 0.82x -> 1.0x plain at 0.5-0.85 when drafting is dear)", lo=0.0, hi=1.0),
+    _ctl("calibrate_stop", B, True, "the path estimate stop_prob is compared with: the product of calibrated "
+         "acceptance (P(accepted | draft probability), learnt from this request and across requests) if true, "
+         "the draft's own cumulative probability if false"),
+    _ctl("first_token_plain", B, True, "the request's first step decodes plainly: its first token comes after "
+         "one target forward, and the draft absorbs the prompt in the second step"),
+    _ctl("enable_chain", B, True, "let the controller pick chains"),
+    _ctl("enable_tree", B, True, "let the controller pick EAGLE-2 style expanded trees"),
+    _ctl("enable_runner_ups", B, True, "let the controller pick a chain + the draft's runner-up tokens as leaves"),
+    _ctl("enable_ngram", B, True, "model-free prompt-lookup drafts (the only drafter without a draft model)"),
+    # cost model
+    _ctl("ewma_alpha", F, 0.1, "weight of one online timing in the cost model", lo=0.0, hi=1.0),
+)
+
+SECTION_HELP = {
+    "server": "The gRPC listener, the engine's slots and queue, and what a request may ask for.",
+    "target": "The target model: the distribution every mode reproduces exactly.",
+    "draft": "The draft model that proposes tokens (its logits never change the output, only the speed).",
+    "speculation": "The speculation policy and the shape defaults a request gets when it sets none. "
+                   "SIGHUP reloads it; `edgespec policy` (Admin.SetPolicy) overrides stay on top until reset.",
+    "limits": "What one request may send, checked by the gRPC and HTTP handlers before the engine sees it.",
+    "auth": "Bearer tokens and admin identities. SIGHUP re-reads the files.",
+    "tls": "TLS and mutual TLS for gRPC and HTTP. SIGHUP re-reads the files (turning TLS on or off needs "
+           "a restart).",
+    "http": "The OpenAI-compatible HTTP API.",
+    "metrics": "Prometheus text metrics.",
+    "logging": "Structured logs.",
+    "controller": "The adaptive controller of `auto` mode and its circuit breaker (docs/controller.md).",
+}
+
+SECTIONS: dict[str, dict[str, Setting]] = {}
+for _s in SETTINGS:
+    SECTIONS.setdefault(_s.section, {})[_s.key] = _s
+del _s
+
+
+def setting(section: str, key: str) -> Setting:
+    return SECTIONS[section][key]
+
+
+def defaults(section: str) -> dict[str, Any]:
+    """{key: default} of a section (lists copied)."""
+    return {k: (list(s.default) if isinstance(s.default, list) else s.default) for k, s in SECTIONS[section].items()}
+
+
+def section_class(name: str, section: str, doc: str, module: str, *,
+                  namespace: Mapping[str, Any] | None = None, tuples: Iterable[str] = ()) -> type:
+    """A frozen dataclass with one field per key of `section`, defaulting to the declaration
+    (list keys named in `tuples` become tuples)."""
+    keys = {key: (section, key) for key in SECTIONS[section]}
+    return settings_class(name, keys, doc, module, namespace=namespace, tuples=tuples)
+
+
+def settings_class(name: str, keys: Mapping[str, tuple[str, str]], doc: str, module: str, *,
+                   namespace: Mapping[str, Any] | None = None, tuples: Iterable[str] = ()) -> type:
+    """A frozen dataclass with a field per `keys` item (field name -> the (section, key) declaring
+    its type and default)."""
+    tuples = set(tuples)
+    fields = []
+    for attr, (section, key) in keys.items():
+        s = SECTIONS[section][key]
+        default = tuple(s.default) if attr in tuples else s.default
+        typ = tuple[str, ...] if attr in tuples else (float if s.types == F else s.types[0])
+        fields.append((attr, typ, dataclasses.field(default=default)))
+    cls = dataclasses.make_dataclass(name, fields, frozen=True, namespace=dict(namespace or {}))
+    cls.__doc__, cls.__module__ = doc, module
+    return cls
+
+
+# ---- request fields: checked in one place for gRPC, HTTP and the CLI --------------------------
+
+_req = partial(Setting, "sampling")
+SAMPLING: dict[str, Setting] = {s.key: s for s in (
+    _req("temperature", F, 0.0, "0 = greedy", lo=0, hi=100),
+    _req("top_k", I, 0, "0 = off", lo=0),
+    _req("top_p", F, 1.0, "nucleus mass kept", lo=0, hi=1, lo_open=True),
+    _req("min_p", F, 0.0, "keep tokens at least min_p times the top one's probability", lo=0, hi=1, hi_open=True),
+    _req("seed", I, None, "sampling seed", lo=0, hi=2**63, hi_open=True, hi_text="2^63"),
+    _req("max_tokens", I, 128, "tokens to generate at most", lo=1, hi=1 << 20),
+)}
+SPECULATION: dict[str, Setting] = {k: SECTIONS["speculation"][k] for k in ("draft_tokens", "tree_nodes", "tree_depth")}
+
+
+def check_fields(values: Mapping[str, Any], fields: Mapping[str, Setting], *, prefix: str = "",
+                 caps: Mapping[str, int] | None = None) -> None:
+    """Raise BadRequest naming the first field of `values` (prefix + key) outside its declared
+    range; `caps` lowers a field's upper bound (the server's max_tokens, max_draft_tokens...).
+    None means unset and is left alone."""
+    for key, value in values.items():
+        s = fields[key]
+        if value is None:
+            continue
+        if caps and key in caps:
+            s = dataclasses.replace(s, hi=min(caps[key], s.hi) if s.hi is not None else caps[key], hi_text="")
+        msg = s.problem(value)
+        if msg:
+            raise BadRequest(prefix + key, msg)
+
+
+def check_stop(stop: Iterable[Any], *, prefix: str = "", max_strings: int = MAX_STOP_STRINGS,
+               max_chars: int | None = None) -> tuple[str, ...]:
+    """Stop strings: at most `max_strings`, each a non-empty string of at most `max_chars`
+    characters (the [limits] keys are named when they are the bound)."""
+    stop = tuple(stop)
+    where = " (limits.max_stop_strings)" if max_chars is not None else ""
+    if len(stop) > max_strings:
+        raise BadRequest(prefix + "stop", f"at most {max_strings} stop strings{where}, got {len(stop)}")
+    for i, st in enumerate(stop):
+        if not isinstance(st, str) or not st:
+            raise BadRequest(f"{prefix}stop[{i}]", "must be a non-empty string")
+        if max_chars is not None and len(st) > max_chars:
+            raise BadRequest(f"{prefix}stop[{i}]", f"at most {max_chars} characters (limits.max_stop_chars), "
+                                                    f"got {len(st)}")
+    return stop
