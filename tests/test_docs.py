@@ -277,7 +277,7 @@ def test_readme_links_the_references():
 
 # ---- configuration keys ------------------------------------------------------------------------
 
-SECTIONS = ("server", "target", "draft", "speculation", "limits", "auth", "tls", "http", "metrics", "logging")
+SECTIONS = ("server", "target", "draft", "speculation", "limits", "auth", "tls", "http", "metrics", "logging", "controller")
 
 
 def _rendered(value: Any) -> str:
@@ -305,7 +305,7 @@ def readme_config_rows() -> list[tuple[list[str], list[str]]]:
 
 
 def test_readme_config_table_names_real_keys_with_their_defaults():
-    from edgespec.server.config import SCHEMA
+    from edgespec.settings import SECTIONS as DECLARED
 
     rows = readme_config_rows()
     assert len(rows) >= 10
@@ -316,19 +316,19 @@ def test_readme_config_table_names_real_keys_with_their_defaults():
         assert len(keys) == len(defaults), f"README config table: {keys} against {defaults}"
         for key, documented in zip(keys, defaults):
             section, _, name = key.partition(".")
-            if name not in SCHEMA.get(section, {}):
+            if name not in DECLARED.get(section, {}):
                 wrong.append(f"{key}: no such key")
-            elif _rendered(SCHEMA[section][name][1]) != documented:
-                wrong.append(f"{key}: documented {documented!r}, default {_rendered(SCHEMA[section][name][1])!r}")
+            elif _rendered(DECLARED[section][name].default) != documented:
+                wrong.append(f"{key}: documented {documented!r}, default {_rendered(DECLARED[section][name].default)!r}")
     assert not wrong, "\n".join(wrong)
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_config_keys_named_in_documents_exist(doc):
-    from edgespec.server.config import SCHEMA
+    from edgespec.settings import SECTIONS as DECLARED
 
     named = set(re.findall(r"`((?:" + "|".join(SECTIONS) + r")\.[a-z_]+)`", text(doc)))
-    missing = sorted(k for k in named if k.split(".", 1)[1] not in SCHEMA[k.split(".", 1)[0]])
+    missing = sorted(k for k in named if k.split(".", 1)[1] not in DECLARED[k.split(".", 1)[0]])
     assert not missing, f"{doc.relative_to(ROOT)}: no such config keys {missing}"
 
 
