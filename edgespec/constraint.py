@@ -10,7 +10,7 @@ The engine's API:
 
     compiler = Compiler(Vocabulary.from_model(engine.target))   # once per model (~0.1 s for 49k tokens)
     matcher = compiler.matcher(req.constraint)                   # per request; BadRequest on a bad grammar
-    masks, valid = matcher.node_masks(tree)     # [n_nodes, n_vocab] bool: allowed after each node's path
+    masks = matcher.node_bits(tree)             # NodeMasks: packed, allowed after each node's path
     res = verify_masked(tree, rows, masks, sampling, rng)        # rows: the target's [n_nodes, n_vocab] logits
     matcher.commit(new_tokens)                  # the accepted path + recovered/bonus token
     matcher.finished                            # nothing but end-of-generation is allowed any more
@@ -163,12 +163,11 @@ class Matcher:
         self._bits(bits)
         return bits
 
-    def node_masks(self, tree: DraftTree) -> tuple[np.ndarray, np.ndarray]:
-        """(masks [n, n_vocab] bool, valid [n] bool): masks[i] = the tokens allowed after the
-        tokens on node i's path (root excluded: the root is already committed). A node whose path
-        the grammar forbids is not valid and its mask is all False. Nothing is committed: a
-        depth-first walk consumes each node's token on the way down and rolls it back on the way up,
-        one mask computation per valid node."""
+    def node_bits(self, tree: DraftTree) -> "NodeMasks":
+        """The tokens allowed after the tokens on each node's path (root excluded: the root is
+        already committed), packed. A node whose path the grammar forbids is not valid and its
+        mask is empty. Nothing is committed: a depth-first walk consumes each node's token on the
+        way down and rolls it back on the way up, one mask computation per valid node."""
         n = len(tree)
         bits = np.zeros((n, self._words), dtype=np.int32)
         valid = np.zeros(n, dtype=bool)
@@ -190,7 +189,12 @@ class Matcher:
         visit(0)
         if m.is_error():  # never: try_consume_tokens refuses instead of failing
             raise RuntimeError(f"grammar matcher failed: {m.get_error()}")
-        return self._bools(bits), valid
+        return NodeMasks(bits, valid, self.n_vocab)
+
+    def node_masks(self, tree: DraftTree) -> tuple[np.ndarray, np.ndarray]:
+        """(masks [n, n_vocab] bool, valid [n] bool): node_bits unpacked."""
+        nm = self.node_bits(tree)
+        return nm.dense(), nm.valid
 
     def mask_after(self, path: Sequence[int]) -> np.ndarray:
         """[n_vocab] bool: the tokens allowed after `path` (tokens not committed: a drafted branch),
@@ -236,6 +240,49 @@ class Matcher:
 # ---- pure functions over masks -----------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class NodeMasks:
+    """A tree's grammar masks, packed: bit t % 32 of bits[i, t // 32] is set when token t may follow
+    node i's path. A row is unpacked only when the verifier reads it. A node with an empty mask (a
+    forbidden path, or one after end-of-generation) is never sampled from: the verifier walks only
+    accepted nodes and generation ends at end-of-generation; its row is read unmasked, which keeps
+    the arithmetic finite."""
+
+    bits: np.ndarray  # [n_nodes, ceil(n_vocab / 32)] int32
+    valid: np.ndarray  # [n_nodes] bool: the grammar allows the node's path
+    n_vocab: int
+
+    @classmethod
+    def from_bools(cls, masks: np.ndarray) -> "NodeMasks":
+        masks = np.asarray(masks, dtype=bool)
+        n, v = masks.shape
+        packed = np.packbits(masks, axis=1, bitorder="little")
+        words = (v + 31) // 32
+        buf = np.zeros((n, words * 4), dtype=np.uint8)
+        buf[:, : packed.shape[1]] = packed
+        return cls(buf.view(np.int32), masks.any(axis=1), v)
+
+    def __len__(self) -> int:
+        return len(self.bits)
+
+    def empty(self, i: int) -> bool:
+        return not self.bits[i].any()
+
+    def allows(self, i: int, token: int) -> bool:
+        """Token `token` may follow node i (True for an empty mask: see the class)."""
+        return bool((int(self.bits[i, token >> 5]) >> (token & 31)) & 1) or self.empty(i)
+
+    def row(self, i: int) -> np.ndarray:
+        """[n_vocab] bool: node i's mask (all True for an empty one)."""
+        if self.empty(i):
+            return np.ones(self.n_vocab, dtype=bool)
+        return unpack_bitmask(self.bits[i], self.n_vocab)
+
+    def dense(self) -> np.ndarray:
+        """[n_nodes, n_vocab] bool, empty masks kept empty."""
+        return unpack_bitmask(self.bits, self.n_vocab)
+
+
 def apply_mask(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """logits with -inf where the mask forbids ([..., n_vocab], same shape; a new array)."""
     return np.where(mask, logits, -np.inf)
@@ -255,26 +302,35 @@ def mask_q(q: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return out / s if s > 0 else out
 
 
-def masked_tree(tree: DraftTree, masks: np.ndarray) -> DraftTree:
+def masked_tree(tree: DraftTree, masks: NodeMasks | np.ndarray) -> DraftTree:
     """A copy of the tree whose draft distributions are masked at each node's state (mask_q): the
     q to verify with when the drafter sampled from masked q."""
-    qs = [None if q is None else mask_q(q, masks[i]) for i, q in enumerate(tree.q)]
+    row = masks.row if isinstance(masks, NodeMasks) else masks.__getitem__
+    qs = [None if q is None else mask_q(q, row(i)) for i, q in enumerate(tree.q)]
     return dataclasses.replace(tree, tokens=list(tree.tokens), parents=list(tree.parents), depths=list(tree.depths),
                                point=list(tree.point), q=qs)
 
 
-def verify_masked(tree: DraftTree, rows: np.ndarray, masks: np.ndarray, sampling: SamplingParams,
+def verify_masked(tree: DraftTree, rows: np.ndarray, masks: NodeMasks | np.ndarray, sampling: SamplingParams,
                   rng: np.random.Generator, *, q_masked: bool = True) -> VerifyResult:
-    """Verify a tree under a constraint: row i ([n, n_vocab] target logits) masked by masks[i]
-    (the state after node i's path), then the usual verifier. Greedy: the argmax of each masked
-    row. Stochastic: the transformed masked rows, and the tree's q masked too when the drafter
-    sampled from masked q (`q_masked`)."""
-    # a row nothing is allowed in (a forbidden node's, or one after end-of-generation) is never
-    # sampled from: the verifier only walks accepted nodes, and generation ends at EOS; it is left
-    # unmasked to keep the arithmetic finite
-    masks = np.where(masks.any(axis=1, keepdims=True), masks, True)
-    masked = apply_mask(rows, masks)
+    """Verify a tree under a constraint: row i ([n, n_vocab] target logits) masked by mask i (the
+    state after node i's path; NodeMasks, or [n, n_vocab] bool), then the usual verifier. Greedy:
+    the argmax of each masked row (the row's own argmax when the grammar allows it: no row is
+    unpacked then). Stochastic: the transformed masked rows, each masked when the verifier reads it,
+    and the tree's q masked too when the drafter sampled from masked q (`q_masked`)."""
+    if not isinstance(masks, NodeMasks):
+        masks = NodeMasks.from_bools(masks)
     if sampling.greedy:
-        return verify_greedy(tree, np.argmax(masked, axis=1))
+        top = np.argmax(rows, axis=1)
+        for i, t in enumerate(top):
+            if not masks.allows(i, int(t)):
+                top[i] = int(np.argmax(apply_mask(rows[i], masks.row(i))))
+        return verify_greedy(tree, top)
     t = masked_tree(tree, masks) if q_masked else tree
-    return verify_stochastic(t, lambda i: logits_to_probs(masked[i], sampling), rng)
+    return verify_stochastic(t, lambda i: logits_to_probs(apply_mask(rows[i], masks.row(i)), sampling), rng)
+
+
+def masked_rows(rows: np.ndarray, masks: NodeMasks) -> np.ndarray:
+    """[n, n_vocab] logits with -inf where each node's mask forbids (empty masks: the row as it is):
+    the distributions the verifier sampled from, for logprobs."""
+    return np.stack([apply_mask(rows[i], masks.row(i)) for i in range(len(masks))]) if len(masks) else rows

@@ -284,12 +284,12 @@ class Session:
         if self.matcher is not None:
             # the target's distribution masked by the grammar: row i by the state after node i's
             # path; the drafter drew from q masked alike, so q is verified as it was drawn
-            from edgespec.constraint import apply_mask, verify_masked
+            from edgespec.constraint import masked_rows, verify_masked
 
-            masks, _valid = self.matcher.node_masks(tree)
+            masks = self.matcher.node_bits(tree)
             res = verify_masked(tree, rows, masks, self.sampling, self.rng, q_masked=False)
             if self.req.logprobs is not None:  # logprobs under the distribution sampled from
-                rows = apply_mask(rows, np.where(masks.any(axis=1, keepdims=True), masks, True))
+                rows = masked_rows(rows, masks)
         elif self.sampling.greedy:
             res = verify_greedy(tree, np.argmax(rows, axis=1))
         else:

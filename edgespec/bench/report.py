@@ -64,7 +64,14 @@ def _cell(rows: Sequence[Row]) -> dict[str, Any]:
         "mean_tau": round(sum(r.tau for r in rows) / len(rows), 4),
         # tau of the whole category: summed tokens over summed target forwards
         "tau": round(tokens / forwards, 4) if forwards else 0.0,
+        **_validity(rows),
     }
+
+
+def _validity(rows: Sequence[Row]) -> dict[str, int]:
+    """MODE+schema cells: how many answers parse and follow their schema."""
+    checked = [r.valid for r in rows if getattr(r, "valid", None) is not None]
+    return {"schema_valid": sum(checked), "schema_checked": len(checked)} if checked else {}
 
 
 def _categories(rows: Iterable[Row]) -> list[str]:
@@ -376,9 +383,30 @@ def build_report(
             "results": anchor["results"],
         }
     report["headline"] = headline(summary, ratios, groups)
+    if (so := structured_output(summary)):
+        report["structured_output"] = so
+        report["headline"]["schema_valid"] = {m: f"{c['valid']}/{c['checked']}" for m, c in so.items()}
+        report["headline"]["schema_over_free"] = {m: c["over_free"] for m, c in so.items()}
     if "ceiling" in report:
         report["headline"]["perfect_draft_ceiling"] = report["ceiling"]["best_perfect_draft"]
     return report
+
+
+def structured_output(summary: dict) -> dict[str, dict[str, Any]]:
+    """{MODE+schema: {valid, checked, tokens_per_second, free_tokens_per_second, over_free}} over
+    all prompts: the constrained mode's answers that validate, and its throughput over the same
+    mode without the schema (same prompts, same rotation)."""
+    cells = summary.get(OVERALL, {})
+    out = {}
+    for mode, c in cells.items():
+        if "schema_checked" not in c:
+            continue
+        free = cells.get(mode.removesuffix("+schema"))
+        tps = free["tokens_per_second"] if free else None
+        out[mode] = {"valid": c["schema_valid"], "checked": c["schema_checked"],
+                     "tokens_per_second": c["tokens_per_second"], "free_tokens_per_second": tps,
+                     "over_free": round(c["tokens_per_second"] / tps, 3) if tps else None}
+    return out
 
 
 def _plain_source(bound: dict[str, Any]) -> str:
@@ -433,6 +461,12 @@ def to_markdown(report: dict[str, Any]) -> str:
                 f"{_fmt(c['speedup'], '.2f')} | {c['tau']:.2f} |"
             )
     lines += _time_split_markdown(report)
+    if report.get("structured_output"):
+        lines += ["", "## Structured output (each prompt's JSON schema as the constraint)", "",
+                  "| mode | answers valid | tok/s | without the schema | ratio |", "|---|---:|---:|---:|---:|"]
+        for mode, c in report["structured_output"].items():
+            lines.append(f"| {mode} | {c['valid']}/{c['checked']} | {c['tokens_per_second']:.1f} | "
+                         f"{_fmt(c['free_tokens_per_second'], '.1f')} | {_fmt(c['over_free'], '.2f')} |")
     anchor = report.get("anchor")
     if anchor:
         lines += [

@@ -1,8 +1,12 @@
 """The interleaved benchmark loop: one engine, every prompt run in every mode, the mode order
-rotated prompt by prompt (A B C, B C A, C A B, ...) so slow machine drift hits all modes alike."""
+rotated prompt by prompt (A B C, B C A, C A B, ...) so slow machine drift hits all modes alike.
+
+A mode `MODE+schema` (e.g. `auto+schema`) is MODE with each prompt's JSON schema as the request's
+constraint (structured output); its rows record whether the answer parses and validates."""
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -11,7 +15,9 @@ from typing import Any, Protocol
 from edgespec.bench.suite import Prompt
 from edgespec.errors import BadRequest
 from edgespec.sampling import SamplingParams
-from edgespec.types import MODES, GenerationRequest, GenerationResult, SpeculationParams
+from edgespec.types import MODES, ConstraintSpec, GenerationRequest, GenerationResult, SpeculationParams
+
+SCHEMA_SUFFIX = "+schema"
 
 
 class BenchEngine(Protocol):
@@ -38,6 +44,7 @@ class Row:
     target_seconds: float = 0.0
     draft_seconds: float = 0.0
     accepted_per_depth: tuple[int, ...] = ()
+    valid: bool | None = None  # MODE+schema rows: the answer parses as JSON and follows the schema
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -50,11 +57,44 @@ def parse_modes(text: str) -> tuple[str, ...]:
     if not modes:
         raise BadRequest("modes", f"give at least one of {', '.join(MODES)}")
     for m in modes:
-        if m not in MODES:
-            raise BadRequest("modes", f"must be among {', '.join(MODES)}, got {m!r}")
+        if base_mode(m) not in MODES:
+            raise BadRequest("modes", f"must be among {', '.join(MODES)} (each optionally +schema), got {m!r}")
     if len(set(modes)) != len(modes):
         raise BadRequest("modes", f"duplicate mode in {text!r}")
     return modes
+
+
+def base_mode(mode: str) -> str:
+    """The engine's mode of a bench mode: `auto+schema` -> `auto`."""
+    return mode.removesuffix(SCHEMA_SUFFIX)
+
+
+def constraint_of(prompt: Prompt, mode: str) -> ConstraintSpec | None:
+    """The constraint a bench mode puts on a prompt: its schema for MODE+schema, else none."""
+    if not mode.endswith(SCHEMA_SUFFIX):
+        return None
+    if prompt.schema is None:
+        raise BadRequest("modes", f"{mode} needs a schema on every prompt; {prompt.id} has none "
+                         "(the shipped json suite has them)")
+    return ConstraintSpec("json_schema", prompt.schema)
+
+
+def schema_valid(text: str, schema: str) -> bool:
+    """The answer parses as JSON and validates against the schema (jsonschema when installed,
+    else parsing only)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    try:
+        import jsonschema
+    except ImportError:
+        return True
+    try:
+        jsonschema.validate(value, json.loads(schema))
+    except jsonschema.ValidationError:
+        return False
+    return True
 
 
 def mode_order(modes: Sequence[str], index: int) -> list[str]:
@@ -91,13 +131,14 @@ def context_needed(engine: BenchEngine, prompts: Sequence[Prompt], max_tokens: i
 
 
 def request(tokens: tuple[int, ...], mode: str, max_tokens: int,
-            sampling: SamplingParams | None = None) -> GenerationRequest:
+            sampling: SamplingParams | None = None, constraint: ConstraintSpec | None = None) -> GenerationRequest:
     """Greedy unless `sampling` is given (its max_tokens is replaced by `max_tokens`)."""
     sampling = SamplingParams(temperature=0.0) if sampling is None else sampling
     return GenerationRequest(
         prompt_tokens=tokens,
         sampling=replace(sampling, max_tokens=max_tokens),
-        speculation=SpeculationParams(mode=mode),  # type: ignore[arg-type]
+        speculation=SpeculationParams(mode=base_mode(mode)),  # type: ignore[arg-type]
+        constraint=constraint,
     )
 
 
@@ -111,7 +152,9 @@ def prompt_sampling(sampling: SamplingParams | None, index: int) -> SamplingPara
 
 def run_one(engine: BenchEngine, prompt: Prompt, tokens: tuple[int, ...], mode: str, max_tokens: int,
             sampling: SamplingParams | None = None) -> Row:
-    stats = engine.generate(request(tokens, mode, max_tokens, sampling)).stats
+    constraint = constraint_of(prompt, mode)
+    result = engine.generate(request(tokens, mode, max_tokens, sampling, constraint))
+    stats = result.stats
     return Row(
         id=prompt.id,
         category=prompt.category,
@@ -125,6 +168,7 @@ def run_one(engine: BenchEngine, prompt: Prompt, tokens: tuple[int, ...], mode: 
         target_seconds=round(stats.target_seconds, 6),
         draft_seconds=round(stats.draft_seconds, 6),
         accepted_per_depth=tuple(stats.accepted_per_depth),
+        valid=None if constraint is None else schema_valid(result.text, constraint.value),
     )
 
 
@@ -155,7 +199,8 @@ def run(
     if warmup and prompts:
         tokens = prompt_tokens(engine, prompts[0])
         for mode in modes:
-            engine.generate(request(tokens, mode, min(8, max_tokens), prompt_sampling(sampling, 0)))
+            engine.generate(request(tokens, mode, min(8, max_tokens), prompt_sampling(sampling, 0),
+                                    constraint_of(prompts[0], mode)))
 
     external = external or {}
     all_modes = list(modes) + [m for m in external if m not in modes]

@@ -1,4 +1,5 @@
-"""Prompt suites: JSON lines `{"id", "category", "prompt"}`.
+"""Prompt suites: JSON lines `{"id", "category", "prompt"}`, optionally `"schema"` (a JSON schema the
+answer must follow, for the `MODE+schema` modes).
 
 A suite is named (a shipped file under `suites/`, or a virtual union: `structured`, `all`) or
 given as a file path. Every line is validated; errors name the file, the line and the field.
@@ -30,6 +31,7 @@ class Prompt:
     id: str
     category: str
     prompt: str
+    schema: str | None = None  # a JSON schema (JSON text) the answer must follow: the `MODE+schema` bench modes
 
 
 def suite_names() -> tuple[str, ...]:
@@ -67,7 +69,11 @@ def read_suite_file(path: Path) -> list[Prompt]:
                     raise BadRequest("suite", f"{where}: missing field {name!r}")
                 if not isinstance(value, str) or not value.strip():
                     raise BadRequest("suite", f"{where}: field {name!r} must be a non-empty string")
-            prompts.append(Prompt(obj["id"], obj["category"], obj["prompt"]))
+            schema = obj.get("schema")
+            if schema is not None and not isinstance(schema, (dict, bool)):
+                raise BadRequest("suite", f"{where}: field 'schema' must be a JSON schema (an object)")
+            prompts.append(Prompt(obj["id"], obj["category"], obj["prompt"],
+                                  None if schema is None else json.dumps(schema, ensure_ascii=False)))
     return prompts
 
 

@@ -37,6 +37,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from edgespec import chat as chat_encoding
 from edgespec.errors import BadRequest, Cancelled, ConfigError, EdgespecError, ModelError, NotReady, Overloaded
@@ -156,8 +157,10 @@ class HttpApi:
                 rid = uuid.uuid4().hex[:16]
             bind_request_id(request_id=rid)
             try:
-                if not open_ and self.auth().check(AUTH_METHOD, request.headers.get("authorization")) is not None:
-                    raise Unauthenticated("missing or invalid bearer token (header 'Authorization: Bearer <token>')")
+                if not open_ and self.auth().decide(AUTH_METHOD, request.headers.get("authorization"),
+                                                    client_subject(request.scope)).verdict is not None:
+                    raise Unauthenticated("missing or invalid bearer token (header 'Authorization: Bearer <token>') "
+                                          "or client certificate")
                 resp = await fn(request, rid)
             except Exception as exc:  # noqa: BLE001 - mapped in one place
                 resp = error_response(exc, request.url.path)
@@ -439,6 +442,46 @@ class HttpApi:
         return JSONResponse({"prompt": text})
 
 
+# RFC 4514 short names of the attributes a client certificate's subject usually carries
+_RDN = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU", "countryName": "C",
+        "stateOrProvinceName": "ST", "localityName": "L", "emailAddress": "emailAddress"}
+
+
+def cert_subject(peercert: dict | None) -> tuple[str, str] | None:
+    """(subject, common name) of a verified peer certificate (ssl's getpeercert() dict), the
+    subject written as gRPC writes it (most specific first: "CN=x,O=y"), or None."""
+    if not peercert or not peercert.get("subject"):
+        return None
+    pairs = [(k, v) for rdn in peercert["subject"] for k, v in rdn]
+    full = ",".join(f"{_RDN.get(k, k)}={v}" for k, v in reversed(pairs))
+    cn = next((v for k, v in pairs if k == "commonName"), "")
+    return full, cn
+
+
+def client_subject(scope: dict) -> tuple[str, str] | None:
+    """The verified client certificate's subject that _PeerCertProtocol put into the scope."""
+    return scope.get("extensions", {}).get("tls", {}).get("client_subject")
+
+
+class _PeerCertProtocol(H11Protocol):
+    """uvicorn's h11 protocol, handing each request of a mutual-TLS connection the verified client
+    certificate's subject (`scope["extensions"]["tls"]["client_subject"]`): uvicorn itself does not
+    pass the peer certificate on, and a certificate is an identity under mutual TLS, as for gRPC."""
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        subject = cert_subject(transport.get_extra_info("peercert"))
+        if subject is None:
+            return
+        app = self.app
+
+        async def with_subject(scope, receive, send):
+            scope.setdefault("extensions", {})["tls"] = {"client_subject": subject}
+            await app(scope, receive, send)
+
+        self.app = with_subject
+
+
 class HttpServer:
     """uvicorn serving HttpApi in its own thread; bound synchronously in start() (so a busy port
     is a ConfigError at start-up), stopped with stop(grace): no new connections, in-flight
@@ -489,7 +532,8 @@ class HttpServer:
         if t.enabled:
             tls = {"ssl_certfile": str(Path(t.cert).expanduser()), "ssl_keyfile": str(Path(t.key).expanduser())}
             if t.client_ca:
-                tls.update(ssl_ca_certs=str(Path(t.client_ca).expanduser()), ssl_cert_reqs=ssl.CERT_REQUIRED)
+                tls.update(ssl_ca_certs=str(Path(t.client_ca).expanduser()), ssl_cert_reqs=ssl.CERT_REQUIRED,
+                           http=_PeerCertProtocol)
         config = uvicorn.Config(
             self.api.app, log_config=None, access_log=False, lifespan="off", server_header=False,
             limit_concurrency=self._workers, timeout_graceful_shutdown=self.cfg.server.grace_seconds,

@@ -12,6 +12,8 @@ class FakeEngine:
     def __init__(self) -> None:
         self.calls: list[tuple[tuple[int, ...], str, int]] = []
         self.samplings: list = []  # each call's SamplingParams
+        self.constraints: list = []  # each call's ConstraintSpec (or None)
+        self.answer = '{"name": "Ann", "age": 3}'  # the text of a constrained answer
         self.closed = False
 
     def chat_prompt(self, messages: list[tuple[str, str]]) -> str:
@@ -31,12 +33,13 @@ class FakeEngine:
         forwards = -(-n // per_forward)
         self.calls.append((req.prompt_tokens, mode, n))
         self.samplings.append(req.sampling)
+        self.constraints.append(req.constraint)
         # each forward: 10 ms of target time, the rest drafting; every step accepts all its drafts
         stats = SpecStats(target_forwards=forwards, emitted_tokens=n, seconds=forwards * seconds,
                           target_seconds=forwards * 0.010, draft_seconds=forwards * (seconds - 0.010),
                           draft_forwards=forwards * (per_forward - 1),
                           accepted_per_depth=[forwards] * (per_forward - 1))
-        return GenerationResult(text="x" * n, token_ids=[0] * n, finish_reason="length",
+        return GenerationResult(text=self.answer if req.constraint else "x" * n, token_ids=[0] * n, finish_reason="length",
                                 prompt_tokens=len(req.prompt_tokens), stats=stats)
 
     def close(self) -> None:

@@ -12,7 +12,8 @@ from .fake_engine import FakeEngine
 MODES = ("plain", "chain", "tree", "auto")
 PROMPTS = [Prompt(f"{c}-{i}", c, f"{c} prompt {i}") for c in ("code", "json", "drift") for i in range(2)]
 ROW_KEYS = {"id", "category", "mode", "tokens", "seconds", "tokens_per_second", "tau", "target_forwards"}
-EXTRA_KEYS = {"draft_forwards", "target_seconds", "draft_seconds", "accepted_per_depth"}  # where the time went
+EXTRA_KEYS = {"draft_forwards", "target_seconds", "draft_seconds", "accepted_per_depth",  # where the time went
+              "valid"}  # MODE+schema rows
 
 
 def row(id, cat, mode, tokens, seconds, forwards):
@@ -227,3 +228,21 @@ def test_headline_without_structured_categories_says_how_to_name_them():
     report = rep.build_report(rows, command="x", machine={}, settings={})
     assert "structured_best_speedup" not in report["headline"]
     assert "- structured_categories: (none: name them with --structured / --drift)" in rep.to_markdown(report)
+
+
+def test_structured_output_section_counts_valid_answers_and_compares_with_the_free_mode():
+    schema = '{"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}'
+    prompts = [Prompt(f"j{i}", "json", "extract", schema) for i in range(3)]
+    engine = FakeEngine()
+    rows = run(engine, prompts, ("plain", "auto", "auto+schema"), 16, progress=False)
+    rows = [r if r.mode != "auto+schema" or r.id != "j1" else Row(**{**r.as_dict(), "valid": False,
+                                                                      "accepted_per_depth": ()}) for r in rows]
+    machine = {"cpu": "Fake CPU", "cores": 2, "gpu": None, "llama_cpp_python": "0.3.36"}
+    report = rep.build_report(rows, command="c", machine=machine, settings={"max_tokens": 16})
+    so = report["structured_output"]["auto+schema"]
+    assert (so["valid"], so["checked"]) == (2, 3)
+    assert so["over_free"] == pytest.approx(so["tokens_per_second"] / so["free_tokens_per_second"], abs=1e-3)
+    assert report["headline"]["schema_valid"] == {"auto+schema": "2/3"}
+    md = rep.to_markdown(report)
+    assert "## Structured output" in md and "| auto+schema | 2/3 |" in md
+    assert "structured_output" not in make_report()

@@ -66,7 +66,7 @@ def test_rows_come_from_stats():
     assert plain.as_dict() == {"id": "p0", "category": "code", "mode": "plain", "tokens": 16, "seconds": 0.16,
                                "tokens_per_second": 100.0, "tau": 1.0, "target_forwards": 16,
                                "draft_forwards": 0, "target_seconds": 0.16, "draft_seconds": 0.0,
-                               "accepted_per_depth": []}
+                               "accepted_per_depth": [], "valid": None}
     assert (tree.tokens, tree.target_forwards, tree.tau, tree.seconds) == (16, 4, 4.0, 0.064)
     assert (tree.draft_forwards, tree.draft_seconds, tree.accepted_per_depth) == (12, 0.024, (4, 4, 4))
     assert len(engine.calls) == 2
@@ -111,3 +111,33 @@ def test_external_modes_join_the_rotation():
     assert ext_rows[0] == {"id": "p0", "category": "code", "mode": "llama.cpp:plain", "tokens": 16,
                            "seconds": 0.2, "tokens_per_second": 80.0}
     assert len(ext_rows) == 6
+
+
+SCHEMA = '{"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, ' \
+         '"required": ["name", "age"], "additionalProperties": false}'
+
+
+def test_schema_modes_constrain_each_prompt_by_its_schema_and_check_the_answer():
+    prompts = [Prompt("j0", "json", "extract", SCHEMA), Prompt("j1", "json", "extract", SCHEMA)]
+    engine = FakeEngine()
+    rows = run(engine, prompts, ("auto", "auto+schema"), 16, warmup=False, progress=False)
+    assert [c.kind if c else None for c in engine.constraints] == [None, "json_schema", "json_schema", None]
+    assert all(c is None or c.value == SCHEMA for c in engine.constraints)
+    assert [m for _, m, _ in engine.calls] == ["auto"] * 4  # the engine's mode is the base mode
+    by_mode = {(r.id, r.mode): r.valid for r in rows}
+    assert by_mode == {("j0", "auto"): None, ("j0", "auto+schema"): True,
+                       ("j1", "auto+schema"): True, ("j1", "auto"): None}
+    engine = FakeEngine()
+    engine.answer = '{"name": "Ann", "age": "three"}'  # parses, but the schema wants an integer
+    rows = run(engine, prompts[:1], ("auto+schema",), 16, warmup=False, progress=False)
+    assert rows[0].valid is False
+    engine.answer = '{"name": "Ann", '  # does not parse
+    assert run(engine, prompts[:1], ("auto+schema",), 16, warmup=False, progress=False)[0].valid is False
+
+
+def test_schema_mode_needs_a_schema_on_every_prompt():
+    assert parse_modes("plain+schema,auto") == ("plain+schema", "auto")
+    with pytest.raises(BadRequest, match="modes"):
+        parse_modes("fast+schema")
+    with pytest.raises(BadRequest, match="p0 has none"):
+        run(FakeEngine(), PROMPTS[:1], ("auto+schema",), 16, warmup=False, progress=False)

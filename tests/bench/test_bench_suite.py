@@ -74,3 +74,18 @@ def test_duplicate_ids_rejected(tmp_path):
 def test_unknown_suite():
     with pytest.raises(BadRequest, match="no shipped suite or file named 'nope'"):
         resolve("nope")
+
+
+def test_the_json_suite_carries_a_schema_per_prompt():
+    prompts = load_suite("json")
+    for p in prompts:
+        schema = json.loads(p.schema)
+        assert schema["type"] in ("object", "array")
+    assert all(p.schema is None for p in load_suite("code"))
+
+
+def test_a_schema_must_be_a_json_schema_object(tmp_path):
+    f = tmp_path / "s.jsonl"
+    f.write_text('{"id": "a", "category": "c", "prompt": "p", "schema": "object"}\n')
+    with pytest.raises(BadRequest, match=r"s.jsonl:1: field 'schema' must be a JSON schema"):
+        read_suite_file(f)

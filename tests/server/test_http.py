@@ -273,9 +273,25 @@ def test_tls_and_mutual_tls_with_the_grpc_files(make_daemon, certs):
     ok.load_cert_chain(str(certs["client_cert"]), str(certs["client_key"]))
     conn = http.client.HTTPSConnection("localhost", m.daemon.http_port, context=ok, timeout=30)
     conn.request("GET", "/health")
+    resp = conn.getresponse()
+    assert resp.status == 200
+    resp.read()
+    # the verified certificate is the caller's identity, as over gRPC: no bearer token needed
+    conn.request("POST", "/tokenize", body=json.dumps({"prompt": "hello"}), headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and json.loads(resp.read())["tokens"]
+    conn.request("GET", "/v1/models")
     assert conn.getresponse().status == 200
     conn.close()
     with pytest.raises((ssl.SSLError, ConnectionError)):  # mutual TLS: no client certificate, no answer
         conn = http.client.HTTPSConnection("localhost", m.daemon.http_port, context=ctx, timeout=30)
         conn.request("GET", "/health")
         conn.getresponse()
+
+
+def test_a_client_certificates_subject_is_written_as_grpc_writes_it():
+    from edgespec.server.http_api import cert_subject
+
+    peer = {"subject": ((("countryName", "CN"),), (("organizationName", "Bank"),), (("commonName", "svc-a"),))}
+    assert cert_subject(peer) == ("CN=svc-a,O=Bank,C=CN", "svc-a")
+    assert cert_subject(None) is None and cert_subject({}) is None
