@@ -131,26 +131,34 @@ def test_streams_get_tokens_while_a_long_prompt_is_prefilled():
     eng = Hooked(parallel=2, n_ctx=1024)
     prefill_ticks, stream_tokens = [], []
     stream = job([0, 5, 6], max_tokens=400)
+    long_queued = threading.Event()
 
     def watch(sessions):
+        short = [s for s in sessions if s.n_prompt < 100]
+        if not long_queued.is_set() and short and short[0].out:
+            # the stream is flowing: hold it here until the long prompt is queued (the fake
+            # engine would otherwise finish its 400 tokens before the test thread submits it)
+            assert long_queued.wait(10), "the long prompt was never queued"
         long = [s for s in sessions if s.n_prompt > 100]
         if long and long[0].prefilling:
             prefill_ticks.append(long[0].prefill_pos)
-            short = [s for s in sessions if s.n_prompt < 100]
             stream_tokens.append(len(short[0].out) if short else None)
 
     eng.before_tick = watch
     loop = start(eng, parallel=2)
     try:
         loop.submit(stream)
-        while stream.first_token is None:
-            time.sleep(0.001)
+        kind, _ = stream.events.get(timeout=10)  # the stream's first token
+        assert kind == "chunk"
         long_job = loop.submit(job([0] + [8] * 700, max_tokens=2))
+        long_queued.set()
         events(long_job)
         stream.cancel()
         events(stream)
         during = [t for t in stream_tokens if t is not None]
         assert len(prefill_ticks) >= 3  # the prompt took several ticks
+        assert len(during) == len(prefill_ticks)  # the stream was in every one of them
         assert during == sorted(during) and during[-1] - during[0] >= len(during) - 1  # a token every tick
     finally:
+        long_queued.set()
         loop.stop()
