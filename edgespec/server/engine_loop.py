@@ -107,7 +107,7 @@ class EngineLoop:
         self._draining = False
         self._stopping = False
         self._error: BaseException | None = None
-        self.breaker_state = ""
+        self.breaker_state = ""  # the last auto request's breaker state ("": none ran yet)
         # what the loaded engine applies beyond plain generation ("constraint"): its `capabilities`
         # attribute; the APIs refuse a request needing one it lacks
         self.capabilities: frozenset[str] = frozenset()
@@ -211,7 +211,7 @@ class EngineLoop:
                 "parallel": self.parallel,
                 "ready": self._ready.is_set(),
                 "draining": self.draining,
-                "breaker_state": {self.breaker_state: 1} if self.breaker_state else {},
+                "breaker_state": self.breaker_state,
                 "tick_totals": self.tick_totals,
                 "idle": self._idle_done and not self._pending and not self._active_n,
                 **self.counters,
@@ -369,7 +369,6 @@ class EngineLoop:
         totals = getattr(engine, "tick_totals", None)
         if totals is not None:
             self.tick_totals = dict(totals)  # a snapshot for the handler threads
-        state = getattr(engine, "breaker_state", None)
         for sess, chunk in chunks.items():
             a = by_session[sess]
             job = a.job
@@ -377,9 +376,8 @@ class EngineLoop:
                 job.first_token = time.monotonic()
             if chunk.token_ids or chunk.text or chunk.finish_reason:
                 job.events.put(("chunk", chunk))
-            st = getattr(sess, "breaker_state", None) or state
-            if isinstance(st, str):
-                self.breaker_state = st
+            if sess.breaker_state is not None:  # an auto request's breaker: the gauge's current state
+                self.breaker_state = sess.breaker_state
             if sess.done or chunk.finish_reason:
                 self._end(a, active, close_reason=None)
 

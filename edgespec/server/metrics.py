@@ -8,7 +8,10 @@ import http.server
 import threading
 from collections.abc import Callable, Iterable
 
+from edgespec.controller.breaker import CLOSED, HALF_OPEN, OPEN
 from edgespec.types import GenerationResult
+
+BREAKER_STATES = (CLOSED, OPEN, HALF_OPEN)
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -126,8 +129,14 @@ class Metrics:
             Gauge("edgespec_active_requests", "Requests being decoded.", gauge("active_requests")),
             Gauge("edgespec_ready", "1 when both models are loaded and warmed.", lambda: int(bool(self.state().get("ready")))),
             Gauge("edgespec_draining", "1 while draining or shutting down.", lambda: int(bool(self.state().get("draining")))),
-            Gauge("edgespec_breaker_state", "Speculation breaker state (1 = current).", gauge("breaker_state", {}), "state"),
+            Gauge("edgespec_breaker_state", "Speculation breaker state of the last auto request (1 = current).",
+                  self._breaker_state, "state"),
         ]
+
+    def _breaker_state(self) -> dict[str, int]:
+        """Every state, 1 for the current one; nothing until an auto request has run."""
+        current = self.state().get("breaker_state", "")
+        return {s: int(s == current) for s in BREAKER_STATES} if current else {}
 
     def on_finish(self, result: GenerationResult, ttft: float | None, total: float) -> None:
         st = result.stats

@@ -15,6 +15,8 @@ WORDS = ("alpha ", "beta ", "gamma ", "delta ")
 
 
 class FakeSession:
+    breaker_state: str | None = None  # no breaker: these sessions never run auto speculation
+
     def __init__(self, engine: "FakeEngine", req: GenerationRequest):
         self.engine, self.req = engine, req
         self.out: list[int] = []

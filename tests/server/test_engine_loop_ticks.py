@@ -11,6 +11,7 @@ import time
 from edgespec.errors import Overloaded
 from edgespec.sampling import SamplingParams
 from edgespec.server.engine_loop import EngineLoop, Job
+from edgespec.server.metrics import Metrics
 from edgespec.types import SpeculationParams
 from tests.fake_backend import fake_engine
 
@@ -161,4 +162,24 @@ def test_streams_get_tokens_while_a_long_prompt_is_prefilled():
         assert during == sorted(during) and during[-1] - during[0] >= len(during) - 1  # a token every tick
     finally:
         long_queued.set()
+        loop.stop()
+
+
+def test_breaker_gauge_reports_the_last_auto_requests_state():
+    metrics = Metrics()
+    loop = EngineLoop(lambda: fake_engine(parallel=2), parallel=2, queue_size=4, metrics=metrics).start()
+    metrics.state = loop.stats
+    try:
+        assert loop.wait_loaded(10)
+        assert "edgespec_breaker_state{" not in metrics.render()  # no auto request yet: no state
+        events(loop.submit(job([0, 5, 6], max_tokens=2)))  # a plain request has no breaker
+        assert "edgespec_breaker_state{" not in metrics.render()
+        auto = job([0, 5, 6], max_tokens=8)
+        auto.speculation = SpeculationParams(mode="auto")
+        assert events(loop.submit(auto))[-1][0] == "result"
+        body = metrics.render()
+        for line in ('edgespec_breaker_state{state="closed"} 1', 'edgespec_breaker_state{state="open"} 0',
+                     'edgespec_breaker_state{state="half_open"} 0'):
+            assert line in body, line
+    finally:
         loop.stop()
