@@ -53,7 +53,6 @@ class Slot:
     # the whole context (prompt and reply) of the last request that ended cleanly: what idle time
     # may bring the draft cache up to (Engine.idle_work)
     last_context: tuple[int, ...] = ()
-    session: object = None  # the Session on this slot while busy
 
     def reset(self) -> None:
         """Empty both caches; nothing is reusable."""
@@ -361,9 +360,7 @@ class Engine:
             else:
                 tgt.clear()
             slot.prefill = ()  # nothing reusable from this slot until this prefill has completed
-            sess = Session(self, slot, req, keep=keep)
-            slot.session = sess
-            return sess
+            return Session(self, slot, req, keep=keep)
         except BaseException:
             slot.busy = False
             raise
@@ -395,7 +392,6 @@ class Engine:
         else:
             slot.target.clear()
             slot.prefill = ()
-        slot.session = None
         slot.busy = False
 
     def tick(self, sessions: Sequence[Session]) -> dict[Session, Chunk]:
