@@ -371,7 +371,7 @@ class Engine:
         slot = sess.slot
         if sess.controller is not None:
             try:
-                self.prior.update_from(sess.controller)
+                self.prior.update_from(sess.controller.evidence())
             except Exception:  # the prior is an optimisation; never fail a request on it
                 log.warning("prior_update_failed", exc_info=True)
             sess.controller = None
