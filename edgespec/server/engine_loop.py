@@ -17,6 +17,7 @@ from typing import Any
 
 from edgespec.errors import NotReady, Overloaded
 from edgespec.logs import get_logger
+from edgespec.server.metrics import Metrics
 from edgespec.sampling import SamplingParams
 from edgespec.types import Chunk, GenerationRequest, GenerationResult, SpecStats, SpeculationParams
 
@@ -85,7 +86,7 @@ class EngineLoop:
         *,
         parallel: int,
         queue_size: int,
-        metrics: Any = None,
+        metrics: Metrics | None = None,
         on_ready: Callable[[], None] | None = None,
         on_heartbeat: Callable[[], None] | None = None,
         log_text: bool = False,
@@ -93,7 +94,7 @@ class EngineLoop:
         self._factory = factory
         self.parallel = parallel
         self.queue_size = queue_size
-        self._metrics = metrics
+        self.metrics = metrics if metrics is not None else Metrics()  # the loop's counters
         self._on_ready = on_ready
         self._on_heartbeat = on_heartbeat
         self._log_text = log_text
@@ -114,7 +115,6 @@ class EngineLoop:
         self.encoder: Any = None  # set on the engine thread once the engine is built (see _run)
         self.tick_totals: dict[str, float] = {}  # the engine's tick phase totals, after each tick
         self._idle_done = False  # no job, no call and no idle work left (see _run)
-        self.counters = collections.Counter()  # requests_total, rejected_overloaded_total, ...
         self._thread = threading.Thread(target=self._run, name="edgespec-engine", daemon=True)
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -171,16 +171,14 @@ class EngineLoop:
             if not self._ready.is_set():
                 raise NotReady("the models are still loading")
             if len(self._pending) + self._active_n >= self.parallel + self.queue_size:
-                self.counters["rejected_overloaded_total"] += 1
-                if self._metrics is not None:
-                    self._metrics.rejected.inc(label="overloaded")
+                self.metrics.rejected.inc(label="overloaded")
                 raise Overloaded(
                     f"server busy: {self._active_n} active and {len(self._pending)} queued "
                     f"(parallel={self.parallel}, queue_size={self.queue_size})"
                 )
             self._pending.append(job)
             self._idle_done = False
-            self.counters["requests_total"] += 1
+            self.metrics.submitted.inc()
             self._wake.notify()
         return job
 
@@ -214,7 +212,7 @@ class EngineLoop:
                 "breaker_state": self.breaker_state,
                 "tick_totals": self.tick_totals,
                 "idle": self._idle_done and not self._pending and not self._active_n,
-                **self.counters,
+                **self.metrics.totals(),
             }
 
     # ---- the engine thread -----------------------------------------------------------------
@@ -315,9 +313,7 @@ class EngineLoop:
     def _finish_unstarted(self, job: Job, reason: str) -> None:
         job.finished = time.monotonic()
         res = GenerationResult(text="", token_ids=[], finish_reason=reason, prompt_tokens=0, stats=SpecStats())
-        self.counters[f"finished_{reason}"] += 1
-        if self._metrics is not None:
-            self._metrics.requests.inc(label=reason)
+        self.metrics.requests.inc(label=reason)
         job.events.put(("result", res))
 
     def _open(self, engine: Any, job: Job, active: list[_Active]) -> None:
@@ -363,7 +359,7 @@ class EngineLoop:
                     pass
                 active.remove(a)
                 a.job.finished = time.monotonic()
-                self.counters["finished_error"] += 1
+                self.metrics.requests.inc(label="error")
                 a.job.events.put(("error", exc))
             return
         totals = getattr(engine, "tick_totals", None)
@@ -399,17 +395,10 @@ class EngineLoop:
         if close_reason is not None and result.finish_reason != close_reason:
             result.finish_reason = close_reason  # type: ignore[assignment]
         job.finished = time.monotonic()
-        self.counters[f"finished_{result.finish_reason}"] += 1
-        self.counters["generated_tokens_total"] += len(result.token_ids)
         st = result.stats
-        self.counters["target_forwards_total"] += st.target_forwards
-        self.counters["drafted_tokens_total"] += st.drafted_tokens
-        self.counters["accepted_tokens_total"] += st.accepted_tokens
-        self.counters["breaker_transitions_total"] += st.breaker_transitions
         t = job.timings()
-        if self._metrics is not None:
-            ttft = t["time_to_first_token_seconds"] if job.first_token else None
-            self._metrics.on_finish(result, ttft, t["total_seconds"])
+        ttft = t["time_to_first_token_seconds"] if job.first_token else None
+        self.metrics.on_finish(result, ttft, t["total_seconds"])
         fields = {"text": result.text} if self._log_text else {}
         log.info("generation_finished", request_id=job.request_id, finish_reason=result.finish_reason,
                  completion_tokens=len(result.token_ids), tau=round(st.tau, 3),

@@ -46,6 +46,11 @@ class Counter:
         with self._lock:
             return self._values.get(label, 0.0)
 
+    def values(self) -> dict[str, float]:
+        """{label value: count} ({"": count} for an unlabelled counter)."""
+        with self._lock:
+            return dict(self._values)
+
     def render(self) -> Iterable[str]:
         yield f"# HELP {self.name} {self.doc}"
         yield f"# TYPE {self.name} counter"
@@ -105,12 +110,14 @@ class Histogram:
 
 
 class Metrics:
-    """Everything the daemon exports. Gauges read live state through `state()` (set by the daemon)."""
+    """Everything the daemon exports, and the one set of counters: /metrics renders them, Admin.Stats
+    reads them through `totals()`. Gauges read live state through `state()` (set by the daemon)."""
 
     def __init__(self) -> None:
         self.state: Callable[[], dict] = lambda: {}
         self.ttft = Histogram("edgespec_time_to_first_token_seconds", "Time from admission to the first output token.", TTFT_BUCKETS)
         self.tpot = Histogram("edgespec_time_per_output_token_seconds", "Mean time per output token after the first, per request.", TPOT_BUCKETS)
+        self.submitted = Counter("edgespec_submitted_requests_total", "Generation requests admitted to the queue.")
         self.requests = Counter("edgespec_requests_total", "Finished generation requests by finish reason.", "finish_reason")
         self.rejected = Counter("edgespec_rejected_requests_total", "Requests rejected before generation by reason.", "reason")
         self.prompt_tokens = Counter("edgespec_prompt_tokens_total", "Prompt tokens processed.")
@@ -160,8 +167,21 @@ class Metrics:
             if n > 1:
                 self.tpot.observe(max(0.0, total - ttft) / (n - 1))
 
+    def totals(self) -> dict[str, int]:
+        """The counters under Admin.Stats' names: requests_total, rejected_<reason>_total,
+        finished_<reason>, generated_tokens_total, target_forwards_total, drafted_tokens_total,
+        accepted_tokens_total, breaker_transitions_total."""
+        out = {
+            "requests_total": self.submitted.value(), "generated_tokens_total": self.generated.value(),
+            "target_forwards_total": self.target_forwards.value(), "drafted_tokens_total": self.drafted.value(),
+            "accepted_tokens_total": self.accepted.value(), "breaker_transitions_total": self.breaker.value(),
+            **{f"rejected_{reason}_total": v for reason, v in self.rejected.values().items()},
+            **{f"finished_{reason}": v for reason, v in self.requests.values().items()},
+        }
+        return {k: int(v) for k, v in out.items()}
+
     def render(self) -> str:
-        parts = [self.ttft, self.tpot, self.requests, self.rejected, self.prompt_tokens, self.generated,
+        parts = [self.ttft, self.tpot, self.submitted, self.requests, self.rejected, self.prompt_tokens, self.generated,
                  self.target_forwards, self.drafted, self.accepted, self.accepted_by_depth, self.steps_by_mode,
                  self.breaker, self.forward_seconds, *self.gauges]
         return "\n".join(line for p in parts for line in p.render()) + "\n"

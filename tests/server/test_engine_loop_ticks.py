@@ -183,3 +183,35 @@ def test_breaker_gauge_reports_the_last_auto_requests_state():
             assert line in body, line
     finally:
         loop.stop()
+
+
+def test_stats_and_metrics_count_from_one_set_of_counters():
+    """Admin.Stats' totals are the /metrics counters: an admitted request, a refusal and a
+    finished request show the same in both."""
+    metrics = Metrics()
+    eng = Hooked(parallel=1)
+    loop = EngineLoop(lambda: eng, parallel=1, queue_size=0, metrics=metrics).start()
+    try:
+        assert loop.wait_loaded(10)
+        eng.gate.clear()  # the engine thread blocks in the first request's tick: the slot is full
+        first = loop.submit(job([0, 5, 6], max_tokens=3))
+        while loop.stats()["active_requests"] < 1:
+            eng.gate.wait(0.005)
+        try:
+            loop.submit(job([0, 7], max_tokens=2))
+        except Overloaded:
+            pass
+        eng.gate.set()
+        res = events(first)[-1][1]
+        s = loop.stats()
+        assert s["requests_total"] == 1 and s["rejected_overloaded_total"] == 1
+        assert s["finished_length"] == 1 and s["generated_tokens_total"] == len(res.token_ids) == 3
+        assert s["target_forwards_total"] == res.stats.target_forwards
+        body = metrics.render()
+        for line in ("edgespec_submitted_requests_total 1", 'edgespec_rejected_requests_total{reason="overloaded"} 1',
+                     'edgespec_requests_total{finish_reason="length"} 1', "edgespec_generated_tokens_total 3",
+                     f"edgespec_target_forwards_total {res.stats.target_forwards}"):
+            assert line in body, line
+    finally:
+        eng.gate.set()
+        loop.stop()
