@@ -35,15 +35,19 @@ from edgespec.errors import BadRequest
 Message = tuple[str, str]  # (role, content)
 
 
-class ChatTokenizer(Protocol):
-    """What encode_chat needs: backend.Model has it, and so do the test fakes."""
-
-    # text -> id of every token that tokenize(parse_special=True) parses (control tokens)
-    special_tokens: Mapping[str, int]
+class TemplateTokenizer(Protocol):
+    """What template_tokens needs: a tokenizer with the model's chat template."""
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
 
     def chat_prompt(self, messages: Sequence[Message]) -> str: ...  # template text, generation prompt appended
+
+
+class ChatTokenizer(TemplateTokenizer, Protocol):
+    """What encode_chat needs: backend.Model and Engine have it, and so do the test fakes."""
+
+    # text -> id of every token that tokenize(parse_special=True) parses (control tokens)
+    special_tokens: Mapping[str, int]
 
 
 def encode_chat(tok: ChatTokenizer, messages: Sequence[Message]) -> list[int]:
@@ -86,6 +90,22 @@ def encode_chat(tok: ChatTokenizer, messages: Sequence[Message]) -> list[int]:
     template(text[pos:])
     flush()
     return ids + list(trail)
+
+
+def encode_prompt(tok: ChatTokenizer, prompt: str, messages: Sequence[Message], *, add_special: bool = True,
+                  parse_special: bool = False) -> list[int]:
+    """A request's prompt token ids: `messages` through the chat template (encode_chat) when
+    there are any, otherwise `prompt` tokenised as given."""
+    if messages:
+        return encode_chat(tok, messages)
+    return tok.tokenize(prompt, add_special=add_special, parse_special=parse_special)
+
+
+def template_tokens(tok: TemplateTokenizer, messages: Sequence[Message]) -> list[int]:
+    """The rendered template tokenised whole with special tokens parsed, as llama.cpp's tools do
+    with a text prompt (the benchmark's anchors are given that text). For trusted text only: a
+    content spelling a special token becomes that token."""
+    return tok.tokenize(tok.chat_prompt(messages), add_special=True, parse_special=True)
 
 
 def special_edges(tok: ChatTokenizer) -> tuple[list[int], list[int]]:

@@ -10,7 +10,7 @@ trees; a request alone is a tick over one session.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -237,6 +237,10 @@ class Engine:
 
     def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> str:
         return self.target.chat_prompt(messages)
+
+    @property
+    def special_tokens(self) -> Mapping[str, int]:
+        return self.target.special_tokens  # with tokenize and chat_prompt: a chat.ChatTokenizer
 
     def encode_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
         """Chat template -> tokens: special tokens from the template only (edgespec.chat)."""

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgespec import chat
 from edgespec.errors import NotReady, Overloaded
 from edgespec.logs import get_logger
 from edgespec.server.metrics import Metrics
@@ -325,10 +326,8 @@ class EngineLoop:
         try:
             if job.prompt_tokens is not None:  # tokenised by the caller's thread (the daemon's way)
                 ids = list(job.prompt_tokens)
-            elif job.messages:
-                ids = engine.encode_chat(job.messages)  # edgespec.chat, as the handler threads do
-            else:
-                ids = engine.tokenize(job.prompt, add_special=True, parse_special=False)
+            else:  # an engine without an encoder: the engine itself is the tokenizer
+                ids = chat.encode_prompt(engine, job.prompt, job.messages)
             job.prompt_tokens = tuple(ids)
             req = GenerationRequest(
                 prompt_tokens=tuple(ids), sampling=job.sampling, speculation=job.speculation,

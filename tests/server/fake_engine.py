@@ -96,6 +96,7 @@ class FakeEncoder:
 
 class FakeEngine:
     capabilities = frozenset({"constraint"})  # constraints are only recorded
+    special_tokens: dict[str, int] = {}  # noqa: RUF012 - none (with tokenize and chat_prompt: a chat.ChatTokenizer)
 
     def __init__(self, parallel: int = 2, n_ctx: int = 256, step_seconds: float = 0.01, load_seconds: float = 0.0):
         self.parallel = parallel
