@@ -9,8 +9,9 @@ import platform
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from edgespec.bench.runner import Row
@@ -396,6 +397,17 @@ def write_json(report: dict[str, Any], path: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2, ensure_ascii=False)
         f.write("\n")
+
+
+def write_outputs(report: dict[str, Any], markdown: str, *, json_out: Path | None, markdown_out: Path | None,
+                  plot_out: Path | None, plot: Callable[[dict[str, Any], str], None]) -> None:
+    """A bench command's report where it was asked for: JSON, markdown, a PNG through `plot`."""
+    if json_out:
+        write_json(report, str(json_out))
+    if markdown_out:
+        markdown_out.write_text(markdown, encoding="utf-8")
+    if plot_out:
+        plot(report, str(plot_out))
 
 
 def _decoding(settings: dict[str, Any]) -> str:

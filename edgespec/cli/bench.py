@@ -117,15 +117,15 @@ def _bench(a: SimpleNamespace) -> None:
     report = rep.build_report(rows, command=_command_line(), machine=rep.machine_info(backend), settings=settings,
                               anchor=anchor_data, costs=costs, structured=groups["structured"], drift=groups["drift"])
     markdown = rep.to_markdown(report)
-    if a.json_out:
-        rep.write_json(report, str(a.json_out))
-    if a.markdown_out:
-        a.markdown_out.write_text(markdown, encoding="utf-8")
-    if a.plot_out:
-        from edgespec.bench.plot import plot
-
-        plot(report, str(a.plot_out))
+    rep.write_outputs(report, markdown, json_out=a.json_out, markdown_out=a.markdown_out, plot_out=a.plot_out,
+                      plot=_plot)
     typer.echo(markdown)
+
+
+def _plot(report: dict, path: str) -> None:
+    from edgespec.bench.plot import plot  # matplotlib: only when a plot is asked for
+
+    plot(report, path)
 
 
 def _sampling(a: SimpleNamespace) -> "SamplingParams":
