@@ -423,6 +423,11 @@ def _fmt(x: Any, spec: str) -> str:
     return "–" if x is None else format(x, spec)
 
 
+def _cells(table: dict[str, dict[str, dict]], row: Callable[[str, str, dict], str]) -> list[str]:
+    """One markdown row per (category, mode) cell of a {category: {mode: cell}} table."""
+    return [row(cat, mode, c) for cat, cells in table.items() for mode, c in cells.items()]
+
+
 def to_markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
     s = report["settings"]
@@ -438,12 +443,9 @@ def to_markdown(report: dict[str, Any]) -> str:
         "| category | mode | prompts | tokens | tok/s | speedup vs plain | tau |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    for cat, cells in report["summary"].items():
-        for mode, c in cells.items():
-            lines.append(
-                f"| {cat} | {mode} | {c['n']} | {c['tokens']} | {c['tokens_per_second']:.1f} | "
-                f"{_fmt(c['speedup'], '.2f')} | {c['tau']:.2f} |"
-            )
+    lines += _cells(report["summary"], lambda cat, mode, c: (
+        f"| {cat} | {mode} | {c['n']} | {c['tokens']} | {c['tokens_per_second']:.1f} | "
+        f"{_fmt(c['speedup'], '.2f')} | {c['tau']:.2f} |"))
     lines += _time_split_markdown(report)
     anchor = report.get("anchor")
     if anchor:
@@ -466,12 +468,9 @@ def to_markdown(report: dict[str, Any]) -> str:
                 "| category | edgespec mode | edgespec tok/s | llama.cpp | llama.cpp tok/s | ratio |",
                 "|---|---|---:|---|---:|---:|",
             ]
-        for cat, cells in anchor["edgespec_over_llama_cpp"].items():
-            for mode, c in cells.items():
-                lines.append(
-                    f"| {cat} | {mode} | {c['edgespec_tokens_per_second']:.1f} | {c['llama_cpp_mode']} | "
-                    f"{c['llama_cpp_tokens_per_second']:.1f} | {_fmt(c['ratio'], '.2f')} |"
-                )
+        lines += _cells(anchor["edgespec_over_llama_cpp"], lambda cat, mode, c: (
+            f"| {cat} | {mode} | {c['edgespec_tokens_per_second']:.1f} | {c['llama_cpp_mode']} | "
+            f"{c['llama_cpp_tokens_per_second']:.1f} | {_fmt(c['ratio'], '.2f')} |"))
     h = report.get("headline") or {}
     if h:
         lines += ["", "## Headline", ""]
