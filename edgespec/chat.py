@@ -17,8 +17,8 @@ for a conversation without special-token text in it the ids are the same as the 
 (tests/test_chat.py, on the demo model). Linear in the size of the conversation: the template
 renders short markers and each fragment is tokenised once (tokenising one long string with special
 tokens parsed is quadratic in llama.cpp: every special token is searched for from each fragment to
-the end of the whole text; 20,000 two-letter messages took 3.8 s, and 100,000 froze the engine for
-80 s). A template that trims or rewrites contents sees only the markers, so the contents reach the
+the end of the whole text, so a conversation of many short messages would stall the engine thread).
+A template that trims or rewrites contents sees only the markers, so the contents reach the
 model as sent.
 """
 

@@ -166,7 +166,7 @@ class Engine:
                   budget_seconds: float = 0.25) -> None:
         """Time target and draft forwards per batch size on slot 0, so the controller's cost model
         describes this machine. The sizes are those whose first timing, in increasing order, fits
-        in `budget_seconds` per model (about 0.25 s here, far less on a GPU); then `repeats - 1`
+        in `budget_seconds` per model; then `repeats - 1`
         more rounds over all of them, and each size keeps its fastest. Rounds, not repeats in a
         row: a slow moment (another tenant, the page cache still filling after load) then
         inflates one timing of every size instead of every timing of the first sizes. A batched
@@ -175,7 +175,7 @@ class Engine:
 
         def measure(ctx, n: int, all_logits: bool = False) -> float:
             # as the steps use them: verification needs every token's logits, a draft catch-up the
-            # last token's only (the demo draft's Q8_0 output head: 6.1 vs 8.2 ms for 2 tokens)
+            # last token's only (the output head's rows are a real share of a small draft's forward)
             out = [True] * n if ctx is slot.target or all_logits else [False] * (n - 1) + [True]
             chunk = self.verify_chunk if ctx is slot.target else None  # as the ticks verify
             t0 = time.perf_counter()
@@ -287,8 +287,8 @@ class Engine:
         """Use idle time: let a free slot's draft absorb up to `budget` more tokens of the last
         context that slot served (its prompt and reply), so that a request sharing a prefix with it
         (a system prompt, a document asked about again, a chat's next turn) finds the draft already
-        there and speculates from its second step, instead of paying the draft's prefill (~1 ms a
-        token on a 2-core CPU), which auto often declines to pay for a long prompt. The draft needs
+        there and speculates from its second step, instead of paying the draft's prefill (a draft
+        forward per prompt piece), which auto often declines to pay for a long prompt. The draft needs
         no bit-exactness, so this is only a matter of time. Call it only when no request waits: one
         call is one draft forward of at most `budget` tokens. Returns whether it did any (call it
         again until it returns False)."""
