@@ -1,30 +1,14 @@
-"""Shared CLI helpers: one-line errors with exit code 2, never a traceback, for bad input; the
-options several commands declare alike."""
+"""Shared CLI helpers: one-line errors with exit code 2, never a traceback, for bad input."""
 
 from __future__ import annotations
 
 import contextlib
 import sys
 from collections.abc import Iterator
-from typing import Annotated, Optional
 
 import typer
 
 from edgespec.errors import BadRequest, ConfigError, EdgespecError
-
-
-# the models a local command loads (generate, selftest)
-TargetOption = Annotated[Optional[str], typer.Option("--target", help="target GGUF (default: demo F32)")]
-DraftOption = Annotated[Optional[str], typer.Option("--draft", help="draft GGUF (default: demo Q8_0)")]
-NCtxOption = Annotated[int, typer.Option("--n-ctx", help="context size")]
-GpuLayersOption = Annotated[int, typer.Option("--n-gpu-layers", help="layers on the GPU (-1 = all; CUDA build)")]
-ThreadsOption = Annotated[int, typer.Option("--threads", help="CPU threads (0 = all cores)")]
-# sampling
-TemperatureOption = Annotated[float, typer.Option("--temperature", help="0 = greedy")]
-TopKOption = Annotated[int, typer.Option("--top-k", help="0 = off")]
-TopPOption = Annotated[float, typer.Option("--top-p", help="in (0, 1]")]
-MinPOption = Annotated[float, typer.Option("--min-p", help="in [0, 1)")]
-SeedOption = Annotated[Optional[int], typer.Option("--seed", help="sampling seed")]
 
 
 def fail(message: str, code: int = 2) -> None:

@@ -8,8 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from edgespec.cli.common import (DraftOption, GpuLayersOption, MinPOption, NCtxOption, SeedOption, TargetOption,
-                                 TemperatureOption, ThreadsOption, TopKOption, TopPOption, engine_config, user_errors)
+from edgespec.cli.common import engine_config, user_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -22,20 +21,20 @@ def generate(
     draft_tokens: Annotated[int, typer.Option(help="chain length")] = 4,
     tree_nodes: Annotated[int, typer.Option(help="tree node budget")] = 16,
     tree_depth: Annotated[int, typer.Option(help="tree depth limit")] = 6,
-    temperature: TemperatureOption = 0.0,
-    top_k: TopKOption = 0,
-    top_p: TopPOption = 1.0,
-    min_p: MinPOption = 0.0,
-    seed: SeedOption = None,
+    temperature: Annotated[float, typer.Option(help="0 = greedy")] = 0.0,
+    top_k: Annotated[int, typer.Option(help="0 = off")] = 0,
+    top_p: Annotated[float, typer.Option(help="in (0, 1]")] = 1.0,
+    min_p: Annotated[float, typer.Option(help="in [0, 1)")] = 0.0,
+    seed: Annotated[Optional[int], typer.Option(help="sampling seed")] = None,
     max_tokens: Annotated[int, typer.Option(help="tokens to generate at most")] = 128,
     stop: Annotated[Optional[list[str]], typer.Option(help="stop string (repeatable)")] = None,
     raw: Annotated[bool, typer.Option(help="no chat template")] = False,
     ngram: Annotated[bool, typer.Option(help="add model-free prompt-lookup drafts")] = True,
-    target: TargetOption = None,
-    draft: DraftOption = None,
-    n_ctx: NCtxOption = 4096,
-    n_gpu_layers: GpuLayersOption = 0,
-    threads: ThreadsOption = 0,
+    target: Annotated[Optional[str], typer.Option(help="target GGUF (default: demo F32)")] = None,
+    draft: Annotated[Optional[str], typer.Option(help="draft GGUF (default: demo Q8_0)")] = None,
+    n_ctx: Annotated[int, typer.Option(help="context size")] = 4096,
+    n_gpu_layers: Annotated[int, typer.Option(help="layers on the GPU (-1 = all; CUDA build)")] = 0,
+    threads: Annotated[int, typer.Option(help="CPU threads (0 = all cores)")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Generate text locally with plain, chain, tree or adaptive (auto) speculative decoding."""

@@ -9,12 +9,12 @@ check: greedy tree decoding reproduces plain decoding token for token.
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Optional
 
 import numpy as np
 import typer
 
-from edgespec.cli.common import DraftOption, TargetOption, engine_config, user_errors
+from edgespec.cli.common import engine_config, user_errors
 
 PROMPTS = (
     "Write a Python function that returns the factorial of n.",
@@ -43,8 +43,8 @@ def model_dists(engine, prompts=PROMPTS, support: int = 8) -> list[tuple[str, np
 
 
 def selftest(
-    target: TargetOption = None,
-    draft: DraftOption = None,
+    target: Annotated[Optional[str], typer.Option(help="target GGUF (default: demo F32)")] = None,
+    draft: Annotated[Optional[str], typer.Option(help="draft GGUF (default: demo Q8_0)")] = None,
     trials: Annotated[int, typer.Option(help="trials per statistical check")] = 100_000,
     alpha: Annotated[float, typer.Option(help="significance level")] = 1e-3,
     seed: int = 0,
