@@ -17,8 +17,8 @@ for a conversation without special-token text in it the ids are the same as the 
 (tests/test_chat.py, on the demo model). Linear in the size of the conversation: the template
 renders short markers and each fragment is tokenised once (tokenising one long string with special
 tokens parsed is quadratic in llama.cpp: every special token is searched for from each fragment to
-the end of the whole text; 20,000 two-letter messages took 3.8 s, and 100,000 froze the engine for
-80 s). A template that trims or rewrites contents sees only the markers, so the contents reach the
+the end of the whole text, so a conversation of many short messages would stall the engine thread).
+A template that trims or rewrites contents sees only the markers, so the contents reach the
 model as sent.
 """
 
@@ -35,15 +35,19 @@ from edgespec.errors import BadRequest
 Message = tuple[str, str]  # (role, content)
 
 
-class ChatTokenizer(Protocol):
-    """What encode_chat needs: backend.Model has it, and so do the test fakes."""
-
-    # text -> id of every token that tokenize(parse_special=True) parses (control tokens)
-    special_tokens: Mapping[str, int]
+class TemplateTokenizer(Protocol):
+    """What template_tokens needs: a tokenizer with the model's chat template."""
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
 
     def chat_prompt(self, messages: Sequence[Message]) -> str: ...  # template text, generation prompt appended
+
+
+class ChatTokenizer(TemplateTokenizer, Protocol):
+    """What encode_chat needs: backend.Model and Engine have it, and so do the test fakes."""
+
+    # text -> id of every token that tokenize(parse_special=True) parses (control tokens)
+    special_tokens: Mapping[str, int]
 
 
 def encode_chat(tok: ChatTokenizer, messages: Sequence[Message]) -> list[int]:
@@ -86,6 +90,22 @@ def encode_chat(tok: ChatTokenizer, messages: Sequence[Message]) -> list[int]:
     template(text[pos:])
     flush()
     return ids + list(trail)
+
+
+def encode_prompt(tok: ChatTokenizer, prompt: str, messages: Sequence[Message], *, add_special: bool = True,
+                  parse_special: bool = False) -> list[int]:
+    """A request's prompt token ids: `messages` through the chat template (encode_chat) when
+    there are any, otherwise `prompt` tokenised as given."""
+    if messages:
+        return encode_chat(tok, messages)
+    return tok.tokenize(prompt, add_special=add_special, parse_special=parse_special)
+
+
+def template_tokens(tok: TemplateTokenizer, messages: Sequence[Message]) -> list[int]:
+    """The rendered template tokenised whole with special tokens parsed, as llama.cpp's tools do
+    with a text prompt (the benchmark's anchors are given that text). For trusted text only: a
+    content spelling a special token becomes that token."""
+    return tok.tokenize(tok.chat_prompt(messages), add_special=True, parse_special=True)
 
 
 def special_edges(tok: ChatTokenizer) -> tuple[list[int], list[int]]:

@@ -8,7 +8,7 @@ back. The grammar's accept state allows the end-of-generation tokens.
 
 The engine's API:
 
-    compiler = Compiler(Vocabulary.from_model(engine.target))   # once per model (~0.1 s for 49k tokens)
+    compiler = Compiler(Vocabulary.from_model(engine.target))   # once per model (it reads the whole vocabulary)
     matcher = compiler.matcher(req.constraint)                   # per request; BadRequest on a bad grammar
     masks = matcher.node_bits(tree)             # NodeMasks: packed, allowed after each node's path
     res = verify_masked(tree, rows, masks, sampling, rng)        # rows: the target's [n_nodes, n_vocab] logits

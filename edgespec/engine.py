@@ -10,7 +10,7 @@ trees; a request alone is a tick over one session.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,7 +53,6 @@ class Slot:
     # the whole context (prompt and reply) of the last request that ended cleanly: what idle time
     # may bring the draft cache up to (Engine.idle_work)
     last_context: tuple[int, ...] = ()
-    session: object = None  # the Session on this slot while busy
 
     def reset(self) -> None:
         """Empty both caches; nothing is reusable."""
@@ -167,7 +166,7 @@ class Engine:
                   budget_seconds: float = 0.25) -> None:
         """Time target and draft forwards per batch size on slot 0, so the controller's cost model
         describes this machine. The sizes are those whose first timing, in increasing order, fits
-        in `budget_seconds` per model (about 0.25 s here, far less on a GPU); then `repeats - 1`
+        in `budget_seconds` per model; then `repeats - 1`
         more rounds over all of them, and each size keeps its fastest. Rounds, not repeats in a
         row: a slow moment (another tenant, the page cache still filling after load) then
         inflates one timing of every size instead of every timing of the first sizes. A batched
@@ -176,7 +175,7 @@ class Engine:
 
         def measure(ctx, n: int, all_logits: bool = False) -> float:
             # as the steps use them: verification needs every token's logits, a draft catch-up the
-            # last token's only (the demo draft's Q8_0 output head: 6.1 vs 8.2 ms for 2 tokens)
+            # last token's only (the output head's rows are a real share of a small draft's forward)
             out = [True] * n if ctx is slot.target or all_logits else [False] * (n - 1) + [True]
             chunk = self.verify_chunk if ctx is slot.target else None  # as the ticks verify
             t0 = time.perf_counter()
@@ -239,6 +238,10 @@ class Engine:
     def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> str:
         return self.target.chat_prompt(messages)
 
+    @property
+    def special_tokens(self) -> Mapping[str, int]:
+        return self.target.special_tokens  # with tokenize and chat_prompt: a chat.ChatTokenizer
+
     def encode_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
         """Chat template -> tokens: special tokens from the template only (edgespec.chat)."""
         return chat.encode_chat(self.target, messages)
@@ -284,8 +287,8 @@ class Engine:
         """Use idle time: let a free slot's draft absorb up to `budget` more tokens of the last
         context that slot served (its prompt and reply), so that a request sharing a prefix with it
         (a system prompt, a document asked about again, a chat's next turn) finds the draft already
-        there and speculates from its second step, instead of paying the draft's prefill (~1 ms a
-        token on a 2-core CPU), which auto often declines to pay for a long prompt. The draft needs
+        there and speculates from its second step, instead of paying the draft's prefill (a draft
+        forward per prompt piece), which auto often declines to pay for a long prompt. The draft needs
         no bit-exactness, so this is only a matter of time. Call it only when no request waits: one
         call is one draft forward of at most `budget` tokens. Returns whether it did any (call it
         again until it returns False)."""
@@ -361,9 +364,7 @@ class Engine:
             else:
                 tgt.clear()
             slot.prefill = ()  # nothing reusable from this slot until this prefill has completed
-            sess = Session(self, slot, req, keep=keep)
-            slot.session = sess
-            return sess
+            return Session(self, slot, req, keep=keep)
         except BaseException:
             slot.busy = False
             raise
@@ -374,7 +375,7 @@ class Engine:
         slot = sess.slot
         if sess.controller is not None:
             try:
-                self.prior.update_from(sess.controller)
+                self.prior.update_from(sess.controller.evidence())
             except Exception:  # the prior is an optimisation; never fail a request on it
                 log.warning("prior_update_failed", exc_info=True)
             sess.controller = None
@@ -395,7 +396,6 @@ class Engine:
         else:
             slot.target.clear()
             slot.prefill = ()
-        slot.session = None
         slot.busy = False
 
     def tick(self, sessions: Sequence[Session]) -> dict[Session, Chunk]:

@@ -16,7 +16,7 @@ import numpy as np
 
 from edgespec.controller.shapes import PLAIN, Shape, StepOutcome, chain, eagle
 from edgespec.drafters import ModelDrafter, NgramDrafter
-from edgespec.drafters.ngram import lookup
+from edgespec.drafters.ngram import NGRAM_MAX  # noqa: F401 - re-exported (edgespec.engine)
 from edgespec.emit import Emitter
 from edgespec.errors import BadRequest
 from edgespec.logprobs import token_logprob
@@ -32,9 +32,6 @@ log = get_logger("edgespec.session")
 # two frontier nodes expanded per level
 TREE_WIDTH = 4
 TREE_EXPAND = 2
-# prompt lookup: at most this many tokens, reach learnt with this EWMA weight
-NGRAM_MAX = 8
-NGRAM_EWMA = 0.15
 
 
 def fixed_shape(mode: str, draft_tokens: int, tree_nodes: int, tree_depth: int) -> Shape:
@@ -68,11 +65,7 @@ class Session:
         self._closed_reason: FinishReason | None = None
         has_draft = slot.draft is not None
         self.drafter = ModelDrafter(slot.draft, window=engine.cfg.draft_window) if has_draft else None
-        self.ngram = NgramDrafter() if self.spec.ngram else None
-        # P(target accepts > j lookup tokens), learnt per kind of lookup: [0] the context's last
-        # n >= n_min tokens occurred before, [1] only its last token did
-        self._ngram_reach = [[0.5 * 0.8 ** j for j in range(NGRAM_MAX)], [0.2 * 0.5 ** j for j in range(NGRAM_MAX)]]
-        self._lookups: list[tuple[int, list[int], int]] = []  # (position, lookup, kind) awaiting their fate
+        self.ngram = NgramDrafter() if self.spec.ngram else None  # its lookups and their learnt reach
         # structured output: the grammar state of this request (edgespec/constraint.py); every
         # verified row is masked by the state after its node's path, drafts by their parent's
         self.matcher = engine.constraint_matcher(req.constraint) if req.constraint is not None else None
@@ -182,12 +175,7 @@ class Session:
         if self.ngram is not None and self.remaining > 1:
             # prompt lookup costs no forward pass; every lookup is scored against what the target
             # then emits (shadow evaluation), which sizes the grafts
-            prop = lookup(self.tokens, NGRAM_MAX, self.ngram.n_max, self.ngram.n_min)
-            if not prop and self.ngram.n_min > 1:
-                prop, st.kind = lookup(self.tokens, NGRAM_MAX, 1, 1), 1
-            if prop:
-                self._lookups.append((len(self.tokens), prop, st.kind))
-            st.lookup = prop
+            st.lookup, st.kind = self.ngram.look(self.tokens)
         self._step = st
 
     def draft_steps(self):
@@ -300,8 +288,8 @@ class Session:
             eog = next((k for k, t in enumerate(new_tokens) if self.engine.target.is_eog(t)), len(new_tokens))
             self.matcher.commit(new_tokens[:eog])
         self.tokens.extend(new_tokens)
-        if self._lookups:
-            self._score_lookups()
+        if self.ngram is not None:
+            self.ngram.score(self.tokens)
         if self.drafter is not None and st.draft_ran:
             self.drafter.accept(tree, res.accepted, self.tokens)
         self._consistent = True
@@ -389,44 +377,15 @@ class Session:
 
     # -- prompt lookup ------------------------------------------------------------------------
     def _ngram_budget(self, base: int, kind: int = 0, batch=None) -> int:
-        """Lookup tokens worth adding to a verification batch of `base` tokens: the k <= NGRAM_MAX
-        maximising E[min(L, k)] - (verify(base + k) - verify(base)) / verify(1), i.e. expected
-        extra tokens minus the extra verification time priced in plain-decoding tokens (0 if no k
-        gains). L is how many lookup tokens the target would accept; P(L > j) is learnt for free
-        by scoring every lookup against the tokens actually emitted (`_score_lookups`). In a tick
-        of several sessions (`batch`) the extra time is what k more tokens add to the whole
-        tick's forward, priced in the tick's own seconds per expected token."""
+        """Lookup tokens worth adding to a verification batch of `base` tokens, priced by the
+        n-gram drafter's learnt reach (NgramDrafter.budget) in plain-decoding tokens at this
+        context. In a tick of several sessions (`batch`) the extra time is what k more tokens add
+        to the whole tick's forward, priced in the tick's own seconds per expected token."""
         cost = self.engine.cost.at(self.n_past)
         unit = cost.verify_seconds(1)
         if batch is not None:
             base, unit = batch.tokens, max(batch.unit, 1e-9)
-        v0 = cost.verify_seconds(base)
-        best, best_gain = 0, 0.02
-        expected = 0.0
-        for k in range(1, NGRAM_MAX + 1):
-            expected += self._ngram_reach[kind][k - 1]
-            gain = expected - (cost.verify_seconds(base + k) - v0) / unit
-            if gain > best_gain:
-                best, best_gain = k, gain
-        return best
-
-    def _score_lookups(self) -> None:
-        """Update P(L > j) from lookups whose fate is now known (shadow evaluation: the lookup
-        at a position is compared with the tokens that were emitted after it)."""
-        keep = []
-        for start, prop, kind in self._lookups:
-            got = self.tokens[start:start + len(prop)]
-            match = 0
-            while match < len(got) and got[match] == prop[match]:
-                match += 1
-            if match < len(got) or len(got) == len(prop):  # resolved: a mismatch seen, or all matched
-                reach = self._ngram_reach[kind]
-                for j in range(NGRAM_MAX):
-                    hit = 1.0 if match > j else 0.0
-                    reach[j] += NGRAM_EWMA * (hit - reach[j])
-            else:
-                keep.append((start, prop, kind))
-        self._lookups = keep
+        return self.ngram.budget(kind, cost, base, unit)
 
     # -- output -------------------------------------------------------------------------------
     @property

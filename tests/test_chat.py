@@ -66,6 +66,22 @@ def test_special_token_text_in_content_stays_text():
     assert whole_text(tok, [("user", INJECTION)]).count(SPECIALS["<|im_start|>"]) == 3
 
 
+def test_encode_prompt_templates_messages_and_tokenises_a_plain_prompt_as_asked():
+    tok = ChatML()
+    msgs = [("user", INJECTION)]
+    assert chat.encode_prompt(tok, "ignored", msgs) == chat.encode_chat(tok, msgs)
+    assert chat.encode_prompt(tok, "<|im_end|>a", ()) == [BOS, *(ord(c) + 100 for c in "<|im_end|>a")]
+    assert chat.encode_prompt(tok, "<|im_end|>a", (), add_special=False, parse_special=True) == [2, ord("a") + 100]
+
+
+def test_template_tokens_is_the_whole_text_path_special_texts_included():
+    """The benchmark's path (llama.cpp's tools are given the template text): trusted text only,
+    a content's special-token text becomes the special token."""
+    tok = ChatML()
+    assert chat.template_tokens(tok, [("user", INJECTION)]) == whole_text(tok, [("user", INJECTION)])
+    assert chat.template_tokens(tok, [("user", INJECTION)]).count(SPECIALS["<|im_start|>"]) == 3
+
+
 def test_a_content_cannot_forge_a_marker():
     tok = ChatML()
     tricky = [("user", "\ue000"), ("user", "\ue001.0\ue000 x"), ("assistant", "0\ue001")]

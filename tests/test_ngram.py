@@ -49,8 +49,9 @@ def test_graft_budget_prices_extra_verification_in_plain_tokens():
     strong = [0.9 ** (j + 1) for j in range(NGRAM_MAX)]
 
     def budget(cost, reach, base=1, context=0):
-        return Session._ngram_budget(SimpleNamespace(engine=SimpleNamespace(cost=cost), _ngram_reach=[reach, reach],
-                                                     n_past=context), base)
+        ngram = NgramDrafter()
+        ngram.reach = [reach, reach]
+        return Session._ngram_budget(SimpleNamespace(engine=SimpleNamespace(cost=cost), ngram=ngram, n_past=context), base)
 
     assert budget(flat, weak) == 1
     assert budget(steep, weak) == 0

@@ -24,16 +24,13 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PY=${1:-python3}
-VERSION=${LLAMA_CPP_VERSION:-0.3.36}
-# CPU instruction sets (EDGESPEC_CPU=auto|portable): see tools/cpu-flags.sh. The features a wheel
-# needs are recorded beside it (CPU_FEATURES) and checked by install.sh.
-# shellcheck source=tools/cpu-flags.sh
-source "$HERE/cpu-flags.sh"
+# VERSION, and the CPU instruction sets (EDGESPEC_CPU=auto|portable, tools/cpu-flags.sh): the
+# features a wheel needs are recorded beside it (CPU_FEATURES) and checked by install.sh.
+# shellcheck source=tools/llama-build-env.sh
+source "$HERE/llama-build-env.sh"
 if [[ -z "${CMAKE_ARGS:-}" ]]; then
   if [[ "${CUDA:-0}" == "1" ]]; then
-    # CUDA build: pick the GPU archs explicitly
-    # (90 = Hopper H100/H200, 89 = Ada L4/L40, 80 = A100, 86 = A10/RTX 30xx).
-    CMAKE_ARGS="$CPU_FLAGS -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES:-80;86;89;90}"
+    CMAKE_ARGS="$CPU_FLAGS $(cuda_flags)"
   else
     CMAKE_ARGS="$CPU_FLAGS"
   fi
@@ -46,11 +43,7 @@ if [[ "${RPC:-0}" == "1" && "$CMAKE_ARGS" != *GGML_RPC=* ]]; then
   CMAKE_ARGS="$CMAKE_ARGS -DGGML_RPC=ON"
 fi
 export CMAKE_ARGS
-PATCHES=()
-if [[ "${EDGESPEC_GGML_PATCHES:-1}" != "0" ]]; then
-  mapfile -t PATCHES < <(ls "$HERE"/patches/*.patch 2>/dev/null | sort)
-fi
-PATCH_SUM=$(cat /dev/null "${PATCHES[@]}" | sha256sum | cut -c1-16)
+load_patches
 KEY=$(printf '%s|%s|%s|%s' "$VERSION" "$CMAKE_ARGS" "$($PY -c 'import sys;print(sys.implementation.cache_tag)')" \
   "$PATCH_SUM" | sha256sum | cut -c1-16)
 CACHE=${EDGESPEC_WHEEL_CACHE:-$HOME/.cache/edgespec/wheels}/$KEY
@@ -62,17 +55,9 @@ if [[ -n "$WHEEL" ]]; then
   exit 0
 fi
 
-# shellcheck source=tools/llama-sdist.sh
-source "$HERE/llama-sdist.sh"
-SDIST=$(llama_sdist "$PY" "$VERSION" "${EDGESPEC_SDIST_CACHE:-$HOME/.cache/edgespec/sdist}")
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-tar xzf "$SDIST" -C "$TMP"
-SRC="$TMP/llama_cpp_python-$VERSION"
-for p in "${PATCHES[@]}"; do
-  echo "applying $(basename "$p")" >&2
-  patch -p1 -s -d "$SRC" < "$p" >&2
-done
+patched_source "$PY" "$TMP"
 echo "building llama-cpp-python $VERSION with CMAKE_ARGS=\"$CMAKE_ARGS\", ${#PATCHES[@]} patch(es) (takes ~7 min on 2 cores)" >&2
 echo "$CMAKE_ARGS" > "$CACHE/CMAKE_ARGS"
 echo "$CPU_FEATURES" > "$CACHE/CPU_FEATURES"

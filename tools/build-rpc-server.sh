@@ -8,32 +8,27 @@
 #
 # usage: tools/build-rpc-server.sh PYTHON
 #   env: LLAMA_CPP_VERSION (default 0.3.36), CUDA=1 + CUDA_ARCHITECTURES (a helper box with a
-#        GPU), EDGESPEC_CPU=auto|portable, EDGESPEC_RPC_CACHE (default ~/.cache/edgespec/rpc-server)
+#        GPU), EDGESPEC_CPU=auto|portable, EDGESPEC_RPC_CACHE (default ~/.cache/edgespec/rpc-server),
+#        EDGESPEC_SDIST_CACHE, EDGESPEC_GGML_PATCHES=0 (as tools/build-llama-wheel.sh)
 # prints the path of the binary on its last line.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PY=${1:-python3}
-VERSION=${LLAMA_CPP_VERSION:-0.3.36}
-# shellcheck source=tools/cpu-flags.sh
-source "$HERE/cpu-flags.sh"
+# shellcheck source=tools/llama-build-env.sh
+source "$HERE/llama-build-env.sh"
 FLAGS="$CPU_FLAGS -DGGML_RPC=ON"
-[[ "${CUDA:-0}" == "1" ]] && FLAGS="$FLAGS -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES:-80;86;89;90}"
-mapfile -t PATCHES < <(ls "$HERE"/patches/*.patch 2>/dev/null | sort)
-KEY=$(printf '%s|%s|%s' "$VERSION" "$FLAGS" "$(cat /dev/null "${PATCHES[@]}" | sha256sum | cut -c1-16)" | sha256sum | cut -c1-16)
+[[ "${CUDA:-0}" == "1" ]] && FLAGS="$FLAGS $(cuda_flags)"
+load_patches
+KEY=$(printf '%s|%s|%s' "$VERSION" "$FLAGS" "$PATCH_SUM" | sha256sum | cut -c1-16)
 CACHE=${EDGESPEC_RPC_CACHE:-$HOME/.cache/edgespec/rpc-server}/$KEY
 if [[ -x "$CACHE/rpc-server" ]]; then
   echo "reusing $CACHE/rpc-server (flags: $FLAGS)" >&2
   echo "$CACHE/rpc-server"
   exit 0
 fi
-# shellcheck source=tools/llama-sdist.sh
-source "$HERE/llama-sdist.sh"
-SDIST=$(llama_sdist "$PY" "$VERSION" "${EDGESPEC_SDIST_CACHE:-$HOME/.cache/edgespec/sdist}")
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-tar xzf "$SDIST" -C "$TMP"
-SRC="$TMP/llama_cpp_python-$VERSION"
-for p in "${PATCHES[@]}"; do patch -p1 -s -d "$SRC" < "$p" >&2; done
+patched_source "$PY" "$TMP"
 echo "building rpc-server from llama-cpp-python $VERSION's llama.cpp with $FLAGS" >&2
 # shellcheck disable=SC2086
 cmake -S "$SRC/vendor/llama.cpp" -B "$TMP/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \

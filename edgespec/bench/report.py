@@ -9,8 +9,9 @@ import platform
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from edgespec.bench.runner import Row
@@ -426,6 +427,17 @@ def write_json(report: dict[str, Any], path: str) -> None:
         f.write("\n")
 
 
+def write_outputs(report: dict[str, Any], markdown: str, *, json_out: Path | None, markdown_out: Path | None,
+                  plot_out: Path | None, plot: Callable[[dict[str, Any], str], None]) -> None:
+    """A bench command's report where it was asked for: JSON, markdown, a PNG through `plot`."""
+    if json_out:
+        write_json(report, str(json_out))
+    if markdown_out:
+        markdown_out.write_text(markdown, encoding="utf-8")
+    if plot_out:
+        plot(report, str(plot_out))
+
+
 def _decoding(settings: dict[str, Any]) -> str:
     t = settings.get("temperature") or 0.0
     if not t:
@@ -437,6 +449,11 @@ def _decoding(settings: dict[str, Any]) -> str:
 
 def _fmt(x: Any, spec: str) -> str:
     return "–" if x is None else format(x, spec)
+
+
+def _cells(table: dict[str, dict[str, dict]], row: Callable[[str, str, dict], str]) -> list[str]:
+    """One markdown row per (category, mode) cell of a {category: {mode: cell}} table."""
+    return [row(cat, mode, c) for cat, cells in table.items() for mode, c in cells.items()]
 
 
 def to_markdown(report: dict[str, Any]) -> str:
@@ -454,12 +471,9 @@ def to_markdown(report: dict[str, Any]) -> str:
         "| category | mode | prompts | tokens | tok/s | speedup vs plain | tau |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    for cat, cells in report["summary"].items():
-        for mode, c in cells.items():
-            lines.append(
-                f"| {cat} | {mode} | {c['n']} | {c['tokens']} | {c['tokens_per_second']:.1f} | "
-                f"{_fmt(c['speedup'], '.2f')} | {c['tau']:.2f} |"
-            )
+    lines += _cells(report["summary"], lambda cat, mode, c: (
+        f"| {cat} | {mode} | {c['n']} | {c['tokens']} | {c['tokens_per_second']:.1f} | "
+        f"{_fmt(c['speedup'], '.2f')} | {c['tau']:.2f} |"))
     lines += _time_split_markdown(report)
     if report.get("structured_output"):
         lines += ["", "## Structured output (each prompt's JSON schema as the constraint)", "",
@@ -488,12 +502,9 @@ def to_markdown(report: dict[str, Any]) -> str:
                 "| category | edgespec mode | edgespec tok/s | llama.cpp | llama.cpp tok/s | ratio |",
                 "|---|---|---:|---|---:|---:|",
             ]
-        for cat, cells in anchor["edgespec_over_llama_cpp"].items():
-            for mode, c in cells.items():
-                lines.append(
-                    f"| {cat} | {mode} | {c['edgespec_tokens_per_second']:.1f} | {c['llama_cpp_mode']} | "
-                    f"{c['llama_cpp_tokens_per_second']:.1f} | {_fmt(c['ratio'], '.2f')} |"
-                )
+        lines += _cells(anchor["edgespec_over_llama_cpp"], lambda cat, mode, c: (
+            f"| {cat} | {mode} | {c['edgespec_tokens_per_second']:.1f} | {c['llama_cpp_mode']} | "
+            f"{c['llama_cpp_tokens_per_second']:.1f} | {_fmt(c['ratio'], '.2f')} |"))
     h = report.get("headline") or {}
     if h:
         lines += ["", "## Headline", ""]

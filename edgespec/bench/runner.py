@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
+from edgespec import chat
 from edgespec.bench.suite import Prompt
 from edgespec.errors import BadRequest
 from edgespec.sampling import SamplingParams
@@ -106,16 +107,12 @@ def mode_order(modes: Sequence[str], index: int) -> list[str]:
 def prompt_tokens(engine: BenchEngine, prompt: Prompt) -> tuple[int, ...]:
     """The user prompt in the target's chat template, tokenized as llama.cpp's tools do
     (add_special, parse_special), so the anchor binaries see the same tokens."""
-    return _tokens(engine, prompt_text(engine, prompt))
+    return tuple(chat.template_tokens(engine, [("user", prompt.prompt)]))
 
 
 def prompt_text(engine: BenchEngine, prompt: Prompt) -> str:
     """The user prompt in the target's chat template (what llama.cpp's binaries are given)."""
     return engine.chat_prompt([("user", prompt.prompt)])
-
-
-def _tokens(engine: BenchEngine, text: str) -> tuple[int, ...]:
-    return tuple(engine.tokenize(text, add_special=True, parse_special=True))
 
 
 def context_needed(engine: BenchEngine, prompts: Sequence[Prompt], max_tokens: int) -> tuple[int, str]:
@@ -209,7 +206,7 @@ def run(
     try:
         for i, prompt in enumerate(prompts):
             text = prompt_text(engine, prompt)
-            tokens = _tokens(engine, text)
+            tokens = prompt_tokens(engine, prompt)
             for mode in mode_order(all_modes, i):
                 if mode in external:
                     got = external[mode](prompt, text)

@@ -7,6 +7,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Optional
 
 import typer
@@ -15,6 +16,7 @@ from edgespec.cli.common import user_errors
 
 if TYPE_CHECKING:
     from edgespec.config import EngineConfig
+    from edgespec.sampling import SamplingParams
 
 ANCHOR_FIELDS = ("id", "category", "mode", "tokens", "seconds", "tokens_per_second")
 LLAMA_PREFIX = "llama.cpp:"  # the anchor's modes in the bench's rotation
@@ -81,123 +83,143 @@ def bench(
 ) -> None:
     """Benchmark edgespec's modes on a prompt suite (greedy unless --temperature; interleaved, same engine)."""
     with user_errors():
-        from edgespec.bench import report as rep
-        from edgespec.bench.runner import context_needed, parse_modes, run
-        from edgespec.bench.suite import load_suite
-        from edgespec.errors import BadRequest
-        from edgespec.sampling import SamplingParams
+        _bench(SimpleNamespace(**locals()))
 
-        mode_list = parse_modes(modes)
-        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-        if sampling.greedy and (top_k, top_p, min_p) != (0, 1.0, 0.0):
-            raise BadRequest("temperature", "top_k / top_p / min_p need a temperature > 0 (0 = greedy)")
-        if not sampling.greedy and (anchor_bin or anchor):
-            raise BadRequest("anchor_bin" if anchor_bin else "anchor",
-                             "llama.cpp's anchor runs are greedy: compare them with a greedy bench (no --temperature)")
-        if max_tokens < 1:
-            raise BadRequest("max_tokens", f"must be >= 1, got {max_tokens}")
-        if limit is not None and limit < 1:
-            raise BadRequest("limit", f"must be >= 1, got {limit}")
-        prompts = load_suite(suite, limit=limit)
-        groups = {name: _categories(name, given, prompts) for name, given in (("structured", structured), ("drift", drift))}
-        if anchor_draft and not anchor_bin:
-            raise BadRequest("anchor_draft", "only with --anchor-bin")
-        if anchor and anchor_bin:
-            raise BadRequest("anchor_bin", "give --anchor (a finished anchor run) or --anchor-bin (run it here), not both")
-        if anchor_bin is not None and not anchor_bin.is_dir():
-            raise BadRequest("anchor_bin", f"{anchor_bin}: not a directory (tools/llama-anchor.sh build prints it)")
-        if not 1 <= anchor_draft_max <= 64:
-            raise BadRequest("anchor_draft_max", f"must be in [1, 64], got {anchor_draft_max}")
-        anchor_data = _read_anchor(anchor) if anchor else None
 
-        target_path = _model_path(target, "target")
-        draft_path = None if draft == "none" else _model_path(draft, "draft")
-        for p in (target_path, draft_path):
-            if p is not None and not Path(p).is_file():
-                raise FileNotFoundError(2, "model not found (run `edgespec models prepare-demo`)", p)
+def _bench(a: SimpleNamespace) -> None:
+    """`edgespec bench` with its options `a`: check them, run the suite, write the reports."""
+    from edgespec.bench import report as rep
+    from edgespec.bench.runner import parse_modes
+    from edgespec.bench.suite import load_suite
 
-        def config(ctx: int) -> "EngineConfig":
-            return bench_engine_config(target_path, draft_path, n_ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads)
+    mode_list = parse_modes(a.modes)
+    sampling = _sampling(a)
+    prompts = load_suite(a.suite, limit=a.limit)
+    groups = {name: _categories(name, given, prompts) for name, given in (("structured", a.structured), ("drift", a.drift))}
+    _check_anchor(a)
+    anchor_data = _read_anchor(a.anchor) if a.anchor else None
+    target_path = _model_path(a.target, "target")
+    draft_path = None if a.draft == "none" else _model_path(a.draft, "draft")
+    for p in (target_path, draft_path):
+        if p is not None and not Path(p).is_file():
+            raise FileNotFoundError(2, "model not found (run `edgespec models prepare-demo`)", p)
+    llama_draft = _llama_draft(a, draft_path)
+    rows, cfg, backend, costs, live = _run_suite(a, prompts, mode_list, sampling, target_path, draft_path, llama_draft)
+    if live is not None:
+        anchor_data = live
+    settings = {
+        "suite": a.suite, "modes": list(mode_list), "max_tokens": a.max_tokens, "target": target_path,
+        "draft": draft_path, "n_gpu_layers": a.n_gpu_layers, "threads": cfg.target.n_threads,
+        "n_ctx": cfg.target.n_ctx, "temperature": a.temperature,
+        **({} if sampling.greedy else {"top_k": a.top_k, "top_p": a.top_p, "min_p": a.min_p, "seed": a.seed}),
+        "prompts": len(prompts),
+    }
+    report = rep.build_report(rows, command=_command_line(), machine=rep.machine_info(backend), settings=settings,
+                              anchor=anchor_data, costs=costs, structured=groups["structured"], drift=groups["drift"])
+    markdown = rep.to_markdown(report)
+    rep.write_outputs(report, markdown, json_out=a.json_out, markdown_out=a.markdown_out, plot_out=a.plot_out,
+                      plot=_plot)
+    typer.echo(markdown)
 
-        from edgespec.engine import Engine
 
-        llama_draft = None
-        if anchor_bin is not None:
-            llama_draft = anchor_draft or draft_path
-            if llama_draft is None:
-                raise BadRequest("anchor_bin", "llama.cpp's speculation needs a draft model (not --draft none)")
-            if not Path(llama_draft).is_file():
-                raise BadRequest("anchor_draft", f"{llama_draft}: model not found")
+def _plot(report: dict, path: str) -> None:
+    from edgespec.bench.plot import plot  # matplotlib: only when a plot is asked for
 
-        cfg = config(DEFAULT_N_CTX if n_ctx is None else n_ctx)
-        engine = Engine.load(cfg)
-        try:
-            # a suite with long prompts (RAG contexts) gets the context it needs, unless --n-ctx
-            # says otherwise: then it is an error before any run, naming the prompt
-            need, pid = context_needed(engine, prompts, max_tokens)
-            if need > engine.n_ctx:
-                if n_ctx is not None:
-                    raise BadRequest("n_ctx", f"prompt {pid!r} needs a context of {need} tokens (prompt + "
-                                              f"--max-tokens {max_tokens} + speculation headroom); got {n_ctx}")
-                small, engine = engine, None
-                small.close()
-                cfg = config(-(-need // 256) * 256)
-                engine = Engine.load(cfg)
-            external, ext_rows, live = None, [], None
-            if anchor_bin is not None:
-                from edgespec.bench.anchor import interleaved_runners
+    plot(report, path)
 
-                live = interleaved_runners(anchor_bin, target=target_path, draft=llama_draft, max_tokens=max_tokens,
-                                           threads=cfg.target.n_threads, n_ctx=cfg.target.n_ctx,
-                                           n_gpu_layers=n_gpu_layers, draft_max=anchor_draft_max)
-                external = {LLAMA_PREFIX + m: fn for m, fn in live["runners"].items()}
-            backend = (engine.model_info() or {}).get("backend")
-            rows = run(engine, prompts, mode_list, max_tokens, warmup=warmup, progress=progress,
-                       external=external, external_rows=ext_rows, sampling=None if sampling.greedy else sampling)
-            costs = engine.cost.as_dict()
-        finally:
-            if engine is not None:
-                engine.close()
-        if live is not None:
-            anchor_data = {
-                "command": "(interleaved with this run) " + _command_line(),
-                "settings": live["settings"],
-                "example_commands": live["example_commands"],
-                "results": [{**r, "mode": r["mode"][len(LLAMA_PREFIX):]} for r in ext_rows],
-            }
 
-        report = rep.build_report(
-            rows,
-            command=_command_line(),
-            machine=rep.machine_info(backend),
-            settings={
-                "suite": suite,
-                "modes": list(mode_list),
-                "max_tokens": max_tokens,
-                "target": target_path,
-                "draft": draft_path,
-                "n_gpu_layers": n_gpu_layers,
-                "threads": cfg.target.n_threads,
-                "n_ctx": cfg.target.n_ctx,
-                "temperature": temperature,
-                **({} if sampling.greedy else {"top_k": top_k, "top_p": top_p, "min_p": min_p, "seed": seed}),
-                "prompts": len(prompts),
-            },
-            anchor=anchor_data,
-            costs=costs,
-            structured=groups["structured"],
-            drift=groups["drift"],
-        )
-        markdown = rep.to_markdown(report)
-        if json_out:
-            rep.write_json(report, str(json_out))
-        if markdown_out:
-            markdown_out.write_text(markdown, encoding="utf-8")
-        if plot_out:
-            from edgespec.bench.plot import plot
+def _sampling(a: SimpleNamespace) -> "SamplingParams":
+    """The sampling options checked (with the numbers and anchor options that depend on them)."""
+    from edgespec.errors import BadRequest
+    from edgespec.sampling import SamplingParams
 
-            plot(report, str(plot_out))
-        typer.echo(markdown)
+    sampling = SamplingParams(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p, seed=a.seed)
+    if sampling.greedy and (a.top_k, a.top_p, a.min_p) != (0, 1.0, 0.0):
+        raise BadRequest("temperature", "top_k / top_p / min_p need a temperature > 0 (0 = greedy)")
+    if not sampling.greedy and (a.anchor_bin or a.anchor):
+        raise BadRequest("anchor_bin" if a.anchor_bin else "anchor",
+                         "llama.cpp's anchor runs are greedy: compare them with a greedy bench (no --temperature)")
+    if a.max_tokens < 1:
+        raise BadRequest("max_tokens", f"must be >= 1, got {a.max_tokens}")
+    if a.limit is not None and a.limit < 1:
+        raise BadRequest("limit", f"must be >= 1, got {a.limit}")
+    return sampling
+
+
+def _check_anchor(a: SimpleNamespace) -> None:
+    from edgespec.errors import BadRequest
+
+    if a.anchor_draft and not a.anchor_bin:
+        raise BadRequest("anchor_draft", "only with --anchor-bin")
+    if a.anchor and a.anchor_bin:
+        raise BadRequest("anchor_bin", "give --anchor (a finished anchor run) or --anchor-bin (run it here), not both")
+    if a.anchor_bin is not None and not a.anchor_bin.is_dir():
+        raise BadRequest("anchor_bin", f"{a.anchor_bin}: not a directory (tools/llama-anchor.sh build prints it)")
+    if not 1 <= a.anchor_draft_max <= 64:
+        raise BadRequest("anchor_draft_max", f"must be in [1, 64], got {a.anchor_draft_max}")
+
+
+def _llama_draft(a: SimpleNamespace, draft_path: str | None) -> str | None:
+    """The draft llama.cpp's speculation runs with (None: no --anchor-bin)."""
+    from edgespec.errors import BadRequest
+
+    if a.anchor_bin is None:
+        return None
+    llama_draft = a.anchor_draft or draft_path
+    if llama_draft is None:
+        raise BadRequest("anchor_bin", "llama.cpp's speculation needs a draft model (not --draft none)")
+    if not Path(llama_draft).is_file():
+        raise BadRequest("anchor_draft", f"{llama_draft}: model not found")
+    return llama_draft
+
+
+def _run_suite(a: SimpleNamespace, prompts, mode_list, sampling, target_path: str, draft_path: str | None,
+               llama_draft: str | None):
+    """Load the engine (with the context the suite needs), run it: (rows, engine config, backend,
+    measured costs, the interleaved anchor's report or None)."""
+    from edgespec.bench.runner import context_needed, run
+    from edgespec.engine import Engine
+    from edgespec.errors import BadRequest
+
+    def config(ctx: int) -> "EngineConfig":
+        return bench_engine_config(target_path, draft_path, n_ctx=ctx, n_gpu_layers=a.n_gpu_layers, threads=a.threads)
+
+    cfg = config(DEFAULT_N_CTX if a.n_ctx is None else a.n_ctx)
+    engine = Engine.load(cfg)
+    try:
+        # a suite with long prompts (RAG contexts) gets the context it needs, unless --n-ctx
+        # says otherwise: then it is an error before any run, naming the prompt
+        need, pid = context_needed(engine, prompts, a.max_tokens)
+        if need > engine.n_ctx:
+            if a.n_ctx is not None:
+                raise BadRequest("n_ctx", f"prompt {pid!r} needs a context of {need} tokens (prompt + "
+                                          f"--max-tokens {a.max_tokens} + speculation headroom); got {a.n_ctx}")
+            small, engine = engine, None
+            small.close()
+            cfg = config(-(-need // 256) * 256)
+            engine = Engine.load(cfg)
+        external, ext_rows, live = None, [], None
+        if a.anchor_bin is not None:
+            from edgespec.bench.anchor import interleaved_runners
+
+            live = interleaved_runners(a.anchor_bin, target=target_path, draft=llama_draft, max_tokens=a.max_tokens,
+                                       threads=cfg.target.n_threads, n_ctx=cfg.target.n_ctx,
+                                       n_gpu_layers=a.n_gpu_layers, draft_max=a.anchor_draft_max)
+            external = {LLAMA_PREFIX + m: fn for m, fn in live["runners"].items()}
+        backend = (engine.model_info() or {}).get("backend")
+        rows = run(engine, prompts, mode_list, a.max_tokens, warmup=a.warmup, progress=a.progress,
+                   external=external, external_rows=ext_rows, sampling=None if sampling.greedy else sampling)
+        costs = engine.cost.as_dict()
+    finally:
+        if engine is not None:
+            engine.close()
+    anchor = None if live is None else {
+        "command": "(interleaved with this run) " + _command_line(),
+        "settings": live["settings"],
+        "example_commands": live["example_commands"],
+        "results": [{**r, "mode": r["mode"][len(LLAMA_PREFIX):]} for r in ext_rows],
+    }
+    return rows, cfg, backend, costs, anchor
 
 
 def _categories(field: str, given: Optional[str], prompts) -> list[str] | None:

@@ -8,6 +8,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Optional
 
 import typer
@@ -84,71 +85,84 @@ def bench_serve(
     """Serving benchmark: tokens/s, TTFT and inter-token latency at N concurrent streams, edgespec's
     daemon (auto, plain) beside llama.cpp's llama-server (plain, draft), interleaved."""
     with user_errors():
-        from edgespec.bench import serve_report
-        from edgespec.bench.report import machine_info, write_json
-        from edgespec.bench.serve_run import default_threads, run_levels, run_scenarios, workdir_default
-        from edgespec.bench.suite import load_suite
-        from edgespec.errors import BadRequest
+        _bench_serve(SimpleNamespace(**locals()))
 
-        levels = _ints("concurrency", concurrency)
-        systems = _systems(modes, llama_server_modes, llama_server_bin is not None)
-        if llama_server_bin is not None and not (llama_server_bin / "llama-server").is_file():
-            raise BadRequest("llama_server_bin", f"{llama_server_bin / 'llama-server'} not found "
-                                                 "(tools/llama-anchor.sh build prints the directory)")
-        for name, v, lo in (("max_tokens", max_tokens, 1), ("requests", requests, 1), ("rounds", rounds, 1),
-                            ("scenario_tokens", scenario_tokens, 16), ("scenario_rounds", scenario_rounds, 1),
-                            ("draft_max", draft_max, 1), ("n_ctx", n_ctx, 128)):
-            if v < lo:
-                raise BadRequest(name, f"must be >= {lo}, got {v}")
-        if rounds > requests:
-            raise BadRequest("rounds", f"must be <= requests ({requests}), got {rounds}")
-        prompts = load_suite(suite, limit=limit)
-        target_path, draft_path = _models(target, draft)
-        t = default_threads(threads)
-        work = workdir or workdir_default()
 
-        def log(msg: str) -> None:
-            typer.echo(msg, err=True)
+def _bench_serve(a: SimpleNamespace) -> None:
+    """`edgespec bench-serve` with its options `a`: check them, run the levels and the scenario,
+    write the reports."""
+    from edgespec.bench import serve_report
+    from edgespec.bench.report import machine_info, write_outputs
+    from edgespec.bench.serve_run import default_threads, run_levels, workdir_default
+    from edgespec.bench.suite import load_suite
 
-        commands: dict[str, str] = {}
-        starter = _Starter(addr=addr, target=target_path, draft=draft_path, threads=t, n_gpu_layers=n_gpu_layers,
-                           max_tokens=max(max_tokens, scenario_stream_tokens), systems=systems,
-                           llama_bin=llama_server_bin, draft_max=draft_max, workdir=work, commands=commands)
-        level_results = run_levels(lambda n: starter.start(n, n_ctx, prompts, max_tokens), systems, prompts, levels,
-                                   requests=requests, rounds=rounds, max_tokens=max_tokens, progress=progress, log=log)
-        scen = None
-        if scenario:
-            from edgespec.bench.serve_run import STREAM_PROMPTS
+    levels = _ints("concurrency", a.concurrency)
+    systems = _systems(a.modes, a.llama_server_modes, a.llama_server_bin is not None)
+    _check(a)
+    prompts = load_suite(a.suite, limit=a.limit)
+    target_path, draft_path = _models(a.target, a.draft)
+    t = default_threads(a.threads)
+    commands: dict[str, str] = {}
+    starter = _Starter(addr=a.addr, target=target_path, draft=draft_path, threads=t, n_gpu_layers=a.n_gpu_layers,
+                       max_tokens=max(a.max_tokens, a.scenario_stream_tokens), systems=systems,
+                       llama_bin=a.llama_server_bin, draft_max=a.draft_max, workdir=a.workdir or workdir_default(),
+                       commands=commands)
+    level_results = run_levels(lambda n: starter.start(n, a.n_ctx, prompts, a.max_tokens), systems, prompts, levels,
+                               requests=a.requests, rounds=a.rounds, max_tokens=a.max_tokens, progress=a.progress,
+                               log=_log)
+    scen = _scenario(a, starter, systems) if a.scenario else None
+    report = {
+        "command": _command_line(),
+        "settings": {"concurrency": levels, "systems": systems, "suite": a.suite, "prompts": len(prompts),
+                     "requests": a.requests, "rounds": a.rounds, "max_tokens": a.max_tokens, "temperature": 0.0,
+                     "threads": t, "n_ctx": a.n_ctx, "n_gpu_layers": a.n_gpu_layers, "target": target_path,
+                     "draft": draft_path, "draft_max": a.draft_max, "addr": a.addr,
+                     "prompt_cache": False if a.addr is None else "as the attached daemon"},
+        "machine": machine_info(),
+        "commands": commands,
+        "levels": level_results,
+        **({"scenario": scen} if scen else {}),
+    }
+    md = serve_report.to_markdown(report)
+    write_outputs(report, md, json_out=a.json_out, markdown_out=a.markdown_out, plot_out=a.plot_out,
+                  plot=serve_report.plot)
+    typer.echo(md)
 
-            need = scenario_tokens + max(scenario_stream_tokens, scenario_long_tokens) + 64
-            ctx = max(n_ctx, -(-need // 256) * 256)
-            scen = run_scenarios(lambda n: starter.start(n, ctx, list(STREAM_PROMPTS), scenario_stream_tokens,
-                                                         long_tokens=scenario_tokens),
-                                 systems, rounds=scenario_rounds, stream_tokens=scenario_stream_tokens,
-                                 long_tokens=scenario_long_tokens, log=log)
-            scen["settings"] = {"prompt_tokens": scenario_tokens, "stream_tokens": scenario_stream_tokens,
-                                "long_tokens": scenario_long_tokens, "rounds": scenario_rounds, "warm_tokens": 4,
-                                "n_ctx": ctx, "parallel": len(STREAM_PROMPTS) + 1}
-        report = {
-            "command": _command_line(),
-            "settings": {"concurrency": levels, "systems": systems, "suite": suite, "prompts": len(prompts),
-                         "requests": requests, "rounds": rounds, "max_tokens": max_tokens, "temperature": 0.0,
-                         "threads": t, "n_ctx": n_ctx, "n_gpu_layers": n_gpu_layers, "target": target_path,
-                         "draft": draft_path, "draft_max": draft_max, "addr": addr,
-                         "prompt_cache": False if addr is None else "as the attached daemon"},
-            "machine": machine_info(),
-            "commands": commands,
-            "levels": level_results,
-            **({"scenario": scen} if scen else {}),
-        }
-        md = serve_report.to_markdown(report)
-        if json_out:
-            write_json(report, str(json_out))
-        if markdown_out:
-            markdown_out.write_text(md, encoding="utf-8")
-        if plot_out:
-            serve_report.plot(report, str(plot_out))
-        typer.echo(md)
+
+def _log(msg: str) -> None:
+    typer.echo(msg, err=True)
+
+
+def _check(a: SimpleNamespace) -> None:
+    """The numeric options and --llama-server-bin, each error naming its option."""
+    from edgespec.errors import BadRequest
+
+    if a.llama_server_bin is not None and not (a.llama_server_bin / "llama-server").is_file():
+        raise BadRequest("llama_server_bin", f"{a.llama_server_bin / 'llama-server'} not found "
+                                             "(tools/llama-anchor.sh build prints the directory)")
+    for name, lo in (("max_tokens", 1), ("requests", 1), ("rounds", 1), ("scenario_tokens", 16),
+                     ("scenario_rounds", 1), ("draft_max", 1), ("n_ctx", 128)):
+        v = getattr(a, name)
+        if v < lo:
+            raise BadRequest(name, f"must be >= {lo}, got {v}")
+    if a.rounds > a.requests:
+        raise BadRequest("rounds", f"must be <= requests ({a.requests}), got {a.rounds}")
+
+
+def _scenario(a: SimpleNamespace, starter: "_Starter", systems: list[str]) -> dict:
+    """The long-prompt scenario: 3 streams and one long prompt, on a context that holds them."""
+    from edgespec.bench.serve_run import STREAM_PROMPTS, run_scenarios
+
+    need = a.scenario_tokens + max(a.scenario_stream_tokens, a.scenario_long_tokens) + 64
+    ctx = max(a.n_ctx, -(-need // 256) * 256)
+    scen = run_scenarios(lambda n: starter.start(n, ctx, list(STREAM_PROMPTS), a.scenario_stream_tokens,
+                                                 long_tokens=a.scenario_tokens),
+                         systems, rounds=a.scenario_rounds, stream_tokens=a.scenario_stream_tokens,
+                         long_tokens=a.scenario_long_tokens, log=_log)
+    scen["settings"] = {"prompt_tokens": a.scenario_tokens, "stream_tokens": a.scenario_stream_tokens,
+                        "long_tokens": a.scenario_long_tokens, "rounds": a.scenario_rounds, "warm_tokens": 4,
+                        "n_ctx": ctx, "parallel": len(STREAM_PROMPTS) + 1}
+    return scen
 
 
 @dataclass

@@ -101,145 +101,158 @@ def _summary(final) -> dict:  # noqa: ANN001
     return d
 
 
+def _unary(stub, req, timeout: float, metadata, as_json: bool) -> None:  # noqa: ANN001
+    from google.protobuf.json_format import MessageToDict
+
+    resp = stub.Generate(req, timeout=timeout, metadata=metadata)
+    if as_json:
+        typer.echo(json.dumps(MessageToDict(resp, preserving_proto_field_name=True), indent=2))
+    else:
+        typer.echo(resp.text)
+        typer.echo(json.dumps(_summary(resp)), err=True)
+
+
+def _stream(stub, req, timeout: float, metadata, as_json: bool) -> None:  # noqa: ANN001
+    from google.protobuf.json_format import MessageToDict
+
+    final = None
+    for chunk in stub.GenerateStream(req, timeout=timeout, metadata=metadata):
+        if as_json:
+            typer.echo(json.dumps(MessageToDict(chunk, preserving_proto_field_name=True)))
+        else:
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+        final = chunk
+    if not as_json:
+        sys.stdout.write("\n")
+        if final is not None:
+            typer.echo(json.dumps(_summary(final)), err=True)
+
+
+def _gen_command(stream: bool):  # noqa: ANN202
+    def command(
+        prompt: str = typer.Argument(..., help="Prompt text (or the user message with --chat)."),
+        chat: bool = typer.Option(False, "--chat", help="Send as a chat message (the model's template applies)."),
+        system: str = typer.Option("", "--system", help="System message (with --chat)."),
+        temperature: Optional[float] = typer.Option(None, "--temperature"),
+        top_k: Optional[int] = typer.Option(None, "--top-k"),
+        top_p: Optional[float] = typer.Option(None, "--top-p"),
+        min_p: Optional[float] = typer.Option(None, "--min-p"),
+        seed: Optional[int] = typer.Option(None, "--seed"),
+        max_tokens: Optional[int] = typer.Option(None, "--max-tokens"),
+        stop: Optional[list[str]] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
+        mode: str = typer.Option("auto", "--mode", help="auto|off|chain|tree."),
+        as_json: bool = typer.Option(False, "--json", help="Print the full response as JSON."),
+        addr: str = ADDR, token: str = TOKEN, ca: str = CA, cert: str = CERT, key: str = KEY,
+        server_name: str = SERVER_NAME, timeout: float = TIMEOUT,
+    ) -> None:
+        import grpc
+
+        from edgespec.proto.edgespec.v1 import inference_pb2_grpc
+        from edgespec.server.channel import open_channel
+
+        o = _options(addr, token, ca, cert, key, server_name)
+        req = _request(prompt, chat, system, temperature, top_k, top_p, min_p, seed, max_tokens, stop, mode)
+        with open_channel(o) as ch:
+            stub = inference_pb2_grpc.InferenceStub(ch)
+            try:
+                (_stream if stream else _unary)(stub, req, timeout, o.metadata, as_json)
+            except grpc.RpcError as exc:
+                _rpc_error(exc, addr)
+
+    command.__doc__ = ("Stream a generation chunk by chunk." if stream else "Generate (unary) and print the text.")
+    return command
+
+
+def health_cmd(
+    service: str = typer.Option("", "--service", help="Service name ('' = the whole server)."),
+    addr: str = ADDR, token: str = TOKEN, ca: str = CA, cert: str = CERT, key: str = KEY,
+    server_name: str = SERVER_NAME, timeout: float = typer.Option(5.0, "--timeout"),
+) -> None:
+    """Standard gRPC health check; exit 0 when SERVING, 1 otherwise."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from edgespec.server.channel import open_channel
+
+    o = _options(addr, token, ca, cert, key, server_name)
+    with open_channel(o) as ch:
+        try:
+            r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service),
+                                                     timeout=timeout, metadata=o.metadata)
+        except grpc.RpcError as exc:
+            _rpc_error(exc, addr)
+    name = health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+    typer.echo(name)
+    raise typer.Exit(0 if r.status == health_pb2.HealthCheckResponse.SERVING else EXIT_NOT_SERVING)
+
+
+def _admin(call: str, request, addr, token, ca, cert, key, server_name, timeout):  # noqa: ANN001, ANN202
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    from edgespec.proto.edgespec.v1 import admin_pb2_grpc
+    from edgespec.server.channel import open_channel
+
+    o = _options(addr, token, ca, cert, key, server_name)
+    with open_channel(o) as ch:
+        try:
+            resp = getattr(admin_pb2_grpc.AdminStub(ch), call)(request, timeout=timeout, metadata=o.metadata)
+        except grpc.RpcError as exc:
+            _rpc_error(exc, addr)
+    typer.echo(json.dumps(MessageToDict(resp, preserving_proto_field_name=True,
+                                        always_print_fields_with_no_presence=True), indent=2))
+
+
+def stats_cmd(addr: str = ADDR, token: str = TOKEN, ca: str = CA, cert: str = CERT, key: str = KEY,
+              server_name: str = SERVER_NAME, timeout: float = typer.Option(10.0, "--timeout")) -> None:
+    """Admin.Stats as JSON (needs an admin token when auth is on)."""
+    from edgespec.proto.edgespec.v1 import admin_pb2
+
+    _admin("Stats", admin_pb2.StatsRequest(), addr, token, ca, cert, key, server_name, timeout)
+
+
+def policy_cmd(
+    speculation: Optional[str] = typer.Option(None, "--speculation", help="auto|off"),
+    max_draft_tokens: Optional[int] = typer.Option(None, "--max-draft-tokens"),
+    max_tree_nodes: Optional[int] = typer.Option(None, "--max-tree-nodes"),
+    max_tree_depth: Optional[int] = typer.Option(None, "--max-tree-depth"),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens"),
+    reset: bool = typer.Option(False, "--reset", help="Drop earlier overrides first: the config file's values apply again."),
+    addr: str = ADDR, token: str = TOKEN, ca: str = CA, cert: str = CERT, key: str = KEY,
+    server_name: str = SERVER_NAME, timeout: float = typer.Option(10.0, "--timeout"),
+) -> None:
+    """Admin.SetPolicy: force speculation off/auto and set limits for new requests (overrides of
+    the config file that outlive SIGHUP until --reset)."""
+    from edgespec.proto.edgespec.v1 import admin_pb2
+
+    req = admin_pb2.SetPolicyRequest(reset=reset)
+    if speculation is not None:
+        names = {"auto": admin_pb2.SPECULATION_POLICY_AUTO, "off": admin_pb2.SPECULATION_POLICY_OFF}
+        if speculation not in names:
+            fail(f"--speculation must be auto or off, got {speculation!r}")
+        req.speculation = names[speculation]
+    for name, v in (("max_draft_tokens", max_draft_tokens), ("max_tree_nodes", max_tree_nodes),
+                    ("max_tree_depth", max_tree_depth), ("max_tokens", max_tokens)):
+        if v is not None:
+            setattr(req, name, v)
+    _admin("SetPolicy", req, addr, token, ca, cert, key, server_name, timeout)
+
+
+def drain_cmd(resume: bool = typer.Option(False, "--resume", help="Leave drain mode."),
+              addr: str = ADDR, token: str = TOKEN, ca: str = CA, cert: str = CERT, key: str = KEY,
+              server_name: str = SERVER_NAME, timeout: float = typer.Option(10.0, "--timeout")) -> None:
+    """Admin.Drain: stop admitting requests (health NOT_SERVING); in-flight ones finish."""
+    from edgespec.proto.edgespec.v1 import admin_pb2
+
+    _admin("Drain", admin_pb2.DrainRequest(resume=resume), addr, token, ca, cert, key, server_name, timeout)
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(client_app, name="client")
-
-    def _gen_command(stream: bool):  # noqa: ANN202
-        def command(
-            prompt: str = typer.Argument(..., help="Prompt text (or the user message with --chat)."),
-            chat: bool = typer.Option(False, "--chat", help="Send as a chat message (the model's template applies)."),
-            system: str = typer.Option("", "--system", help="System message (with --chat)."),
-            temperature: Optional[float] = typer.Option(None, "--temperature"),
-            top_k: Optional[int] = typer.Option(None, "--top-k"),
-            top_p: Optional[float] = typer.Option(None, "--top-p"),
-            min_p: Optional[float] = typer.Option(None, "--min-p"),
-            seed: Optional[int] = typer.Option(None, "--seed"),
-            max_tokens: Optional[int] = typer.Option(None, "--max-tokens"),
-            stop: Optional[list[str]] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
-            mode: str = typer.Option("auto", "--mode", help="auto|off|chain|tree."),
-            as_json: bool = typer.Option(False, "--json", help="Print the full response as JSON."),
-            addr: str = ADDR, token: str = TOKEN, ca: str = CA, cert: str = CERT, key: str = KEY,
-            server_name: str = SERVER_NAME, timeout: float = TIMEOUT,
-        ) -> None:
-            import grpc
-            from google.protobuf.json_format import MessageToDict
-
-            from edgespec.proto.edgespec.v1 import inference_pb2_grpc
-            from edgespec.server.channel import open_channel
-
-            o = _options(addr, token, ca, cert, key, server_name)
-            req = _request(prompt, chat, system, temperature, top_k, top_p, min_p, seed, max_tokens, stop, mode)
-            with open_channel(o) as ch:
-                stub = inference_pb2_grpc.InferenceStub(ch)
-                try:
-                    if not stream:
-                        resp = stub.Generate(req, timeout=timeout, metadata=o.metadata)
-                        if as_json:
-                            typer.echo(json.dumps(MessageToDict(resp, preserving_proto_field_name=True), indent=2))
-                        else:
-                            typer.echo(resp.text)
-                            typer.echo(json.dumps(_summary(resp)), err=True)
-                        return
-                    final = None
-                    for chunk in stub.GenerateStream(req, timeout=timeout, metadata=o.metadata):
-                        if as_json:
-                            typer.echo(json.dumps(MessageToDict(chunk, preserving_proto_field_name=True)))
-                        else:
-                            sys.stdout.write(chunk.text)
-                            sys.stdout.flush()
-                        final = chunk
-                    if not as_json:
-                        sys.stdout.write("\n")
-                        if final is not None:
-                            typer.echo(json.dumps(_summary(final)), err=True)
-                except grpc.RpcError as exc:
-                    _rpc_error(exc, addr)
-
-        command.__doc__ = ("Stream a generation chunk by chunk." if stream else "Generate (unary) and print the text.")
-        return command
-
     client_app.command("generate")(_gen_command(stream=False))
     client_app.command("stream")(_gen_command(stream=True))
-
-    @app.command("health")
-    def health_cmd(
-        service: str = typer.Option("", "--service", help="Service name ('' = the whole server)."),
-        addr: str = ADDR, token: str = TOKEN, ca: str = CA, cert: str = CERT, key: str = KEY,
-        server_name: str = SERVER_NAME, timeout: float = typer.Option(5.0, "--timeout"),
-    ) -> None:
-        """Standard gRPC health check; exit 0 when SERVING, 1 otherwise."""
-        import grpc
-        from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-        from edgespec.server.channel import open_channel
-
-        o = _options(addr, token, ca, cert, key, server_name)
-        with open_channel(o) as ch:
-            try:
-                r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service),
-                                                         timeout=timeout, metadata=o.metadata)
-            except grpc.RpcError as exc:
-                _rpc_error(exc, addr)
-        name = health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
-        typer.echo(name)
-        raise typer.Exit(0 if r.status == health_pb2.HealthCheckResponse.SERVING else EXIT_NOT_SERVING)
-
-    def _admin(call: str, request, addr, token, ca, cert, key, server_name, timeout):  # noqa: ANN001, ANN202
-        import grpc
-        from google.protobuf.json_format import MessageToDict
-
-        from edgespec.proto.edgespec.v1 import admin_pb2_grpc
-        from edgespec.server.channel import open_channel
-
-        o = _options(addr, token, ca, cert, key, server_name)
-        with open_channel(o) as ch:
-            try:
-                resp = getattr(admin_pb2_grpc.AdminStub(ch), call)(request, timeout=timeout, metadata=o.metadata)
-            except grpc.RpcError as exc:
-                _rpc_error(exc, addr)
-        typer.echo(json.dumps(MessageToDict(resp, preserving_proto_field_name=True,
-                                            always_print_fields_with_no_presence=True), indent=2))
-
-    @app.command("stats")
-    def stats_cmd(addr: str = ADDR, token: str = TOKEN, ca: str = CA, cert: str = CERT, key: str = KEY,
-                  server_name: str = SERVER_NAME, timeout: float = typer.Option(10.0, "--timeout")) -> None:
-        """Admin.Stats as JSON (needs an admin token when auth is on)."""
-        from edgespec.proto.edgespec.v1 import admin_pb2
-
-        _admin("Stats", admin_pb2.StatsRequest(), addr, token, ca, cert, key, server_name, timeout)
-
-    @app.command("policy")
-    def policy_cmd(
-        speculation: Optional[str] = typer.Option(None, "--speculation", help="auto|off"),
-        max_draft_tokens: Optional[int] = typer.Option(None, "--max-draft-tokens"),
-        max_tree_nodes: Optional[int] = typer.Option(None, "--max-tree-nodes"),
-        max_tree_depth: Optional[int] = typer.Option(None, "--max-tree-depth"),
-        max_tokens: Optional[int] = typer.Option(None, "--max-tokens"),
-        reset: bool = typer.Option(False, "--reset", help="Drop earlier overrides first: the config file's values apply again."),
-        addr: str = ADDR, token: str = TOKEN, ca: str = CA, cert: str = CERT, key: str = KEY,
-        server_name: str = SERVER_NAME, timeout: float = typer.Option(10.0, "--timeout"),
-    ) -> None:
-        """Admin.SetPolicy: force speculation off/auto and set limits for new requests (overrides of
-        the config file that outlive SIGHUP until --reset)."""
-        from edgespec.proto.edgespec.v1 import admin_pb2
-
-        req = admin_pb2.SetPolicyRequest(reset=reset)
-        if speculation is not None:
-            names = {"auto": admin_pb2.SPECULATION_POLICY_AUTO, "off": admin_pb2.SPECULATION_POLICY_OFF}
-            if speculation not in names:
-                fail(f"--speculation must be auto or off, got {speculation!r}")
-            req.speculation = names[speculation]
-        for name, v in (("max_draft_tokens", max_draft_tokens), ("max_tree_nodes", max_tree_nodes),
-                        ("max_tree_depth", max_tree_depth), ("max_tokens", max_tokens)):
-            if v is not None:
-                setattr(req, name, v)
-        _admin("SetPolicy", req, addr, token, ca, cert, key, server_name, timeout)
-
-    @app.command("drain")
-    def drain_cmd(resume: bool = typer.Option(False, "--resume", help="Leave drain mode."),
-                  addr: str = ADDR, token: str = TOKEN, ca: str = CA, cert: str = CERT, key: str = KEY,
-                  server_name: str = SERVER_NAME, timeout: float = typer.Option(10.0, "--timeout")) -> None:
-        """Admin.Drain: stop admitting requests (health NOT_SERVING); in-flight ones finish."""
-        from edgespec.proto.edgespec.v1 import admin_pb2
-
-        _admin("Drain", admin_pb2.DrainRequest(resume=resume), addr, token, ca, cert, key, server_name, timeout)
+    app.command("health")(health_cmd)
+    app.command("stats")(stats_cmd)
+    app.command("policy")(policy_cmd)
+    app.command("drain")(drain_cmd)

@@ -29,13 +29,7 @@ _COMMAND_MODULES = (
 )
 
 for _name in _COMMAND_MODULES:
-    try:
-        _mod = importlib.import_module(_name)
-    except ModuleNotFoundError as exc:  # a command group not built yet
-        if exc.name != _name:
-            raise
-        continue
-    _mod.register(app)
+    importlib.import_module(_name).register(app)
 
 
 @app.command("version")

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import TYPE_CHECKING, Iterable
+from dataclasses import dataclass
+from typing import Iterable
 
 from edgespec.controller.shapes import StepOutcome, calib_bucket
-
-if TYPE_CHECKING:  # pragma: no cover
-    from edgespec.controller.controller import Controller
 
 Event = tuple[int, int, int]  # (depth index 0-based, rank, accepted 0/1)
 
@@ -44,6 +42,20 @@ def calib_events(spine_probs: Iterable[float], accepted_ranks: tuple[int, ...]) 
         b = calib_bucket(p, CALIB_BUCKETS)
         ev.append((b, int(d < len(accepted_ranks) and accepted_ranks[d] == 0)))
     return ev
+
+
+@dataclass(frozen=True)
+class RequestEvidence:
+    """What one finished request tells the cross-request prior (Controller.evidence())."""
+
+    counts: "Counts"  # the whole request's (depth, rank) trials and accepts
+    calibration: "Calibration"  # its first-choice acceptance by draft probability
+    probe_results: tuple[str, ...]  # where each half-open probe went: "closed" or "open"
+    cooldown_tokens: int  # the configured cooldown, its cap and growth per failed probe
+    max_cooldown_tokens: int
+    cooldown_growth: float
+    spec_bias: float  # the measured/predicted step-time ratio, over bias_steps steps
+    bias_steps: int
 
 
 class Calibration:
@@ -254,22 +266,20 @@ class AcceptancePrior:
             out.append([row[min(r, self.ranks - 1)] for r in range(ranks)])
         return out
 
-    def update_from(self, controller: "Controller") -> None:
-        self.update_from_counts(controller.request_counts)
-        self.update_calibration(controller.calibration)
+    def update_from(self, ev: RequestEvidence) -> None:
+        self.update_from_counts(ev.counts)
+        self.update_calibration(ev.calibration)
         # probes that keep failing on this machine: later requests wait longer before probing
-        probes = [t.dst for t in controller.breaker.transitions if t.src == "half_open"]
+        probes = ev.probe_results
         if "closed" in probes:
             self.cooldown_scale = 1.0
         elif probes:
-            cfg = controller.cfg
-            self.cooldown_scale = min(cfg.max_cooldown_tokens / cfg.cooldown_tokens,
-                                      self.cooldown_scale * cfg.cooldown_growth ** len(probes))
+            self.cooldown_scale = min(ev.max_cooldown_tokens / ev.cooldown_tokens,
+                                      self.cooldown_scale * ev.cooldown_growth ** len(probes))
         # the step-time model's measured bias is a property of the machine: carry it over
-        steps = controller.bias_steps
-        if steps > 0:
-            w = self.alpha * min(1.0, steps / self.full_trials)
-            self.spec_bias += w * (controller.spec_bias - self.spec_bias)
+        if ev.bias_steps > 0:
+            w = self.alpha * min(1.0, ev.bias_steps / self.full_trials)
+            self.spec_bias += w * (ev.spec_bias - self.spec_bias)
 
     def update_from_counts(self, counts: Counts) -> None:
         if counts.total_trials() <= 0:

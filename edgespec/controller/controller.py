@@ -18,6 +18,7 @@ from edgespec.controller.acceptance import (
     DropDetector,
     AcceptanceWindow,
     Counts,
+    RequestEvidence,
     estimate,
     step_events,
 )
@@ -238,6 +239,16 @@ class Controller:
             self._overhead[key] += a * (o.overhead_seconds - self._overhead[key]) if self._overhead[key] else o.overhead_seconds
 
     # ------------------------------------------------------------------ reporting
+    def evidence(self) -> RequestEvidence:
+        """What this request tells the cross-request prior (AcceptancePrior.update_from)."""
+        cfg = self.cfg
+        return RequestEvidence(
+            counts=self.request_counts, calibration=self.calibration,
+            probe_results=tuple(t.dst for t in self.breaker.transitions if t.src == HALF_OPEN),
+            cooldown_tokens=cfg.cooldown_tokens, max_cooldown_tokens=cfg.max_cooldown_tokens,
+            cooldown_growth=cfg.cooldown_growth, spec_bias=self.spec_bias, bias_steps=self.bias_steps,
+        )
+
     def summary(self) -> dict:
         a = self.acceptance()
         lc = self.last_choice

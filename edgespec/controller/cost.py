@@ -9,8 +9,8 @@ size cost): timing noise only ever adds, and one forward slowed by another tenan
 must not make every larger batch look that slow too.
 
 Context: a target forward at a longer context than calibration's costs more, because attention
-reads every cached token for every query token (this CPU, F32 demo target, 8000 tokens of context:
-28 ms for 1 token against 12 at 256, and 8.3 ms per extra verified token against 2). The curves
+reads every cached token for every query token (both the one-token cost and the cost of each extra
+verified token grow with the context length). The curves
 describe the calibration context; `ContextFit` adds d * (per_context + per_context_each * (n - 1))
 for d tokens of context beyond it, both rates fitted online from the timed forwards (least squares
 over EWMA statistics). `at(context)` is the model as seen from one request's current context.

@@ -12,6 +12,10 @@ from edgespec.drafters.base import DraftReport
 from edgespec.sampling import SamplingParams
 from edgespec.tree import DraftTree
 
+# a request's prompt lookup: at most this many tokens, reach learnt with this EWMA weight
+NGRAM_MAX = 8
+NGRAM_EWMA = 0.15
+
 
 def lookup_all(tokens: list[int], max_len: int, n_max: int = 4, n_min: int = 2,
                branches: int = 1) -> list[list[int]]:
@@ -47,6 +51,10 @@ def lookup(tokens: list[int], max_len: int, n_max: int = 4, n_min: int = 2) -> l
 
 
 class NgramDrafter:
+    """One request's prompt lookup: its proposals (`look`, grafted by `propose` or `graft`), and
+    how far the target accepts them, learnt from the tokens it then emits (`score`), which prices
+    how many lookup tokens a verification may carry (`budget`)."""
+
     name = "ngram"
 
     def __init__(self, max_tokens: int = 8, n_max: int = 4, n_min: int = 2, branches: int = 2):
@@ -54,6 +62,53 @@ class NgramDrafter:
         self.branches = branches  # continuations proposed at once (distinct first tokens)
         self.n_max = n_max
         self.n_min = n_min
+        # P(target accepts > j lookup tokens), learnt per kind of lookup: [0] the context's last
+        # n >= n_min tokens occurred before, [1] only its last token did
+        self.reach = [[0.5 * 0.8 ** j for j in range(NGRAM_MAX)], [0.2 * 0.5 ** j for j in range(NGRAM_MAX)]]
+        self._pending: list[tuple[int, list[int], int]] = []  # (position, lookup, kind) awaiting their fate
+
+    def look(self, tokens: list[int]) -> tuple[list[int], int]:
+        """This step's lookup (at most NGRAM_MAX tokens, [] if none) and its kind (see `reach`);
+        kept to be scored against the tokens the target emits after it (`score`)."""
+        prop, kind = lookup(tokens, NGRAM_MAX, self.n_max, self.n_min), 0
+        if not prop and self.n_min > 1:
+            prop, kind = lookup(tokens, NGRAM_MAX, 1, 1), 1
+        if prop:
+            self._pending.append((len(tokens), prop, kind))
+        return prop, kind
+
+    def score(self, tokens: list[int]) -> None:
+        """Update P(L > j) from lookups whose fate `tokens` (the context now) settles (shadow
+        evaluation: the lookup at a position is compared with the tokens emitted after it)."""
+        keep = []
+        for start, prop, kind in self._pending:
+            got = tokens[start:start + len(prop)]
+            match = 0
+            while match < len(got) and got[match] == prop[match]:
+                match += 1
+            if match < len(got) or len(got) == len(prop):  # resolved: a mismatch seen, or all matched
+                reach = self.reach[kind]
+                for j in range(NGRAM_MAX):
+                    hit = 1.0 if match > j else 0.0
+                    reach[j] += NGRAM_EWMA * (hit - reach[j])
+            else:
+                keep.append((start, prop, kind))
+        self._pending = keep
+
+    def budget(self, kind: int, cost, base: int, unit: float) -> int:  # noqa: ANN001 - a CostModel
+        """Lookup tokens of this kind worth adding to a verification of `base` tokens: the
+        k <= NGRAM_MAX maximising E[min(L, k)] - (verify(base + k) - verify(base)) / unit, i.e.
+        expected extra tokens minus the extra verification time priced in `unit` seconds per
+        token (0 if no k gains). L is how many lookup tokens the target would accept (`reach`)."""
+        v0 = cost.verify_seconds(base)
+        best, best_gain = 0, 0.02
+        expected = 0.0
+        for k in range(1, NGRAM_MAX + 1):
+            expected += self.reach[kind][k - 1]
+            gain = expected - (cost.verify_seconds(base + k) - v0) / unit
+            if gain > best_gain:
+                best, best_gain = k, gain
+        return best
 
     def begin(self, tokens: list[int]) -> None:
         pass

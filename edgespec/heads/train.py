@@ -120,12 +120,11 @@ def choose_draft_vocab(labels: np.ndarray, n_vocab: int, size: int, coverage: fl
 
 
 def train(spec: TrainSpec, log: Callable[[str], None] = _log) -> dict:
+    """Build the data, fit the head (resuming from its checkpoint), write its GGUF (and the HF
+    layout when asked), measure held-out acceptance; the report is also written to work_dir."""
     if spec.threads == 1 and "XLA_FLAGS" not in os.environ:  # before jax starts its CPU client
         os.environ["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-    import jax.numpy as jnp
-
     from edgespec.backend import Model
-    from edgespec.heads import model_jax as mj
 
     t_start = time.time()
     target = Model(spec.target)
@@ -143,26 +142,56 @@ def train(spec: TrainSpec, log: Callable[[str], None] = _log) -> dict:
     cfg = config_for_target(spec.target, len(d2t), n_ff=spec.n_ff)
     t2d = np.full(target.n_vocab, -1, np.int32)
     t2d[d2t] = np.arange(len(d2t))
-    # at position t the head reads token[t+1] and predicts the target's greedy token after it
-    inp = tokens[:, 1:]
-    lab = t2d[labels[:, 1:]]
-    f_in = feats[:, :-1]
     embed = target_embeddings(spec.target)
+    head = HeadWeights.init(cfg, d2t, np.random.default_rng(spec.seed), embed=embed)
+    # at position t the head reads token[t+1] and predicts the target's greedy token after it
+    fit = _fit(spec, head, embed, tokens[:, 1:], t2d[labels[:, 1:]], feats[:, :-1], log)
+    write_gguf(head, spec.out, spec.target)
+    if spec.hf_dir is not None:
+        from edgespec.heads.hf import write_hf
+
+        write_hf(head, spec.hf_dir, target.n_vocab)
+    from edgespec.heads.evaluate import acceptance
+
+    hm = Model(spec.out)  # llama.cpp's eagle3 loader accepts it (or this raises)
+    with tqdm(total=len(held), desc="held-out acceptance", unit="prompt") as bar2:
+        acc = acceptance(target, hm, held, held_starts, depth=3, threads=spec.threads, progress=bar2.update)
+    n = fit.windows
+    report = {
+        "head": str(spec.out), "head_bytes": hm.size_bytes, "target_bytes": target.size_bytes,
+        "head_fraction_of_target": hm.size_bytes / target.size_bytes,
+        "head_params": head.n_params, "draft_vocab": len(d2t), "coverage": cov_table,
+        "train_windows": int(n), "train_tokens": int(n * (spec.window - 1)), "window": spec.window,
+        "steps": fit.steps, "epochs": fit.steps * spec.batch / n, "train_minutes": fit.trained_s / 60,
+        "data_minutes": t_data / 60, "final_loss": fit.loss, "train_acc_by_step": [float(a) for a in fit.accs],
+        "heldout_positions": acc.positions, "acceptance_by_depth": acc.rates, "chain3_tau": acc.tau,
+        "spec": {k: str(v) for k, v in asdict(spec).items()},
+    }
+    (spec.work_dir / "report.json").write_text(json.dumps(report, indent=2))
+    hm.close()
+    return report
+
+
+@dataclass
+class _Fit:
+    windows: int  # training windows
+    steps: int  # optimiser steps, a resumed run's earlier ones included
+    trained_s: float  # seconds in training steps, likewise
+    loss: float  # the last step's (nan when a resumed run had nothing left to train)
+    accs: np.ndarray  # [ttt_steps] the last step's accuracy at each training-time-test step
+
+
+def _fit(spec: TrainSpec, head: HeadWeights, embed: np.ndarray, inp: np.ndarray, lab: np.ndarray, f_in: np.ndarray,
+         log: Callable[[str], None]) -> _Fit:
+    """Adam with warm-up and cosine decay for spec.epochs (or spec.minutes of training), from the
+    work directory's checkpoint when it is for the same draft vocabulary; head.w ends trained."""
+    import jax.numpy as jnp
+
+    from edgespec.heads import model_jax as mj
+
     ckpt = spec.work_dir / "checkpoint.npz"
-    rng = np.random.default_rng(spec.seed)
-    head = HeadWeights.init(cfg, d2t, rng, embed=embed)
-    params = {k: jnp.asarray(v) for k, v in head.w.items()}
-    opt = mj.adam_init(params)
-    step_i, trained_s = 0, 0.0
-    if ckpt.is_file():
-        z = np.load(ckpt)
-        if z["d2t"].shape == d2t.shape and np.array_equal(z["d2t"], d2t):
-            params = {k: jnp.asarray(z[f"p.{k}"]) for k in head.w}
-            opt = {"m": {k: jnp.asarray(z[f"m.{k}"]) for k in head.w}, "v": {k: jnp.asarray(z[f"v.{k}"]) for k in head.w},
-                   "t": jnp.asarray(z["t"])}
-            step_i, trained_s = int(z["step"]), float(z["trained_s"])
-            log(f"resuming from {ckpt} at step {step_i} ({trained_s / 60:.1f} min trained)")
-    train_step = mj.make_train_step(cfg, spec.ttt_steps)
+    params, opt, step_i, trained_s = _resume(ckpt, head, log)
+    train_step = mj.make_train_step(head.cfg, spec.ttt_steps)
     embed_j = jnp.asarray(embed)
     n = len(inp)
     steps_per_epoch = max(1, n // spec.batch)
@@ -174,19 +203,15 @@ def train(spec: TrainSpec, log: Callable[[str], None] = _log) -> dict:
         arrs |= {f"m.{k}": np.asarray(v) for k, v in opt["m"].items()}
         arrs |= {f"v.{k}": np.asarray(v) for k, v in opt["v"].items()}
         tmp = ckpt.with_suffix(".tmp.npz")
-        np.savez(tmp, **arrs, t=np.asarray(opt["t"]), step=step_i, trained_s=trained_s, d2t=d2t)
+        np.savez(tmp, **arrs, t=np.asarray(opt["t"]), step=step_i, trained_s=trained_s, d2t=head.d2t)
         tmp.replace(ckpt)
 
     last_save = time.time()
     accs = np.zeros(spec.ttt_steps)
-    loss = float("nan")  # the last step's (nan when a resumed run had nothing left to train)
+    loss = float("nan")
     bar = tqdm(total=max_steps if max_steps else int(budget), initial=step_i if max_steps else int(trained_s),
                desc="training", unit="step" if max_steps else "s")
-    while True:
-        if max_steps is not None and step_i >= max_steps:
-            break
-        if max_steps is None and trained_s >= budget:
-            break
+    while (step_i < max_steps) if max_steps is not None else (trained_s < budget):
         t0 = time.time()
         epoch_rng = np.random.default_rng(spec.seed + step_i // steps_per_epoch)
         perm = epoch_rng.permutation(n)
@@ -207,27 +232,24 @@ def train(spec: TrainSpec, log: Callable[[str], None] = _log) -> dict:
     bar.close()
     save()
     head.w = {k: np.asarray(v) for k, v in params.items()}
-    write_gguf(head, spec.out, spec.target)
-    if spec.hf_dir is not None:
-        from edgespec.heads.hf import write_hf
+    return _Fit(windows=n, steps=step_i, trained_s=trained_s, loss=loss, accs=accs)
 
-        write_hf(head, spec.hf_dir, target.n_vocab)
-    from edgespec.backend import Model as _M
-    from edgespec.heads.evaluate import acceptance
 
-    hm = _M(spec.out)  # llama.cpp's eagle3 loader accepts it (or this raises)
-    with tqdm(total=len(held), desc="held-out acceptance", unit="prompt") as bar2:
-        acc = acceptance(target, hm, held, held_starts, depth=3, threads=spec.threads, progress=bar2.update)
-    report = {
-        "head": str(spec.out), "head_bytes": hm.size_bytes, "target_bytes": target.size_bytes,
-        "head_fraction_of_target": hm.size_bytes / target.size_bytes,
-        "head_params": head.n_params, "draft_vocab": len(d2t), "coverage": cov_table,
-        "train_windows": int(n), "train_tokens": int(n * (spec.window - 1)), "window": spec.window,
-        "steps": step_i, "epochs": step_i * spec.batch / n, "train_minutes": trained_s / 60, "data_minutes": t_data / 60,
-        "final_loss": loss, "train_acc_by_step": [float(a) for a in accs],
-        "heldout_positions": acc.positions, "acceptance_by_depth": acc.rates, "chain3_tau": acc.tau,
-        "spec": {k: str(v) for k, v in asdict(spec).items()},
-    }
-    (spec.work_dir / "report.json").write_text(json.dumps(report, indent=2))
-    hm.close()
-    return report
+def _resume(ckpt: Path, head: HeadWeights, log: Callable[[str], None]):  # noqa: ANN202
+    """(params, Adam state, step, seconds trained): the checkpoint's when it is for this draft
+    vocabulary, else the head's initial weights at step 0."""
+    import jax.numpy as jnp
+
+    from edgespec.heads import model_jax as mj
+
+    params = {k: jnp.asarray(v) for k, v in head.w.items()}
+    if ckpt.is_file():
+        z = np.load(ckpt)
+        if z["d2t"].shape == head.d2t.shape and np.array_equal(z["d2t"], head.d2t):
+            params = {k: jnp.asarray(z[f"p.{k}"]) for k in head.w}
+            opt = {"m": {k: jnp.asarray(z[f"m.{k}"]) for k in head.w}, "v": {k: jnp.asarray(z[f"v.{k}"]) for k in head.w},
+                   "t": jnp.asarray(z["t"])}
+            step_i, trained_s = int(z["step"]), float(z["trained_s"])
+            log(f"resuming from {ckpt} at step {step_i} ({trained_s / 60:.1f} min trained)")
+            return params, opt, step_i, trained_s
+    return params, mj.adam_init(params), 0, 0.0

@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from edgespec import notify
 from edgespec.errors import BadRequest, ConfigError
 from edgespec.logs import get_logger
 from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2, inference_pb2_grpc
@@ -40,31 +41,23 @@ SPARE_THREADS = 32  # handler threads beyond parallel + queue_size (health, admi
 
 
 class _Systemd:
-    """sd_notify through edgespec.notify when that module exists; never fails the daemon."""
+    """sd_notify through edgespec.notify; never fails the daemon."""
 
     def __init__(self) -> None:
-        try:
-            from edgespec import notify as mod
-        except ImportError:
-            mod = None
-        self._mod = mod
-        self._watchdog = mod.Watchdog() if mod is not None else None
+        self._watchdog = notify.Watchdog()
 
     def __call__(self, name: str, *args: Any) -> None:
-        if self._mod is None:
-            return
         try:
-            getattr(self._mod, name)(*args)
+            getattr(notify, name)(*args)
         except Exception as exc:  # noqa: BLE001
             log.debug("notify_failed", call=name, error=str(exc))
 
     def kick(self) -> None:
         """WATCHDOG=1 (rate-limited) from the engine loop: it made progress or is idle-healthy."""
-        if self._watchdog is not None:
-            try:
-                self._watchdog.kick()
-            except Exception:  # noqa: BLE001
-                pass
+        try:
+            self._watchdog.kick()
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def default_engine_factory(cfg: DaemonConfig) -> Callable[[], Any]:

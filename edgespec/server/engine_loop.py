@@ -15,8 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgespec import chat
 from edgespec.errors import NotReady, Overloaded
 from edgespec.logs import get_logger
+from edgespec.server.metrics import Metrics
 from edgespec.sampling import SamplingParams
 from edgespec.types import Chunk, GenerationRequest, GenerationResult, SpecStats, SpeculationParams
 
@@ -85,7 +87,7 @@ class EngineLoop:
         *,
         parallel: int,
         queue_size: int,
-        metrics: Any = None,
+        metrics: Metrics | None = None,
         on_ready: Callable[[], None] | None = None,
         on_heartbeat: Callable[[], None] | None = None,
         log_text: bool = False,
@@ -93,7 +95,7 @@ class EngineLoop:
         self._factory = factory
         self.parallel = parallel
         self.queue_size = queue_size
-        self._metrics = metrics
+        self.metrics = metrics if metrics is not None else Metrics()  # the loop's counters
         self._on_ready = on_ready
         self._on_heartbeat = on_heartbeat
         self._log_text = log_text
@@ -107,14 +109,13 @@ class EngineLoop:
         self._draining = False
         self._stopping = False
         self._error: BaseException | None = None
-        self.breaker_state = ""
+        self.breaker_state = ""  # the last auto request's breaker state ("": none ran yet)
         # what the loaded engine applies beyond plain generation ("constraint"): its `capabilities`
         # attribute; the APIs refuse a request needing one it lacks
         self.capabilities: frozenset[str] = frozenset()
         self.encoder: Any = None  # set on the engine thread once the engine is built (see _run)
         self.tick_totals: dict[str, float] = {}  # the engine's tick phase totals, after each tick
         self._idle_done = False  # no job, no call and no idle work left (see _run)
-        self.counters = collections.Counter()  # requests_total, rejected_overloaded_total, ...
         self._thread = threading.Thread(target=self._run, name="edgespec-engine", daemon=True)
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -171,16 +172,14 @@ class EngineLoop:
             if not self._ready.is_set():
                 raise NotReady("the models are still loading")
             if len(self._pending) + self._active_n >= self.parallel + self.queue_size:
-                self.counters["rejected_overloaded_total"] += 1
-                if self._metrics is not None:
-                    self._metrics.rejected.inc(label="overloaded")
+                self.metrics.rejected.inc(label="overloaded")
                 raise Overloaded(
                     f"server busy: {self._active_n} active and {len(self._pending)} queued "
                     f"(parallel={self.parallel}, queue_size={self.queue_size})"
                 )
             self._pending.append(job)
             self._idle_done = False
-            self.counters["requests_total"] += 1
+            self.metrics.submitted.inc()
             self._wake.notify()
         return job
 
@@ -211,10 +210,10 @@ class EngineLoop:
                 "parallel": self.parallel,
                 "ready": self._ready.is_set(),
                 "draining": self.draining,
-                "breaker_state": {self.breaker_state: 1} if self.breaker_state else {},
+                "breaker_state": self.breaker_state,
                 "tick_totals": self.tick_totals,
                 "idle": self._idle_done and not self._pending and not self._active_n,
-                **self.counters,
+                **self.metrics.totals(),
             }
 
     # ---- the engine thread -----------------------------------------------------------------
@@ -315,9 +314,7 @@ class EngineLoop:
     def _finish_unstarted(self, job: Job, reason: str) -> None:
         job.finished = time.monotonic()
         res = GenerationResult(text="", token_ids=[], finish_reason=reason, prompt_tokens=0, stats=SpecStats())
-        self.counters[f"finished_{reason}"] += 1
-        if self._metrics is not None:
-            self._metrics.requests.inc(label=reason)
+        self.metrics.requests.inc(label=reason)
         job.events.put(("result", res))
 
     def _open(self, engine: Any, job: Job, active: list[_Active]) -> None:
@@ -329,10 +326,8 @@ class EngineLoop:
         try:
             if job.prompt_tokens is not None:  # tokenised by the caller's thread (the daemon's way)
                 ids = list(job.prompt_tokens)
-            elif job.messages:
-                ids = engine.encode_chat(job.messages)  # edgespec.chat, as the handler threads do
-            else:
-                ids = engine.tokenize(job.prompt, add_special=True, parse_special=False)
+            else:  # an engine without an encoder: the engine itself is the tokenizer
+                ids = chat.encode_prompt(engine, job.prompt, job.messages)
             job.prompt_tokens = tuple(ids)
             req = GenerationRequest(
                 prompt_tokens=tuple(ids), sampling=job.sampling, speculation=job.speculation,
@@ -363,13 +358,12 @@ class EngineLoop:
                     pass
                 active.remove(a)
                 a.job.finished = time.monotonic()
-                self.counters["finished_error"] += 1
+                self.metrics.requests.inc(label="error")
                 a.job.events.put(("error", exc))
             return
         totals = getattr(engine, "tick_totals", None)
         if totals is not None:
             self.tick_totals = dict(totals)  # a snapshot for the handler threads
-        state = getattr(engine, "breaker_state", None)
         for sess, chunk in chunks.items():
             a = by_session[sess]
             job = a.job
@@ -377,9 +371,8 @@ class EngineLoop:
                 job.first_token = time.monotonic()
             if chunk.token_ids or chunk.text or chunk.finish_reason:
                 job.events.put(("chunk", chunk))
-            st = getattr(sess, "breaker_state", None) or state
-            if isinstance(st, str):
-                self.breaker_state = st
+            if sess.breaker_state is not None:  # an auto request's breaker: the gauge's current state
+                self.breaker_state = sess.breaker_state
             if sess.done or chunk.finish_reason:
                 self._end(a, active, close_reason=None)
 
@@ -401,17 +394,10 @@ class EngineLoop:
         if close_reason is not None and result.finish_reason != close_reason:
             result.finish_reason = close_reason  # type: ignore[assignment]
         job.finished = time.monotonic()
-        self.counters[f"finished_{result.finish_reason}"] += 1
-        self.counters["generated_tokens_total"] += len(result.token_ids)
         st = result.stats
-        self.counters["target_forwards_total"] += st.target_forwards
-        self.counters["drafted_tokens_total"] += st.drafted_tokens
-        self.counters["accepted_tokens_total"] += st.accepted_tokens
-        self.counters["breaker_transitions_total"] += st.breaker_transitions
         t = job.timings()
-        if self._metrics is not None:
-            ttft = t["time_to_first_token_seconds"] if job.first_token else None
-            self._metrics.on_finish(result, ttft, t["total_seconds"])
+        ttft = t["time_to_first_token_seconds"] if job.first_token else None
+        self.metrics.on_finish(result, ttft, t["total_seconds"])
         fields = {"text": result.text} if self._log_text else {}
         log.info("generation_finished", request_id=job.request_id, finish_reason=result.finish_reason,
                  completion_tokens=len(result.token_ids), tau=round(st.tau, 3),

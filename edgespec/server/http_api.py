@@ -222,12 +222,8 @@ class HttpApi:
                 raise NotReady("the models are still loading")
             return None
 
-        def run() -> tuple[int, ...]:
-            if messages:
-                return tuple(chat_encoding.encode_chat(enc, messages))
-            return tuple(enc.tokenize(prompt, add_special=True, parse_special=False))
-
-        return await anyio.to_thread.run_sync(run, limiter=self.limiter)
+        return tuple(await anyio.to_thread.run_sync(chat_encoding.encode_prompt, enc, prompt, messages,
+                                                    limiter=self.limiter))
 
     def _wait(self, job: Job, until_result: bool) -> list[tuple[str, Any]]:
         """Blocking (run in a worker thread): the job's events queued now (at least one), or all of
@@ -411,15 +407,14 @@ class HttpApi:
                 raise BadRequest("prompt", f"at most {self.limits.max_prompt_bytes} bytes (limits.max_prompt_bytes), "
                                            f"got {n}")
 
-        def text_ids(tok: Any) -> list[int]:
-            return tok.tokenize(text, add_special=add_special, parse_special=False)
+        def encode(tok: Any) -> list[int]:
+            return chat_encoding.encode_prompt(tok, text, messages, add_special=add_special)
 
         enc = self.loop.encoder
         if enc is not None:
-            ids = await anyio.to_thread.run_sync(
-                lambda: chat_encoding.encode_chat(enc, messages) if messages else text_ids(enc), limiter=self.limiter)
-        else:  # an engine without an encoder: its own thread
-            ids = await self._call(lambda engine: engine.encode_chat(list(messages)) if messages else text_ids(engine))
+            ids = await anyio.to_thread.run_sync(encode, enc, limiter=self.limiter)
+        else:  # an engine without an encoder: on its own thread, the engine itself the tokenizer
+            ids = await self._call(encode)
         return JSONResponse({"tokens": list(ids), "count": len(ids), "max_model_len": self.n_ctx})
 
     async def detokenize(self, request: Request, rid: str) -> Response:

@@ -8,7 +8,10 @@ import http.server
 import threading
 from collections.abc import Callable, Iterable
 
+from edgespec.controller.breaker import CLOSED, HALF_OPEN, OPEN
 from edgespec.types import GenerationResult
+
+BREAKER_STATES = (CLOSED, OPEN, HALF_OPEN)
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -42,6 +45,11 @@ class Counter:
     def value(self, label: str = "") -> float:
         with self._lock:
             return self._values.get(label, 0.0)
+
+    def values(self) -> dict[str, float]:
+        """{label value: count} ({"": count} for an unlabelled counter)."""
+        with self._lock:
+            return dict(self._values)
 
     def render(self) -> Iterable[str]:
         yield f"# HELP {self.name} {self.doc}"
@@ -102,12 +110,14 @@ class Histogram:
 
 
 class Metrics:
-    """Everything the daemon exports. Gauges read live state through `state()` (set by the daemon)."""
+    """Everything the daemon exports, and the one set of counters: /metrics renders them, Admin.Stats
+    reads them through `totals()`. Gauges read live state through `state()` (set by the daemon)."""
 
     def __init__(self) -> None:
         self.state: Callable[[], dict] = lambda: {}
         self.ttft = Histogram("edgespec_time_to_first_token_seconds", "Time from admission to the first output token.", TTFT_BUCKETS)
         self.tpot = Histogram("edgespec_time_per_output_token_seconds", "Mean time per output token after the first, per request.", TPOT_BUCKETS)
+        self.submitted = Counter("edgespec_submitted_requests_total", "Generation requests admitted to the queue.")
         self.requests = Counter("edgespec_requests_total", "Finished generation requests by finish reason.", "finish_reason")
         self.rejected = Counter("edgespec_rejected_requests_total", "Requests rejected before generation by reason.", "reason")
         self.prompt_tokens = Counter("edgespec_prompt_tokens_total", "Prompt tokens processed.")
@@ -126,8 +136,14 @@ class Metrics:
             Gauge("edgespec_active_requests", "Requests being decoded.", gauge("active_requests")),
             Gauge("edgespec_ready", "1 when both models are loaded and warmed.", lambda: int(bool(self.state().get("ready")))),
             Gauge("edgespec_draining", "1 while draining or shutting down.", lambda: int(bool(self.state().get("draining")))),
-            Gauge("edgespec_breaker_state", "Speculation breaker state (1 = current).", gauge("breaker_state", {}), "state"),
+            Gauge("edgespec_breaker_state", "Speculation breaker state of the last auto request (1 = current).",
+                  self._breaker_state, "state"),
         ]
+
+    def _breaker_state(self) -> dict[str, int]:
+        """Every state, 1 for the current one; nothing until an auto request has run."""
+        current = self.state().get("breaker_state", "")
+        return {s: int(s == current) for s in BREAKER_STATES} if current else {}
 
     def on_finish(self, result: GenerationResult, ttft: float | None, total: float) -> None:
         st = result.stats
@@ -151,8 +167,21 @@ class Metrics:
             if n > 1:
                 self.tpot.observe(max(0.0, total - ttft) / (n - 1))
 
+    def totals(self) -> dict[str, int]:
+        """The counters under Admin.Stats' names: requests_total, rejected_<reason>_total,
+        finished_<reason>, generated_tokens_total, target_forwards_total, drafted_tokens_total,
+        accepted_tokens_total, breaker_transitions_total."""
+        out = {
+            "requests_total": self.submitted.value(), "generated_tokens_total": self.generated.value(),
+            "target_forwards_total": self.target_forwards.value(), "drafted_tokens_total": self.drafted.value(),
+            "accepted_tokens_total": self.accepted.value(), "breaker_transitions_total": self.breaker.value(),
+            **{f"rejected_{reason}_total": v for reason, v in self.rejected.values().items()},
+            **{f"finished_{reason}": v for reason, v in self.requests.values().items()},
+        }
+        return {k: int(v) for k, v in out.items()}
+
     def render(self) -> str:
-        parts = [self.ttft, self.tpot, self.requests, self.rejected, self.prompt_tokens, self.generated,
+        parts = [self.ttft, self.tpot, self.submitted, self.requests, self.rejected, self.prompt_tokens, self.generated,
                  self.target_forwards, self.drafted, self.accepted, self.accepted_by_depth, self.steps_by_mode,
                  self.breaker, self.forward_seconds, *self.gauges]
         return "\n".join(line for p in parts for line in p.render()) + "\n"

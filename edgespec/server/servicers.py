@@ -54,9 +54,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         enc = self._encoder()
         if enc is None:
             return None
-        if messages:
-            return tuple(chat.encode_chat(enc, messages))
-        return tuple(enc.tokenize(prompt, add_special=True, parse_special=False))
+        return tuple(chat.encode_prompt(enc, prompt, messages))
 
     def _submit(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Job:
         rid = (convert.validate_request_id(request.request_id)
@@ -136,14 +134,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         messages = convert.messages_from(request.messages, limits=self.limits)
         text = convert.text_within(request.text, "text", self.limits)
 
-        def text_ids(tok: Any) -> list[int]:
-            return tok.tokenize(text, add_special=request.add_special, parse_special=request.parse_special)
+        def encode(tok: Any) -> list[int]:
+            return chat.encode_prompt(tok, text, messages, add_special=request.add_special,
+                                      parse_special=request.parse_special)
 
         enc = self._encoder()
-        if enc is not None:
-            ids = chat.encode_chat(enc, messages) if messages else text_ids(enc)
-        else:  # an engine without an encoder: its own thread, through Engine.encode_chat
-            ids = self.loop.call(lambda engine: engine.encode_chat(messages) if messages else text_ids(engine))
+        # an engine without an encoder: on its own thread, the engine itself the tokenizer
+        ids = encode(enc) if enc is not None else self.loop.call(encode)
         return pb.TokenizeResponse(token_ids=ids, count=len(ids))
 
     def ModelInfo(self, request: pb.ModelInfoRequest, context: grpc.ServicerContext) -> pb.ModelInfoResponse:  # noqa: N802

@@ -25,6 +25,7 @@ the field (edgespec.server.wire), logged, instead of grpc's unlogged INTERNAL.""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -227,30 +228,31 @@ def _wrapped(handler: grpc.RpcMethodHandler, kind: str, method: str, auth: Token
     arg = (lambda r: r) if handler.request_streaming else _checked
     if handler.response_streaming:
         def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-            started = _begin(context, method, auth, decision)
-            try:
+            with _handled(context, method, auth, decision):
                 yield from fn(arg(request), context)
-            except Exception as exc:  # noqa: BLE001 - mapped below
-                if _is_abort(exc, context):
-                    raise
-                _abort(context, exc, method)
-            finally:
-                _end(context, method, started)
 
         return make(stream, **ser)
 
     def unary(request: Any, context: grpc.ServicerContext) -> Any:
-        started = _begin(context, method, auth, decision)
-        try:
+        with _handled(context, method, auth, decision):
             return fn(arg(request), context)
-        except Exception as exc:  # noqa: BLE001 - mapped below
-            if _is_abort(exc, context):
-                raise
-            _abort(context, exc, method)
-        finally:
-            _end(context, method, started)
 
     return make(unary, **ser)
+
+
+@contextlib.contextmanager
+def _handled(context: grpc.ServicerContext, method: str, auth: TokenAuth, decision: Decision | None) -> Iterator[None]:
+    """Around a handler's body: credentials first (_begin), an error mapped to its status code
+    (an abort already raised passes through), the access log line last."""
+    started = _begin(context, method, auth, decision)
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - mapped below
+        if _is_abort(exc, context):
+            raise
+        _abort(context, exc, method)
+    finally:
+        _end(context, method, started)
 
 
 class _Slots:
@@ -336,10 +338,10 @@ class ServerInterceptor(grpc.ServerInterceptor):
         give = self.anonymous.give_back_once()
         fn = getattr(handler, kind)
 
-        def begin(context: grpc.ServicerContext) -> float:
+        def hold(context: grpc.ServicerContext) -> None:
+            """The slot goes back when the call ends, whatever ends it."""
             if not context.add_callback(give):
                 give()  # already over
-            return _begin(context, method, auth, decision)
 
         def first(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
             """The one request message (read here: the slot bounds a caller who never sends it)."""
@@ -356,7 +358,8 @@ class ServerInterceptor(grpc.ServerInterceptor):
 
         if handler.response_streaming:
             def stream(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
-                started = begin(context)
+                hold(context)
+                started = _begin(context, method, auth, decision)
                 try:
                     request = first(requests, context)
                 except EdgespecError as exc:
@@ -373,15 +376,9 @@ class ServerInterceptor(grpc.ServerInterceptor):
             return grpc.stream_stream_rpc_method_handler(stream, **ser)
 
         def unary(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
-            started = begin(context)
-            try:
+            hold(context)
+            with _handled(context, method, auth, decision):
                 return fn(first(requests, context), context)
-            except Exception as exc:  # noqa: BLE001 - mapped below
-                if _is_abort(exc, context):
-                    raise
-                _abort(context, exc, method)
-            finally:
-                _end(context, method, started)
 
         unary.experimental_thread_pool = self.anonymous_pool  # type: ignore[attr-defined]
         return grpc.stream_unary_rpc_method_handler(unary, **ser)

@@ -149,7 +149,7 @@ def test_prior_learns_from_a_finished_request():
     ctrl = Controller(ControllerConfig(), cpu_cost(), prior, max_depth=8, max_nodes=16)
     simulate(ctrl, ScriptedDrafter(lambda s: 0.2), cpu_cost(), steps=30)
     before = prior.rates[0][0]
-    prior.update_from(ctrl)
+    prior.update_from(ctrl.evidence())
     assert prior.rates[0][0] < before and prior.requests == 1
 
 
@@ -163,7 +163,7 @@ def test_failed_probes_lengthen_the_next_requests_cooldown():
     ctrl = make(cfg=cfg, prior=prior)
     simulate(ctrl, ScriptedDrafter(lambda s: 0.0), cpu_cost(), steps=200)
     assert any(t["from"] == "half_open" and t["to"] == "open" for t in ctrl.summary()["transitions"])
-    prior.update_from(ctrl)
+    prior.update_from(ctrl.evidence())
     second = make(cfg=cfg, prior=prior)
     assert cfg.cooldown_tokens < second.breaker.cooldown <= cfg.max_cooldown_tokens
 

@@ -15,6 +15,8 @@ WORDS = ("alpha ", "beta ", "gamma ", "delta ")
 
 
 class FakeSession:
+    breaker_state: str | None = None  # no breaker: these sessions never run auto speculation
+
     def __init__(self, engine: "FakeEngine", req: GenerationRequest):
         self.engine, self.req = engine, req
         self.out: list[int] = []
@@ -94,6 +96,7 @@ class FakeEncoder:
 
 class FakeEngine:
     capabilities = frozenset({"constraint"})  # constraints are only recorded
+    special_tokens: dict[str, int] = {}  # noqa: RUF012 - none (with tokenize and chat_prompt: a chat.ChatTokenizer)
 
     def __init__(self, parallel: int = 2, n_ctx: int = 256, step_seconds: float = 0.01, load_seconds: float = 0.0):
         self.parallel = parallel

@@ -11,6 +11,7 @@ import time
 from edgespec.errors import Overloaded
 from edgespec.sampling import SamplingParams
 from edgespec.server.engine_loop import EngineLoop, Job
+from edgespec.server.metrics import Metrics
 from edgespec.types import SpeculationParams
 from tests.fake_backend import fake_engine
 
@@ -131,26 +132,86 @@ def test_streams_get_tokens_while_a_long_prompt_is_prefilled():
     eng = Hooked(parallel=2, n_ctx=1024)
     prefill_ticks, stream_tokens = [], []
     stream = job([0, 5, 6], max_tokens=400)
+    long_queued = threading.Event()
 
     def watch(sessions):
+        short = [s for s in sessions if s.n_prompt < 100]
+        if not long_queued.is_set() and short and short[0].out:
+            # the stream is flowing: hold it here until the long prompt is queued (the fake
+            # engine would otherwise finish its 400 tokens before the test thread submits it)
+            assert long_queued.wait(10), "the long prompt was never queued"
         long = [s for s in sessions if s.n_prompt > 100]
         if long and long[0].prefilling:
             prefill_ticks.append(long[0].prefill_pos)
-            short = [s for s in sessions if s.n_prompt < 100]
             stream_tokens.append(len(short[0].out) if short else None)
 
     eng.before_tick = watch
     loop = start(eng, parallel=2)
     try:
         loop.submit(stream)
-        while stream.first_token is None:
-            time.sleep(0.001)
+        kind, _ = stream.events.get(timeout=10)  # the stream's first token
+        assert kind == "chunk"
         long_job = loop.submit(job([0] + [8] * 700, max_tokens=2))
+        long_queued.set()
         events(long_job)
         stream.cancel()
         events(stream)
         during = [t for t in stream_tokens if t is not None]
         assert len(prefill_ticks) >= 3  # the prompt took several ticks
+        assert len(during) == len(prefill_ticks)  # the stream was in every one of them
         assert during == sorted(during) and during[-1] - during[0] >= len(during) - 1  # a token every tick
     finally:
+        long_queued.set()
+        loop.stop()
+
+
+def test_breaker_gauge_reports_the_last_auto_requests_state():
+    metrics = Metrics()
+    loop = EngineLoop(lambda: fake_engine(parallel=2), parallel=2, queue_size=4, metrics=metrics).start()
+    metrics.state = loop.stats
+    try:
+        assert loop.wait_loaded(10)
+        assert "edgespec_breaker_state{" not in metrics.render()  # no auto request yet: no state
+        events(loop.submit(job([0, 5, 6], max_tokens=2)))  # a plain request has no breaker
+        assert "edgespec_breaker_state{" not in metrics.render()
+        auto = job([0, 5, 6], max_tokens=8)
+        auto.speculation = SpeculationParams(mode="auto")
+        assert events(loop.submit(auto))[-1][0] == "result"
+        body = metrics.render()
+        for line in ('edgespec_breaker_state{state="closed"} 1', 'edgespec_breaker_state{state="open"} 0',
+                     'edgespec_breaker_state{state="half_open"} 0'):
+            assert line in body, line
+    finally:
+        loop.stop()
+
+
+def test_stats_and_metrics_count_from_one_set_of_counters():
+    """Admin.Stats' totals are the /metrics counters: an admitted request, a refusal and a
+    finished request show the same in both."""
+    metrics = Metrics()
+    eng = Hooked(parallel=1)
+    loop = EngineLoop(lambda: eng, parallel=1, queue_size=0, metrics=metrics).start()
+    try:
+        assert loop.wait_loaded(10)
+        eng.gate.clear()  # the engine thread blocks in the first request's tick: the slot is full
+        first = loop.submit(job([0, 5, 6], max_tokens=3))
+        while loop.stats()["active_requests"] < 1:
+            eng.gate.wait(0.005)
+        try:
+            loop.submit(job([0, 7], max_tokens=2))
+        except Overloaded:
+            pass
+        eng.gate.set()
+        res = events(first)[-1][1]
+        s = loop.stats()
+        assert s["requests_total"] == 1 and s["rejected_overloaded_total"] == 1
+        assert s["finished_length"] == 1 and s["generated_tokens_total"] == len(res.token_ids) == 3
+        assert s["target_forwards_total"] == res.stats.target_forwards
+        body = metrics.render()
+        for line in ("edgespec_submitted_requests_total 1", 'edgespec_rejected_requests_total{reason="overloaded"} 1',
+                     'edgespec_requests_total{finish_reason="length"} 1', "edgespec_generated_tokens_total 3",
+                     f"edgespec_target_forwards_total {res.stats.target_forwards}"):
+            assert line in body, line
+    finally:
+        eng.gate.set()
         loop.stop()
