@@ -110,7 +110,7 @@ def _nucleus(x: np.ndarray, top_p: float, min_p: float) -> np.ndarray:
     """Token ids top_p / min_p keep from the whole vocabulary, by descending x (ties: lower id
     first). Sorts only the distribution's head: the tokens whose probability relative to the top
     one is at least 1e-3 (then 1e-6, 1e-10) -- a prefix of the sorted order, since exp is monotone --
-    while the cut lies beyond it; a full sort of 49k logits cost 2.3 ms per verified node."""
+    while the cut lies beyond it, instead of sorting the whole vocabulary for every verified node."""
     e = np.exp(x - x.max())
     total = e.sum()
     for floor in (1e-3, 1e-6, 1e-10):

@@ -30,10 +30,10 @@ def user_errors() -> Iterator[None]:
         sys.exit(130)
 
 
-def engine_config(target: str | None, draft: str | None, *, n_ctx: int = 4096, n_gpu_layers: int = 0,
-                  threads: int = 0, no_draft: bool = False, parallel: int = 1):
+def engine_config(target: str | None, draft: str | None, *, n_ctx: int | None = None, n_gpu_layers: int | None = None,
+                  threads: int | None = None, no_draft: bool = False, parallel: int = 1):
     """EngineConfig for the CLI: the demo pair unless paths are given; missing files are a user
-    error naming the file."""
+    error naming the file. Unset model options take the [target] declaration's defaults."""
     from pathlib import Path
 
     from edgespec.config import EngineConfig, ModelConfig
@@ -46,7 +46,8 @@ def engine_config(target: str | None, draft: str | None, *, n_ctx: int = 4096, n
         if p is not None and not p.is_file():
             hint = " (run `edgespec models prepare-demo`)" if not (target if what == "--target" else draft) else ""
             raise BadRequest(what, f"model file not found: {p}{hint}")
-    mk = lambda p: ModelConfig(path=str(p), n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, threads=threads)  # noqa: E731
+    given = {k: v for k, v in (("n_ctx", n_ctx), ("n_gpu_layers", n_gpu_layers), ("threads", threads)) if v is not None}
+    mk = lambda p: ModelConfig(path=str(p), **given)  # noqa: E731
     cfg = EngineConfig(target=mk(t), draft=mk(d) if d is not None else None, parallel=parallel)
     cfg.validate()
     return cfg

@@ -10,17 +10,20 @@ from typing import Optional
 import typer
 
 from edgespec.cli.common import user_errors
+from edgespec.settings import setting
+
+_HOST, _PORT, _PARALLEL = setting("server", "host"), setting("server", "port"), setting("server", "parallel")
 
 
 def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve(
         config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config (default: $EDGESPEC_CONFIG, else built-in defaults)."),
-        host: Optional[str] = typer.Option(None, "--host", help="Listen address [default: 127.0.0.1]."),
-        port: Optional[int] = typer.Option(None, "--port", help="Listen port [default: 50051; 0 = any free port]."),
+        host: Optional[str] = typer.Option(None, "--host", help=f"Listen address (default {_HOST.default})."),
+        port: Optional[int] = typer.Option(None, "--port", help=f"Listen port (default {_PORT.default}; 0 = any free port)."),
         reflection: bool = typer.Option(False, "--reflection", help="Enable gRPC server reflection."),
         insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback address without auth tokens."),
-        parallel: Optional[int] = typer.Option(None, "--parallel", help="Requests decoded at once (engine slots)."),
+        parallel: Optional[int] = typer.Option(None, "--parallel", help=f"Requests decoded at once, engine slots (default {_PARALLEL.default})."),
         http_port: Optional[int] = typer.Option(None, "--http-port", help="Also serve the OpenAI-compatible HTTP API on this port (0 = any free port)."),
         log_level: Optional[str] = typer.Option(None, "--log-level", help="debug|info|warning|error."),
     ) -> None:
