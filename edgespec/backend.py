@@ -220,24 +220,99 @@ def check_compatible(target: Model, draft: Model) -> None:
         )
 
 
-class Context:
+class _Decoding:
+    """What a target, draft and head context share: one decode loop (batches split into n_batch
+    pieces, each a llama.cpp forward that writes its cells before the next reads them) and the KV
+    cache operations. Subclasses fill their batch (`_fill`) and run it (`_forward`)."""
+
+    _ctx = None
+    _mem = None
+    n_batch = 0
+    decode_seconds = 0.0
+
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
+               logits: Sequence[bool], embd: np.ndarray | None = None) -> None:
+        """One forward per n_batch piece (larger batches only for runs whose tokens all belong
+        to the same sequences, or whose pieces come in dependency order)."""
+        n = len(tokens)
+        start = 0
+        while start < n:
+            m = min(self.n_batch, n - start)
+            sl = slice(start, start + m)
+            self._fill(tokens[sl], positions[sl], seq_ids[sl], logits[sl], None if embd is None else embd[sl])
+            t0 = time.perf_counter()
+            rc = self._forward(m)
+            self.decode_seconds += time.perf_counter() - t0
+            if rc != 0:
+                raise ModelError(f"llama_decode failed with code {rc} (batch of {m} tokens, KV cache full?)")
+            self._decoded(m)
+            start += m
+        self._last_n = n
+
+    def _fill(self, tokens, positions, seq_ids, logits, embd) -> None:  # noqa: ANN001
+        raise NotImplementedError
+
+    def _forward(self, m: int) -> int:
+        raise NotImplementedError
+
+    def _decoded(self, m: int) -> None:
+        """After each forward of `decode` (m tokens): a hook for what must be read before the next."""
+
+    def _free_batch(self) -> None:
+        raise NotImplementedError
+
+    # -- KV cache -----------------------------------------------------------------------------
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
+        ll.llama_memory_seq_rm(self._mem, seq, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        ll.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def pos_max(self, seq: int) -> int:
+        return int(ll.llama_memory_seq_pos_max(self._mem, seq))
+
+    def pos_min(self, seq: int) -> int:
+        return int(ll.llama_memory_seq_pos_min(self._mem, seq))
+
+    def clear(self) -> None:
+        ll.llama_memory_clear(self._mem, True)
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            self._free_batch()
+            ll.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self) -> None:  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _context_params(cfg: ModelConfig, n_seq_max: int, n_ctx: int | None):
+    cp = ll.llama_context_default_params()
+    cp.n_ctx = n_ctx or cfg.n_ctx  # cells: a context shared by several slots holds all of theirs
+    cp.n_batch = cfg.n_batch
+    cp.n_ubatch = cfg.n_batch
+    cp.n_seq_max = n_seq_max
+    cp.n_threads = cfg.n_threads
+    cp.n_threads_batch = cfg.n_threads
+    cp.kv_unified = True
+    cp.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if cfg.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    cp.type_k = _KV_TYPES[cfg.kv_type]
+    cp.type_v = _KV_TYPES[cfg.kv_type]
+    cp.no_perf = True
+    return cp
+
+
+class Context(_Decoding):
     """One llama.cpp context (its own KV cache) over a loaded Model, plus a reusable batch."""
 
     def __init__(self, model: Model, cfg: ModelConfig, n_seq_max: int = 1, n_ctx: int | None = None):
         self.model = model
         self.n_seq_max = n_seq_max
-        cp = ll.llama_context_default_params()
-        cp.n_ctx = n_ctx or cfg.n_ctx  # cells: a context shared by several slots holds all of theirs
-        cp.n_batch = cfg.n_batch
-        cp.n_ubatch = cfg.n_batch
-        cp.n_seq_max = n_seq_max
-        cp.n_threads = cfg.n_threads
-        cp.n_threads_batch = cfg.n_threads
-        cp.kv_unified = True
-        cp.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if cfg.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        cp.type_k = _KV_TYPES[cfg.kv_type]
-        cp.type_v = _KV_TYPES[cfg.kv_type]
-        cp.no_perf = True
+        cp = _context_params(cfg, n_seq_max, n_ctx)
         self._ctx = ll.llama_init_from_model(model._model, cp)
         if not self._ctx:
             raise ModelError(f"llama.cpp could not create a context for {model.path} (n_ctx={cfg.n_ctx})")
@@ -256,29 +331,22 @@ class Context:
         self.decode_seconds = 0.0  # wall time inside llama_decode (the rest of a step is overhead)
 
     # -- decoding -----------------------------------------------------------------------------
-    def decode(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
-               logits: Sequence[bool]) -> None:
-        """One llama_decode. Batches larger than n_batch are split (only for prompts, whose
-        tokens all belong to the same sequences)."""
-        n = len(tokens)
-        start = 0
-        while start < n:
-            m = min(self.n_batch, n - start)
-            self._tok[:m] = tokens[start:start + m]
-            self._pos[:m] = positions[start:start + m]
-            for j in range(m):
-                s = seq_ids[start + j]
-                self._nseq[j] = len(s)
-                self._seq[j][: len(s)] = s
-            self._out[:m] = logits[start:start + m]
-            self._batch.n_tokens = m
-            t0 = time.perf_counter()
-            rc = ll.llama_decode(self._ctx, self._batch)
-            self.decode_seconds += time.perf_counter() - t0
-            if rc != 0:
-                raise ModelError(f"llama_decode failed with code {rc} (batch of {m} tokens, KV cache full?)")
-            start += m
-        self._last_n = n
+    def _fill(self, tokens, positions, seq_ids, logits, embd) -> None:  # noqa: ANN001
+        m = len(tokens)
+        self._tok[:m] = tokens
+        self._pos[:m] = positions
+        for j in range(m):
+            s = seq_ids[j]
+            self._nseq[j] = len(s)
+            self._seq[j][: len(s)] = s
+        self._out[:m] = logits
+        self._batch.n_tokens = m
+
+    def _forward(self, m: int) -> int:
+        return ll.llama_decode(self._ctx, self._batch)
+
+    def _free_batch(self) -> None:
+        ll.llama_batch_free(self._batch)
 
     def decode_rows(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
                     logits: Sequence[bool], chunk: int | None = None) -> np.ndarray:
@@ -323,34 +391,6 @@ class Context:
         """[n_rows, vocab] logits of the last decode's outputs, in batch order (a view)."""
         ptr = ll.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
-
-    # -- KV cache -----------------------------------------------------------------------------
-    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
-        ll.llama_memory_seq_rm(self._mem, seq, p0, p1)
-
-    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        ll.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
-
-    def pos_max(self, seq: int) -> int:
-        return int(ll.llama_memory_seq_pos_max(self._mem, seq))
-
-    def pos_min(self, seq: int) -> int:
-        return int(ll.llama_memory_seq_pos_min(self._mem, seq))
-
-    def clear(self) -> None:
-        ll.llama_memory_clear(self._mem, True)
-
-    def close(self) -> None:
-        if getattr(self, "_ctx", None):
-            ll.llama_batch_free(self._batch)
-            ll.llama_free(self._ctx)
-            self._ctx = None
-
-    def __del__(self) -> None:  # pragma: no cover
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 @dataclass(frozen=True)
@@ -451,10 +491,16 @@ def _rows(ptr, n: int, width: int) -> np.ndarray:  # noqa: ANN001
 
 class FeatureContext(Context):
     """A target context that also outputs the inputs of chosen layers (the hidden state entering
-    layer `lid`, for every token of a decode), the features an EAGLE-3 head reads."""
+    layer `lid`, for every token of a decode, output row or not), the features an EAGLE-3 head
+    reads. Its logits are a plain Context's, bit for bit (tests/heads/test_engine_head.py).
 
-    def __init__(self, model: Model, cfg: ModelConfig, layers: Sequence[int], n_seq_max: int = 1):
-        super().__init__(model, cfg, n_seq_max)
+    The features of a forward are rows of that llama_decode call only, so `decode_rows` (which
+    may run several calls: n_batch pieces, or the CPU's verification chunks) copies each call's
+    rows as it goes: `collected()` gives them all, in batch order, until the next decode_rows."""
+
+    def __init__(self, model: Model, cfg: ModelConfig, layers: Sequence[int], n_seq_max: int = 1,
+                 n_ctx: int | None = None):
+        super().__init__(model, cfg, n_seq_max, n_ctx)
         self.layers = tuple(int(x) for x in layers)
         for lid in self.layers:
             if not 0 <= lid < model.n_layer:
@@ -462,28 +508,45 @@ class FeatureContext(Context):
         e3 = _eagle3()
         for lid in sorted(set(self.layers)):
             e3.set_layer_inp(self._ctx, lid, True)
+        self._last_rows = 0
+        self._collected: list[np.ndarray] | None = None  # while a decode_rows call runs
+        self._rows_features: list[np.ndarray] = []  # the last decode_rows call's
 
     @property
     def n_features(self) -> int:
         return len(self.layers) * self.model.n_embd
 
     def layer_rows(self, k: int) -> np.ndarray:
-        """[tokens of the last decode call, n_embd] input of layer `layers[k]` (a view; rows in
-        batch order within the last sub-batch)."""
+        """[tokens of the last llama_decode call, n_embd] input of layer `layers[k]` (a view; rows
+        in batch order within the last sub-batch)."""
         ptr = _eagle3().get_layer_inp(self._ctx, self.layers[k])
         if not ptr:
             raise ModelError(f"no features for layer {self.layers[k]}")
         return _rows(ptr, self._last_rows, self.model.n_embd)
 
     def features(self, rows: Sequence[int] | np.ndarray | slice = slice(None)) -> np.ndarray:
-        """[len(rows), len(layers) * n_embd] the chosen rows of the last decode, the layers'
-        inputs concatenated low to high (the head's `g` input; a copy)."""
+        """[len(rows), len(layers) * n_embd] the chosen rows of the last llama_decode call, the
+        layers' inputs concatenated low to high (the head's `g` input; a copy)."""
         return np.concatenate([self.layer_rows(k)[rows] for k in range(len(self.layers))], axis=1)
 
-    def decode(self, tokens, positions, seq_ids, logits) -> None:  # noqa: ANN001
-        super().decode(tokens, positions, seq_ids, logits)
-        n = len(tokens)
-        self._last_rows = n - self.n_batch * ((n - 1) // self.n_batch) if n else 0
+    def _decoded(self, m: int) -> None:
+        self._last_rows = m
+        if self._collected is not None:
+            self._collected.append(self.features())
+
+    def decode_rows(self, tokens, positions, seq_ids, logits, chunk=None) -> np.ndarray:  # noqa: ANN001
+        self._collected = []
+        try:
+            return super().decode_rows(tokens, positions, seq_ids, logits, chunk)
+        finally:
+            self._rows_features, self._collected = self._collected, None
+
+    def collected(self) -> np.ndarray:
+        """[tokens of the last decode_rows call, n_features] their features, in batch order."""
+        parts = self._rows_features
+        if not parts:
+            return np.empty((0, self.n_features), np.float32)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def check_head(target: Model, head: Model) -> None:
@@ -514,7 +577,21 @@ def check_head(target: Model, head: Model) -> None:
         raise IncompatibleDraft(f"head {head.path.name} cannot draft for target {target.path.name}: " + "; ".join(diffs))
 
 
-class HeadContext:
+@dataclass
+class HeadRows:
+    """A head forward's output rows, in batch order: what drafting reads back."""
+
+    logits: np.ndarray  # [n, vocab] (-inf outside the draft vocabulary)
+    hidden: np.ndarray  # [n, head n_embd] pre-norm outputs: the next position's g while drafting
+
+    def __len__(self) -> int:
+        return len(self.logits)
+
+    def __getitem__(self, sl: slice) -> HeadRows:
+        return HeadRows(self.logits[sl], self.hidden[sl])
+
+
+class HeadContext(_Decoding):
     """An EAGLE-3 head's context. It shares the target's token embeddings (and lm_head when the
     head has none) through llama.cpp's `ctx_other`: `target` must outlive it.
 
@@ -523,23 +600,15 @@ class HeadContext:
     head's own pre-norm output at P-1 (`hidden`). Its logits at P predict token[P+2]; they are
     over the target's vocabulary (-inf outside a reduced draft vocabulary `d2t`)."""
 
-    def __init__(self, head: Model, target: Context, cfg: ModelConfig, n_seq_max: int = 1):
+    def __init__(self, head: Model, target: Context, cfg: ModelConfig, n_seq_max: int = 1,
+                 n_ctx: int | None = None):
         check_head(target.model, head)
         self.model = head
         self.target = target
         self.n_seq_max = n_seq_max
         self.layers = target_layer_ids(head)
-        cp = ll.llama_context_default_params()
-        cp.n_ctx = cfg.n_ctx
-        cp.n_batch = cfg.n_batch
-        cp.n_ubatch = cfg.n_batch
-        cp.n_seq_max = n_seq_max
-        cp.n_threads = cfg.n_threads
-        cp.n_threads_batch = cfg.n_threads
-        cp.kv_unified = True
-        cp.type_k = _KV_TYPES[cfg.kv_type]
-        cp.type_v = _KV_TYPES[cfg.kv_type]
-        cp.no_perf = True
+        cp = _context_params(cfg, n_seq_max, n_ctx)
+        cp.flash_attn_type = ll.llama_context_default_params().flash_attn_type
         cp.ctx_other = target._ctx
         self._ctx = ll.llama_init_from_model(head._model, cp)
         if not self._ctx:
@@ -552,7 +621,6 @@ class HeadContext:
         _eagle3().set_nextn(self._ctx, True, True)
         self._batch = ll.llama_batch_ext_init(self._ctx)
         self._keep: list[np.ndarray] = []
-        self._n_out = 0
         self.decode_seconds = 0.0
 
     def _embd(self, rows: np.ndarray) -> ll.llama_embd:
@@ -584,19 +652,19 @@ class HeadContext:
         return out
 
     def decode(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
-               g: np.ndarray, logits: Sequence[bool]) -> None:
-        """One head forward: entry i is (tokens[i], g[i]) at positions[i] in seqs seq_ids[i].
-        Logits and pre-norm outputs are kept for every entry (`logits` is accepted for symmetry
-        with Context.decode): read them by batch index, -1 = last."""
+               g: np.ndarray, logits: Sequence[bool] | None = None) -> None:
+        """Head forwards (one per n_batch piece): entry i is (tokens[i], g[i]) at positions[i] in
+        seqs seq_ids[i]. Logits and pre-norm outputs are kept for every entry of the last piece
+        (`logits` is accepted for symmetry with Context.decode): read them by batch index."""
         n = len(tokens)
-        if n > self.n_batch:
-            raise ModelError(f"head batch of {n} exceeds n_batch {self.n_batch}")
         g = np.ascontiguousarray(g, dtype=np.float32).reshape(n, self.n_embd)
+        super().decode(tokens, positions, seq_ids, [True] * n if logits is None else logits, embd=g)
+
+    def _fill(self, tokens, positions, seq_ids, logits, embd) -> None:  # noqa: ANN001
         ll.llama_batch_ext_clear(self._batch)
-        self._keep = [g]
+        self._keep = [embd]
         pos = (ll.llama_pos * 1)()
-        n_out = 0
-        for i in range(n):
+        for i in range(len(tokens)):
             s = seq_ids[i]
             idx = ll.llama_batch_ext_add_token(self._batch, s[0], int(tokens[i]))
             if idx < 0:
@@ -606,17 +674,34 @@ class HeadContext:
             pos[0] = int(positions[i])
             ll.llama_batch_ext_set_pos(self._batch, idx, pos)
             ll.llama_batch_ext_set_embd_token(self._batch, idx, ll.llama_embd(
-                g[i:i + 1].ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd))
+                embd[i:i + 1].ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd))
             # every row is an output: llama.cpp fills the eagle3 pre-norm rows (`hidden`) in batch
             # order but indexes them by output, so they only line up when all rows are outputs
             ll.llama_batch_ext_set_output_logits(self._batch, idx, True)
-            n_out += 1
-        t0 = time.perf_counter()
-        rc = ll.llama_process(self._ctx, ll.LLAMA_PROCESS_TYPE_DECODE, self._batch)
-        self.decode_seconds += time.perf_counter() - t0
-        if rc != 0:
-            raise ModelError(f"head decode failed with code {rc} (batch of {n} tokens, KV cache full?)")
-        self._n_out = n_out
+
+    def _forward(self, m: int) -> int:
+        return ll.llama_process(self._ctx, ll.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+
+    def _free_batch(self) -> None:
+        ll.llama_batch_ext_free(self._batch)
+
+    def decode_rows(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
+                    logits: Sequence[bool], chunk: int | None = None, embd: np.ndarray | None = None) -> HeadRows:
+        """Like Context.decode_rows, with `embd` [n, n_embd] the g of every entry: the logits and
+        pre-norm outputs of the entries marked in `logits`, in batch order (copies)."""
+        n = len(tokens)
+        embd = np.ascontiguousarray(embd, dtype=np.float32).reshape(n, self.n_embd)
+        lg, hid = [], []
+        for start in range(0, n, self.n_batch):
+            m = min(self.n_batch, n - start)
+            sl = slice(start, start + m)
+            self.decode(tokens[sl], positions[sl], seq_ids[sl], embd[sl])
+            for j in (j for j in range(m) if logits[start + j]):
+                lg.append(self.logits(j).copy())
+                hid.append(self.hidden(j).copy())
+        if not lg:
+            return HeadRows(np.empty((0, self.n_vocab), np.float32), np.empty((0, self.n_embd), np.float32))
+        return HeadRows(np.stack(lg), np.stack(hid))
 
     def logits(self, j: int) -> np.ndarray:
         """[vocab] logits of the j-th output of the last decode (-1 = last; a view)."""
@@ -633,33 +718,7 @@ class HeadContext:
             raise ModelError(f"no head hidden state for output {j}")
         return np.ctypeslib.as_array(ptr, shape=(self.n_embd,))
 
-    # -- KV cache -----------------------------------------------------------------------------
-    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
-        ll.llama_memory_seq_rm(self._mem, seq, p0, p1)
 
-    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        ll.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
-
-    def pos_max(self, seq: int) -> int:
-        return int(ll.llama_memory_seq_pos_max(self._mem, seq))
-
-    def pos_min(self, seq: int) -> int:
-        return int(ll.llama_memory_seq_pos_min(self._mem, seq))
-
-    def clear(self) -> None:
-        ll.llama_memory_clear(self._mem, True)
-
-    def close(self) -> None:
-        if getattr(self, "_ctx", None):
-            ll.llama_batch_ext_free(self._batch)
-            ll.llama_free(self._ctx)
-            self._ctx = None
-
-    def __del__(self) -> None:  # pragma: no cover
-        try:
-            self.close()
-        except Exception:
-            pass
 _rpc_lock = threading.Lock()
 _rpc_added: set[str] = set()  # mirrors ggml's own process-wide device registry
 

@@ -5,6 +5,11 @@ sequence ids (edgespec/kv.py), its main sequence plus its tree's branches. The e
 (edgespec/tick/) decodes every active session's [root] + tree in one target forward; a session
 (edgespec/session.py) is one request on one slot. Plain decoding is the same tick with empty
 trees; a request alone is a tick over one session.
+
+The draft is a draft model or an EAGLE-3 head (a `[draft] path` whose GGUF architecture is
+`eagle3`, detected at load): then the target context is a FeatureContext (its features go to
+each session's head drafter after every target forward) and the shared draft context is the
+head's (backend.HeadContext), with the same slot ranges.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ import numpy as np
 
 from edgespec import backend, chat
 from edgespec.config import EngineConfig, shared_cells
-from edgespec.drafters import ModelDrafter
+from edgespec.drafters import ModelDrafter, draft_kind, drafter_class
+from edgespec.drafters.base import decode_batch
 from edgespec.drafters.model import DraftCache
 from edgespec.errors import BadRequest, Overloaded
 from edgespec.kv import SeqRange
@@ -86,12 +92,14 @@ class Engine:
     prior. Confined to one thread (the daemon's engine thread)."""
 
     def __init__(self, cfg: EngineConfig, target: backend.Model, draft: backend.Model | None, slots: list[Slot],
-                 contexts: tuple = ()):
+                 contexts: tuple = (), draft_kind: str | None = None):
         self.cfg = cfg
         self.target = target
         self.draft = draft
         self.slots = slots
         self._contexts = contexts  # (target context, draft context or None)
+        # "model" (a draft model), "eagle3" (a head over the target's features) or None
+        self.draft_kind = (draft_kind or "model") if draft is not None else None
         from edgespec.controller import AcceptancePrior, ControllerConfig, CostModel
 
         self.controller_cfg = ControllerConfig()
@@ -109,23 +117,35 @@ class Engine:
     def load(cls, cfg: EngineConfig, controller_cfg=None, calibrate: bool = True) -> Engine:
         cfg.validate()
         target = backend.Model(cfg.target.path, cfg.target.n_gpu_layers)
-        draft = None
+        draft = head = None
         if cfg.draft is not None:
             draft = backend.Model(cfg.draft.path, cfg.draft.n_gpu_layers)
-            backend.check_compatible(target, draft)
+            if draft_kind(backend.model_arch(draft)) == "eagle3":
+                backend.check_head(target, draft)
+                head = draft
+            else:
+                backend.check_compatible(target, draft)
         n_seq = seqs_per_slot(cfg.parallel, cfg.max_tree_leaves)
-        tctx = backend.Context(target, cfg.target, n_seq_max=cfg.parallel * n_seq,
-                               n_ctx=shared_cells(cfg.parallel, cfg.target.n_ctx))
+        cells = shared_cells(cfg.parallel, cfg.target.n_ctx)
+        if head is not None:
+            tctx = backend.FeatureContext(target, cfg.target, backend.target_layer_ids(head),
+                                          n_seq_max=cfg.parallel * n_seq, n_ctx=cells)
+        else:
+            tctx = backend.Context(target, cfg.target, n_seq_max=cfg.parallel * n_seq, n_ctx=cells)
         dctx = None
-        if draft is not None:
+        if head is not None:  # the head holds each request's whole context, as the target does
+            dctx = backend.HeadContext(head, tctx, cfg.draft, n_seq_max=cfg.parallel * n_seq, n_ctx=cells)
+        elif draft is not None:
             dctx = backend.Context(draft, cfg.draft, n_seq_max=cfg.parallel * n_seq,
                                    n_ctx=shared_cells(cfg.parallel, cfg.draft.n_ctx))
         slots = []
         for i in range(cfg.parallel):
             t = SeqRange(tctx, i * n_seq, n_seq, cfg.target.n_ctx)
-            d = SeqRange(dctx, i * n_seq, n_seq, cfg.draft.n_ctx) if dctx is not None else None
+            d = None
+            if dctx is not None:
+                d = SeqRange(dctx, i * n_seq, n_seq, cfg.target.n_ctx if head is not None else cfg.draft.n_ctx)
             slots.append(Slot(i, t, d))
-        eng = cls(cfg, target, draft, slots, (tctx, dctx))
+        eng = cls(cfg, target, draft, slots, (tctx, dctx), "eagle3" if head is not None else "model")
         if eng.backend_name == "cpu":
             from edgespec.tick.forward import EXACT_COLUMNS
 
@@ -151,6 +171,21 @@ class Engine:
         return self._compiler.matcher(spec)
 
     @property
+    def features(self) -> bool:
+        """Whether target forwards hand their features to the drafters (an EAGLE-3 head)."""
+        return self.draft_kind == "eagle3"
+
+    @property
+    def prompt_cache(self) -> bool:
+        """Slots keep prefills for the next request. Not with a head: it needs the target's
+        features of every context token, and a kept prefill's are gone."""
+        return self.cfg.prompt_cache and not self.features
+
+    def new_drafter(self, slot: Slot):
+        """The drafter of one request on `slot` (drafters/base.py: Drafter)."""
+        return drafter_class(self.draft_kind)(slot.draft, window=self.cfg.draft_window)
+
+    @property
     def target_ctx(self) -> backend.Context:
         return self._contexts[0]
 
@@ -170,8 +205,18 @@ class Engine:
         more rounds over all of them, and each size keeps its fastest. Rounds, not repeats in a
         row: a slow moment (another tenant, the page cache still filling after load) then
         inflates one timing of every size instead of every timing of the first sizes. A batched
-        tick's forwards hold several sessions' tokens, so the sizes reach past one tree's."""
+        tick's forwards hold several sessions' tokens, so the sizes reach past one tree's. With
+        an EAGLE-3 head the draft's curve is the head's forwards (its g inputs zeros: the same
+        work), which is how the controller prices the head like any drafter."""
         slot = self.slots[0]
+
+        def forward(ctx, n: int, start: int, out: list[bool], chunk: int | None) -> None:
+            toks, pos = [self.target.bos] * n, list(range(start, start + n))
+            if ctx is slot.draft and self.features:  # the head's shared context, in global seq ids
+                decode_batch(ctx.ctx, toks, pos, [ctx.to_global((0,))] * n, out,
+                             np.zeros((n, ctx.ctx.n_embd), np.float32))
+            else:
+                ctx.decode_rows(toks, pos, [(0,)] * n, out, chunk)
 
         def measure(ctx, n: int, all_logits: bool = False) -> float:
             # as the steps use them: verification needs every token's logits, a draft catch-up the
@@ -179,7 +224,7 @@ class Engine:
             out = [True] * n if ctx is slot.target or all_logits else [False] * (n - 1) + [True]
             chunk = self.verify_chunk if ctx is slot.target else None  # as the ticks verify
             t0 = time.perf_counter()
-            ctx.decode_rows([self.target.bos] * n, list(range(32, 32 + n)), [(0,)] * n, out, chunk)
+            forward(ctx, n, 32, out, chunk)
             dt = time.perf_counter() - t0
             ctx.seq_rm(0, 32, -1)
             return dt
@@ -189,7 +234,7 @@ class Engine:
         for kind in kinds:
             ctx = slot.target if kind == "target" else slot.draft
             ctx.clear()
-            ctx.decode_seq([self.target.bos] * 32, 0, (0,), last_logits=False)  # a short prefix
+            forward(ctx, 32, 0, [False] * 32, None)  # a short prefix
             for _ in range(2):
                 measure(ctx, 4)  # warm-up: the first decodes allocate buffers and fault pages in
             spent, table[kind] = 0.0, {}
@@ -270,7 +315,7 @@ class Engine:
         if slot is None:
             raise Overloaded("no free slot")
         out = []
-        for ctx in (slot.target, slot.draft):
+        for ctx in (slot.target, None if self.features else slot.draft):
             if ctx is None:
                 out.append(None)
                 continue
@@ -292,7 +337,7 @@ class Engine:
         no bit-exactness, so this is only a matter of time. Call it only when no request waits: one
         call is one draft forward of at most `budget` tokens. Returns whether it did any (call it
         again until it returns False)."""
-        if not self.cfg.prompt_cache or self.draft is None:
+        if not self.prompt_cache or self.draft_kind != "model":
             return False
         for slot in self.slots:
             ctx = slot.last_context
@@ -337,12 +382,12 @@ class Engine:
             raise Overloaded(f"all {len(self.slots)} slots are busy")
         chunk = self.cfg.target.n_batch
         slot = free[0]
-        if self.cfg.prompt_cache and len(free) > 1:  # the free slot whose cache this prompt can reuse most
+        if self.prompt_cache and len(free) > 1:  # the free slot whose cache this prompt can reuse most
             slot = max(free, key=lambda s: (reusable_prefix(s.prefill, req.prompt_tokens, chunk),
                                             s.draft_cache.reusable(req.prompt_tokens) if s.draft_cache else 0))
-        keep = reusable_prefix(slot.prefill, req.prompt_tokens, chunk) if self.cfg.prompt_cache else 0
+        keep = reusable_prefix(slot.prefill, req.prompt_tokens, chunk) if self.prompt_cache else 0
         donor = None
-        if self.cfg.prompt_cache:
+        if self.prompt_cache:
             # another slot's kept (or completed) prefill may share more: its cells are shared by a
             # copy in the unified cache, nothing is recomputed
             for other in self.slots:
@@ -381,7 +426,7 @@ class Engine:
             sess.controller = None
         if not slot.busy:
             return
-        keep = self.cfg.prompt_cache and sess._consistent and not sess.prefilling
+        keep = self.prompt_cache and sess._consistent and not sess.prefilling
         if sess.drafter is not None:
             # the draft keeps all it holds, the reply included: a chat's next turn starts with it
             slot.draft_cache = sess.drafter.keep(sess.tokens) if keep else None

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from edgespec.config import KV_TYPES, EngineConfig, shared_cells
@@ -63,7 +63,7 @@ class ModelFacts:
 
 @dataclass(frozen=True)
 class ModelPlan:
-    role: str  # "target" | "draft"
+    role: str  # "target" | "draft" | "head" (an EAGLE-3 head as the draft)
     facts: ModelFacts
     weights_bytes: int
     kv_bytes: int  # the shared context: every slot's cells
@@ -242,7 +242,10 @@ def plan_memory(
     gpu: bool = True,
 ) -> MemoryPlan:
     """Bytes for target + draft with `parallel` slots of `n_ctx` positions each, in one shared
-    context per model."""
+    context per model. A draft whose architecture is `eagle3` is a head: its weights (the
+    target's token embeddings are shared, not in its GGUF), its KV over the target's n_ctx,
+    every row of its forwards an output (logits over the target's vocabulary and its pre-norm
+    state), and the target's forwards also output three layers' inputs per token."""
     if kv_type not in KV_BYTES:
         raise ConfigError("kv_type", f"must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
     if n_ctx < 1:
@@ -254,7 +257,7 @@ def plan_memory(
     ratio = None
     if draft is not None:
         ratio = draft.n_params / target.n_params if target.n_params else None
-        message = draft_ratio_warning(ratio) if ratio is not None else None
+        message = draft_ratio_warning(ratio) if ratio is not None and draft.arch != "eagle3" else None
         if message:
             warnings.append(message)
         if draft.n_vocab != target.n_vocab:
@@ -264,9 +267,15 @@ def plan_memory(
             warnings.append(f"n_ctx {n_ctx} exceeds {Path(facts.path).name}'s training context {facts.n_ctx_train}")
     if kv_type in ("q8_0", "q4_0") and not flash_attn:
         warnings.append(f"llama.cpp needs flash attention for a quantised V cache ({kv_type})")
+    target_plan = _model_plan("target", target, **common)
+    draft_plan = None if draft is None else _model_plan("draft", draft, **common)
+    if draft is not None and draft.arch == "eagle3":
+        target_plan = replace(target_plan, output_bytes=target_plan.output_bytes + 4 * 3 * target.n_embd * n_ubatch)
+        draft_plan = _model_plan("head", draft, **dict(common, n_outputs=n_ubatch))
+        draft_plan = replace(draft_plan, output_bytes=draft_plan.output_bytes + 4 * draft.n_embd * n_ubatch)
     return MemoryPlan(
-        target=_model_plan("target", target, **common),
-        draft=None if draft is None else _model_plan("draft", draft, **common),
+        target=target_plan,
+        draft=draft_plan,
         n_ctx=n_ctx,
         parallel=parallel,
         kv_type=kv_type,

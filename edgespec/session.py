@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from edgespec.controller.shapes import PLAIN, Shape, StepOutcome, chain, eagle
-from edgespec.drafters import ModelDrafter, NgramDrafter
+from edgespec.drafters import NgramDrafter
 from edgespec.drafters.ngram import NGRAM_MAX  # noqa: F401 - re-exported (edgespec.engine)
 from edgespec.emit import Emitter
 from edgespec.errors import BadRequest
@@ -64,7 +64,7 @@ class Session:
         self.check_kv = False  # tests turn this on: assert the KV invariants after every step
         self._closed_reason: FinishReason | None = None
         has_draft = slot.draft is not None
-        self.drafter = ModelDrafter(slot.draft, window=engine.cfg.draft_window) if has_draft else None
+        self.drafter = engine.new_drafter(slot) if has_draft else None  # drafters/base.py: Drafter
         self.ngram = NgramDrafter() if self.spec.ngram else None  # its lookups and their learnt reach
         # structured output: the grammar state of this request (edgespec/constraint.py); every
         # verified row is masked by the state after its node's path, drafts by their parent's
@@ -79,7 +79,7 @@ class Session:
             raise BadRequest("mode", f"{self.spec.mode} needs a draft model or n-gram drafting")
         self.stats.cached_prompt_tokens = keep
         if self.drafter is not None:
-            kept = slot.draft_cache if engine.cfg.prompt_cache else None
+            kept = slot.draft_cache if engine.prompt_cache else None
             slot.draft_cache = None  # nothing reusable until this request has ended cleanly
             self.stats.draft_cached_tokens = self.drafter.begin(self.tokens, kept)
         self.prefill_pos = keep
@@ -145,11 +145,15 @@ class Session:
         end = min(self.n_prompt - 1, start + max(1, limit), boundary)
         return self.tokens[start:end], start
 
-    def prefill_done(self, n: int) -> None:
+    def prefill_done(self, n: int, features: np.ndarray | None = None) -> None:
+        """`n` more prompt tokens are in the cache; `features`: the target's features of their
+        rows (a head's target), for a drafter that reads them."""
         self.prefill_pos += n
         self.n_past = self.prefill_pos
+        if features is not None and self.drafter is not None and self.drafter.features:
+            self.drafter.add_features(features)
         if not self.prefilling:
-            if self.engine.cfg.prompt_cache:
+            if self.engine.prompt_cache:
                 self.slot.prefill = self._prefill  # other slots may share these cells from now on
             # decoding time starts after the target's prefill (the same in every mode, like
             # llama.cpp's eval time); the draft's own prefill happens in its first steps and counts
@@ -262,6 +266,10 @@ class Session:
         st.leaves, st.below, st.seq_of_leaf, st.order, st.root_pos = leaves, below, seq_of_leaf, order, root_pos
         return ([tree.tokens[i] for i in order], [root_pos + tree.depths[i] for i in order], [seqs[i] for i in order])
 
+    def verified_features(self, features: np.ndarray) -> None:
+        """The target's features of this step's batch entries (batch order), for finish_step."""
+        self._step.features = features
+
     def finish_step(self, rows: np.ndarray) -> Chunk:
         """Verify this session's tree against its rows of the target forward (batch order),
         commit the KV in its sequence range, emit."""
@@ -292,6 +300,10 @@ class Session:
             self.ngram.score(self.tokens)
         if self.drafter is not None and st.draft_ran:
             self.drafter.accept(tree, res.accepted, self.tokens)
+        if st.features is not None and self.drafter is not None and self.drafter.features:
+            # the context tokens this forward committed: the root and the accepted path
+            at = {node: j for j, node in enumerate(st.order)}
+            self.drafter.add_features(st.features[[at[i] for i in [0, *res.accepted]]])
         self._consistent = True
         if self.check_kv:
             self.assert_kv_invariants()
@@ -368,12 +380,7 @@ class Session:
         for s in range(1, tgt.n_seq_max):
             assert tgt.pos_max(s) == -1, f"target seq {s} still holds cells (up to pos {tgt.pos_max(s)})"
         if self.drafter is not None:
-            d = self.drafter.ctx
-            want = self.drafter.n_past - 1 - self.drafter.offset
-            assert d.pos_max(0) == want, f"draft seq 0 ends at {d.pos_max(0)}, expected {want}"
-            assert self.drafter.n_past <= len(self.tokens) - 1
-            for s in range(1, d.n_seq_max):
-                assert d.pos_max(s) == -1, f"draft seq {s} still holds cells"
+            self.drafter.check_kv(self.tokens)
 
     # -- prompt lookup ------------------------------------------------------------------------
     def _ngram_budget(self, base: int, kind: int = 0, batch=None) -> int:
@@ -411,7 +418,7 @@ class _Step:
 
     __slots__ = ("shape", "tree", "t0", "lookup", "kind", "draft_batches", "levels", "spine_probs",
                  "draft_ran", "ngram_only", "leaves", "below", "seq_of_leaf", "order", "root_pos",
-                 "result", "emitted", "batch")
+                 "result", "emitted", "batch", "features")
 
     def __init__(self, shape: Shape, tree: DraftTree, t0: float):
         self.shape, self.tree, self.t0 = shape, tree, t0
@@ -425,6 +432,7 @@ class _Step:
         self.result: VerifyResult | None = None
         self.emitted = 0
         self.batch = None
+        self.features: np.ndarray | None = None  # the target's features of the step's entries (a head's)
 
 
 def _spine(tree: DraftTree) -> list[int]:

@@ -185,19 +185,33 @@ def run(
     external: dict[str, External] | None = None,
     external_rows: list[dict[str, Any]] | None = None,
     sampling: SamplingParams | None = None,
+    others: dict[str, BenchEngine] | None = None,
 ) -> list[Row]:
     """Every prompt in every mode, interleaved. A warm-up generation (first prompt, every mode,
     a few tokens) runs first and is not recorded. `external` adds modes run by something else
     (llama.cpp's binaries) into the same rotation, so the machine's drift hits them alike; their
-    rows go to `external_rows` as dicts with "mode" = the external mode's name. `sampling`: sample
-    instead of greedy decoding (`prompt_sampling`: one seed per prompt, the same in every mode)."""
+    rows go to `external_rows` as dicts with "mode" = the external mode's name. `others`: more
+    engines (another draft on the same target): a mode "NAME:MODE" runs MODE on others[NAME], in
+    the same rotation, its rows named so. `sampling`: sample instead of greedy decoding
+    (`prompt_sampling`: one seed per prompt, the same in every mode)."""
     if max_tokens < 1:
         raise BadRequest("max_tokens", f"must be >= 1, got {max_tokens}")
+    others = others or {}
+
+    def engine_of(mode: str) -> tuple[BenchEngine, str]:
+        name, _, base = mode.rpartition(":")
+        if not name:
+            return engine, mode
+        if name not in others:
+            raise BadRequest("modes", f"{mode!r} names no engine (known: {', '.join(sorted(others)) or 'none'})")
+        return others[name], base
+
     if warmup and prompts:
         tokens = prompt_tokens(engine, prompts[0])
         for mode in modes:
-            engine.generate(request(tokens, mode, min(8, max_tokens), prompt_sampling(sampling, 0),
-                                    constraint_of(prompts[0], mode)))
+            eng, base = engine_of(mode)
+            eng.generate(request(tokens, base, min(8, max_tokens), prompt_sampling(sampling, 0),
+                                 constraint_of(prompts[0], base)))
 
     external = external or {}
     all_modes = list(modes) + [m for m in external if m not in modes]
@@ -217,7 +231,8 @@ def run(
                         bar.set_postfix_str(f"{prompt.id} {mode} {ext.get('tokens_per_second', 0):.1f} tok/s")
                         bar.update(1)
                     continue
-                row = run_one(engine, prompt, tokens, mode, max_tokens, prompt_sampling(sampling, i))
+                eng, base = engine_of(mode)
+                row = replace(run_one(eng, prompt, tokens, base, max_tokens, prompt_sampling(sampling, i)), mode=mode)
                 rows.append(row)
                 if on_row is not None:
                     on_row(row)

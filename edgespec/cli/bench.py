@@ -52,7 +52,11 @@ def bench(
     modes: str = typer.Option("plain,chain,tree,auto", help="comma-separated modes, run interleaved per prompt"),
     max_tokens: int = typer.Option(128, "--max-tokens", help="tokens generated per prompt and mode"),
     target: Optional[str] = typer.Option(None, help="target GGUF (default: the demo F32 target)"),
-    draft: Optional[str] = typer.Option(None, help="draft GGUF (default: the demo Q8_0 draft; 'none' = n-gram only)"),
+    draft: Optional[str] = typer.Option(None, help="draft GGUF (default: the demo Q8_0 draft; 'none' = n-gram only; "
+                                        "an EAGLE-3 head GGUF is detected and drafts as a head)"),
+    head: Optional[str] = typer.Option(None, help="also an EAGLE-3 head GGUF on a second engine: its modes run as "
+                                       "head:chain, head:tree, head:auto (those of --modes), interleaved with the "
+                                       "others prompt by prompt"),
     n_gpu_layers: int = typer.Option(0, "--n-gpu-layers", help="-1 = all layers on the GPU (CUDA build; "
                                      "a CPU build ignores it)"),
     threads: int = typer.Option(0, help="CPU threads (0 = all cores)"),
@@ -89,10 +93,12 @@ def bench(
 def _bench(a: SimpleNamespace) -> None:
     """`edgespec bench` with its options `a`: check them, run the suite, write the reports."""
     from edgespec.bench import report as rep
-    from edgespec.bench.runner import parse_modes
+    from edgespec.bench.runner import base_mode, parse_modes
     from edgespec.bench.suite import load_suite
 
     mode_list = parse_modes(a.modes)
+    if a.head is not None:  # the head's modes, on its own engine (runner: NAME:MODE)
+        mode_list += tuple(f"head:{m}" for m in mode_list if base_mode(m) != "plain")
     sampling = _sampling(a)
     prompts = load_suite(a.suite, limit=a.limit)
     groups = {name: _categories(name, given, prompts) for name, given in (("structured", a.structured), ("drift", a.drift))}
@@ -100,7 +106,7 @@ def _bench(a: SimpleNamespace) -> None:
     anchor_data = _read_anchor(a.anchor) if a.anchor else None
     target_path = _model_path(a.target, "target")
     draft_path = None if a.draft == "none" else _model_path(a.draft, "draft")
-    for p in (target_path, draft_path):
+    for p in (target_path, draft_path, a.head):
         if p is not None and not Path(p).is_file():
             raise FileNotFoundError(2, "model not found (run `edgespec models prepare-demo`)", p)
     llama_draft = _llama_draft(a, draft_path)
@@ -109,7 +115,7 @@ def _bench(a: SimpleNamespace) -> None:
         anchor_data = live
     settings = {
         "suite": a.suite, "modes": list(mode_list), "max_tokens": a.max_tokens, "target": target_path,
-        "draft": draft_path, "n_gpu_layers": a.n_gpu_layers, "threads": cfg.target.n_threads,
+        "draft": draft_path, **({} if a.head is None else {"head": a.head}), "n_gpu_layers": a.n_gpu_layers, "threads": cfg.target.n_threads,
         "n_ctx": cfg.target.n_ctx, "temperature": a.temperature,
         **({} if sampling.greedy else {"top_k": a.top_k, "top_p": a.top_p, "min_p": a.min_p, "seed": a.seed}),
         "prompts": len(prompts),
@@ -186,6 +192,7 @@ def _run_suite(a: SimpleNamespace, prompts, mode_list, sampling, target_path: st
 
     cfg = config(DEFAULT_N_CTX if a.n_ctx is None else a.n_ctx)
     engine = Engine.load(cfg)
+    others: dict = {}  # engines of other drafts on the same target (--head)
     try:
         # a suite with long prompts (RAG contexts) gets the context it needs, unless --n-ctx
         # says otherwise: then it is an error before any run, naming the prompt
@@ -198,6 +205,11 @@ def _run_suite(a: SimpleNamespace, prompts, mode_list, sampling, target_path: st
             small.close()
             cfg = config(-(-need // 256) * 256)
             engine = Engine.load(cfg)
+        if a.head is not None:
+            others["head"] = head = Engine.load(bench_engine_config(
+                target_path, a.head, n_ctx=cfg.target.n_ctx, n_gpu_layers=a.n_gpu_layers, threads=a.threads))
+            if head.draft_kind != "eagle3":
+                raise BadRequest("head", f"{a.head} is not an EAGLE-3 head (a draft model goes in --draft)")
         external, ext_rows, live = None, [], None
         if a.anchor_bin is not None:
             from edgespec.bench.anchor import interleaved_runners
@@ -208,11 +220,14 @@ def _run_suite(a: SimpleNamespace, prompts, mode_list, sampling, target_path: st
             external = {LLAMA_PREFIX + m: fn for m, fn in live["runners"].items()}
         backend = (engine.model_info() or {}).get("backend")
         rows = run(engine, prompts, mode_list, a.max_tokens, warmup=a.warmup, progress=a.progress,
-                   external=external, external_rows=ext_rows, sampling=None if sampling.greedy else sampling)
+                   external=external, external_rows=ext_rows, sampling=None if sampling.greedy else sampling,
+                   others=others)
         costs = engine.cost.as_dict()
     finally:
         if engine is not None:
             engine.close()
+        for other in others.values():
+            other.close()
     anchor = None if live is None else {
         "command": "(interleaved with this run) " + _command_line(),
         "settings": live["settings"],

@@ -1,13 +1,16 @@
-"""Drafters propose tokens for the target to verify. They share one small interface
-(`Drafter`: begin / propose / accept); `DRAFTERS` maps config names to them."""
+"""Drafters propose tokens for the target to verify. The decoding drafters share one interface
+(`Drafter`, drafters/base.py: what the engine's tick calls); `DRAFTERS` maps the draft's kind
+(a draft model, or an EAGLE-3 head: `draft_kind`) to them. Prompt lookup (`NgramDrafter`) is
+grafted onto their trees by the session."""
 
 from __future__ import annotations
 
-from edgespec.drafters.base import Drafter, DraftReport
+from edgespec.drafters.base import DraftBatch, Drafter, DraftReport
+from edgespec.drafters.eagle3 import Eagle3Drafter
 from edgespec.drafters.model import ModelDrafter
 from edgespec.drafters.ngram import NgramDrafter
 
-DRAFTERS: dict[str, type] = {"model": ModelDrafter, "ngram": NgramDrafter}
+DRAFTERS: dict[str, type] = {"model": ModelDrafter, "eagle3": Eagle3Drafter}
 
 
 def drafter_class(name: str) -> type:
@@ -17,4 +20,10 @@ def drafter_class(name: str) -> type:
         raise KeyError(f"unknown drafter {name!r}; known: {', '.join(sorted(DRAFTERS))}") from None
 
 
-__all__ = ["DRAFTERS", "DraftReport", "Drafter", "ModelDrafter", "NgramDrafter", "drafter_class"]
+def draft_kind(arch: str) -> str:
+    """The drafter for a draft GGUF of this architecture."""
+    return "eagle3" if arch == "eagle3" else "model"
+
+
+__all__ = ["DRAFTERS", "DraftBatch", "DraftReport", "Drafter", "Eagle3Drafter", "ModelDrafter", "NgramDrafter",
+           "draft_kind", "drafter_class"]

@@ -1,4 +1,22 @@
-"""The drafter interface (after llama.cpp's common/speculative: begin -> draft -> accept)."""
+"""The drafter interface the engine's tick calls (after llama.cpp's common/speculative:
+begin -> draft -> accept), and the draft batch its generators yield.
+
+A drafter drives one request on one slot's range of a shared draft context (local seq 0 = the
+committed context, the others its tree's branches). Per step the tick calls, in this order:
+
+    propose_steps(...) or absorb_steps(...)   generators: each yields the `DraftBatch` of its next
+                                              draft forward and is sent that forward's rows
+                                              (tick/draft.py: level l of every session in ONE
+                                              forward); they return a DraftReport
+    add_features(rows)                        drafters with `features = True` (an EAGLE-3 head):
+                                              the target's features of the context tokens that
+                                              forward committed (prefill pieces too)
+    accept(tree, accepted, tokens)            verification kept `accepted`; drop rejected branches
+
+`ModelDrafter` (a draft model) and `Eagle3Drafter` (a head over the target's features) implement
+it; `edgespec.drafters.DRAFTERS` maps their names to them. Prompt lookup (`NgramDrafter`) needs no
+forward: the session grafts its continuations onto the tree directly.
+"""
 
 from __future__ import annotations
 
@@ -20,19 +38,68 @@ class DraftReport:
     spine_probs: list[float] = field(default_factory=list)  # draft prob of the first child, level by level, along the first choices
 
 
+@dataclass(frozen=True)
+class DraftBatch:
+    """One draft forward a drafter asks for: tokens at positions in its local seq ids, and which
+    entries need output rows; for a head, `embd` [n, head n_embd] is each entry's g input."""
+
+    tokens: list[int]
+    positions: list[int]
+    seqs: list[tuple[int, ...]]
+    logits: list[bool]
+    embd: np.ndarray | None = None
+
+
+def decode_batch(ctx, tokens, positions, seqs, logits, embd=None):  # noqa: ANN001
+    """Decode one (possibly merged) draft batch on `ctx`; the rows of its marked entries."""
+    if embd is None:
+        return ctx.decode_rows(tokens, positions, seqs, logits)
+    return ctx.decode_rows(tokens, positions, seqs, logits, embd=embd)
+
+
+def run_alone(steps, ctx):  # noqa: ANN001
+    """Drive a drafter generator alone: decode each DraftBatch on `ctx`, send back its rows."""
+    try:
+        batch = next(steps)
+        while True:
+            rows = decode_batch(ctx, batch.tokens, batch.positions, batch.seqs, batch.logits, batch.embd)
+            batch = steps.send(rows)
+    except StopIteration as stop:
+        return stop.value
+
+
 class Drafter(Protocol):
     name: str
+    features: bool  # reads the target's features (add_features after every target forward)
+    ctx: object  # its slot's range of the shared draft context
 
-    def begin(self, tokens: list[int]) -> None:
-        """A new request whose context (prompt) is `tokens`; the last one is the tree's root."""
+    def begin(self, tokens: list[int], kept=None) -> int:  # noqa: ANN001
+        """A new request whose context (prompt) is `tokens`; the last one is the tree's root.
+        `kept`: what an earlier request left on this range (`keep`); returns the context tokens
+        that saved."""
 
-    def propose(self, tree: DraftTree, tokens: list[int], shape: Shape, sampling: SamplingParams,
-                rng: np.random.Generator) -> DraftReport:
-        """Grow `tree` (rooted at tokens[-1]) in place within `shape`."""
+    def backlog(self, tokens: list[int]) -> int:
+        """Entries the next proposal decodes before drafting (its first level's catch-up)."""
+
+    def propose_steps(self, tree: DraftTree, tokens: list[int], shape: Shape, sampling: SamplingParams,
+                      rng: np.random.Generator, mask=None):  # noqa: ANN001
+        """Grow `tree` (rooted at tokens[-1]) within `shape`, one yielded DraftBatch per level."""
+
+    def absorb_steps(self, tokens: list[int], budget: int):
+        """Catch up on at most `budget` entries of the backlog without drafting (a plain step)."""
+
+    def add_features(self, features: np.ndarray) -> None:
+        """The target's features of the next context tokens (drafters with `features` only)."""
 
     def accept(self, tree: DraftTree, accepted: list[int], tokens: list[int]) -> None:
         """Verification kept `accepted` (node indices); `tokens` is now the whole context, with
         the next root last. Drafters drop every trace of rejected branches."""
 
+    def keep(self, tokens: list[int]):
+        """What the range holds for the next request on it (None: nothing reusable)."""
+
     def end(self) -> None:
         """The request is over: release per-request state."""
+
+    def check_kv(self, tokens: list[int]) -> None:
+        """Between steps: the range holds the committed context only (asserts; tests)."""

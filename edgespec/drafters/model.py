@@ -35,61 +35,14 @@ import numpy as np
 
 from edgespec.backend import Context
 from edgespec.controller.shapes import Shape
-from edgespec.drafters.base import DraftReport
-from edgespec.sampling import SamplingParams, logits_to_probs
+from edgespec.drafters.base import DraftBatch, DraftReport, run_alone
+from edgespec.drafters.grow import Growth, grow_steps
+from edgespec.sampling import SamplingParams
 from edgespec.tree import DraftTree
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    z = np.exp(x - x.max())
-    return z / z.sum()
-
-
-def _gumbel_topk(q: np.ndarray, k: int, rng: np.random.Generator) -> list[int]:
-    """k draws without replacement from q, in draw order (the Gumbel-top-k trick)."""
-    support = np.flatnonzero(q > 0)
-    k = min(k, len(support))
-    if k == 0:
-        return []
-    keys = np.log(q[support]) + rng.gumbel(size=len(support))
-    top = np.argpartition(-keys, k - 1)[:k] if k < len(support) else np.arange(len(support))
-    top = top[np.argsort(-keys[top])]
-    return [int(support[i]) for i in top]
 
 
 # a kept draft context is reused while its cells span at most this many draft windows (begin)
 REUSE_WINDOWS = 4
-
-
-@dataclass(frozen=True)
-class DraftBatch:
-    """One draft forward a drafter asks for: tokens at positions in its local seq ids, and which
-    entries need logits."""
-
-    tokens: list[int]
-    positions: list[int]
-    seqs: list[tuple[int, ...]]
-    logits: list[bool]
-
-
-def _path(parent: list[int], token: list[int], n: int) -> list[int]:
-    """The drafted tokens from below the root down to node n."""
-    out = []
-    while n > 0:
-        out.append(token[n])
-        n = parent[n]
-    return out[::-1]
-
-
-def _run(steps, ctx):
-    """Drive a drafter generator alone: decode each DraftBatch on `ctx`, send back its rows."""
-    try:
-        batch = next(steps)
-        while True:
-            rows = ctx.decode_rows(batch.tokens, batch.positions, batch.seqs, batch.logits)
-            batch = steps.send(rows)
-    except StopIteration as stop:
-        return stop.value
 
 
 @dataclass(frozen=True)
@@ -118,6 +71,7 @@ class DraftCache:
 
 class ModelDrafter:
     name = "model"
+    features = False
 
     def __init__(self, ctx: Context, window: int | None = None, max_leaves: int | None = None):
         self.ctx = ctx
@@ -173,7 +127,7 @@ class ModelDrafter:
     def _catch_up(self, tokens: list[int], end: int, last_logits: bool) -> int:
         """Decode tokens[n_past:end] into seq 0, starting over on the last `window` of them when
         they are more; returns how many were decoded."""
-        return _run(self._catch_up_steps(tokens, end, last_logits), self.ctx)[0]
+        return run_alone(self._catch_up_steps(tokens, end, last_logits), self.ctx)[0]
 
     def _catch_up_steps(self, tokens: list[int], end: int, last_logits: bool):
         """The catch-up as a draft batch to decode (see `propose_steps`); returns (tokens decoded,
@@ -207,7 +161,7 @@ class ModelDrafter:
                 rng: np.random.Generator) -> DraftReport:
         """Grow `tree` alone: `propose_steps` with each draft batch decoded on this drafter's own
         context range."""
-        return _run(self.propose_steps(tree, tokens, shape, sampling, rng), self.ctx)
+        return run_alone(self.propose_steps(tree, tokens, shape, sampling, rng), self.ctx)
 
     def propose_steps(self, tree: DraftTree, tokens: list[int], shape: Shape, sampling: SamplingParams,
                       rng: np.random.Generator, mask=None):
@@ -223,139 +177,25 @@ class ModelDrafter:
         depth = min(shape.depth, ctx.n_ctx - (len(tokens) - 1 - self.offset) - 2)
         if depth <= 0 or shape.nodes <= 0:
             return rep
-        greedy = sampling.greedy
-        # local candidate tree; node 0 = root
-        parent = [-1]
-        token = [tokens[-1]]
-        cum = [1.0]  # cumulative draft probability: ranks the frontier and the kept nodes
-        est = [1.0]  # the path's acceptance estimate (shape.accept_estimate along it): the stop rule
-        spine_nodes: list[int] = []  # the path of first choices from the root (root excluded)
-        qs: list[np.ndarray | None] = [None]
-        dep = [0]
-        seq_of: dict[int, int] = {0: 0}
-        used = {0}
-
         n, root_logits = yield from self._catch_up_steps(tokens, len(tokens), last_logits=True)
         rep.batches.append(n)
         root_pos = len(tokens) - 1 - self.offset  # the root's draft position
         self._root_pos = root_pos
-        logits = {0: root_logits}
-        expand_now = [0]
-        budget = shape.nodes
-        width = max(1, shape.width)
-        for level in range(1, depth + 1):
-            rep.levels = level
-            new: list[int] = []
-            for n in expand_now:
-                if not greedy and budget <= 0:
-                    break
-                lg = logits[n]
-                if mask is not None:
-                    allowed = mask(_path(parent, token, n))
-                    if not allowed.any():
-                        continue
-                    lg = np.where(allowed, lg, -np.inf)
-                if greedy:
-                    k = min(width, len(lg))
-                    top = np.argpartition(-lg, k - 1)[:k]
-                    top = top[np.argsort(-lg[top])]
-                    pr = _softmax(lg)
-                    kids = [(int(t), float(pr[t])) for t in top if pr[t] > 0]
-                else:
-                    q = logits_to_probs(lg, sampling)
-                    qs[n] = q
-                    kids = [(t, float(q[t])) for t in _gumbel_topk(q, min(width, budget), rng)]
-                if kids and n == (spine_nodes[-1] if spine_nodes else 0):
-                    rep.spine_probs.append(kids[0][1])
-                    spine_nodes.append(len(token))  # the first kid, appended next
-                for t, pt in kids:
-                    parent.append(n)
-                    token.append(t)
-                    cum.append(cum[n] * pt)
-                    est.append(est[n] * shape.accept_estimate(pt))
-                    qs.append(None)
-                    dep.append(level)
-                    new.append(len(token) - 1)
-                    budget -= 1
-            if level == depth or not new or (not greedy and budget <= 0):
-                break
-            if shape.stop_prob > 0 and max(est[i] for i in new) < shape.stop_prob:
-                break
-            # the next level expands the best frontier nodes: decode them in one draft forward
-            frontier = sorted(new, key=lambda i: -cum[i])
-            expand_now = frontier[: max(1, shape.expand)]
-            seqs = self._assign_seqs(expand_now, parent, seq_of, used, root_pos)
-            rows = yield DraftBatch([token[i] for i in expand_now], [root_pos + dep[i] for i in expand_now],
-                                    [(s,) for s in seqs], [True] * len(expand_now))
-            rep.batches.append(len(expand_now))
-            for j, i in enumerate(expand_now):
-                logits[i] = rows[j]
+        g = Growth(tokens[-1], root_logits, shape, sampling, rng, ctx, self.n_seq, root_pos, mask)
 
-        # the final tree: at T = 0 keep the best `nodes` by cumulative draft probability
-        order = list(range(1, len(token)))
-        if greedy and len(order) > shape.nodes:
-            order = sorted(order, key=lambda i: (-cum[i], dep[i], i))[: shape.nodes]
-            order.sort()
-        remap = {0: 0}
-        base = len(tree)
-        assert base == 1, "the model drafter grows the tree first"
-        if not greedy:
-            tree.q[0] = qs[0]
-        leaves = 0
-        has_child: set[int] = set()
-        for i in order:
-            p = parent[i]
-            if p not in remap:
-                continue  # its parent was left out
-            if p in has_child and leaves >= self.max_leaves:
-                # a second child would add a leaf (a sequence of the slot's range): the tree
-                # stops growing sideways here. Decided in `order` (draw order at T > 0), so it
-                # never depends on the candidate's own value.
-                continue
-            if p in has_child or p == 0:
-                leaves += 1
-            has_child.add(p)
-            remap[i] = tree.add(remap[p], token[i], point=greedy)
-            if not greedy:
-                tree.q[remap[i]] = qs[i]
-        for k, i in enumerate(spine_nodes):  # first choices verification will not see
-            if i not in remap:
-                del rep.spine_probs[k:]
-                break
-        self._decoded = {remap[i]: s for i, s in seq_of.items() if i in remap}
-        self._used_seqs = used
+        def batch_of(nodes: list[int], seqs: list[int]) -> DraftBatch:
+            return DraftBatch([g.token[i] for i in nodes], [root_pos + g.dep[i] for i in nodes],
+                              [(s,) for s in seqs], [True] * len(nodes))
+
+        def store(nodes: list[int], rows: np.ndarray) -> None:
+            g.logits.update(zip(nodes, rows))
+
+        yield from grow_steps(g, depth, rep, batch_of, store)
+        remap = g.build(tree, self.max_leaves, rep)
+        self._decoded = {remap[i]: s for i, s in g.seq_of.items() if i in remap}
+        self._used_seqs = g.used
         rep.seconds = time.perf_counter() - t0
         return rep
-
-    def _assign_seqs(self, nodes: list[int], parent: list[int], seq_of: dict[int, int], used: set[int],
-                     root_pos: int) -> list[int]:
-        """A draft seq per node to decode: the first child of a node inherits its parent's seq; the
-        others get a free seq holding a copy of the parent's (prefix + ancestors)."""
-        claimed: set[int] = set()
-        out: list[int | None] = [None] * len(nodes)
-        for j, i in enumerate(nodes):
-            s = seq_of[parent[i]]
-            if s not in claimed:
-                claimed.add(s)
-                out[j] = s
-        live_parents = {seq_of[parent[i]] for i in nodes}
-        free = [s for s in range(self.n_seq) if s not in claimed and s not in live_parents]
-        for j, i in enumerate(nodes):
-            if out[j] is None:
-                s = free.pop(0)
-                src = seq_of[parent[i]]
-                if s in used:  # recycle a dead branch's seq: its nodes no longer have cells there
-                    for node in [n for n, ns in seq_of.items() if ns == s]:
-                        del seq_of[node]
-                    self.ctx.seq_rm(s, root_pos + 1, -1)
-                    self.ctx.seq_cp(src, s, root_pos + 1, -1)
-                else:
-                    self.ctx.seq_cp(src, s, -1, -1)
-                    used.add(s)
-                out[j] = s
-        for j, i in enumerate(nodes):
-            seq_of[i] = out[j]
-        return out  # type: ignore[return-value]
 
     def accept(self, tree: DraftTree, accepted: list[int], tokens: list[int]) -> None:
         ctx = self.ctx
@@ -379,6 +219,18 @@ class ModelDrafter:
         self.n_past = keep_end + self.offset
         self._decoded = {}
         self._used_seqs = set()
+
+    def add_features(self, features: np.ndarray) -> None:
+        pass
+
+    def check_kv(self, tokens: list[int]) -> None:
+        """Between steps: seq 0 ends at the last context token absorbed, the others are empty."""
+        d = self.ctx
+        want = self.n_past - 1 - self.offset
+        assert d.pos_max(0) == want, f"draft seq 0 ends at {d.pos_max(0)}, expected {want}"
+        assert self.n_past <= len(tokens) - 1
+        for s in range(1, d.n_seq_max):
+            assert d.pos_max(s) == -1, f"draft seq {s} still holds cells"
 
     def end(self) -> None:
         self.ctx.clear()

@@ -53,7 +53,8 @@ def lookup(tokens: list[int], max_len: int, n_max: int = 4, n_min: int = 2) -> l
 class NgramDrafter:
     """One request's prompt lookup: its proposals (`look`, grafted by `propose` or `graft`), and
     how far the target accepts them, learnt from the tokens it then emits (`score`), which prices
-    how many lookup tokens a verification may carry (`budget`)."""
+    how many lookup tokens a verification may carry (`budget`). It needs no forward: the session
+    grafts its proposals onto the step's tree (not a `Drafter` of drafters/base.py)."""
 
     name = "ngram"
 
@@ -110,9 +111,6 @@ class NgramDrafter:
                 best, best_gain = k, gain
         return best
 
-    def begin(self, tokens: list[int]) -> None:
-        pass
-
     def propose(self, tree: DraftTree, tokens: list[int], shape: Shape, sampling: SamplingParams,
                 rng: np.random.Generator, limit: int | None = None) -> DraftReport:
         """Graft the lookup continuation onto `tree`: follow existing children that already hold
@@ -133,9 +131,3 @@ class NgramDrafter:
             existing = next((c for c in range(1, len(tree)) if tree.parents[c] == node and tree.tokens[c] == tok),
                             None)
             node = existing if existing is not None else tree.add(node, tok, point=True)
-
-    def accept(self, tree: DraftTree, accepted: list[int], tokens: list[int]) -> None:
-        pass
-
-    def end(self) -> None:
-        pass

@@ -1,10 +1,12 @@
 """Draft: every speculating session's drafter, level by level, each level of ALL sessions in one
 draft forward.
 
-Drafters are generators (ModelDrafter.propose_steps): each yields the draft batch its next level
-needs (local sequence ids of its slot's range) and is sent that batch's logits rows. Round r
-decodes level r of every drafter still growing, plus the draft catch-up pieces the schedule
-asked for, as one `llama_decode` on the shared draft context.
+Drafters are generators (drafters/base.py: `propose_steps`, `absorb_steps`): each yields the
+draft batch its next level needs (local sequence ids of its slot's range) and is sent that
+batch's rows (logits; for an EAGLE-3 head also its pre-norm outputs). Round r decodes level r of
+every drafter still growing, plus the draft catch-up pieces the schedule asked for, as one
+forward on the shared draft context (a draft model's, or a head's: then every entry carries its
+g input, `DraftBatch.embd`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from edgespec.drafters.base import decode_batch
 
 
 @dataclass
@@ -40,7 +44,7 @@ def draft(engine, plan) -> DraftRecord:
     ctx = engine.draft_ctx
     while pending:
         order = list(pending)
-        tokens, positions, seqs, logits, counts = [], [], [], [], []
+        tokens, positions, seqs, logits, counts, embd = [], [], [], [], [], []
         for s in order:
             b = pending[s]
             rng = s.slot.draft
@@ -49,8 +53,10 @@ def draft(engine, plan) -> DraftRecord:
             seqs += [rng.to_global(x) for x in b.seqs]
             logits += b.logits
             counts.append(sum(1 for x in b.logits if x))
+            if b.embd is not None:
+                embd.append(b.embd)
         t0 = time.perf_counter()
-        rows = ctx.decode_rows(tokens, positions, seqs, logits)
+        rows = decode_batch(ctx, tokens, positions, seqs, logits, np.concatenate(embd) if embd else None)
         rec.rounds.append((len(tokens), len(rows), time.perf_counter() - t0))
         rec.sessions.update(order)
         at = 0

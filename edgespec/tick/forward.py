@@ -13,6 +13,11 @@ forward only while it stays within EXACT_COLUMNS; small pieces of several prompt
 forward under the same bound; a larger piece runs as its own forward in the same tick (it is
 compute-bound: it costs the same either way), on a CPU in calls of EXACT_COLUMNS tokens too, so a
 prompt's cells are the same whatever pieces it was read in, alone or beside other streams.
+
+With an EAGLE-3 head as the draft the target context is a FeatureContext: every forward's
+features (the inputs of three target layers, per token, gathered over its llama_decode calls) go
+to the sessions: a verification's before `finish_step` picks the accepted rows
+(`Session.verified_features`), a prefill piece's with the piece (`Session.prefill_done`).
 """
 
 from __future__ import annotations
@@ -52,9 +57,12 @@ def verify_forward(engine, plan) -> ForwardRecord:
                                chunk=engine.verify_chunk)
         dt = time.perf_counter() - t0
         rec.seconds, rec.tokens = dt, n_verify
+        feats = ctx.collected() if engine.features else None
         for s, at, n in spans:
             rec.rows[s] = rows[at:at + n]
-        _done(riders, rec, 0.0)
+            if feats is not None:
+                s.verified_features(feats[at:at + n])
+        _done(riders, rec, 0.0, None if feats is None else feats[n_verify:])
     else:
         groups.pop(0)
     for group in groups:
@@ -62,7 +70,7 @@ def verify_forward(engine, plan) -> ForwardRecord:
         _append(group, tokens, positions, seqs)
         t0 = time.perf_counter()
         ctx.decode_rows(tokens, positions, seqs, [False] * len(tokens), chunk=engine.verify_chunk)
-        _done(group, rec, time.perf_counter() - t0)
+        _done(group, rec, time.perf_counter() - t0, ctx.collected() if engine.features else None)
     return rec
 
 
@@ -95,8 +103,11 @@ def _append(group: list, tokens: list, positions: list, seqs: list) -> None:
         seqs += [main] * len(toks)
 
 
-def _done(group: list, rec: ForwardRecord, seconds: float) -> None:
+def _done(group: list, rec: ForwardRecord, seconds: float, feats=None) -> None:  # noqa: ANN001
+    """The group's pieces are in the cache; `feats`: their features, in the group's order."""
     rec.prefill_seconds += seconds
+    at = 0
     for s, toks, _ in group:
         rec.prefill_tokens += len(toks)
-        s.prefill_done(len(toks))
+        s.prefill_done(len(toks), None if feats is None else feats[at:at + len(toks)])
+        at += len(toks)

@@ -141,3 +141,14 @@ def test_schema_mode_needs_a_schema_on_every_prompt():
         parse_modes("fast+schema")
     with pytest.raises(BadRequest, match="p0 has none"):
         run(FakeEngine(), PROMPTS[:1], ("auto+schema",), 16, warmup=False, progress=False)
+
+
+def test_modes_of_another_engine_run_in_the_same_rotation():
+    main, head = FakeEngine(), FakeEngine()
+    modes = ("plain", "tree", "head:tree")
+    rows = run(main, PROMPTS, modes, 16, progress=False, others={"head": head})
+    assert [(r.id, r.mode) for r in rows] == [(p.id, m) for i, p in enumerate(PROMPTS) for m in mode_order(modes, i)]
+    assert [c[1] for c in head.calls] == ["tree"] * (1 + len(PROMPTS))  # its warm-up, then one per prompt
+    assert [c[1] for c in main.calls].count("tree") == 1 + len(PROMPTS)
+    with pytest.raises(BadRequest, match="names no engine"):
+        run(main, PROMPTS, ("plain", "draft2:tree"), 16, progress=False, warmup=False)
