@@ -21,8 +21,7 @@ longer (a long prompt: a RAG context, a document to extract from; or a long plai
 starts over on the context's last `window` tokens, at draft position 0 (`offset` = the context
 index of draft position 0). The draft then drafts from a shorter context than the target sees:
 acceptance may dip, exactness cannot (the target verifies every token), and a 4000-token prompt
-no longer costs the draft a 4000-token prefill (~1 ms per token on this CPU, as much as ~90
-plainly decoded tokens per thousand).
+no longer costs the draft a 4000-token prefill.
 """
 
 from __future__ import annotations
@@ -89,9 +88,9 @@ class ModelDrafter:
         """Start a request on `tokens`. With `kept` (what an earlier request on this context left in
         seq 0, `DraftCache`), the cells of the prefix the two share stay and only the rest is
         absorbed; returns how many context tokens that saves. Not when the kept cells alone exceed
-        REUSE_WINDOWS windows: a draft forward's attention grows with its context (4.6 / 7.2 / 8.8
-        ms for one token after 256 / 1024 / 2048 here), and past that a fresh start on the window
-        (its prefill, ~1 ms a token) costs less over a typical answer than the longer forwards."""
+        REUSE_WINDOWS windows: a draft forward's attention grows with its context, and past that a
+        fresh start on the window (its prefill) costs less over a typical answer than the longer
+        forwards."""
         common = kept.reusable(tokens) if kept is not None else 0
         if common and self.window is not None and common - kept.offset > REUSE_WINDOWS * self.window:  # type: ignore[union-attr]
             common = 0
