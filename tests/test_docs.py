@@ -17,7 +17,7 @@ PROTOS = sorted((ROOT / "protos/edgespec/v1").glob("*.proto"))
 API = ROOT / "docs/api.md"
 # the product documents this test holds to the rules below
 DOCS = [ROOT / "README.md", API, ROOT / "docs/benchmarks/README.md", ROOT / "docs/controller.md",
-        ROOT / "docs/appliance.md", ROOT / "docs/eagle3.md"]
+        ROOT / "docs/appliance.md", ROOT / "docs/eagle3.md", ROOT / "docs/architecture.md"]
 # generated from the config declaration (edgespec.server.config): may be linked before it is built
 GENERATED = {ROOT / "docs/configuration.md"}
 
