@@ -15,6 +15,7 @@ The engine's API:
     matcher.commit(new_tokens)                  # the accepted path + recovered/bonus token
     matcher.finished                            # nothing but end-of-generation is allowed any more
     matcher.mask_after(path)                    # drafting: allowed after drafted tokens (nothing committed)
+    matcher.forced(k)                           # up to k tokens the grammar forces next: free drafts
 
 An engine that applies constraints says so with a `capabilities` attribute holding "constraint";
 until then the daemon's APIs refuse constrained requests.
@@ -209,6 +210,11 @@ class Matcher:
         finally:
             if n:
                 m.rollback(n)
+
+    def forced(self, limit: int) -> list[int]:
+        """At most `limit` tokens the grammar forces after the current state (the only ones it
+        allows, in llguidance's canonical tokenization); nothing is committed."""
+        return [int(t) for t in self._m.compute_ff_tokens()[:limit]]
 
     def allows(self, tokens: Sequence[int]) -> bool:
         """Whether the tokens can be committed in order from the current state."""

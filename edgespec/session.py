@@ -32,6 +32,7 @@ log = get_logger("edgespec.session")
 # two frontier nodes expanded per level
 TREE_WIDTH = 4
 TREE_EXPAND = 2
+FORCED_MAX = 16  # grammar-forced tokens grafted into one step at most
 
 
 def fixed_shape(mode: str, draft_tokens: int, tree_nodes: int, tree_depth: int) -> Shape:
@@ -201,13 +202,34 @@ class Session:
         return self.drafter.absorb_steps(self.tokens, budget)
 
     def drafted(self, report) -> None:
-        """The drafter is done (report None: it did not run): graft prompt lookups."""
+        """The drafter is done (report None: it did not run): graft prompt lookups, and under a
+        constraint the tokens the grammar forces."""
         st = self._step
         if report is not None:
             st.draft_batches, st.levels = tuple(report.batches), report.levels
             st.spine_probs = tuple(report.spine_probs)
             st.draft_ran = bool(report.batches) and report.levels > 0
             self.stats.draft_forwards += len(report.batches)
+        self._graft_lookup(st)
+        if self.matcher is not None and self.spec.mode != "plain" and self.remaining > 1:
+            self._graft_forced(st)
+
+    def _graft_forced(self, st: _Step) -> None:
+        """Structured output: the tokens the grammar forces after the committed text (a JSON
+        schema's `{"` and key names) are drafts the masked target accepts with certainty; they are
+        grafted under the root at no draft cost (exact like any draft: the verifier decides)."""
+        room = min(self.remaining - 1, self.slot.target.n_ctx - len(self.tokens) - 2, FORCED_MAX)
+        forced = self.matcher.forced(room) if room > 0 else []
+        if not forced:
+            return
+        n = len(st.tree)
+        NgramDrafter.graft(st.tree, forced)
+        self._cap_leaves(st.tree)
+        st.forced = len(st.tree) > n
+        if st.batch is not None:
+            st.batch.tokens += len(st.tree) - n
+
+    def _graft_lookup(self, st: _Step) -> None:
         prop, tree = st.lookup, st.tree
         if not prop:
             return
@@ -315,7 +337,7 @@ class Session:
             if len(s.accepted_per_depth) <= d:
                 s.accepted_per_depth.append(0)
             s.accepted_per_depth[d] += 1
-        kind = "ngram" if st.ngram_only else st.shape.kind
+        kind = "ngram" if st.ngram_only else "forced" if st.forced and st.shape.mode == "plain" else st.shape.kind
         s.steps_per_mode[kind] = s.steps_per_mode.get(kind, 0) + 1
         taken, text = self.emitter.push(new_tokens)
         lps: tuple[TokenLogprob, ...] = ()
@@ -418,7 +440,7 @@ class _Step:
 
     __slots__ = ("shape", "tree", "t0", "lookup", "kind", "draft_batches", "levels", "spine_probs",
                  "draft_ran", "ngram_only", "leaves", "below", "seq_of_leaf", "order", "root_pos",
-                 "result", "emitted", "batch", "features")
+                 "result", "emitted", "batch", "features", "forced")
 
     def __init__(self, shape: Shape, tree: DraftTree, t0: float):
         self.shape, self.tree, self.t0 = shape, tree, t0
@@ -429,6 +451,7 @@ class _Step:
         self.spine_probs: tuple[float, ...] = ()
         self.draft_ran = False
         self.ngram_only = False
+        self.forced = False  # grammar-forced tokens grafted (structured output)
         self.result: VerifyResult | None = None
         self.emitted = 0
         self.batch = None

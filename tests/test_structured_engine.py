@@ -50,3 +50,23 @@ def test_constrained_and_free_requests_batch_together(engine):
     jsonschema.validate(json.loads(texts[0]), SCHEMA)
     free = engine.generate(request(engine, PROMPTS[1], "plain", constrained=False))
     assert outs[1] == free.token_ids
+
+
+def test_the_tokens_the_grammar_forces_ride_along_as_free_drafts(engine):
+    """`{"` and the first key are the only tokens the schema allows at the start: an auto request
+    gets them grafted under its first root (no draft forward) and emits them with the first token,
+    where plain mode (the reference) decodes them one forward each."""
+    first = {}
+    for mode in ("plain", "auto"):
+        sess = engine.open_session(request(engine, PROMPTS[0], mode))
+        try:
+            while sess.prefilling:
+                engine.tick([sess])
+            chunk = engine.tick([sess])[sess]
+            first[mode] = (len(chunk.token_ids), dict(sess.stats.steps_per_mode), sess.stats.draft_forwards)
+        finally:
+            sess.close()
+    assert first["plain"][0] == 1
+    n, kinds, draft_forwards = first["auto"]
+    assert n >= 3 and draft_forwards == 0  # `{"`, `name`, then the target's own `":"`
+    assert set(kinds) <= {"forced", "ngram"}
