@@ -149,14 +149,11 @@ class Matcher:
     def _bits(self, out: np.ndarray) -> None:
         self._m.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
 
-    def _bools(self, bits: np.ndarray) -> np.ndarray:
-        return np.unpackbits(bits.view(np.uint8), axis=-1, bitorder="little")[..., : self.n_vocab].astype(bool)
-
     def mask(self) -> np.ndarray:
         """[n_vocab] bool: the tokens allowed at the current state."""
         bits = np.zeros(self._words, dtype=np.int32)
         self._bits(bits)
-        return self._bools(bits)
+        return unpack_bitmask(bits, self.n_vocab)
 
     def bitmask(self) -> np.ndarray:
         """[ceil(n_vocab / 32)] int32, bit t % 32 of word t // 32 set when token t is allowed."""

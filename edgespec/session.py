@@ -218,7 +218,7 @@ class Session:
         """Structured output: the tokens the grammar forces after the committed text (a JSON
         schema's `{"` and key names) are drafts the masked target accepts with certainty; they are
         grafted under the root at no draft cost (exact like any draft: the verifier decides)."""
-        room = min(self.remaining - 1, self.slot.target.n_ctx - len(self.tokens) - 2, FORCED_MAX)
+        room = min(self.remaining - 1, self._room(), FORCED_MAX)
         forced = self.matcher.forced(room) if room > 0 else []
         if not forced:
             return
@@ -229,11 +229,15 @@ class Session:
         if st.batch is not None:
             st.batch.tokens += len(st.tree) - n
 
+    def _room(self) -> int:
+        """Draft tokens the request's context still has room for (the deepest position it may use)."""
+        return self.slot.target.n_ctx - len(self.tokens) - 2
+
     def _graft_lookup(self, st: _Step) -> None:
         prop, tree = st.lookup, st.tree
         if not prop:
             return
-        room = self.slot.target.n_ctx - len(self.tokens) - 2  # deepest position the request may use
+        room = self._room()
         if st.shape.mode != "plain" and self.remaining > 1:
             if self.drafter is None and st.kind == 0:  # n-gram-only speculation: its own tree
                 self.ngram.propose(tree, self.tokens, st.shape, self.sampling, self.rng,

@@ -14,7 +14,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from edgespec.bench.runner import Row
+from edgespec.bench.runner import Row, base_mode
 from edgespec.controller.cost import CostModel
 
 OVERALL = "overall"
@@ -71,7 +71,7 @@ def _cell(rows: Sequence[Row]) -> dict[str, Any]:
 
 def _validity(rows: Sequence[Row]) -> dict[str, int]:
     """MODE+schema cells: how many answers parse and follow their schema."""
-    checked = [r.valid for r in rows if getattr(r, "valid", None) is not None]
+    checked = [r.valid for r in rows if r.valid is not None]
     return {"schema_valid": sum(checked), "schema_checked": len(checked)} if checked else {}
 
 
@@ -402,7 +402,7 @@ def structured_output(summary: dict) -> dict[str, dict[str, Any]]:
     for mode, c in cells.items():
         if "schema_checked" not in c:
             continue
-        free = cells.get(mode.removesuffix("+schema"))
+        free = cells.get(base_mode(mode))
         tps = free["tokens_per_second"] if free else None
         out[mode] = {"valid": c["schema_valid"], "checked": c["schema_checked"],
                      "tokens_per_second": c["tokens_per_second"], "free_tokens_per_second": tps,

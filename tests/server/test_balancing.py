@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from edgespec.errors import BadRequest
 from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2_grpc
 from edgespec.server.channel import ClientOptions, open_channel, resolve_target
+from tests.server.processes import stop
 from tests.server.test_daemon import req
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,13 +53,7 @@ class Replica:
         return out
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc, 30)
         self._err.close()
 
 

@@ -19,6 +19,7 @@ import pytest
 from edgespec.config import models_dir
 from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2 as pb, inference_pb2_grpc
 from edgespec.server.config import DEMO_DRAFT, DEMO_TARGET
+from tests.server.processes import stop
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,12 +76,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     s = start_server(tmp_path_factory.mktemp("serve"))
     yield s
     s.channel.close()
-    if s.proc.poll() is None:
-        s.proc.send_signal(signal.SIGTERM)
-        try:
-            s.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            s.proc.kill()
+    stop(s.proc)
 
 
 def test_reflection_health_generate_stream_invalid_with_grpcurl(server):

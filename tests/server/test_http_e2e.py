@@ -18,6 +18,7 @@ import pytest
 from edgespec.config import models_dir
 from edgespec.server.auth import hash_token
 from edgespec.server.config import DEMO_DRAFT, DEMO_TARGET
+from tests.server.processes import stop
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,12 +65,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         pytest.fail(f"daemon did not start: {lines!r}\n{(d / 'serve.log').read_text()[-3000:]}")
     s = Server(proc, base, d / "serve.log")
     yield s
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    stop(proc)
 
 
 def test_chat_unary_and_stream_reassemble_chinese_exactly(server):
