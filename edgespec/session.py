@@ -108,6 +108,11 @@ class Session:
     def out(self) -> list[int]:
         return self.emitter.out
 
+    def abandon(self) -> None:
+        """A forward of this session's tick was aborted (a cancel or a deadline): llama.cpp dropped
+        part of its cells, so the slot keeps nothing of it (Engine.release)."""
+        self._consistent = False
+
     @property
     def prefilling(self) -> bool:
         return self.prefill_pos < self.n_prompt - 1

@@ -25,6 +25,7 @@ class FakeModel:
         self.bos, self.eos = 0, EOS
         self.path = path
         self.desc, self.n_params, self.size_bytes = "fake", 1, 1
+        self.ftype = "fake"  # not a type the engine treats as batch-invariant (engine.reuse_chunk)
 
     def is_eog(self, t: int) -> bool:
         return t == EOS
@@ -53,9 +54,24 @@ class FakeContext:
         self.decodes: list[int] = []  # batch size of every decode
         self.decode_seconds = 0.0
         self._rows = np.zeros((0, VOCAB), dtype=np.float32)
+        self.aborted = False  # the abort flag (backend.Context.abort): the next decode raises
+        self.before_decode = lambda tokens: None  # a test's hook, e.g. to abort mid-tick
+
+    abortable = True
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def clear_abort(self) -> None:
+        self.aborted = False
 
     def decode_rows(self, tokens, positions, seq_ids, logits, chunk=None) -> np.ndarray:
         assert len(tokens) <= self.n_batch * 8
+        self.before_decode(tokens)
+        if self.aborted:
+            from edgespec.errors import ForwardAborted
+
+            raise ForwardAborted(f"forward of {len(tokens)} tokens aborted")
         self.decodes.append(len(tokens))
         for t, p, ss in zip(tokens, positions, seq_ids):
             for s in ss:

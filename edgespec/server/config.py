@@ -61,6 +61,8 @@ TlsConfig = section_class("TlsConfig", "tls", "[tls]", __name__, namespace={"ena
 HttpConfig = section_class("HttpConfig", "http", "[http]", __name__)
 MetricsConfig = section_class("MetricsConfig", "metrics", "[metrics]", __name__)
 LoggingConfig = section_class("LoggingConfig", "logging", "[logging]", __name__)
+AuditConfig = section_class("AuditConfig", "audit", "[audit]: shadow decodes that check exactness on live traffic",
+                            __name__)
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class DaemonConfig:
     rpc_servers: tuple[str, ...] = ()  # [target] rpc_servers: registered before the engine loads
     source: str = ""  # the file it came from ("" = defaults only)
     http: HttpConfig = field(default_factory=HttpConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
 
 
 def _check_controller(values: dict[str, Any]) -> list[tuple[str, str]]:
@@ -235,6 +238,7 @@ def load(
         controller={k: values["controller"][k] for k in controller},
         source=str(path or ""),
         http=HttpConfig(**values["http"]),
+        audit=AuditConfig(**values["audit"]),
         rpc_servers=tuple(values["target"]["rpc_servers"]),
     )
 

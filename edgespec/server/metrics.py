@@ -128,6 +128,8 @@ class Metrics:
         self.accepted_by_depth = Counter("edgespec_accepted_tokens_by_depth_total", "Accepted draft tokens by tree depth.", "depth")
         self.steps_by_mode = Counter("edgespec_speculation_steps_total", "Engine steps by speculation mode.", "mode")
         self.breaker = Counter("edgespec_breaker_transitions_total", "Speculation circuit-breaker transitions.")
+        self.shadow = Counter("edgespec_audit_shadow_checks_total",
+                              "Shadow plain decodes of greedy speculative requests ([audit]) by result.", "result")
         self.forward_seconds = Counter("edgespec_forward_seconds_total",
                                        "Seconds inside model forwards by model (target = verification).", "model")
         gauge = lambda key, default=0: (lambda: self.state().get(key, default))  # noqa: E731
@@ -175,6 +177,8 @@ class Metrics:
             "requests_total": self.submitted.value(), "generated_tokens_total": self.generated.value(),
             "target_forwards_total": self.target_forwards.value(), "drafted_tokens_total": self.drafted.value(),
             "accepted_tokens_total": self.accepted.value(), "breaker_transitions_total": self.breaker.value(),
+            "audit_shadow_checks_total": sum(self.shadow.values().values()),
+            "audit_shadow_mismatches_total": self.shadow.value("mismatch"),
             **{f"rejected_{reason}_total": v for reason, v in self.rejected.values().items()},
             **{f"finished_{reason}": v for reason, v in self.requests.values().items()},
         }
@@ -183,7 +187,7 @@ class Metrics:
     def render(self) -> str:
         parts = [self.ttft, self.tpot, self.submitted, self.requests, self.rejected, self.prompt_tokens, self.generated,
                  self.target_forwards, self.drafted, self.accepted, self.accepted_by_depth, self.steps_by_mode,
-                 self.breaker, self.forward_seconds, *self.gauges]
+                 self.breaker, self.forward_seconds, self.shadow, *self.gauges]
         return "\n".join(line for p in parts for line in p.render()) + "\n"
 
 
