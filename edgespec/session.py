@@ -399,12 +399,25 @@ class Session:
         self.n_past = end
 
     def assert_kv_invariants(self) -> None:
-        """Main sequence = context minus the pending root, nothing else survives (target and draft)."""
+        """Main sequence = context minus the pending root, nothing else survives (target and draft).
+        Where the context can list a sequence's cells (the test double's `seq_cells`), per cell:
+        each position of the main sequence exactly once, holding the context's token there."""
         tgt = self.slot.target
-        assert tgt.pos_min(0) in (0, -1) and tgt.pos_max(0) == len(self.tokens) - 2, \
-            f"target seq 0 holds [{tgt.pos_min(0)}, {tgt.pos_max(0)}], expected [0, {len(self.tokens) - 2}]"
+        want = len(self.tokens) - 2
+        assert tgt.pos_min(0) in (0, -1) and tgt.pos_max(0) == want, \
+            f"target seq 0 holds [{tgt.pos_min(0)}, {tgt.pos_max(0)}], expected [0, {want}]"
         for s in range(1, tgt.n_seq_max):
             assert tgt.pos_max(s) == -1, f"target seq {s} still holds cells (up to pos {tgt.pos_max(s)})"
+        cells_of = getattr(tgt.ctx, "seq_cells", None)  # test contexts only: llama.cpp lists no cells
+        if cells_of is not None:
+            cells = cells_of(tgt.base)
+            positions = [p for p, _ in cells]
+            assert positions == list(range(want + 1)), \
+                f"target seq 0 positions are not 0..{want} once each: {_runs(positions)}"
+            bad = next((p for p, t in cells if t != self.tokens[p]), None)
+            assert bad is None, f"target seq 0 holds a cell at {bad} that is not the context's token"
+            for s in range(1, tgt.n_seq_max):
+                assert not cells_of(tgt.base + s), f"target seq {s} still holds cells"
         if self.drafter is not None:
             self.drafter.check_kv(self.tokens)
 
@@ -460,6 +473,18 @@ class _Step:
         self.emitted = 0
         self.batch = None
         self.features: np.ndarray | None = None  # the target's features of the step's entries (a head's)
+
+
+def _runs(positions: list[int]) -> str:
+    """A short description of a list of positions: the duplicates and the gaps."""
+    seen, dup = set(), []
+    for p in positions:
+        if p in seen:
+            dup.append(p)
+        seen.add(p)
+    top = max(positions, default=-1)
+    gaps = [p for p in range(top + 1) if p not in seen]
+    return f"{len(positions)} cells, duplicated {dup[:8]}, missing {gaps[:8]}"
 
 
 def _spine(tree: DraftTree) -> list[int]:

@@ -107,6 +107,11 @@ class FakeContext:
     def pos_min(self, seq: int) -> int:
         return min((c[0] for c in self.cells if seq in c[2]), default=-1)
 
+    def seq_cells(self, seq: int) -> list[tuple[int, int]]:
+        """(position, token) of every cell in `seq`, by position (a cell per entry: a position
+        held twice appears twice)."""
+        return sorted((c[0], c[1]) for c in self.cells if seq in c[2])
+
     def tokens_of(self, seq: int) -> list[int]:
         return [c[1] for c in sorted((c for c in self.cells if seq in c[2]), key=lambda c: c[0])]
 
