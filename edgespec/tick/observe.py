@@ -56,3 +56,4 @@ def observe(engine, plan, drafts, fwd, *, phases: tuple, t_start: float) -> None
     totals["draft_forward_seconds"] = totals.get("draft_forward_seconds", 0.0) + drafts.seconds
     totals["verify_tokens"] = totals.get("verify_tokens", 0) + fwd.tokens
     totals["session_steps"] = totals.get("session_steps", 0) + len(plan.decoding)
+    totals.update(cost.flat())  # the online cost curves beside the start-up calibration

@@ -16,7 +16,8 @@ rejected on both prompts' counts (fixed seeds, deterministic):
 
 - a drafter that draws its children at temperature T but reports q at 1.25 T;
 - each node's q taken from the wrong node (its parent's distribution);
-- rows from the wrong session (each session given another's rows of the target forward).
+- rows from the wrong session (each session given another's rows of the target forward);
+- a verifier handed a flat q instead of the draft's distribution.
 """
 
 from __future__ import annotations
@@ -164,4 +165,20 @@ def test_rows_from_the_wrong_session_are_rejected(monkeypatch):
         return rec
 
     monkeypatch.setattr(tick_mod, "verify_forward", crossed)
+    assert min(p_values(sample(SAMPLES))) < ALPHA
+
+
+def flat_q(tree):
+    """The tree with every draft distribution replaced by a uniform one (a verifier that does
+    not use the draft's distribution)."""
+    import dataclasses
+
+    return dataclasses.replace(tree, q=[None if q is None else np.full(len(q), 1.0 / len(q)) for q in tree.q])
+
+
+def test_verifying_without_the_drafts_distribution_is_rejected(monkeypatch):
+    import edgespec.session as session
+
+    real = session.verify_stochastic
+    monkeypatch.setattr(session, "verify_stochastic", lambda tree, probs, rng: real(flat_q(tree), probs, rng))
     assert min(p_values(sample(SAMPLES))) < ALPHA
