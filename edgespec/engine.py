@@ -101,10 +101,12 @@ class Engine:
         # "model" (a draft model), "eagle3" (a head over the target's features) or None
         self.draft_kind = (draft_kind or "model") if draft is not None else None
         from edgespec.controller import AcceptancePrior, ControllerConfig, CostModel
+        from edgespec.controller.goodput import GoodputGuard
 
         self.controller_cfg = ControllerConfig()
         self.cost = CostModel()
         self.prior = AcceptancePrior()
+        self.goodput = GoodputGuard()  # auto falls back to plain where speculating measured slower
         self.last_tick = None  # the last tick's TickRecord (edgespec/tick/observe.py)
         self._compiler = None  # the grammar compiler for this vocabulary, made on first use
         # the most tokens one verification llama_decode takes: on a CPU the patched kernel's

@@ -145,4 +145,6 @@ def fake_engine(parallel: int = 3, n_ctx: int = 256, draft_noise: float = 0.5, m
     dctx = FakeContext(draft, shared_cells(parallel, n_ctx), parallel * n_seq)
     slots = [Slot(i, SeqRange(tctx, i * n_seq, n_seq, n_ctx), SeqRange(dctx, i * n_seq, n_seq, n_ctx))
              for i in range(parallel)]
-    return Engine(cfg, target, draft, slots, (tctx, dctx))
+    eng = Engine(cfg, target, draft, slots, (tctx, dctx))
+    eng.goodput.enabled = False  # its decisions follow wall-clock rates: tests/tick/test_goodput.py drives it
+    return eng

@@ -48,6 +48,7 @@ class Plan:
     predicted: dict = field(default_factory=dict)  # session -> (verify, draft) seconds alone
     context: int = 0  # positions cached by all sessions (attention reads them all)
     batch: Batch = field(default_factory=Batch)
+    guard_key: tuple | None = None  # the goodput guard's load level of this tick
 
 
 @dataclass
@@ -67,6 +68,8 @@ def schedule(engine, sessions: list) -> Plan:
     shapes = {s: s.choose_shape() for s in decoding}
     if len(decoding) > 1:
         shapes = _joint(decoding, shapes, cost)
+    if decoding:
+        shapes = _guard(engine, plan, decoding, shapes)
     decode_seconds = 0.0
     if decoding:
         rungs = [_rung_of(s, shapes[s], cost) for s in decoding]
@@ -96,6 +99,20 @@ def schedule(engine, sessions: list) -> Plan:
         r = _rung_of(s, plan.shapes[s], cost)
         plan.predicted[s] = (cost.verify_seconds(r.nodes + 1), _draft_seconds([r.batches], cost))
     return plan
+
+
+def _guard(engine, plan: Plan, decoding: list, shapes: dict) -> dict:
+    """The goodput guard (controller/goodput.py): where speculation has measured slower than
+    plain decoding at this load level, every auto session decodes plainly this tick."""
+    guard = engine.goodput
+    plan.guard_key = key = guard.key(len(decoding), engine.cost.host_factor("target"))
+    auto = [s for s in decoding if s.controller is not None and shapes[s].mode != "plain"]
+    if not auto or guard.allow(key):
+        return shapes
+    out = dict(shapes)
+    for s in auto:
+        out[s] = PLAIN
+    return out
 
 
 def _piece(engine, cost, decode_seconds: float | None) -> int:
