@@ -14,7 +14,8 @@ import time
 
 import numpy as np
 
-from edgespec.controller.shapes import PLAIN, Shape, StepOutcome, chain, eagle
+from edgespec.controller.shapes import StepOutcome
+from edgespec.shape import PLAIN, Shape, chain, eagle
 from edgespec.drafters import NgramDrafter
 from edgespec.drafters.ngram import NGRAM_MAX  # noqa: F401 - re-exported (edgespec.engine)
 from edgespec.emit import Emitter

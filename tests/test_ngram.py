@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.controller.shapes import PLAIN
+from edgespec.shape import PLAIN
 from edgespec.drafters.ngram import NgramDrafter, lookup, lookup_all
 from edgespec.sampling import SamplingParams
 from edgespec.tree import DraftTree

@@ -28,7 +28,7 @@ from itertools import accumulate
 
 from edgespec.controller.config import ControllerConfig
 from edgespec.controller.cost import CostModel
-from edgespec.controller.shapes import PLAIN, Shape, chain, eagle, runner_ups
+from edgespec.shape import PLAIN, Shape, chain, eagle, runner_ups
 
 EAGLE_WE = ((2, 2), (2, 4), (4, 2), (4, 4), (4, 8))  # (width, expand) families tried
 EAGLE_DEPTHS = (2, 3, 4, 5, 6, 8, 10, 12)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.backend import Context
-from edgespec.controller.shapes import Shape
+from edgespec.shape import Shape
 from edgespec.drafters.base import DraftBatch, DraftReport, run_alone
 from edgespec.drafters.grow import Growth, grow_steps
 from edgespec.sampling import SamplingParams

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from edgespec.controller.policy import eagle_levels, sibling_probs
-from edgespec.controller.shapes import PLAIN, Shape, chain
+from edgespec.shape import PLAIN, Shape, chain
 
 MIN_PIECE = 16  # a prefill piece is never smaller: every prompt progresses
 
