@@ -81,6 +81,17 @@ def runner_ups_tokens(a: list[list[float]], depth: int, r: int) -> float:
     return e
 
 
+def expansion_batches(shape: Shape, a: list[list[float]] | None = None) -> tuple[int, ...]:
+    """The draft batch of each forward after the first (levels 2..depth) of `shape`. An EAGLE-2
+    tree expands where acceptance `a` is high (None: as if flat)."""
+    if shape.mode == "plain" or shape.depth <= 1:
+        return ()
+    if shape.mode == "chain" or shape.runner_ups:
+        return (1,) * (shape.depth - 1)
+    p = sibling_probs(a) if a is not None else [[0.5] * shape.width] * shape.depth
+    return tuple(eagle_levels(p, shape.width, shape.expand, shape.depth)[1])
+
+
 def eagle_levels(p: list[list[float]], width: int, expand: int, depth: int) -> tuple[list[list[float]], list[int]]:
     """Node values per level (levels 1..depth) and the draft batch of forwards 2..depth."""
     level = p[0][:width]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from edgespec.controller.policy import eagle_levels, sibling_probs
+from edgespec.controller import expansion_batches
 from edgespec.shape import PLAIN, Shape, chain
 
 MIN_PIECE = 16  # a prefill piece is never smaller: every prompt progresses
@@ -143,19 +143,12 @@ def _rung_of(s, shape: Shape, cost) -> _Rung:
         return _Rung(shape, 1.0, 0, ())
     ctl = s.controller
     if ctl is not None:
-        a = ctl.acceptance()
-        tokens, _ = ctl.policy.evaluate(shape, a, cost, catchup=max(1, catchup))
-    else:
-        tokens = 1.0 + 0.5 * shape.nodes  # explicit modes keep their shape; the value is not used
+        tokens, expansions = ctl.rung(shape, cost, catchup)
+    else:  # explicit modes keep their shape; the value is not used
+        tokens, expansions = 1.0 + 0.5 * shape.nodes, expansion_batches(shape)
     if s.drafter is None:  # n-gram-only speculation drafts for free
         return _Rung(shape, tokens, shape.nodes, ())
-    if shape.mode == "chain" or shape.runner_ups:
-        batches = (max(1, catchup),) + (1,) * (shape.depth - 1)
-    else:
-        _, bs = eagle_levels(sibling_probs(ctl.acceptance()) if ctl else [[0.5] * shape.width] * shape.depth,
-                             shape.width, shape.expand, shape.depth)
-        batches = (max(1, catchup),) + tuple(bs)
-    return _Rung(shape, tokens, shape.nodes, batches)
+    return _Rung(shape, tokens, shape.nodes, (max(1, catchup),) + expansions)
 
 
 def _ladder(s, solo: Shape, cost) -> list[_Rung]:
