@@ -428,7 +428,7 @@ class Engine:
             sess.controller = None
         if not slot.busy:
             return
-        keep = self.prompt_cache and sess._consistent and not sess.prefilling
+        keep = self.prompt_cache and sess.consistent and not sess.prefilling
         if sess.drafter is not None:
             # the draft keeps all it holds, the reply included: a chat's next turn starts with it
             slot.draft_cache = sess.drafter.keep(sess.tokens) if keep else None
@@ -438,8 +438,8 @@ class Engine:
         if keep:
             # keep the prompt prefill's cells for the next request (seq 0 holds the context, the
             # other sequences are empty after every step); drop what decoding wrote after them
-            slot.target.seq_rm(0, len(sess._prefill), -1)
-            slot.prefill = sess._prefill
+            slot.target.seq_rm(0, len(sess.prefill_tokens), -1)
+            slot.prefill = sess.prefill_tokens
         else:
             slot.target.clear()
             slot.prefill = ()

@@ -151,8 +151,7 @@ def test_load_shrinks_speculation(batched):
         solo = [s.choose_shape() for s in sess]
         plan = schedule(eng, sess)
         for s in sess:  # schedule began a step: finish it
-            s._step = None
-            s._consistent = True
+            s.cancel_step()
         joint = [plan.shapes[s] for s in sess]
         cost = eng.cost.at(plan.context)
 
