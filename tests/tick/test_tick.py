@@ -1,6 +1,6 @@
 """The engine tick on a fake backend (scripted bigram logits, a fake unified KV cache): the
 phases, the KV commit per sequence range, prefill pieces, emit. Fast; the real models are in
-tests/test_batched.py."""
+tests/tick/test_batched.py."""
 
 from __future__ import annotations
 

@@ -148,6 +148,18 @@ def test_load_shrinks_speculation(batched):
     try:
         for _ in range(12):  # past the first plain step, acceptance learnt
             eng.tick(sess)
+        # the CPU curves of docs/controller.md (F32 target, Q4_0 draft): what this checks is the
+        # schedule on the sessions' real acceptance, not how loaded the host was meanwhile
+        from edgespec.controller import CostModel
+
+        cpu = CostModel.from_tables({1: 0.036, 2: 0.036, 4: 0.047, 8: 0.065, 16: 0.080},
+                                    {1: 0.011, 2: 0.015, 4: 0.022, 8: 0.036, 16: 0.064}, alpha=0.0)
+        saved = eng.cost
+        eng.cost = cpu
+        for s in sess:
+            s.controller.cost, s.controller.spec_bias = cpu, 1.0
+            s.controller._overhead = {"plain": 0.0, "spec": 0.0}
+            s.controller.breaker.state = "closed"
         solo = [s.choose_shape() for s in sess]
         plan = schedule(eng, sess)
         for s in sess:  # schedule began a step: finish it
@@ -165,6 +177,7 @@ def test_load_shrinks_speculation(batched):
         assert cost.verify_seconds(solo_tokens) > 1.3 * cost.verify_seconds(len(sess))
         assert sum(sh.nodes for sh in joint) < sum(sh.nodes for sh in solo), (joint, solo)
         assert rate(joint) >= rate(solo) * (1 - 1e-9)
+        eng.cost = saved
     finally:
         for s in sess:
             s.close()
@@ -307,5 +320,5 @@ def test_verifying_with_a_flat_q_is_caught(far_engine, exact_dists, monkeypatch)
 
     monkeypatch.setattr(session, "verify_stochastic", flat)
     prompts, exact = exact_dists
-    counts = sample_batched(far_engine, prompts, N_SAMPLES // 2)
+    counts = sample_batched(far_engine, prompts, N_SAMPLES // 4)  # a gross bias: fewer samples do
     assert min(gof(c, e) for c, e in zip(counts, exact)) < ALPHA
