@@ -2,7 +2,7 @@
 
 The controller's choices rest on models (acceptance, cost curves, the measured model bias);
 the guard checks the outcome. Per load level -- the number of sessions decoding in the tick and
-the host's speed (the cost model's host factor, in steps of sqrt(2)) -- it keeps the realised
+the host's speed (the cost model's host factor, in factor-of-2 steps) -- it keeps the realised
 tokens per second of the last `window` ticks that speculated with a drafter and of the last
 `window` that decoded plainly (ratio of sums: tokens emitted / tick wall seconds, prefill-free
 ticks only). When both hold `min_ticks` ticks and speculation's rate is below plain's by more
@@ -57,8 +57,10 @@ class GoodputGuard:
 
     @staticmethod
     def key(decoding: int, host_factor: float) -> Key:
-        load = int(round(2 * math.log2(max(1e-3, host_factor))))
-        return (decoding, max(-4, min(8, load)))
+        # factor-of-2 steps: finer ones split a busy host's evidence over many levels (its host
+        # factor swings from tick to tick)
+        load = int(round(math.log2(max(1e-3, host_factor))))
+        return (decoding, max(-2, min(5, load)))
 
     def _level(self, key: Key) -> _Level:
         lv = self.levels.get(key)
