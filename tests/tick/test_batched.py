@@ -145,6 +145,7 @@ def test_load_shrinks_speculation(batched):
     eng = batched
     toks = eng.encode_chat([("user", PROMPTS[0][0])])
     sess = [eng.open_session(GenerationRequest(tuple(toks), SamplingParams(max_tokens=200))) for _ in range(4)]
+    saved = eng.cost
     try:
         for _ in range(12):  # past the first plain step, acceptance learnt
             eng.tick(sess)
@@ -154,7 +155,6 @@ def test_load_shrinks_speculation(batched):
 
         cpu = CostModel.from_tables({1: 0.036, 2: 0.036, 4: 0.047, 8: 0.065, 16: 0.080},
                                     {1: 0.011, 2: 0.015, 4: 0.022, 8: 0.036, 16: 0.064}, alpha=0.0)
-        saved = eng.cost
         eng.cost = cpu
         for s in sess:
             s.controller.cost, s.controller.spec_bias = cpu, 1.0
@@ -177,8 +177,8 @@ def test_load_shrinks_speculation(batched):
         assert cost.verify_seconds(solo_tokens) > 1.3 * cost.verify_seconds(len(sess))
         assert sum(sh.nodes for sh in joint) < sum(sh.nodes for sh in solo), (joint, solo)
         assert rate(joint) >= rate(solo) * (1 - 1e-9)
-        eng.cost = saved
     finally:
+        eng.cost = saved
         for s in sess:
             s.close()
 
