@@ -103,10 +103,12 @@ class Engine:
         # "model" (a draft model), "eagle3" (a head over the target's features) or None
         self.draft_kind = (draft_kind or "model") if draft is not None else None
         from edgespec.controller import AcceptancePrior, ControllerConfig, CostModel
+        from edgespec.controller.goodput import GoodputGuard
 
         self.controller_cfg = ControllerConfig()
         self.cost = CostModel()
         self.prior = AcceptancePrior()
+        self.goodput = GoodputGuard()  # auto falls back to plain where speculating measured slower
         self.last_tick = None  # the last tick's TickRecord (edgespec/tick/observe.py)
         self._compiler = None  # the grammar compiler for this vocabulary, made on first use
         # the most tokens one verification llama_decode takes (None: n_batch). On a CPU with the
@@ -445,7 +447,7 @@ class Engine:
             sess.controller = None
         if not slot.busy:
             return
-        keep = self.prompt_cache and sess._consistent and not sess.prefilling
+        keep = self.prompt_cache and sess.consistent and not sess.prefilling
         if sess.drafter is not None:
             # the draft keeps all it holds, the reply included: a chat's next turn starts with it
             slot.draft_cache = sess.drafter.keep(sess.tokens) if keep else None
@@ -455,8 +457,8 @@ class Engine:
         if keep:
             # keep the prompt prefill's cells for the next request (seq 0 holds the context, the
             # other sequences are empty after every step); drop what decoding wrote after them
-            slot.target.seq_rm(0, len(sess._prefill), -1)
-            slot.prefill = sess._prefill
+            slot.target.seq_rm(0, len(sess.prefill_tokens), -1)
+            slot.prefill = sess.prefill_tokens
         else:
             slot.target.clear()
             slot.prefill = ()

@@ -123,6 +123,11 @@ class FakeContext:
     def pos_min(self, seq: int) -> int:
         return min((c[0] for c in self.cells if seq in c[2]), default=-1)
 
+    def seq_cells(self, seq: int) -> list[tuple[int, int]]:
+        """(position, token) of every cell in `seq`, by position (a cell per entry: a position
+        held twice appears twice)."""
+        return sorted((c[0], c[1]) for c in self.cells if seq in c[2])
+
     def tokens_of(self, seq: int) -> list[int]:
         return [c[1] for c in sorted((c for c in self.cells if seq in c[2]), key=lambda c: c[0])]
 
@@ -156,4 +161,6 @@ def fake_engine(parallel: int = 3, n_ctx: int = 256, draft_noise: float = 0.5, m
     dctx = FakeContext(draft, shared_cells(parallel, n_ctx), parallel * n_seq)
     slots = [Slot(i, SeqRange(tctx, i * n_seq, n_seq, n_ctx), SeqRange(dctx, i * n_seq, n_seq, n_ctx))
              for i in range(parallel)]
-    return Engine(cfg, target, draft, slots, (tctx, dctx))
+    eng = Engine(cfg, target, draft, slots, (tctx, dctx))
+    eng.goodput.enabled = False  # its decisions follow wall-clock rates: tests/tick/test_goodput.py drives it
+    return eng

@@ -140,7 +140,16 @@ class Metrics:
             Gauge("edgespec_draining", "1 while draining or shutting down.", lambda: int(bool(self.state().get("draining")))),
             Gauge("edgespec_breaker_state", "Speculation breaker state of the last auto request (1 = current).",
                   self._breaker_state, "state"),
+            Gauge("edgespec_goodput_fallback_levels", "Load levels where auto decodes plainly: speculating ticks "
+                  "measured fewer tokens per second than plain ones.", lambda: self._tick("goodput_fallback_levels")),
+            Gauge("edgespec_goodput_blocked_ticks", "Ticks the goodput guard turned plain since load.",
+                  lambda: self._tick("goodput_blocked_ticks")),
+            Gauge("edgespec_cost_host_factor", "Measured / calibrated forward seconds now, by model.",
+                  lambda: {m: self._tick(f"cost_{m}_host_factor", 1.0) for m in ("target", "draft")}, "model"),
         ]
+
+    def _tick(self, key: str, default: float = 0.0) -> float:
+        return float((self.state().get("tick_totals") or {}).get(key, default))
 
     def _breaker_state(self) -> dict[str, int]:
         """Every state, 1 for the current one; nothing until an auto request has run."""
