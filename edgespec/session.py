@@ -112,7 +112,7 @@ class Session:
     def abandon(self) -> None:
         """A forward of this session's tick was aborted (a cancel or a deadline): llama.cpp dropped
         part of its cells, so the slot keeps nothing of it (Engine.release)."""
-        self._consistent = False
+        self.consistent = False
 
     @property
     def prefilling(self) -> bool:

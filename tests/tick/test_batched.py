@@ -82,12 +82,6 @@ def drive(engine, jobs, cancel=None):
     return out, ticks_shared
 
 
-def near_tie(engine, toks, plain, k) -> float:
-    logits, _ = engine.next_logits(list(toks) + list(plain[:k]))
-    top2 = np.sort(logits)[-2:]
-    return float(top2[1] - top2[0])
-
-
 def test_concurrent_greedy_equals_each_request_alone(batched):
     eng = batched
     prompts = [eng.encode_chat([("user", p)]) for p, _ in PROMPTS]
@@ -102,10 +96,8 @@ def test_concurrent_greedy_equals_each_request_alone(batched):
     assert out[-1] is None
     for (arrive, toks, mode, n), got in zip(jobs[:-1], out[:-1]):
         ref = alone(eng, toks, n)
-        if got != ref:
-            k = next(i for i, (a, b) in enumerate(zip(got, ref)) if a != b)
-            gap = near_tie(eng, toks, ref, k)
-            assert gap < 1e-3, f"{mode} request diverged from its plain run at token {k} (gap {gap:.5f})"
+        # batch-invariant forwards (tools/patches/): token for token, no near-tie allowance
+        assert got == ref, f"{mode} request diverged from its plain run alone"
 
 
 def test_tick_verifies_every_decoding_session_in_one_target_forward(batched):
