@@ -323,6 +323,8 @@ SECTION_HELP = {
     "http": "The OpenAI-compatible HTTP API.",
     "metrics": "Prometheus text metrics.",
     "logging": "Structured logs.",
+    "audit": "Exactness an operator can audit: shadow plain decodes of live greedy requests, run when the engine "
+             "is idle (docs/architecture.md, \"Exactness\").",
     "controller": "The adaptive controller of `auto` mode and its circuit breaker (docs/controller.md).",
 }
 
