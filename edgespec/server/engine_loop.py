@@ -41,6 +41,7 @@ class Job:
     prompt_tokens: tuple[int, ...] | None = None
     logprobs: int | None = None  # see GenerationRequest.logprobs
     constraint: Any = None  # a types.ConstraintSpec, or None
+    caller: str = ""  # the caller's identity (auth.Decision.identity): its suffix cache partition
     deadline: float | None = None  # time.monotonic() value
     submitted: float = field(default_factory=time.monotonic)
     started: float | None = None  # admitted to a slot
@@ -331,7 +332,7 @@ class EngineLoop:
             job.prompt_tokens = tuple(ids)
             req = GenerationRequest(
                 prompt_tokens=tuple(ids), sampling=job.sampling, speculation=job.speculation,
-                request_id=job.request_id, logprobs=job.logprobs, constraint=job.constraint,
+                request_id=job.request_id, logprobs=job.logprobs, constraint=job.constraint, caller=job.caller,
             )
             session = engine.open_session(req)
         except BaseException as exc:  # noqa: BLE001 - BadRequest etc. go back to the caller

@@ -72,7 +72,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         tokens = self._prompt_tokens(prompt, messages)
         job = Job(request_id=rid, sampling=sampling, speculation=speculation, prompt=prompt,
                   messages=messages, prompt_tokens=tokens, deadline=deadline, logprobs=logprobs,
-                  constraint=constraint)
+                  constraint=constraint, caller=structlog.contextvars.get_contextvars().get("caller", ""))
         self.loop.submit(job)
         context.add_callback(job.cancel)  # client cancel / deadline / server stop -> engine stops within a step
         return job
