@@ -301,3 +301,21 @@ def test_bigram_rows_make_a_usable_test():
     """The fake target's top-8 rows are far from uniform (the test compares real distributions)."""
     probs = logits_to_probs(bigram_table()[5].astype(np.float64), SamplingParams(**SAMPLING))
     assert np.count_nonzero(probs) == 8 and probs.max() < 0.99
+
+
+def test_the_daemon_loads_its_snapshot_and_starts_empty_on_a_bad_one(tmp_path, monkeypatch):
+    from edgespec.drafters.suffix import snapshot_path
+    from edgespec.server.daemon import _load_suffix
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    eng = fake_engine(parallel=1)
+    stream(eng, PROMPTS[:2], "auto", caller="token:a")
+    eng.suffix_cache.save(snapshot_path())
+    fresh = fake_engine(parallel=1)
+    _load_suffix(fresh)
+    assert fresh.suffix_stats()["documents"] == 2
+    assert fresh.suffix_cache.propose("token:a", list(PROMPTS[0]) + stream(eng, PROMPTS[:1], "plain")[0].token_ids[:4])
+    snapshot_path().write_bytes(snapshot_path().read_bytes()[:-5])  # truncated
+    fresh = fake_engine(parallel=1)
+    _load_suffix(fresh)
+    assert fresh.suffix_stats()["documents"] == 0

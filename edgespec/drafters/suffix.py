@@ -337,6 +337,20 @@ class SuffixCache:
             self.store = store
 
 
+def snapshot_path() -> Path:
+    """Where the daemon keeps the cache between runs (speculation.suffix_cache_persist): the state
+    directory ($EDGESPEC_HOME, /var/lib/edgespec under systemd)."""
+    from edgespec.config import edgespec_home
+
+    return edgespec_home() / "suffix-cache.snapshot"
+
+
+def snapshot_limit(max_bytes: int) -> int:
+    """The largest snapshot file loaded for a cache of `max_bytes` (a compressed snapshot is far
+    smaller than the accounted bytes its documents take)."""
+    return 2 * max_bytes + (1 << 20)
+
+
 def _read_at_most(path: Path, limit: int) -> bytes:
     with open(path, "rb") as f:
         raw = f.read(limit + 1)
