@@ -34,12 +34,13 @@ def test_proposal_scores_are_the_share_of_matches_that_continued_so():
     for i in range(10):
         c.insert("", TEMPLATE, reply(i))
     prop = c.propose("", TEMPLATE[-4:] + [10, 11, 12, 103, 13])  # after the varying field
-    assert prop.tokens[:3] == [14, 15, 16] and prop.scores[:3] == [1.0, 1.0, 1.0]
+    # one reply matches that long: its continuation, at 1/2 (one vote and the pseudo-vote)
+    assert prop.tokens[:3] == [14, 15, 16] and prop.scores[:3] == [0.5, 0.5, 0.5] and prop.voters == 1
     # matched on 3 tokens only, every reply votes: the next field varies over 3 values
     prop = c.propose("", [77, 14, 15, 16])
     assert prop.match == 3 and prop.voters == 10
     first = sorted((prop.scores[i], prop.tokens[i]) for i, p in enumerate(prop.parents) if p < 0)
-    assert first[-1] == (0.4, 200) and set(first[:-1]) <= {(0.3, 201), (0.3, 202)}
+    assert first[-1] == (4 / 11, 200) and set(first[:-1]) <= {(3 / 11, 201), (3 / 11, 202)}
     assert len(prop) == int(sfx.NODES_PER_MATCH * 3)  # sized by the match length
     # best first: every node after its parent, scores non-increasing
     assert all(p < i for i, p in enumerate(prop.parents))

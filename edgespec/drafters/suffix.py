@@ -15,8 +15,9 @@ Structure (pure Python + numpy, one instance per engine, driven by the engine th
 
 Lookup: the context's last K tokens give the occurrences; each is extended backwards to its
 match length (up to MATCH_MAX); the occurrences matching at least min(longest, MATCH_ENOUGH)
-tokens vote; their continuations form a trie whose node score is the share of votes reaching it
-(an empirical P(this continuation | the match)). The proposal keeps the best nodes, best first
+tokens vote; their continuations form a trie whose node score is the share of votes reaching it,
+with one pseudo-vote for a continuation never seen (an empirical P(this continuation | the match):
+one earlier occurrence predicts its continuation with 1/2, ten that agree with 10/11). The proposal keeps the best nodes, best first
 (a node's score never exceeds its parent's, so every prefix of the list is a tree), at most
 NODES_PER_MATCH nodes per matched token.
 
@@ -255,14 +256,14 @@ class SuffixCache:
         order = sorted(range(len(votes)), key=lambda i: -votes[i])
         remap: dict[int, int] = {-1: -1}
         for i in order:
-            if len(out.tokens) >= cap or votes[i] / n < MIN_SCORE:
+            if len(out.tokens) >= cap or votes[i] / (n + 1) < MIN_SCORE:
                 break
             if parent_of[i] not in remap:
                 continue
             remap[i] = len(out.tokens)
             out.tokens.append(toks_of[i])
             out.parents.append(remap[parent_of[i]])
-            out.scores.append(votes[i] / n)
+            out.scores.append(votes[i] / (n + 1))
         out.match, out.voters = enough, n
         if out.tokens:
             part.hits += 1
