@@ -320,3 +320,21 @@ def test_the_daemon_loads_its_snapshot_and_starts_empty_on_a_bad_one(tmp_path, m
     fresh = fake_engine(parallel=1)
     _load_suffix(fresh)
     assert fresh.suffix_stats()["documents"] == 0
+
+
+@pytest.mark.slow
+def test_real_models_greedy_output_with_the_cache_equals_plain(engine):
+    """The demo models on a small templated stream: auto with the suffix cache emits plain's
+    tokens, and the cache's drafts are accepted (the templates repeat)."""
+    engine.suffix_control(clear=True)
+    prompts = [engine.encode_chat([("user", f"Return JSON with keys id and city for: id {i}, city Berlin.")])
+               for i in (7, 8, 9)]
+    try:
+        plain = [engine.generate(GenerationRequest(tuple(p), SamplingParams(max_tokens=24),
+                                                   SpeculationParams(mode="plain"))).token_ids for p in prompts]
+        got = [engine.generate(GenerationRequest(tuple(p), SamplingParams(max_tokens=24),
+                                                 SpeculationParams(mode="auto"), caller="token:t")) for p in prompts]
+        assert [r.token_ids for r in got] == plain
+        assert sum(r.stats.accepted_by_source.get("suffix", 0) for r in got[1:]) > 0
+    finally:
+        engine.suffix_control(clear=True)
