@@ -67,6 +67,10 @@ ENGINE_KEYS = {
     "draft_window": ("draft", "window"),
     "prompt_cache": ("server", "prompt_cache"),
     "prefill_share": ("server", "prefill_share"),
+    "suffix_cache": ("speculation", "suffix_cache"),
+    "suffix_cache_bytes": ("speculation", "suffix_cache_bytes"),
+    "suffix_cache_store": ("speculation", "suffix_cache_store"),
+    "suffix_cache_scope": ("speculation", "suffix_cache_scope"),
 }
 
 
@@ -95,6 +99,12 @@ class EngineConfig:
     # a prompt is prefilled in pieces inside the ticks; beside decoding sessions a piece may cost
     # at most this many times the tick's decode work (0: whole n_batch chunks, streams wait)
     prefill_share: float = setting("server", "prefill_share").default
+    # the cross-request suffix cache (drafters/suffix.py): on/off, its memory bound, what it keeps
+    # of a finished request, one partition per caller or pooled
+    suffix_cache: bool = setting("speculation", "suffix_cache").default
+    suffix_cache_bytes: int = setting("speculation", "suffix_cache_bytes").default
+    suffix_cache_store: str = setting("speculation", "suffix_cache_store").default
+    suffix_cache_scope: str = setting("speculation", "suffix_cache_scope").default
 
     def validate(self) -> None:
         """Raise ConfigError naming the TOML key (`server.parallel`, `draft.window`, ...)."""

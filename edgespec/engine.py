@@ -25,6 +25,7 @@ from edgespec.config import EngineConfig, shared_cells
 from edgespec.drafters import ModelDrafter, draft_kind, drafter_class
 from edgespec.drafters.base import decode_batch
 from edgespec.drafters.model import DraftCache
+from edgespec.drafters.suffix import SuffixCache, SuffixDrafter
 from edgespec.errors import BadRequest, ForwardAborted, Overloaded
 from edgespec.kv import SeqRange
 from edgespec.logs import get_logger
@@ -115,6 +116,11 @@ class Engine:
         # patched ggml every forward is batch-invariant (tools/patches/), so nothing is split.
         self.verify_chunk: int | None = None
         self.tick_totals: dict[str, float] = {}  # seconds per tick phase, ticks, ... since load
+        # the cross-request suffix cache (drafters/suffix.py): replies of finished requests that
+        # speculated, drafted from by the next ones (partitioned by caller unless pooled)
+        self.suffix_cache = SuffixCache(cfg.suffix_cache_bytes, cfg.suffix_cache_store,
+                                        pooled=cfg.suffix_cache_scope == "pooled")
+        self.suffix_enabled = cfg.suffix_cache
 
     # -- lifecycle ----------------------------------------------------------------------------
     @classmethod
@@ -184,6 +190,25 @@ class Engine:
     def new_drafter(self, slot: Slot):
         """The drafter of one request on `slot` (drafters/base.py: Drafter)."""
         return drafter_class(self.draft_kind)(slot.draft, window=self.cfg.draft_window)
+
+    def new_suffix_drafter(self, req: GenerationRequest) -> SuffixDrafter | None:
+        """A request's view of the suffix cache: None when the cache is off, or the request does
+        not speculate (plain mode) or opts out; such a request does not feed the cache either."""
+        if not self.suffix_enabled or req.speculation.mode == "plain" or not req.speculation.suffix:
+            return None
+        return SuffixDrafter(self.suffix_cache, req.caller)
+
+    def suffix_control(self, enabled: bool | None = None, clear: bool = False) -> dict:
+        """Turn the suffix cache on or off (off empties it) and/or empty it (SetPolicy, SIGHUP);
+        returns its stats."""
+        if enabled is not None:
+            self.suffix_enabled = bool(enabled)
+        if clear or not self.suffix_enabled:
+            self.suffix_cache.clear()
+        return self.suffix_stats()
+
+    def suffix_stats(self) -> dict:
+        return {"enabled": self.suffix_enabled, **self.suffix_cache.stats()}
 
     @property
     def target_ctx(self) -> backend.Context:
@@ -445,6 +470,10 @@ class Engine:
             except Exception:  # the prior is an optimisation; never fail a request on it
                 log.warning("prior_update_failed", exc_info=True)
             sess.controller = None
+        if sess.suffix is not None and sess.out and self.suffix_enabled:
+            # what it emitted (any finish: every token is the target's) feeds the next requests' drafts
+            self.suffix_cache.insert(sess.suffix.caller, sess.tokens[:sess.n_prompt], sess.out)
+            sess.suffix = None
         if not slot.busy:
             return
         keep = self.prompt_cache and sess.consistent and not sess.prefilling

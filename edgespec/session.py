@@ -68,6 +68,7 @@ class Session:
         has_draft = slot.draft is not None
         self.drafter = engine.new_drafter(slot) if has_draft else None  # drafters/base.py: Drafter
         self.ngram = NgramDrafter() if self.spec.ngram else None  # its lookups and their learnt reach
+        self.suffix = engine.new_suffix_drafter(req)  # the cross-request suffix cache (None: off)
         # structured output: the grammar state of this request (edgespec/constraint.py); every
         # verified row is masked by the state after its node's path, drafts by their parent's
         self.matcher = engine.constraint_matcher(req.constraint) if req.constraint is not None else None
@@ -77,7 +78,7 @@ class Session:
                                          max_depth=self.spec.tree_depth, max_nodes=self.spec.tree_nodes,
                                          has_draft_model=has_draft, max_leaves=slot.target.n_seq_max,
                                          request_id=req.request_id, refine_costs=False)
-        if self.spec.mode in ("chain", "tree") and not has_draft and not self.ngram:
+        if self.spec.mode in ("chain", "tree") and not has_draft and not self.ngram and not self.suffix:
             raise BadRequest("mode", f"{self.spec.mode} needs a draft model or n-gram drafting")
         self.stats.cached_prompt_tokens = keep
         if self.drafter is not None:
@@ -221,7 +222,12 @@ class Session:
             st.spine_probs = tuple(report.spine_probs)
             st.draft_ran = bool(report.batches) and report.levels > 0
             self.stats.draft_forwards += len(report.batches)
+        st.sources = [(1, "head" if self.engine.draft_kind == "eagle3" else "draft"), (len(st.tree), "prompt_lookup")]
         graft.lookup(self, st)
+        st.sources.append((len(st.tree), "suffix"))
+        if self.suffix is not None:
+            graft.suffix(self, st)
+        st.sources.append((len(st.tree), "forced"))
         if self.matcher is not None and self.spec.mode != "plain" and self.remaining > 1:
             graft.forced(self, st)
 
@@ -287,6 +293,8 @@ class Session:
         self.tokens.extend(new_tokens)
         if self.ngram is not None:
             self.ngram.score(self.tokens)
+        if self.suffix is not None:
+            self.suffix.score(self.tokens)
         if self.drafter is not None and st.draft_ran:
             self.drafter.accept(tree, res.accepted, self.tokens)
         if st.features is not None and self.drafter is not None and self.drafter.features:
@@ -300,6 +308,7 @@ class Session:
         s.target_forwards += 1
         s.drafted_tokens += tree.n_draft
         s.accepted_tokens += len(res.accepted)
+        _count_sources(s, st.sources, len(tree), res.accepted)
         for d in range(len(res.accepted)):
             if len(s.accepted_per_depth) <= d:
                 s.accepted_per_depth.append(0)
@@ -400,7 +409,7 @@ class StepRecord:
 
     __slots__ = ("shape", "tree", "t0", "lookup", "kind", "draft_batches", "levels", "spine_probs",
                  "draft_ran", "ngram_only", "leaves", "below", "seq_of_leaf", "order", "root_pos",
-                 "result", "emitted", "batch", "features", "forced")
+                 "result", "emitted", "batch", "features", "forced", "sources")
 
     def __init__(self, shape: Shape, tree: DraftTree, t0: float):
         self.shape, self.tree, self.t0 = shape, tree, t0
@@ -416,6 +425,7 @@ class StepRecord:
         self.emitted = 0
         self.batch = None
         self.features: np.ndarray | None = None  # the target's features of the step's entries (a head's)
+        self.sources: list[tuple[int, str]] = []  # (first node, source) of the tree's nodes, in order
 
 
 def _runs(positions: list[int]) -> str:
@@ -451,3 +461,18 @@ def _leaf_seqs(leaves: list[int], spine_leaf: int) -> list[int]:
             out.append(nxt)
             nxt += 1
     return out
+
+
+def _count_sources(stats: SpecStats, sources: list[tuple[int, str]], n: int, accepted: list[int]) -> None:
+    """Proposed and accepted draft nodes per source: node i came from the last source whose
+    first node is <= i (sources graft one after the other)."""
+    if n <= 1:
+        return
+    bounds = [min(b, n) for b, _ in sources] + [n]
+    for j, (_, name) in enumerate(sources):
+        lo, hi = bounds[j], max(bounds[j], bounds[j + 1])
+        if hi > lo:
+            stats.proposed_by_source[name] = stats.proposed_by_source.get(name, 0) + hi - lo
+            got = sum(1 for i in accepted if lo <= i < hi)
+            if got:
+                stats.accepted_by_source[name] = stats.accepted_by_source.get(name, 0) + got

@@ -29,6 +29,8 @@ MAX_TREE_DEPTH = 16
 MAX_STOP_STRINGS = 16
 KV_TYPES = ("f16", "q8_0", "q4_0", "f32")
 SPEC_MODES = ("auto", "off", "plain", "chain", "tree")
+SUFFIX_STORES = ("output", "prompt_and_output")
+SUFFIX_SCOPES = ("caller", "pooled")
 CONTROLLER_MAX_DEPTH = 16  # draft levels a controller shape may have
 CONTROLLER_MAX_NODES = 128  # verification nodes (excluding the root)
 CONTROLLER_MAX_WIDTH = 8  # children per expanded node / ranks tracked by the acceptance model
@@ -229,6 +231,20 @@ SETTINGS: tuple[Setting, ...] = (
     _spec("tree_nodes", I, 16, "default tree node budget (excluding the root)", lo=1, hi=MAX_TREE_NODES),
     _spec("tree_depth", I, 6, "default tree depth", lo=1, hi=MAX_TREE_DEPTH),
     _spec("ngram", B, True, "also draft from prompt n-grams"),
+    _spec("suffix_cache", B, True, "draft from a cross-request suffix cache of recent replies (point drafts: "
+          "the output never changes); a request that does not speculate neither reads nor feeds it; false "
+          "(SIGHUP) also empties it"),
+    _spec("suffix_cache_bytes", I, 64 << 20, "memory bound of the suffix cache (its accounted bytes); the "
+          "least recently used replies are evicted beyond it (restart to change)", lo=1 << 16, hi=1 << 40),
+    _spec("suffix_cache_store", S, "output", "what the suffix cache keeps of a finished request: its reply "
+          "(after its prompt's last 8 tokens) or its prompt and reply (restart to change)",
+          choices=SUFFIX_STORES),
+    _spec("suffix_cache_scope", S, "caller", "caller: one partition per identity (a token's name, a certificate's "
+          "subject; anonymous callers share one), so no caller's drafts come from another's text; pooled: one "
+          "for all callers, which lets a caller time whether another's text continues its own "
+          "(docs/appliance.md, threat model; restart to change)", choices=SUFFIX_SCOPES),
+    _spec("suffix_cache_persist", B, False, "write the suffix cache to the state directory at drain and stop "
+          "and load it at start (bounded, checksummed); it holds callers' text on disk"),
     _spec("max_draft_tokens", I, MAX_DRAFT_TOKENS, "largest draft_tokens a request may ask for",
           lo=1, hi=MAX_DRAFT_TOKENS),
     _spec("max_tree_nodes", I, MAX_TREE_NODES, "largest tree_nodes a request may ask for", lo=1, hi=MAX_TREE_NODES),

@@ -25,6 +25,7 @@ class SpeculationParams:
     tree_nodes: int = setting("speculation", "tree_nodes").default  # tree node budget (excluding the root)
     tree_depth: int = setting("speculation", "tree_depth").default
     ngram: bool = setting("speculation", "ngram").default  # also use model-free prompt-lookup drafts
+    suffix: bool = True  # also draft from the engine's cross-request suffix cache (when it has one)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -69,6 +70,8 @@ class GenerationRequest:
     # the target's transformed distribution (the verification rows: the same in every mode)
     logprobs: int | None = None
     constraint: ConstraintSpec | None = None
+    # who asks ("token:<name>", "cert:<subject>", "" for anonymous): the suffix cache's partition
+    caller: str = ""
 
 
 MAX_TOP_LOGPROBS = 20
@@ -100,6 +103,11 @@ class SpecStats:
     draft_seconds: float = 0.0  # time inside the draft's llama_decode in steps (its prefill included)
     cached_prompt_tokens: int = 0  # prompt tokens whose KV the slot kept from an earlier request
     draft_cached_tokens: int = 0  # context tokens whose draft KV the slot kept (the draft absorbs the rest)
+    # draft tokens verified / accepted per source: draft (a draft model), head (an EAGLE-3 head),
+    # prompt_lookup (n-grams of the request's own context), suffix (the cross-request cache), forced
+    # (tokens a grammar forces); a node two sources proposed counts for the first
+    proposed_by_source: dict[str, int] = field(default_factory=dict)
+    accepted_by_source: dict[str, int] = field(default_factory=dict)
 
     @property
     def tau(self) -> float:
@@ -128,6 +136,8 @@ class SpecStats:
             "breaker_transitions": self.breaker_transitions,
             "cached_prompt_tokens": self.cached_prompt_tokens,
             "draft_cached_tokens": self.draft_cached_tokens,
+            "proposed_by_source": dict(self.proposed_by_source),
+            "accepted_by_source": dict(self.accepted_by_source),
         }
 
 

@@ -163,4 +163,5 @@ def fake_engine(parallel: int = 3, n_ctx: int = 256, draft_noise: float = 0.5, m
              for i in range(parallel)]
     eng = Engine(cfg, target, draft, slots, (tctx, dctx))
     eng.goodput.enabled = False  # its decisions follow wall-clock rates: tests/tick/test_goodput.py drives it
+    eng.cost.alpha = 0.0  # the fake's forwards take Python's time, not a model's: keep the tables' curves
     return eng

@@ -384,6 +384,10 @@ def build_report(
             "results": anchor["results"],
         }
     report["headline"] = headline(summary, ratios, groups)
+    if (curve := warmup_curve(rows)):
+        report["warmup_curve"] = curve
+    if (sources := by_source(rows)):
+        report["by_source"] = sources
     if (so := structured_output(summary)):
         report["structured_output"] = so
         report["headline"]["schema_valid"] = {m: f"{c['valid']}/{c['checked']}" for m, c in so.items()}
@@ -391,6 +395,47 @@ def build_report(
     if "ceiling" in report:
         report["headline"]["perfect_draft_ceiling"] = report["ceiling"]["best_perfect_draft"]
     return report
+
+
+WARMUP_AFTER = (0, 10, 30, 100)  # the warm-up curve's points: requests of the stream before
+
+
+def warmup_curve(rows: Sequence[Row], after: Sequence[int] = WARMUP_AFTER) -> dict[str, dict[str, Any]]:
+    """The speedup over plain of each mode, after a warm-up of N requests of the stream: over the
+    prompts with index in [N, next N) (the last: N and beyond), summed tokens over summed seconds,
+    each mode over plain on the same prompts. Empty without a plain mode or a +suffix mode."""
+    modes = _modes(rows)
+    if "plain" not in modes or not any(m.endswith("+suffix") for m in modes):
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    bounds = list(after) + [None]
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        window = [r for r in rows if r.index >= lo and (hi is None or r.index < hi)]
+        if not window:
+            continue
+        plain = _cell([r for r in window if r.mode == "plain"])
+        point: dict[str, Any] = {"requests": plain["n"], "plain_tokens_per_second": plain["tokens_per_second"]}
+        for m in modes:
+            if m == "plain":
+                continue
+            c = _cell([r for r in window if r.mode == m])
+            point[m] = round(c["tokens_per_second"] / plain["tokens_per_second"], 3) \
+                if plain["tokens_per_second"] else None
+        out[str(lo)] = point
+    return out
+
+
+def by_source(rows: Sequence[Row]) -> dict[str, dict[str, dict[str, int]]]:
+    """{mode: {source: {proposed, accepted}}}: the draft tokens each source put in the
+    verifications and how many were accepted."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for r in rows:
+        acc = dict(r.accepted_by_source)
+        for src, n in r.proposed_by_source:
+            cell = out.setdefault(r.mode, {}).setdefault(src, {"proposed": 0, "accepted": 0})
+            cell["proposed"] += n
+            cell["accepted"] += acc.get(src, 0)
+    return out
 
 
 def structured_output(summary: dict) -> dict[str, dict[str, Any]]:
@@ -481,6 +526,22 @@ def to_markdown(report: dict[str, Any]) -> str:
         for mode, c in report["structured_output"].items():
             lines.append(f"| {mode} | {c['valid']}/{c['checked']} | {c['tokens_per_second']:.1f} | "
                          f"{_fmt(c['free_tokens_per_second'], '.1f')} | {_fmt(c['over_free'], '.2f')} |")
+    if report.get("warmup_curve"):
+        curve = report["warmup_curve"]
+        modes = [k for k in next(iter(curve.values())) if k not in ("requests", "plain_tokens_per_second")]
+        lines += ["", "## Warm-up curve (speedup over plain after N requests of the stream)", "",
+                  "| after | requests | plain tok/s | " + " | ".join(modes) + " |",
+                  "|---|---:|---:|" + "---:|" * len(modes)]
+        for name, pt in curve.items():
+            lines.append(f"| {name} | {pt['requests']} | {pt['plain_tokens_per_second']:.1f} | "
+                         + " | ".join(_fmt(pt.get(m), '.2f') for m in modes) + " |")
+    if report.get("by_source"):
+        lines += ["", "## Draft tokens by source (verified / accepted)", "",
+                  "| mode | source | proposed | accepted | rate |", "|---|---|---:|---:|---:|"]
+        for mode, srcs in report["by_source"].items():
+            for src, c in sorted(srcs.items()):
+                rate = c["accepted"] / c["proposed"] if c["proposed"] else 0.0
+                lines.append(f"| {mode} | {src} | {c['proposed']} | {c['accepted']} | {rate:.2f} |")
     anchor = report.get("anchor")
     if anchor:
         lines += [

@@ -2,7 +2,12 @@
 rotated prompt by prompt (A B C, B C A, C A B, ...) so slow machine drift hits all modes alike.
 
 A mode `MODE+schema` (e.g. `auto+schema`) is MODE with each prompt's JSON schema as the request's
-constraint (structured output); its rows record whether the answer parses and validates."""
+constraint (structured output); its rows record whether the answer parses and validates.
+
+A mode `MODE+suffix` (e.g. `auto+suffix`) is MODE drafting from the engine's cross-request suffix
+cache too (drafters/suffix.py); the other modes neither read nor feed it, so the cache holds what
+the +suffix runs of the prompts before emitted: run in order, a suite is a stream of requests, and
+the report's warm-up curve shows the speedup after 0, 10, 30 and 100 of them."""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from edgespec.sampling import SamplingParams
 from edgespec.types import MODES, ConstraintSpec, GenerationRequest, GenerationResult, SpeculationParams
 
 SCHEMA_SUFFIX = "+schema"
+CACHE_SUFFIX = "+suffix"
 
 
 class BenchEngine(Protocol):
@@ -46,10 +52,16 @@ class Row:
     draft_seconds: float = 0.0
     accepted_per_depth: tuple[int, ...] = ()
     valid: bool | None = None  # MODE+schema rows: the answer parses as JSON and follows the schema
+    index: int = -1  # the prompt's place in the stream (0 = first)
+    # draft tokens verified / accepted per source (draft, head, prompt_lookup, suffix, forced)
+    proposed_by_source: tuple[tuple[str, int], ...] = ()
+    accepted_by_source: tuple[tuple[str, int], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["accepted_per_depth"] = list(self.accepted_per_depth)
+        d["proposed_by_source"] = dict(self.proposed_by_source)
+        d["accepted_by_source"] = dict(self.accepted_by_source)
         return d
 
 
@@ -59,20 +71,21 @@ def parse_modes(text: str) -> tuple[str, ...]:
         raise BadRequest("modes", f"give at least one of {', '.join(MODES)}")
     for m in modes:
         if base_mode(m) not in MODES:
-            raise BadRequest("modes", f"must be among {', '.join(MODES)} (each optionally +schema), got {m!r}")
+            raise BadRequest("modes", f"must be among {', '.join(MODES)} (each optionally +schema and/or "
+                                      f"+suffix), got {m!r}")
     if len(set(modes)) != len(modes):
         raise BadRequest("modes", f"duplicate mode in {text!r}")
     return modes
 
 
 def base_mode(mode: str) -> str:
-    """The engine's mode of a bench mode: `auto+schema` -> `auto`."""
-    return mode.removesuffix(SCHEMA_SUFFIX)
+    """The engine's mode of a bench mode: `auto+schema` -> `auto`, `auto+suffix` -> `auto`."""
+    return mode.removesuffix(CACHE_SUFFIX).removesuffix(SCHEMA_SUFFIX)
 
 
 def constraint_of(prompt: Prompt, mode: str) -> ConstraintSpec | None:
     """The constraint a bench mode puts on a prompt: its schema for MODE+schema, else none."""
-    if not mode.endswith(SCHEMA_SUFFIX):
+    if not mode.removesuffix(CACHE_SUFFIX).endswith(SCHEMA_SUFFIX):
         return None
     if prompt.schema is None:
         raise BadRequest("modes", f"{mode} needs a schema on every prompt; {prompt.id} has none "
@@ -134,7 +147,7 @@ def request(tokens: tuple[int, ...], mode: str, max_tokens: int,
     return GenerationRequest(
         prompt_tokens=tokens,
         sampling=replace(sampling, max_tokens=max_tokens),
-        speculation=SpeculationParams(mode=base_mode(mode)),  # type: ignore[arg-type]
+        speculation=SpeculationParams(mode=base_mode(mode), suffix=mode.endswith(CACHE_SUFFIX)),  # type: ignore[arg-type]
         constraint=constraint,
     )
 
@@ -166,6 +179,8 @@ def run_one(engine: BenchEngine, prompt: Prompt, tokens: tuple[int, ...], mode: 
         draft_seconds=round(stats.draft_seconds, 6),
         accepted_per_depth=tuple(stats.accepted_per_depth),
         valid=None if constraint is None else schema_valid(result.text, constraint.value),
+        proposed_by_source=tuple(sorted(stats.proposed_by_source.items())),
+        accepted_by_source=tuple(sorted(stats.accepted_by_source.items())),
     )
 
 
@@ -210,8 +225,8 @@ def run(
         tokens = prompt_tokens(engine, prompts[0])
         for mode in modes:
             eng, base = engine_of(mode)
-            eng.generate(request(tokens, base, min(8, max_tokens), prompt_sampling(sampling, 0),
-                                 constraint_of(prompts[0], base)))
+            eng.generate(request(tokens, base.removesuffix(CACHE_SUFFIX), min(8, max_tokens),
+                                 prompt_sampling(sampling, 0), constraint_of(prompts[0], base)))
 
     external = external or {}
     all_modes = list(modes) + [m for m in external if m not in modes]
@@ -232,7 +247,8 @@ def run(
                         bar.update(1)
                     continue
                 eng, base = engine_of(mode)
-                row = replace(run_one(eng, prompt, tokens, base, max_tokens, prompt_sampling(sampling, i)), mode=mode)
+                row = replace(run_one(eng, prompt, tokens, base, max_tokens, prompt_sampling(sampling, i)), mode=mode,
+                              index=i)
                 rows.append(row)
                 if on_row is not None:
                     on_row(row)

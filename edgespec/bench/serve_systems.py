@@ -46,9 +46,11 @@ def _toml_str(s: str) -> str:
 
 
 def daemon_sections(*, target: str, draft: str | None, parallel: int, n_ctx: int, threads: int,
-                    max_tokens: int, n_gpu_layers: int = 0) -> dict[str, dict[str, Any]]:
+                    max_tokens: int, n_gpu_layers: int = 0, suffix_cache: bool = False) -> dict[str, dict[str, Any]]:
     """The daemon's config for one concurrency level. No prompt cache: llama-server gets
-    `cache_prompt: false`, so both prefill every request in full."""
+    `cache_prompt: false`, so both prefill every request in full. No suffix cache unless asked
+    (`suffix_cache`): the rounds repeat the same prompts, and the cache would hand the later
+    rounds the earlier rounds' replies."""
     model = {"n_ctx": n_ctx, "threads": threads, "n_gpu_layers": n_gpu_layers}
     return {
         "server": {"host": LOOPBACK, "port": 0, "parallel": parallel, "queue_size": max(16, 2 * parallel),
@@ -56,6 +58,7 @@ def daemon_sections(*, target: str, draft: str | None, parallel: int, n_ctx: int
                    "prompt_cache": False, "grace_seconds": 5.0},
         "target": {"path": target, **model},
         "draft": {"path": draft or "", "enabled": draft is not None, **model},
+        "speculation": {"suffix_cache": suffix_cache},
         "logging": {"level": "warning", "json": True},
     }
 

@@ -19,6 +19,11 @@ SHIPPED = ("code", "json", "legal", "rag", "chat", "chinese", "drift")
 # a contract; categories long-rag, long-json, long-code, long-legal), written by
 # tools/make-long-suite.py; not part of `all`
 LONG = "long"
+# repetitive intranet work as a stream of requests (templated extraction, SQL over one schema, a
+# ticket form, an agent loop's JSON actions; categories repetitive-*), written by
+# tools/make-repetitive-suite.py; run in order, its modes with +suffix draft from the cross-request
+# suffix cache the earlier requests filled; not part of `all`
+REPETITIVE = "repetitive"
 VIRTUAL = {
     "structured": ("code", "json", "legal", "rag"),
     "all": SHIPPED,
@@ -35,14 +40,14 @@ class Prompt:
 
 
 def suite_names() -> tuple[str, ...]:
-    return SHIPPED + (LONG,) + tuple(VIRTUAL)
+    return SHIPPED + (LONG, REPETITIVE) + tuple(VIRTUAL)
 
 
 def resolve(suite: str) -> list[Path]:
     """NAME (shipped or virtual) or FILE -> the suite files to read."""
     if suite in VIRTUAL:
         return [SUITES_DIR / f"{name}.jsonl" for name in VIRTUAL[suite]]
-    if suite in SHIPPED or suite == LONG:
+    if suite in SHIPPED or suite in (LONG, REPETITIVE):
         return [SUITES_DIR / f"{suite}.jsonl"]
     path = Path(suite)
     if path.is_file():

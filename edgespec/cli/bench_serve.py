@@ -80,6 +80,10 @@ def bench_serve(
     json_out: Optional[Path] = typer.Option(None, "--json"),
     markdown_out: Optional[Path] = typer.Option(None, "--markdown"),
     plot_out: Optional[Path] = typer.Option(None, "--plot"),
+    suffix_cache: bool = typer.Option(False, "--suffix-cache", help="the daemon drafts from its cross-request "
+                                      "suffix cache too (auto requests read and feed it): with a repetitive suite "
+                                      "and many rounds, each round's edgespec-auto / edgespec-plain ratio is the "
+                                      "warm-up curve"),
     progress: bool = typer.Option(True, help="progress bar on stderr"),
 ) -> None:
     """Serving benchmark: tokens/s, TTFT and inter-token latency at N concurrent streams, edgespec's
@@ -106,7 +110,7 @@ def _bench_serve(a: SimpleNamespace) -> None:
     starter = _Starter(addr=a.addr, target=target_path, draft=draft_path, threads=t, n_gpu_layers=a.n_gpu_layers,
                        max_tokens=max(a.max_tokens, a.scenario_stream_tokens), systems=systems,
                        llama_bin=a.llama_server_bin, draft_max=a.draft_max, workdir=a.workdir or workdir_default(),
-                       commands=commands)
+                       commands=commands, suffix_cache=a.suffix_cache)
     level_results = run_levels(lambda n: starter.start(n, a.n_ctx, prompts, a.max_tokens), systems, prompts, levels,
                                requests=a.requests, rounds=a.rounds, max_tokens=a.max_tokens, progress=a.progress,
                                log=_log)
@@ -117,7 +121,8 @@ def _bench_serve(a: SimpleNamespace) -> None:
                      "requests": a.requests, "rounds": a.rounds, "max_tokens": a.max_tokens, "temperature": 0.0,
                      "threads": t, "n_ctx": a.n_ctx, "n_gpu_layers": a.n_gpu_layers, "target": target_path,
                      "draft": draft_path, "draft_max": a.draft_max, "addr": a.addr,
-                     "prompt_cache": False if a.addr is None else "as the attached daemon"},
+                     "prompt_cache": False if a.addr is None else "as the attached daemon",
+                     "suffix_cache": a.suffix_cache if a.addr is None else "as the attached daemon"},
         "machine": machine_info(),
         "commands": commands,
         "levels": level_results,
@@ -180,6 +185,7 @@ class _Starter:
     draft_max: int
     workdir: Path
     commands: dict = field(default_factory=dict)  # what the report lists under "commands"
+    suffix_cache: bool = False  # the daemon's speculation.suffix_cache
 
     def start(self, n: int, ctx: int, prompts, max_tokens: int, long_tokens: int | None = None):  # noqa: ANN001, ANN201
         from edgespec.bench import serve_systems as ss
@@ -203,7 +209,7 @@ class _Starter:
             if addr is None:
                 sections = ss.daemon_sections(target=self.target, draft=self.draft, parallel=n, n_ctx=ctx,
                                               threads=self.threads, max_tokens=self.max_tokens,
-                                              n_gpu_layers=self.n_gpu_layers)
+                                              n_gpu_layers=self.n_gpu_layers, suffix_cache=self.suffix_cache)
                 d = ss.start_daemon(self.workdir, sections)
                 procs.append(d)
                 addr = d.addr

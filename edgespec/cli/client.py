@@ -219,6 +219,8 @@ def policy_cmd(
     max_tree_depth: Optional[int] = typer.Option(None, "--max-tree-depth"),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens"),
     reset: bool = typer.Option(False, "--reset", help="Drop earlier overrides first: the config file's values apply again."),
+    clear_suffix_cache: bool = typer.Option(False, "--clear-suffix-cache",
+                                            help="Empty the cross-request suffix cache (every caller's partition)."),
     addr: str = ADDR, token: str = TOKEN, ca: str = CA, cert: str = CERT, key: str = KEY,
     server_name: str = SERVER_NAME, timeout: float = typer.Option(10.0, "--timeout"),
 ) -> None:
@@ -226,7 +228,7 @@ def policy_cmd(
     the config file that outlive SIGHUP until --reset)."""
     from edgespec.proto.edgespec.v1 import admin_pb2
 
-    req = admin_pb2.SetPolicyRequest(reset=reset)
+    req = admin_pb2.SetPolicyRequest(reset=reset, clear_suffix_cache=clear_suffix_cache)
     if speculation is not None:
         names = {"auto": admin_pb2.SPECULATION_POLICY_AUTO, "off": admin_pb2.SPECULATION_POLICY_OFF}
         if speculation not in names:

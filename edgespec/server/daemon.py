@@ -77,9 +77,28 @@ def default_engine_factory(cfg: DaemonConfig) -> Callable[[], Any]:
                      devices=[{"name": d.name, "free_bytes": d.free_bytes} for d in devs])
         else:
             check_memory(cfg.engine)
-        return Engine.load(cfg.engine, controller_cfg=controller_cfg)
+        engine = Engine.load(cfg.engine, controller_cfg=controller_cfg)
+        if cfg.speculation.suffix_cache_persist:
+            _load_suffix(engine)
+        return engine
 
     return load
+
+
+def _load_suffix(engine: Any) -> None:
+    """Load the suffix cache's snapshot (speculation.suffix_cache_persist); a missing one is
+    normal, a bad one is logged and ignored (the cache starts empty)."""
+    from edgespec.drafters.suffix import snapshot_limit, snapshot_path
+
+    path = snapshot_path()
+    if not path.is_file():
+        return
+    try:
+        n = engine.suffix_cache.load(path, max_file_bytes=snapshot_limit(engine.suffix_cache.max_bytes))
+        log.info("suffix_cache_loaded", path=str(path), documents=n, bytes=engine.suffix_cache.bytes)
+    except (OSError, ValueError) as exc:
+        engine.suffix_cache.clear()
+        log.warning("suffix_cache_load_failed", path=str(path), error=str(exc))
 
 
 def _tls_files(cfg: DaemonConfig) -> tuple[bytes, bytes, bytes | None]:
@@ -204,6 +223,12 @@ class Daemon:
             with self._tls_lock:
                 self._tls_pending = grpc.ssl_server_certificate_configuration([(tls[1], tls[0])], root_certificates=tls[2])
             reloaded.append("tls")
+        if new.speculation.suffix_cache != self.cfg.speculation.suffix_cache and self.loop.ready:
+            try:  # [speculation] suffix_cache: false turns the cache off and empties it; true back on
+                on = new.speculation.suffix_cache
+                self.loop.call(lambda engine: getattr(engine, "suffix_control", lambda **_: None)(enabled=on))
+            except Exception as exc:  # noqa: BLE001
+                log.warning("suffix_cache_reload_failed", error=str(exc))
         self.cfg = new
         kept: dict[str, object] = {}
         if file_policy is not None:
@@ -246,9 +271,29 @@ class Daemon:
         print(f"SERVING {addr}", flush=True)  # a line for scripts and tests
         self.systemd("ready", f"serving on {addr}")
 
+    def _save_suffix(self) -> None:
+        """speculation.suffix_cache_persist: write the suffix cache's snapshot (callers' text) into
+        the state directory, on the engine thread between ticks."""
+        if not self.cfg.speculation.suffix_cache_persist or not self.loop.ready or self.loop.stopped:
+            return
+        from edgespec.drafters.suffix import snapshot_path
+
+        path = snapshot_path()
+
+        def save(engine: Any) -> int:
+            cache = getattr(engine, "suffix_cache", None)
+            return cache.save(path) if cache is not None else 0
+
+        try:
+            n = self.loop.call(save, timeout=60.0)
+            log.info("suffix_cache_saved", path=str(path), bytes=n)
+        except Exception as exc:  # noqa: BLE001 - an optimisation: never fail a drain or a stop on it
+            log.warning("suffix_cache_save_failed", path=str(path), error=str(exc))
+
     def _drain(self, on: bool) -> None:
         self.loop.drain(on)
         if on:
+            self._save_suffix()
             self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         elif self.loop.ready:
             self._set_health(health_pb2.HealthCheckResponse.SERVING)
@@ -352,6 +397,7 @@ class Daemon:
             self.server.stop(grace).wait(grace + 5)
         if self.http is not None:
             self.http.join(grace + 5)
+        self._save_suffix()
         self.loop.stop()
         if self._interceptor is not None:
             self._interceptor.close()

@@ -46,6 +46,7 @@ class Job:
     prompt_tokens: tuple[int, ...] | None = None
     logprobs: int | None = None  # see GenerationRequest.logprobs
     constraint: Any = None  # a types.ConstraintSpec, or None
+    caller: str = ""  # the caller's identity (auth.Decision.identity): its suffix cache partition
     deadline: float | None = None  # time.monotonic() value
     submitted: float = field(default_factory=time.monotonic)
     started: float | None = None  # admitted to a slot
@@ -125,6 +126,7 @@ class EngineLoop:
         self.capabilities: frozenset[str] = frozenset()
         self.encoder: Any = None  # set on the engine thread once the engine is built (see _run)
         self.tick_totals: dict[str, float] = {}  # the engine's tick phase totals, after each tick
+        self.suffix_cache: dict[str, float] = {}  # the engine's suffix cache stats, after each tick
         self._idle_done = False  # no job, no call and no idle work left (see _run)
         self._thread = threading.Thread(target=self._run, name="edgespec-engine", daemon=True)
         # the abort watch: the jobs of the tick in progress (None between ticks), under _watch_lock
@@ -232,6 +234,9 @@ class EngineLoop:
                 "draining": self.draining,
                 "breaker_state": self.breaker_state,
                 "tick_totals": self.tick_totals,
+                "suffix_cache": self.suffix_cache,
+                "proposed_by_source": {k: int(v) for k, v in self.metrics.proposed_by_source.values().items()},
+                "accepted_by_source": {k: int(v) for k, v in self.metrics.accepted_by_source.values().items()},
                 "idle": self._idle_done and not self._pending and not self._active_n,
                 **self.metrics.totals(),
             }
@@ -373,7 +378,7 @@ class EngineLoop:
             job.prompt_tokens = tuple(ids)
             req = GenerationRequest(
                 prompt_tokens=tuple(ids), sampling=job.sampling, speculation=job.speculation,
-                request_id=job.request_id, logprobs=job.logprobs, constraint=job.constraint,
+                request_id=job.request_id, logprobs=job.logprobs, constraint=job.constraint, caller=job.caller,
             )
             session = engine.open_session(req)
         except BaseException as exc:  # noqa: BLE001 - BadRequest etc. go back to the caller
@@ -420,6 +425,9 @@ class EngineLoop:
         totals = getattr(engine, "tick_totals", None)
         if totals is not None:
             self.tick_totals = dict(totals)  # a snapshot for the handler threads
+        suffix_stats = getattr(engine, "suffix_stats", None)
+        if suffix_stats is not None:
+            self.suffix_cache = suffix_stats()
         for sess, chunk in chunks.items():
             a = by_session[sess]
             job = a.job
@@ -445,6 +453,9 @@ class EngineLoop:
                 result = sess.result()
         except BaseException as exc:  # noqa: BLE001
             log.error("session_close_failed", request_id=job.request_id, error=str(exc), exc_info=True)
+        suffix_stats = getattr(getattr(sess, "engine", None), "suffix_stats", None)
+        if suffix_stats is not None:  # the request's reply went into the cache as it closed
+            self.suffix_cache = suffix_stats()
         if result is None:
             result = GenerationResult("", [], close_reason or "error", len(job.prompt_tokens or ()), SpecStats())
         if close_reason is not None and result.finish_reason != close_reason:

@@ -157,8 +157,11 @@ class HttpApi:
                 rid = uuid.uuid4().hex[:16]
             bind_request_id(request_id=rid)
             try:
-                if not open_ and self.auth().decide(AUTH_METHOD, request.headers.get("authorization"),
-                                                    client_subject(request.scope)).verdict is not None:
+                decision = None if open_ else self.auth().decide(AUTH_METHOD, request.headers.get("authorization"),
+                                                                 client_subject(request.scope))
+                if decision is not None:
+                    bind_request_id(caller=decision.identity)  # also the suffix cache's partition
+                if decision is not None and decision.verdict is not None:
                     raise Unauthenticated("missing or invalid bearer token (header 'Authorization: Bearer <token>') "
                                           "or client certificate")
                 resp = await fn(request, rid)
@@ -287,7 +290,7 @@ class HttpApi:
         tokens = await self._prompt_tokens(req.prompt, req.messages)
         job = Job(request_id=rid, sampling=req.sampling, speculation=req.speculation, prompt=req.prompt,
                   messages=req.messages, prompt_tokens=tokens, logprobs=req.logprobs, constraint=req.constraint,
-                  deadline=deadline)
+                  deadline=deadline, caller=structlog.contextvars.get_contextvars().get("caller", ""))
         self.loop.submit(job)
         rid_out = ("chatcmpl-" if chat else "cmpl-") + rid
         created = int(time.time())

@@ -130,6 +130,11 @@ class Metrics:
         self.breaker = Counter("edgespec_breaker_transitions_total", "Speculation circuit-breaker transitions.")
         self.shadow = Counter("edgespec_audit_shadow_checks_total",
                               "Shadow plain decodes of greedy speculative requests ([audit]) by result.", "result")
+        self.proposed_by_source = Counter("edgespec_draft_tokens_by_source_total",
+                                          "Draft tokens sent for verification, by the source that proposed them "
+                                          "(draft, head, prompt_lookup, suffix, forced).", "source")
+        self.accepted_by_source = Counter("edgespec_accepted_tokens_by_source_total",
+                                          "Draft tokens accepted by verification, by source.", "source")
         self.forward_seconds = Counter("edgespec_forward_seconds_total",
                                        "Seconds inside model forwards by model (target = verification).", "model")
         gauge = lambda key, default=0: (lambda: self.state().get(key, default))  # noqa: E731
@@ -146,10 +151,25 @@ class Metrics:
                   lambda: self._tick("goodput_blocked_ticks")),
             Gauge("edgespec_cost_host_factor", "Measured / calibrated forward seconds now, by model.",
                   lambda: {m: self._tick(f"cost_{m}_host_factor", 1.0) for m in ("target", "draft")}, "model"),
+            Gauge("edgespec_suffix_cache_bytes", "Accounted bytes the cross-request suffix cache holds.",
+                  lambda: self._suffix("bytes")),
+            Gauge("edgespec_suffix_cache_max_bytes", "The suffix cache's bound (speculation.suffix_cache_bytes).",
+                  lambda: self._suffix("max_bytes")),
+            Gauge("edgespec_suffix_cache_documents", "Finished requests' replies the suffix cache holds.",
+                  lambda: self._suffix("documents")),
+            Gauge("edgespec_suffix_cache_lookups", "Suffix cache lookups since start (one per speculative step).",
+                  lambda: self._suffix("lookups")),
+            Gauge("edgespec_suffix_cache_hits", "Suffix cache lookups since start that proposed a continuation.",
+                  lambda: self._suffix("hits")),
+            Gauge("edgespec_suffix_cache_evictions", "Replies evicted from the suffix cache since start.",
+                  lambda: self._suffix("evicted")),
         ]
 
     def _tick(self, key: str, default: float = 0.0) -> float:
         return float((self.state().get("tick_totals") or {}).get(key, default))
+
+    def _suffix(self, key: str) -> float:
+        return float((self.state().get("suffix_cache") or {}).get(key, 0))
 
     def _breaker_state(self) -> dict[str, int]:
         """Every state, 1 for the current one; nothing until an auto request has run."""
@@ -171,6 +191,10 @@ class Metrics:
         for mode, c in st.steps_per_mode.items():
             self.steps_by_mode.inc(c, label=mode)
         self.breaker.inc(st.breaker_transitions)
+        for src, c in st.proposed_by_source.items():
+            self.proposed_by_source.inc(c, label=src)
+        for src, c in st.accepted_by_source.items():
+            self.accepted_by_source.inc(c, label=src)
         self.forward_seconds.inc(st.target_seconds, label="target")
         self.forward_seconds.inc(st.draft_seconds, label="draft")
         if ttft is not None:
@@ -196,7 +220,8 @@ class Metrics:
     def render(self) -> str:
         parts = [self.ttft, self.tpot, self.submitted, self.requests, self.rejected, self.prompt_tokens, self.generated,
                  self.target_forwards, self.drafted, self.accepted, self.accepted_by_depth, self.steps_by_mode,
-                 self.breaker, self.forward_seconds, self.shadow, *self.gauges]
+                 self.proposed_by_source, self.accepted_by_source, self.breaker, self.forward_seconds, self.shadow,
+                 *self.gauges]
         return "\n".join(line for p in parts for line in p.render()) + "\n"
 
 

@@ -72,7 +72,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         tokens = self._prompt_tokens(prompt, messages)
         job = Job(request_id=rid, sampling=sampling, speculation=speculation, prompt=prompt,
                   messages=messages, prompt_tokens=tokens, deadline=deadline, logprobs=logprobs,
-                  constraint=constraint)
+                  constraint=constraint, caller=structlog.contextvars.get_contextvars().get("caller", ""))
         self.loop.submit(job)
         context.add_callback(job.cancel)  # client cancel / deadline / server stop -> engine stops within a step
         return job
@@ -201,10 +201,18 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         out.idle = bool(s.get("idle", False))
         for key, value in ticks.items():
             out.tick_totals[key] = float(value)
+        for key, value in (s.get("suffix_cache") or {}).items():
+            out.suffix_cache[key] = float(value)
+        for field in ("proposed_by_source", "accepted_by_source"):
+            for key, value in (s.get(field) or {}).items():
+                getattr(out, field)[key] = int(value)
         return out
 
     def SetPolicy(self, request: admin_pb2.SetPolicyRequest, context: grpc.ServicerContext) -> admin_pb2.Policy:  # noqa: N802
-        return convert.policy_to_pb(self.update_policy(convert.policy_changes(request), request.reset))
+        policy = self.update_policy(convert.policy_changes(request), request.reset)
+        if request.clear_suffix_cache:
+            self.loop.call(lambda engine: getattr(engine, "suffix_control", lambda **_: None)(clear=True))
+        return convert.policy_to_pb(policy)
 
     def Drain(self, request: admin_pb2.DrainRequest, context: grpc.ServicerContext) -> admin_pb2.DrainResponse:  # noqa: N802
         self.drain(not request.resume)

@@ -58,6 +58,31 @@ def lookup(sess, st) -> None:  # noqa: ANN001
                 st.batch.tokens += tree.n_draft
 
 
+def suffix(sess, st) -> None:  # noqa: ANN001
+    """Graft the suffix cache's continuation tree (edgespec/drafters/suffix.py): as many of its
+    nodes (best first) as pay for their place in the verification at the tick's marginal cost;
+    in auto mode decoding plainly too (the cache costs no forward)."""
+    if sess.remaining <= 1 or (st.shape.mode == "plain" and sess.controller is None):
+        return
+    prop = sess.suffix.look(sess.tokens)
+    if not prop.tokens:
+        return
+    cost = sess.engine.cost.at(sess.n_past)
+    base, unit = len(st.tree), cost.verify_seconds(1)
+    if st.batch is not None:
+        base, unit = st.batch.tokens, max(st.batch.unit, 1e-9)
+    k = sess.suffix.budget(prop, cost, base, unit, room=min(sess.room(), sess.remaining - 1))
+    if k <= 0:
+        return
+    n = len(st.tree)
+    sess.suffix.graft(st.tree, prop, k)
+    cap_leaves(st.tree, sess.slot.target.n_seq_max)
+    if st.shape.mode == "plain":
+        st.ngram_only = st.tree.n_draft > 0
+    if st.batch is not None:
+        st.batch.tokens += len(st.tree) - n
+
+
 def cap_leaves(tree: DraftTree, n_seq_max: int) -> None:
     """A graft adds a branch (a leaf, a sequence of the slot's range) unless it follows one
     already there; one that does not fit is taken back (the last nodes added)."""

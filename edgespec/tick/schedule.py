@@ -13,6 +13,11 @@ GPU) every session keeps its own choice; as verification tokens get dearer (more
 CPU) the trees shrink by themselves, down to plain decoding. Explicit modes (CHAIN/TREE) keep
 their shape.
 
+A session's suffix-cache proposal (drafters/suffix.py) costs no forward: when it alone promises
+more than the session's draft shape, the step decodes plainly with the proposal grafted (no draft
+forward); otherwise it grafts onto the draft tree. Either way its nodes are priced, like prompt
+lookups, on the tick's marginal verification cost.
+
 Prefill rides along: a prompt is prefilled in pieces, one per tick, so streams already running
 keep getting tokens. Alone, a piece is a whole n_batch chunk; beside decoding sessions it is the
 largest piece whose forward costs at most `prefill_share` times the tick's decode work. A draft
@@ -65,7 +70,7 @@ def schedule(engine, sessions: list) -> Plan:
     decoding = [s for s in sessions if not s.prefilling and not s.done]
     prefilling = [s for s in sessions if s.prefilling and not s.done]
     cost = engine.cost.at(plan.context)
-    shapes = {s: s.choose_shape() for s in decoding}
+    shapes = {s: _suffix_first(s, s.choose_shape(), cost) for s in decoding}
     if len(decoding) > 1:
         shapes = _joint(decoding, shapes, cost)
     if decoding:
@@ -132,6 +137,24 @@ def _piece(engine, cost, decode_seconds: float | None) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+def _suffix_first(s, shape: Shape, cost) -> Shape:
+    """An auto session whose suffix-cache proposal alone (no draft forward: a plain step with its
+    graft) promises more tokens per second than its draft shape decodes plainly this step; the
+    proposal still grafts onto whichever tree runs (Session._graft_suffix)."""
+    suffix = getattr(s, "suffix", None)
+    if suffix is None or s.controller is None or s.drafter is None or shape.mode == "plain" or s.remaining <= 1:
+        return shape
+    prop = suffix.look(s.tokens)
+    if not prop.tokens:
+        return shape
+    k = suffix.budget(prop, cost, 1, cost.verify_seconds(1))
+    if k <= 0:
+        return shape
+    rate = (1.0 + suffix.expected(prop, k)) / cost.verify_seconds(1 + k)
+    r = _rung_of(s, shape, cost)
+    return PLAIN if rate >= r.tokens / _tick_seconds([r], cost) else shape
 
 
 # -- the joint choice -----------------------------------------------------------------------------

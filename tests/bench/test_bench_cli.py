@@ -25,7 +25,7 @@ def test_bench_is_registered(invoke):
 
 def test_unknown_mode(invoke):
     res = invoke("--modes", "plain,warp")
-    assert res.exit_code == 2 and "error: modes: must be among plain, chain, tree, auto (each optionally +schema), got 'warp'" in res.output
+    assert res.exit_code == 2 and "error: modes: must be among plain, chain, tree, auto (each optionally +schema and/or +suffix), got 'warp'" in res.output
 
 
 def test_bad_suite_line(invoke, tmp_path):

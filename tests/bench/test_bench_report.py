@@ -13,7 +13,8 @@ MODES = ("plain", "chain", "tree", "auto")
 PROMPTS = [Prompt(f"{c}-{i}", c, f"{c} prompt {i}") for c in ("code", "json", "drift") for i in range(2)]
 ROW_KEYS = {"id", "category", "mode", "tokens", "seconds", "tokens_per_second", "tau", "target_forwards"}
 EXTRA_KEYS = {"draft_forwards", "target_seconds", "draft_seconds", "accepted_per_depth",  # where the time went
-              "valid"}  # MODE+schema rows
+              "valid",  # MODE+schema rows
+              "index", "proposed_by_source", "accepted_by_source"}  # the stream position, drafts by source
 
 
 def row(id, cat, mode, tokens, seconds, forwards):

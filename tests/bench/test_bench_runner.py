@@ -66,7 +66,8 @@ def test_rows_come_from_stats():
     assert plain.as_dict() == {"id": "p0", "category": "code", "mode": "plain", "tokens": 16, "seconds": 0.16,
                                "tokens_per_second": 100.0, "tau": 1.0, "target_forwards": 16,
                                "draft_forwards": 0, "target_seconds": 0.16, "draft_seconds": 0.0,
-                               "accepted_per_depth": [], "valid": None}
+                               "accepted_per_depth": [], "valid": None, "index": 0,
+                               "proposed_by_source": {}, "accepted_by_source": {}}
     assert (tree.tokens, tree.target_forwards, tree.tau, tree.seconds) == (16, 4, 4.0, 0.064)
     assert (tree.draft_forwards, tree.draft_seconds, tree.accepted_per_depth) == (12, 0.024, (4, 4, 4))
     assert len(engine.calls) == 2

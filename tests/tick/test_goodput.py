@@ -24,7 +24,7 @@ def fallen_back() -> GoodputGuard:
 
 
 def req(mode):
-    return GenerationRequest((0, 5, 9, 14), SamplingParams(max_tokens=30), SpeculationParams(mode=mode, ngram=False))
+    return GenerationRequest((0, 5, 9, 14), SamplingParams(max_tokens=30), SpeculationParams(mode=mode, ngram=False, suffix=False))
 
 
 def test_auto_decodes_plainly_where_the_guard_fell_back():

@@ -1,0 +1,340 @@
+"""The cross-request suffix cache (edgespec/drafters/suffix.py): what it proposes, its memory
+bound under a soak, isolation by caller, its snapshot; and through the engine tick on the fake
+backend: greedy output identical to plain with the cache on, and at T > 0 the emitted tokens
+distributed exactly as the target's (a chi-square test over the bigram target's transitions that
+rejects a broken twin grafting the cache's tokens as if the draft had sampled them)."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from edgespec.drafters import suffix as sfx
+from edgespec.drafters.suffix import Proposal, SuffixCache, SuffixDrafter
+from edgespec.sampling import SamplingParams, logits_to_probs
+from edgespec.selftest import ALPHA, chi2_sf, chi_square_gof
+from edgespec.tree import DraftTree
+from edgespec.types import GenerationRequest, SpeculationParams
+from tests.fake_backend import bigram_table, fake_engine
+
+TEMPLATE = [50, 51, 52, 53, 54, 55, 56, 57, 58, 59]
+
+
+def reply(i: int) -> list[int]:
+    """A templated reply: fixed structure, one varying field."""
+    return [10, 11, 12, 100 + i % 7, 13, 14, 15, 16, 200 + i % 3, 17, 18]
+
+
+# -- the cache ----------------------------------------------------------------------------------
+
+def test_proposal_scores_are_the_share_of_matches_that_continued_so():
+    c = SuffixCache(1 << 20)
+    for i in range(10):
+        c.insert("", TEMPLATE, reply(i))
+    prop = c.propose("", TEMPLATE[-4:] + [10, 11, 12, 103, 13])  # after the varying field
+    # one reply matches that long: its continuation, at 1/2 (one vote and the pseudo-vote)
+    assert prop.tokens[:3] == [14, 15, 16] and prop.scores[:3] == [0.5, 0.5, 0.5] and prop.voters == 1
+    # matched on 3 tokens only, every reply votes: the next field varies over 3 values
+    prop = c.propose("", [77, 14, 15, 16])
+    assert prop.match == 3 and prop.voters == 10
+    first = sorted((prop.scores[i], prop.tokens[i]) for i, p in enumerate(prop.parents) if p < 0)
+    assert first[-1] == (4 / 11, 200) and set(first[:-1]) <= {(3 / 11, 201), (3 / 11, 202)}
+    assert len(prop) == int(sfx.NODES_PER_MATCH * 3)  # sized by the match length
+    # best first: every node after its parent, scores non-increasing
+    assert all(p < i for i, p in enumerate(prop.parents))
+    assert prop.scores == sorted(prop.scores, reverse=True)
+
+
+def test_the_reply_start_is_found_from_the_prompt_anchor():
+    c = SuffixCache(1 << 20)
+    c.insert("", [1, 2, 3] + TEMPLATE, reply(0))
+    prop = c.propose("", [9, 9] + TEMPLATE)  # another prompt ending like the template
+    assert prop.tokens[:3] == [10, 11, 12]
+    assert c.propose("", [1, 2, 3]).tokens == []  # the prompt's head is not stored (store = output)
+
+
+def test_callers_are_isolated_unless_pooled():
+    c = SuffixCache(1 << 20)
+    c.insert("token:alice", TEMPLATE, reply(0))
+    assert c.propose("token:alice", TEMPLATE).tokens
+    assert c.propose("token:bob", TEMPLATE).tokens == []
+    assert c.propose("", TEMPLATE).tokens == []  # anonymous callers share their own partition
+    pooled = SuffixCache(1 << 20, pooled=True)
+    pooled.insert("token:alice", TEMPLATE, reply(0))
+    assert pooled.propose("token:bob", TEMPLATE).tokens
+
+
+def test_least_recently_used_documents_are_evicted_first():
+    c = SuffixCache(int(SuffixCache()._doc_bytes(12) * 2.5))  # room for two documents of 12 tokens
+    a, b, d = (list(range(k, k + 12)) for k in (1000, 2000, 3000))
+    c.insert("", [], a)
+    c.insert("", [], b)
+    assert c.propose("", a[:5]).tokens  # a is used: b is now the least recently used
+    c.insert("", [], d)
+    assert c.propose("", a[:5]).tokens and c.propose("", d[:5]).tokens
+    assert c.propose("", b[:5]).tokens == []
+    assert c.evicted == 1
+
+
+def test_soak_ten_thousand_insertions_stay_within_the_bound():
+    """10,000 requests of random and templated replies under a 256 KiB bound: the accounted
+    bytes never exceed it, and the index holds no key or occurrence of an evicted document."""
+    bound = 256 << 10
+    c = SuffixCache(bound)
+    rng = np.random.default_rng(0)
+    peak = 0
+    for i in range(10_000):
+        out = rng.integers(0, 5000, size=int(rng.integers(4, 120))).tolist() if i % 3 else reply(i)
+        c.insert(f"token:{i % 5}", rng.integers(0, 5000, size=8).tolist(), out)
+        peak = max(peak, c.bytes)
+        assert c.bytes <= bound
+    assert c.evicted > 0 and peak > bound * 0.8
+    # the counters are what the structure holds
+    keys = sum(len(p.index) for p in c._parts.values())
+    occ = sum(len(o) for p in c._parts.values() for o in p.index.values())
+    docs = sum(len(t) for _, t in c._docs.values())
+    assert (keys, occ) == (c.keys, c.occurrences)
+    assert c.bytes == len(c._docs) * sfx.DOC_BYTES + docs * sfx.TOKEN_BYTES + keys * sfx.KEY_BYTES + \
+        occ * sfx.OCC_BYTES
+    live = set(c._docs)
+    assert all(o >> sfx.POS_BITS in live for p in c._parts.values() for v in p.index.values() for o in v)
+
+
+def test_accounted_bytes_cover_what_python_allocates():
+    rng = np.random.default_rng(1)
+    replies = [rng.integers(0, 30000, size=100).tolist() for _ in range(200)]
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    c = SuffixCache(1 << 30)
+    for i, out in enumerate(replies):
+        c.insert(f"token:{i % 3}", [1, 2, 3], out)
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert used <= c.bytes, (used, c.bytes)
+    assert c.bytes <= 3 * used  # and not wildly above it
+
+
+def test_snapshot_round_trip_and_checksum(tmp_path):
+    c = SuffixCache(1 << 20)
+    for i in range(5):
+        c.insert("token:a", TEMPLATE, reply(i))
+    path = tmp_path / "suffix.snapshot"
+    c.save(path)
+    d = SuffixCache(1 << 20)
+    assert d.load(path) == 5
+    assert d.propose("token:a", TEMPLATE).tokens == c.propose("token:a", TEMPLATE).tokens
+    raw = bytearray(path.read_bytes())
+    raw[-3] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="checksum"):
+        SuffixCache(1 << 20).load(path)
+    with pytest.raises(ValueError, match="larger than"):
+        SuffixCache(1 << 20).load(path, max_file_bytes=10)
+    path.write_bytes(b"not a snapshot")
+    with pytest.raises(ValueError, match="not a suffix cache snapshot"):
+        SuffixCache(1 << 20).load(path)
+
+
+def test_budget_prices_nodes_on_the_marginal_verification_cost():
+    class Cost:
+        def __init__(self, step):
+            self.step = step
+
+        def verify_seconds(self, n):
+            return 1.0 + self.step * (n - 1)
+
+    c = SuffixCache(1 << 20)
+    d = SuffixDrafter(c)
+    prop = Proposal(tokens=[1, 2, 3, 4], parents=[-1, 0, 1, 2], scores=[1.0, 0.9, 0.2, 0.1], match=8)
+    calib = c.calibration("")
+    assert d.budget(prop, Cost(0.0), 1, 1.0) == 4  # free verification: all of it
+    assert d.budget(prop, Cost(0.3), 1, 1.0) == 2  # 0.2 * calib < 0.3: the third node does not pay
+    assert d.budget(prop, Cost(2.0), 1, 1.0) == 0
+    assert d.budget(prop, Cost(0.0), 1, 1.0, room=2) == 2
+    assert calib == pytest.approx(0.7)
+
+
+def test_graft_follows_existing_children_and_adds_point_nodes():
+    tree = DraftTree.root(5)
+    tree.q[0] = np.full(64, 1 / 64)
+    a = tree.add(0, 7, point=False)
+    prop = Proposal(tokens=[7, 8, 9], parents=[-1, 0, -1], scores=[1.0, 0.8, 0.3])
+    added = SuffixDrafter.graft(tree, prop, 3)
+    tree.check()
+    assert tree.parents[added[0]] == a and tree.tokens[added[0]] == 8 and tree.point[added[0]]
+    assert tree.parents[added[1]] == 0 and tree.tokens[added[1]] == 9
+
+
+# -- through the engine -------------------------------------------------------------------------
+
+def stream(eng, prompts, mode, **kw):
+    outs = []
+    for p in prompts:
+        r = eng.generate(GenerationRequest(tuple(p), SamplingParams(max_tokens=kw.get("max_tokens", 30)),
+                                           SpeculationParams(mode=mode), caller=kw.get("caller", "")))
+        outs.append(r)
+    return outs
+
+
+PROMPTS = [[0, 5, 9, 14], [0, 7, 7, 7, 21, 30], [0, 5, 9, 14], [0, 40, 41, 42], [0, 7, 7, 7, 21, 30]] * 2
+
+
+@pytest.mark.parametrize("mode", ["auto", "chain", "tree"])
+def test_greedy_output_with_the_cache_equals_plain(mode):
+    ref = [r.token_ids for r in stream(fake_engine(parallel=1), PROMPTS, "plain")]
+    eng = fake_engine(parallel=1)
+    got = stream(eng, PROMPTS, mode)
+    assert [r.token_ids for r in got] == ref
+    assert sum(r.stats.accepted_by_source.get("suffix", 0) for r in got) > 0
+    assert eng.suffix_stats()["documents"] == len(PROMPTS)
+
+
+def test_batched_sessions_with_the_cache_equal_plain():
+    ref = {tuple(p): r.token_ids for p, r in zip(PROMPTS, stream(fake_engine(parallel=1), PROMPTS, "plain"))}
+    eng = fake_engine(parallel=3)
+    stream(eng, PROMPTS[:3], "auto")  # warm the cache
+    for batch in (PROMPTS[:3], PROMPTS[3:6]):
+        sess = [eng.open_session(GenerationRequest(tuple(p), SamplingParams(max_tokens=30))) for p in batch]
+        for s in sess:
+            s.check_kv = True
+        while any(not s.done for s in sess):
+            eng.tick([s for s in sess if not s.done])
+        for p, s in zip(batch, sess):
+            assert list(s.out) == ref[tuple(p)]
+            s.close()
+
+
+def test_a_caller_never_drafts_from_another_callers_text():
+    eng = fake_engine(parallel=1)
+    stream(eng, PROMPTS[:2], "auto", caller="token:alice")
+    other = stream(eng, PROMPTS[:1], "auto", caller="token:bob")  # bob's first request: nothing of his yet
+    assert "suffix" not in other[0].stats.proposed_by_source
+    again = stream(eng, PROMPTS[:2], "auto", caller="token:alice")
+    assert all(r.stats.accepted_by_source.get("suffix", 0) > 0 for r in again)
+
+
+def test_plain_requests_neither_read_nor_feed_the_cache_and_off_empties_it():
+    eng = fake_engine(parallel=1)
+    stream(eng, PROMPTS[:2], "plain")
+    assert eng.suffix_stats()["documents"] == 0
+    stream(eng, PROMPTS[:2], "auto")
+    assert eng.suffix_stats()["documents"] == 2
+    assert eng.suffix_control(clear=True)["documents"] == 0
+    stream(eng, PROMPTS[:2], "auto")
+    st = eng.suffix_control(enabled=False)
+    assert st["documents"] == 0 and not st["enabled"]
+    stream(eng, PROMPTS[:2], "auto")
+    assert eng.suffix_stats()["documents"] == 0
+
+
+# -- exactness at T > 0 -------------------------------------------------------------------------
+
+SAMPLING = dict(temperature=1.0, top_k=8)
+TRIALS = 160
+
+
+SHAPES = {"tree": dict(mode="tree", tree_nodes=8, tree_depth=3), "chain": dict(mode="chain", draft_tokens=3)}
+
+
+def transitions_p_value(eng_factory, shape: str, trials: int = TRIALS, seed: int = 0) -> tuple[float, int]:
+    """Run a stream of sampled requests (the draft model's sampled children and the cache's
+    point nodes in one tree) and test every emitted transition a -> b against the
+    target's p(b | a): the fake target is a bigram model, so given the whole past each token is
+    drawn from the row of the token before it. Pearson chi-square per row (small cells pooled),
+    summed over rows. Returns (p value, suffix tokens accepted)."""
+    eng = eng_factory()
+    sp = SamplingParams(max_tokens=24, **SAMPLING)
+    counts = np.zeros((64, 64))
+    suffix_accepted = 0
+    rng = np.random.default_rng(seed)
+    prompts = [[0, 5, 9, 14], [0, 7, 21, 30], [0, 40, 41]]
+    for i in range(trials):
+        p = prompts[i % len(prompts)]
+        r = eng.generate(GenerationRequest(tuple(p), SamplingParams(**{**sp.__dict__, "seed": int(rng.integers(1 << 62))}),
+                                           SpeculationParams(**SHAPES[shape])))
+        toks = list(p) + r.token_ids
+        for a, b in zip(toks[len(p) - 1:-1], toks[len(p):]):
+            counts[a, b] += 1
+        suffix_accepted += r.stats.accepted_by_source.get("suffix", 0)
+    table = eng.target.table
+    stat, dof = 0.0, 0
+    for a in np.flatnonzero(counts.sum(axis=1)):
+        probs = logits_to_probs(table[a].astype(np.float64), sp)
+        s, d, _ = chi_square_gof(counts[a], probs)
+        if s == float("inf"):
+            return 0.0, suffix_accepted
+        stat, dof = stat + s, dof + d
+    return chi2_sf(stat, dof), suffix_accepted
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_sampled_output_with_the_cache_is_distributed_as_the_targets(shape):
+    p, accepted = transitions_p_value(lambda: fake_engine(parallel=1, draft_noise=2.0), shape)
+    assert accepted > 200  # the cache's tokens really were verified and accepted
+    assert p > ALPHA, p
+
+
+def test_grafting_the_caches_tokens_as_sampled_drafts_is_detected(monkeypatch):
+    """The broken twin: the cache's tokens grafted as if the draft had sampled them from q
+    (accepted with min(1, p/q) instead of p): the same test must reject it."""
+
+    def as_sampled(tree, prop, k):
+        at, added = [], []
+        for i in range(k):
+            parent = 0 if prop.parents[i] < 0 else at[prop.parents[i]]
+            tok = prop.tokens[i]
+            node = next((c for c in range(1, len(tree)) if tree.parents[c] == parent and tree.tokens[c] == tok), None)
+            if node is None:
+                q = tree.q[parent]
+                node = tree.add(parent, tok, point=not (q is not None and q[tok] > 0))
+                added.append(node)
+            at.append(node)
+        return added
+
+    monkeypatch.setattr(SuffixDrafter, "graft", staticmethod(as_sampled))
+    p, _ = transitions_p_value(lambda: fake_engine(parallel=1, draft_noise=2.0), "chain", trials=3 * TRIALS)
+    assert p < ALPHA, p
+
+
+def test_bigram_rows_make_a_usable_test():
+    """The fake target's top-8 rows are far from uniform (the test compares real distributions)."""
+    probs = logits_to_probs(bigram_table()[5].astype(np.float64), SamplingParams(**SAMPLING))
+    assert np.count_nonzero(probs) == 8 and probs.max() < 0.99
+
+
+def test_the_daemon_loads_its_snapshot_and_starts_empty_on_a_bad_one(tmp_path, monkeypatch):
+    from edgespec.drafters.suffix import snapshot_path
+    from edgespec.server.daemon import _load_suffix
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    eng = fake_engine(parallel=1)
+    stream(eng, PROMPTS[:2], "auto", caller="token:a")
+    eng.suffix_cache.save(snapshot_path())
+    fresh = fake_engine(parallel=1)
+    _load_suffix(fresh)
+    assert fresh.suffix_stats()["documents"] == 2
+    assert fresh.suffix_cache.propose("token:a", list(PROMPTS[0]) + stream(eng, PROMPTS[:1], "plain")[0].token_ids[:4])
+    snapshot_path().write_bytes(snapshot_path().read_bytes()[:-5])  # truncated
+    fresh = fake_engine(parallel=1)
+    _load_suffix(fresh)
+    assert fresh.suffix_stats()["documents"] == 0
+
+
+@pytest.mark.slow
+def test_real_models_greedy_output_with_the_cache_equals_plain(engine):
+    """The demo models on a small templated stream: auto with the suffix cache emits plain's
+    tokens, and the cache's drafts are accepted (the templates repeat)."""
+    engine.suffix_control(clear=True)
+    prompts = [engine.encode_chat([("user", f"Return JSON with keys id and city for: id {i}, city Berlin.")])
+               for i in (7, 8, 9)]
+    try:
+        plain = [engine.generate(GenerationRequest(tuple(p), SamplingParams(max_tokens=24),
+                                                   SpeculationParams(mode="plain"))).token_ids for p in prompts]
+        got = [engine.generate(GenerationRequest(tuple(p), SamplingParams(max_tokens=24),
+                                                 SpeculationParams(mode="auto"), caller="token:t")) for p in prompts]
+        assert [r.token_ids for r in got] == plain
+        assert sum(r.stats.accepted_by_source.get("suffix", 0) for r in got[1:]) > 0
+    finally:
+        engine.suffix_control(clear=True)
