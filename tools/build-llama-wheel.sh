@@ -6,11 +6,11 @@
 # silently reused.  We keep our own cache keyed by a hash of the version, the exact flags and the
 # patches, and always build with --no-cache-dir.
 #
-# The patches (see tools/patches/README.md): ggml-cpu-small-batch.patch makes a 2..4-token
-# forward of an F32 model cost about what a 1-token forward costs on a CPU (speculative
-# verification), gives Q8_0 models (the demo draft) a multi-column kernel (a 2-token forward cost
-# twice a 1-token one), and keeps the logits of forwards of up to 32 tokens bit-identical to
-# one-token forwards.
+# The patch (see tools/patches/README.md): ggml-batch-invariant.patch makes every CPU forward
+# batch-invariant (one reduction order per element in the F32 and Q8_0 mat-muls and in flash
+# attention, cells visited in position order), keeps 1..16-token F32 forwards memory-bound
+# (verification costs about what a plain step costs), gives Q8_0 a multi-column kernel, and adds
+# an abort flag the engine sets to stop a forward between graph nodes.
 #
 # usage: tools/build-llama-wheel.sh PYTHON
 #   env: LLAMA_CPP_VERSION (default 0.3.36), CUDA=1, CUDA_ARCHITECTURES, CMAKE_ARGS (override)
