@@ -219,6 +219,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("target", "rpc_servers", L, [], "llama.cpp rpc-servers (host:port) that hold part of the target's "
             "layers, for a target larger than one box; needs a wheel built with RPC=1 and n_gpu_layers != 0",
             check=_endpoints),
+    Setting("target", "chat_template", S, "", "a Jinja chat template file to render chat requests with (in a "
+            "sandbox, with tools) instead of the GGUF's own; empty = the GGUF's tokenizer.chat_template "
+            "(tool requests) and llama.cpp's built-in matcher (the others)", check=_file_or_empty),
     *_model("draft"),
     Setting("draft", "enabled", B, True, "false = model-free (n-gram) drafting only"),
     Setting("draft", "window", I, 256, "most context tokens the draft absorbs at once: a longer prompt is "

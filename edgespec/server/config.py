@@ -75,6 +75,7 @@ class DaemonConfig:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     controller: dict = field(default_factory=dict)  # handed to edgespec.controller as-is
     rpc_servers: tuple[str, ...] = ()  # [target] rpc_servers: registered before the engine loads
+    chat_template: str = ""  # [target] chat_template: the file's text ("" = the GGUF's own)
     source: str = ""  # the file it came from ("" = defaults only)
     http: HttpConfig = field(default_factory=HttpConfig)
 
@@ -196,7 +197,7 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 def _model(values: dict[str, Any], demo_name: str) -> ModelConfig:
     path = values["path"] or str(models_dir() / demo_name)
     return ModelConfig(path=str(Path(path).expanduser()),
-                       **{k: v for k, v in values.items() if k in SECTIONS["target"] and k not in ("path", "rpc_servers")})
+                       **{k: v for k, v in values.items() if k in SECTIONS["target"] and k not in ("path", "rpc_servers", "chat_template")})
 
 
 def load(
@@ -236,7 +237,25 @@ def load(
         source=str(path or ""),
         http=HttpConfig(**values["http"]),
         rpc_servers=tuple(values["target"]["rpc_servers"]),
+        chat_template=_chat_template(values["target"]["chat_template"]),
     )
+
+
+def _chat_template(path: str) -> str:
+    """[target] chat_template's text, checked to compile (ConfigError naming the key)."""
+    if not path:
+        return ""
+    from edgespec.chat import ChatTemplate
+
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidConfig([("target.chat_template", f"cannot read {path}: {exc}")]) from None
+    try:
+        ChatTemplate(text, origin="target.chat_template")
+    except ConfigError as exc:
+        raise InvalidConfig([(exc.key, str(exc).split(": ", 1)[-1])]) from None
+    return text
 
 
 def _cross_checks(values: dict[str, dict[str, Any]], found: list[tuple[str, str]]) -> list[tuple[str, str]]:

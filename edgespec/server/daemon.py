@@ -273,7 +273,7 @@ class Daemon:
         )
         inference_pb2_grpc.add_InferenceServicer_to_server(
             InferenceServicer(self.loop, self.policy, parallel=s.parallel, limits=self.cfg.limits,
-                              digests=lambda: self.model_digests), server)
+                              digests=lambda: self.model_digests, chat_template=self.cfg.chat_template), server)
         admin_pb2_grpc.add_AdminServicer_to_server(
             AdminServicer(self.loop, self.policy, self.update_policy, self._drain, self.started,
                           last_reload=lambda: self.last_reload), server)

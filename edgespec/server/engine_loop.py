@@ -41,6 +41,7 @@ class Job:
     prompt_tokens: tuple[int, ...] | None = None
     logprobs: int | None = None  # see GenerationRequest.logprobs
     constraint: Any = None  # a types.ConstraintSpec, or None
+    tools: Any = None  # an edgespec.tools.ToolSpec (its grammar is `constraint`): the answer is parsed for calls
     deadline: float | None = None  # time.monotonic() value
     submitted: float = field(default_factory=time.monotonic)
     started: float | None = None  # admitted to a slot

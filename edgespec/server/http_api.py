@@ -40,6 +40,7 @@ from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from edgespec import chat as chat_encoding
+from edgespec import tools as tools_mod
 from edgespec.errors import BadRequest, Cancelled, ConfigError, EdgespecError, ModelError, NotReady, Overloaded
 from edgespec.logs import bind_request_id, clear_request, get_logger
 from edgespec.server import openai_api as oa
@@ -120,8 +121,9 @@ class HttpApi:
 
     def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], auth: Callable[[], TokenAuth], *,
                  model_id: str, created: int, max_body_bytes: int, threads: int, n_ctx: int,
-                 limits: LimitsConfig | None = None):
+                 limits: LimitsConfig | None = None, chat_template: str = ""):
         self.loop = loop
+        self.chat_template = chat_template  # [target] chat_template's text ("" = the GGUF's own)
         self.n_ctx = n_ctx
         self.limits = limits or LimitsConfig()
         self.policy = policy
@@ -213,16 +215,20 @@ class HttpApi:
                 self._vocab = got
         return self._vocab
 
-    async def _prompt_tokens(self, prompt: str, messages: tuple[tuple[str, str], ...]) -> tuple[int, ...] | None:
+    async def _prompt_tokens(self, req: oa.CompletionRequest) -> tuple[int, ...] | None:
         """The prompt tokenised here (a worker thread), as the gRPC servicer does: the engine
-        thread gets token ids. None for an engine without an encoder (its thread tokenises)."""
+        thread gets token ids. None for an engine without an encoder (its thread tokenises;
+        then a request with tools or tool turns is refused: they need the chat template here)."""
         enc = self.loop.encoder
         if enc is None:
             if not self.loop.ready:
                 raise NotReady("the models are still loading")
+            if req.tools is not None or req.extras:
+                raise BadRequest("tools", "tool calling is not available on this server's engine")
             return None
 
-        return tuple(await anyio.to_thread.run_sync(chat_encoding.encode_prompt, enc, prompt, messages,
+        return tuple(await anyio.to_thread.run_sync(tools_mod.encode_request, enc, req.prompt, req.messages,
+                                                    req.extras, req.tools, self.chat_template,
                                                     limiter=self.limiter))
 
     def _wait(self, job: Job, until_result: bool) -> list[tuple[str, Any]]:
@@ -277,14 +283,15 @@ class HttpApi:
         caps = self.loop.capabilities
         if req.constraint is not None and "constraint" not in caps:
             field = "edgespec.constraint" if isinstance(body.get("edgespec"), dict) and \
-                body["edgespec"].get("constraint") is not None else "response_format"
+                body["edgespec"].get("constraint") is not None else \
+                "tools" if req.tools is not None and body.get("response_format") is None else "response_format"
             raise BadRequest(field, "structured output is not available on this server's engine yet")
         piece: oa.Piece | None = None
         if req.logprobs is not None:
             pieces = await self._vocabulary()
             piece = lambda t: pieces[t] if 0 <= t < len(pieces) else b""  # noqa: E731
         deadline = time.monotonic() + req.timeout_seconds if req.timeout_seconds else None
-        tokens = await self._prompt_tokens(req.prompt, req.messages)
+        tokens = await self._prompt_tokens(req)
         job = Job(request_id=rid, sampling=req.sampling, speculation=req.speculation, prompt=req.prompt,
                   messages=req.messages, prompt_tokens=tokens, logprobs=req.logprobs, constraint=req.constraint,
                   deadline=deadline)
@@ -335,6 +342,7 @@ class HttpApi:
         kw = {"rid": rid, "created": created, "model": self.model_id}
         done = False
         offset = 0
+        answer = tools_mod.AnswerStream() if req.parses_calls else None
         try:
             if req.chat:
                 yield _sse(oa.chunk_body(req, text=None, role=True, **kw))
@@ -343,6 +351,11 @@ class HttpApi:
                 for kind, value in events:
                     if kind == "chunk":
                         c: Chunk = value
+                        if answer is not None:  # text held back while it may open a call; calls whole
+                            for body in oa.tool_chunks(req, answer.feed(c.text), answer, **kw):
+                                yield _sse(body)
+                            offset += len(c.text)
+                            continue
                         if c.text or c.logprobs:
                             yield _sse(oa.chunk_body(req, text=c.text, logprobs=c.logprobs, piece=piece,
                                                      offset=offset, **kw))
@@ -351,7 +364,13 @@ class HttpApi:
                     result: GenerationResult = value
                     done = True
                     self._check_end(result)
-                    last = oa.chunk_body(req, text=None, finish=result.finish_reason, **kw)
+                    finish = result.finish_reason
+                    if answer is not None:
+                        for body in oa.tool_chunks(req, answer.finish(), answer, **kw):
+                            yield _sse(body)
+                        if answer.calls and finish in ("stop", "eos"):
+                            finish = "tool_calls"
+                    last = oa.chunk_body(req, text=None, finish=finish, **kw)
                     last["edgespec"] = oa.speculation_stats(result, job.timings())
                     yield _sse(last)
                     if req.include_usage:
@@ -495,7 +514,7 @@ class HttpServer:
         workers = s.parallel + s.queue_size + 32  # as the gRPC server's handler threads
         self.api = HttpApi(loop, policy, auth, model_id=target.name.removesuffix(".gguf"), created=created,
                            max_body_bytes=s.max_message_bytes, threads=workers, n_ctx=cfg.engine.target.n_ctx,
-                           limits=cfg.limits)
+                           limits=cfg.limits, chat_template=cfg.chat_template)
         self._workers = workers
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None

@@ -21,6 +21,7 @@ from edgespec.server.config import LimitsConfig
 from edgespec.server.engine_loop import EngineLoop, Job
 from edgespec.server.policy import Policy
 from edgespec.server.status import DeadlineExceeded
+from edgespec.tools import ToolSpec, encode_request, parse_answer
 from edgespec.types import GenerationResult
 
 POLL_SECONDS = 0.25
@@ -32,8 +33,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], *, parallel: int,
                  limits: LimitsConfig = convert.DEFAULT_LIMITS,
-                 digests: Callable[[], dict[str, tuple[str, str]]] = dict):
+                 digests: Callable[[], dict[str, tuple[str, str]]] = dict, chat_template: str = ""):
         self.loop = loop
+        self.chat_template = chat_template  # [target] chat_template's text ("" = the GGUF's own)
         self.policy = policy
         self.parallel = parallel
         self.limits = limits
@@ -50,11 +52,14 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             return None  # an engine without one: the engine thread tokenises
         return enc
 
-    def _prompt_tokens(self, prompt: str, messages: tuple[tuple[str, str], ...]) -> tuple[int, ...] | None:
+    def _prompt_tokens(self, prompt: str, messages: tuple[tuple[str, str], ...], extras: tuple[dict, ...] = (),
+                       spec: ToolSpec | None = None) -> tuple[int, ...] | None:
         enc = self._encoder()
         if enc is None:
+            if spec is not None or extras:
+                raise BadRequest("tools", "tool calling is not available on this server's engine")
             return None
-        return tuple(chat.encode_prompt(enc, prompt, messages))
+        return tuple(encode_request(enc, prompt, messages, extras, spec, self.chat_template))
 
     def _submit(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Job:
         rid = (convert.validate_request_id(request.request_id)
@@ -67,12 +72,18 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None and remaining < 1e8 else None
         constraint, logprobs = convert.constraint_from(request.sampling), convert.logprobs_from(request)
+        spec, extras = convert.tools_from(request), convert.message_extras(request.messages)
+        if spec is not None:
+            if constraint is not None and spec.calls_allowed:
+                raise BadRequest("sampling.constraint", "cannot be combined with tools unless tools.choice is none")
+            constraint = constraint or spec.constraint()
         if constraint is not None and "constraint" not in self.loop.capabilities:
-            raise BadRequest("sampling.constraint", "structured output is not available on this server's engine yet")
-        tokens = self._prompt_tokens(prompt, messages)
+            field = "tools" if spec is not None else "sampling.constraint"
+            raise BadRequest(field, "structured output is not available on this server's engine yet")
+        tokens = self._prompt_tokens(prompt, messages, extras, spec)
         job = Job(request_id=rid, sampling=sampling, speculation=speculation, prompt=prompt,
                   messages=messages, prompt_tokens=tokens, deadline=deadline, logprobs=logprobs,
-                  constraint=constraint)
+                  constraint=constraint, tools=spec)
         self.loop.submit(job)
         context.add_callback(job.cancel)  # client cancel / deadline / server stop -> engine stops within a step
         return job
@@ -109,7 +120,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 return convert.response(value, text=value.text, token_ids=value.token_ids,
                                         timings=job.timings(), request_id=job.request_id,
                                         prompt_tokens=len(job.prompt_tokens or ()),
-                                        logprobs=value.logprobs if job.logprobs is not None else ())
+                                        logprobs=value.logprobs if job.logprobs is not None else (),
+                                        tool_calls=self._calls(job, value))
         raise NotReady("the engine stopped")  # pragma: no cover
 
     def GenerateStream(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:  # noqa: N802
@@ -126,7 +138,15 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 self._check_end(value, job)
                 yield convert.response(value, text=held.text if held else "", token_ids=held.token_ids if held else (),
                                        timings=job.timings(), request_id=job.request_id,
-                                       prompt_tokens=len(job.prompt_tokens or ()), logprobs=held.logprobs if held else ())
+                                       prompt_tokens=len(job.prompt_tokens or ()), logprobs=held.logprobs if held else (),
+                                       tool_calls=self._calls(job, value))
+
+    @staticmethod
+    def _calls(job: Job, result: GenerationResult) -> tuple:
+        spec = job.tools
+        if spec is None or not spec.calls_allowed:
+            return ()
+        return parse_answer(result.text, truncated=result.finish_reason == "length")[1]
 
     def Tokenize(self, request: pb.TokenizeRequest, context: grpc.ServicerContext) -> pb.TokenizeResponse:  # noqa: N802
         if request.text and request.messages:
