@@ -226,6 +226,18 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("draft", "enabled", B, True, "false = model-free (n-gram) drafting only"),
     Setting("draft", "window", I, 256, "most context tokens the draft absorbs at once: a longer prompt is "
             "drafted from its last `window` tokens", lo=16, hi=1 << 20),
+    Setting("embedding", "enabled", B, True, "serve /v1/embeddings and Inference.Embed"),
+    Setting("embedding", "path", S, "", "GGUF file of an embedding model; empty = the target's weights (a "
+            "context of their own)", check=_file_or_empty),
+    Setting("embedding", "pooling", S, "auto", "how token vectors become one: auto = the GGUF's pooling_type "
+            "(mean when it has none, as for a decoder LM)", choices=("auto", "mean", "cls", "last")),
+    Setting("embedding", "n_ctx", I, 2048, "the embedding context's cells (an input's tokens at most "
+            "min(n_ctx, n_batch))", lo=16, hi=1 << 20),
+    Setting("embedding", "n_batch", I, 2048, "tokens embedded in one forward (several short inputs share one)",
+            lo=16, hi=1 << 20),
+    Setting("embedding", "threads", I, 0, "CPU threads (0 = all cores)", lo=0, hi=1024),
+    Setting("embedding", "n_gpu_layers", I, 0, "layers offloaded to the GPU when `path` is set (-1 = all)", lo=-1),
+    Setting("embedding", "max_inputs", I, 256, "inputs in one request", lo=1, hi=1 << 16),
     _spec("policy", S, "auto", "auto: honour request modes; off: force plain decoding", choices=("auto", "off")),
     _spec("mode", S, "auto", "mode used when a request says AUTO", choices=SPEC_MODES),
     _spec("draft_tokens", I, 4, "default chain length", lo=1, hi=MAX_DRAFT_TOKENS),
@@ -312,6 +324,7 @@ SECTION_HELP = {
     "server": "The gRPC listener, the engine's slots and queue, and what a request may ask for.",
     "target": "The target model: the distribution every mode reproduces exactly.",
     "draft": "The draft model that proposes tokens (its logits never change the output, only the speed).",
+    "embedding": "Embeddings (/v1/embeddings, Inference.Embed): the target's weights, or a model of their own.",
     "speculation": "The speculation policy and the shape defaults a request gets when it sets none. "
                    "SIGHUP reloads it; `edgespec policy` (Admin.SetPolicy) overrides stay on top until reset.",
     "limits": "What one request may send, checked by the gRPC and HTTP handlers before the engine sees it.",

@@ -59,6 +59,7 @@ AuthConfig = section_class("AuthConfig", "auth", "[auth]", __name__, tuples=("ad
                            namespace={"enabled": property(_auth_enabled)})
 TlsConfig = section_class("TlsConfig", "tls", "[tls]", __name__, namespace={"enabled": property(_tls_enabled)})
 HttpConfig = section_class("HttpConfig", "http", "[http]", __name__)
+EmbeddingConfig = section_class("EmbeddingConfig", "embedding", "[embedding]", __name__)
 MetricsConfig = section_class("MetricsConfig", "metrics", "[metrics]", __name__)
 LoggingConfig = section_class("LoggingConfig", "logging", "[logging]", __name__)
 
@@ -78,6 +79,7 @@ class DaemonConfig:
     chat_template: str = ""  # [target] chat_template: the file's text ("" = the GGUF's own)
     source: str = ""  # the file it came from ("" = defaults only)
     http: HttpConfig = field(default_factory=HttpConfig)
+    embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
 
 
 def _check_controller(values: dict[str, Any]) -> list[tuple[str, str]]:
@@ -236,6 +238,9 @@ def load(
         controller={k: values["controller"][k] for k in controller},
         source=str(path or ""),
         http=HttpConfig(**values["http"]),
+        embedding=EmbeddingConfig(**{**values["embedding"],
+                                     "path": str(Path(values["embedding"]["path"]).expanduser())
+                                     if values["embedding"]["path"] else ""}),
         rpc_servers=tuple(values["target"]["rpc_servers"]),
         chat_template=_chat_template(values["target"]["chat_template"]),
     )

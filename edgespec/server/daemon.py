@@ -135,6 +135,11 @@ class Daemon:
         self.auth = auth_from_config(cfg)
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self.systemd = _Systemd()
+        from edgespec.server.embeddings import Embedder
+
+        # made on the first embedding request, on the target's weights unless [embedding] path is set
+        self.embedder = Embedder(cfg.embedding, cfg.engine.target, lambda: self.loop.encoder) \
+            if cfg.embedding.enabled else None
         self.loop = EngineLoop(
             engine_factory or default_engine_factory(cfg),
             parallel=cfg.server.parallel,
@@ -273,7 +278,8 @@ class Daemon:
         )
         inference_pb2_grpc.add_InferenceServicer_to_server(
             InferenceServicer(self.loop, self.policy, parallel=s.parallel, limits=self.cfg.limits,
-                              digests=lambda: self.model_digests, chat_template=self.cfg.chat_template), server)
+                              digests=lambda: self.model_digests, chat_template=self.cfg.chat_template,
+                              embedder=self.embedder), server)
         admin_pb2_grpc.add_AdminServicer_to_server(
             AdminServicer(self.loop, self.policy, self.update_policy, self._drain, self.started,
                           last_reload=lambda: self.last_reload), server)
@@ -306,7 +312,8 @@ class Daemon:
         if self.cfg.http.enabled:
             from edgespec.server.http_api import HttpServer, http_address
 
-            self.http = HttpServer(self.cfg, self.loop, self.policy, lambda: self.auth)  # the tokens in force
+            self.http = HttpServer(self.cfg, self.loop, self.policy, lambda: self.auth,  # the tokens in force
+                                   embedder=self.embedder)
             self.http.start()
             print(f"HTTP {self.http.scheme}://{http_address(self.cfg.http.host, self.http.port)}", flush=True)
         if self.cfg.metrics.enabled:

@@ -44,6 +44,7 @@ from edgespec import tools as tools_mod
 from edgespec.errors import BadRequest, Cancelled, ConfigError, EdgespecError, ModelError, NotReady, Overloaded
 from edgespec.logs import bind_request_id, clear_request, get_logger
 from edgespec.server import openai_api as oa
+from edgespec.server import embeddings as emb
 from edgespec.server.auth import TokenAuth
 from edgespec.server.config import DaemonConfig, LimitsConfig
 from edgespec.server.convert import validate_request_id
@@ -121,8 +122,10 @@ class HttpApi:
 
     def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], auth: Callable[[], TokenAuth], *,
                  model_id: str, created: int, max_body_bytes: int, threads: int, n_ctx: int,
-                 limits: LimitsConfig | None = None, chat_template: str = ""):
+                 limits: LimitsConfig | None = None, chat_template: str = "",
+                 embedder: emb.Embedder | None = None):
         self.loop = loop
+        self.embedder = embedder
         self.chat_template = chat_template  # [target] chat_template's text ("" = the GGUF's own)
         self.n_ctx = n_ctx
         self.limits = limits or LimitsConfig()
@@ -139,6 +142,7 @@ class HttpApi:
                 Route("/v1/chat/completions", self._endpoint(self.chat), methods=["POST"]),
                 Route("/v1/completions", self._endpoint(self.completions), methods=["POST"]),
                 Route("/v1/models", self._endpoint(self.models), methods=["GET"]),
+                Route("/v1/embeddings", self._endpoint(self.embeddings), methods=["POST"]),
                 Route("/health", self._endpoint(self.health, open_=True), methods=["GET"]),
                 Route("/tokenize", self._endpoint(self.tokenize), methods=["POST"]),
                 Route("/detokenize", self._endpoint(self.detokenize), methods=["POST"]),
@@ -395,6 +399,27 @@ class HttpApi:
         return JSONResponse({"object": "list", "data": [
             {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "edgespec"}]})
 
+    @property
+    def embedding_model_id(self) -> str:
+        path = self.embedder.cfg.path if self.embedder is not None else ""
+        return Path(path).name.removesuffix(".gguf") if path else self.model_id
+
+    async def embeddings(self, request: Request, rid: str) -> Response:
+        body = await self._json(request)
+        if self.embedder is None:
+            raise UnknownModel("model", "embeddings are off on this server ([embedding] enabled = false)")
+        names = tuple(dict.fromkeys((self.embedding_model_id, self.model_id)))
+        try:
+            req = emb.parse_request(body, models=names, max_inputs=self.embedder.cfg.max_inputs,
+                                    max_bytes=self.limits.max_prompt_bytes)
+        except BadRequest as exc:
+            if exc.field == "model":
+                raise UnknownModel("model", str(exc).split(": ", 1)[-1]) from None
+            raise
+        vectors, n = await anyio.to_thread.run_sync(self.embedder.embed, req.inputs, limiter=self.limiter)
+        return JSONResponse(emb.response_body(vectors, model=self.embedding_model_id, prompt_tokens=n,
+                                              encoding_format=req.encoding_format))
+
     async def health(self, request: Request, rid: str) -> Response:
         if self.loop.ready:
             return JSONResponse({"status": "SERVING"})
@@ -503,7 +528,7 @@ class HttpServer:
     jobs)."""
 
     def __init__(self, cfg: DaemonConfig, loop: EngineLoop, policy: Callable[[], Policy],
-                 auth: Callable[[], TokenAuth]):
+                 auth: Callable[[], TokenAuth], embedder: emb.Embedder | None = None):
         self.cfg = cfg
         s = cfg.server
         target = Path(cfg.engine.target.path)
@@ -514,7 +539,7 @@ class HttpServer:
         workers = s.parallel + s.queue_size + 32  # as the gRPC server's handler threads
         self.api = HttpApi(loop, policy, auth, model_id=target.name.removesuffix(".gguf"), created=created,
                            max_body_bytes=s.max_message_bytes, threads=workers, n_ctx=cfg.engine.target.n_ctx,
-                           limits=cfg.limits, chat_template=cfg.chat_template)
+                           limits=cfg.limits, chat_template=cfg.chat_template, embedder=embedder)
         self._workers = workers
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None

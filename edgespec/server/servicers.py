@@ -33,8 +33,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], *, parallel: int,
                  limits: LimitsConfig = convert.DEFAULT_LIMITS,
-                 digests: Callable[[], dict[str, tuple[str, str]]] = dict, chat_template: str = ""):
+                 digests: Callable[[], dict[str, tuple[str, str]]] = dict, chat_template: str = "",
+                 embedder: Any = None):
         self.loop = loop
+        self.embedder = embedder  # an edgespec.server.embeddings.Embedder, None when [embedding] is off
         self.chat_template = chat_template  # [target] chat_template's text ("" = the GGUF's own)
         self.policy = policy
         self.parallel = parallel
@@ -162,6 +164,23 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         # an engine without an encoder: on its own thread, the engine itself the tokenizer
         ids = encode(enc) if enc is not None else self.loop.call(encode)
         return pb.TokenizeResponse(token_ids=ids, count=len(ids))
+
+    def Embed(self, request: pb.EmbedRequest, context: grpc.ServicerContext) -> pb.EmbedResponse:  # noqa: N802
+        from edgespec.server import embeddings as emb
+
+        if self.embedder is None:
+            raise BadRequest("texts", "embeddings are off on this server ([embedding] enabled = false)")
+        if request.texts and request.token_inputs:
+            raise BadRequest("texts", "set either texts or token_inputs, not both")
+        items = list(request.texts) or [list(t.ids) for t in request.token_inputs]
+        if not items:
+            raise BadRequest("texts", "one of texts or token_inputs is required")
+        req = emb.parse_request({"input": items}, models=(), max_inputs=self.embedder.cfg.max_inputs,
+                                max_bytes=self.limits.max_prompt_bytes)
+        vectors, n = self.embedder.embed(req.inputs)
+        name = self.embedder.cfg.path.rsplit("/", 1)[-1].removesuffix(".gguf") if self.embedder.cfg.path else ""
+        return pb.EmbedResponse(embeddings=[pb.Embedding(values=v.tolist()) for v in vectors], prompt_tokens=n,
+                                model=name or "target")
 
     def ModelInfo(self, request: pb.ModelInfoRequest, context: grpc.ServicerContext) -> pb.ModelInfoResponse:  # noqa: N802
         info = dict(self.loop.call(lambda engine: engine.model_info()))

@@ -38,7 +38,7 @@ def test_tool_round_trip_with_the_openai_client(server):  # noqa: F811
     c = server.client()
     msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
     r = c.chat.completions.create(model=MODEL, messages=msgs, tools=[WEATHER], tool_choice="required",
-                                  parallel_tool_calls=False, max_tokens=64, temperature=0)
+                                  parallel_tool_calls=False, max_tokens=40, temperature=0)
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content is None
@@ -49,7 +49,7 @@ def test_tool_round_trip_with_the_openai_client(server):  # noqa: F811
     msgs += [choice.message.model_dump(exclude_none=True),
              {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "sunny"})}]
     final = c.chat.completions.create(model=MODEL, messages=msgs, tools=[WEATHER], tool_choice="none",
-                                      max_tokens=32, temperature=0)
+                                      max_tokens=16, temperature=0)
     assert final.choices[0].message.tool_calls is None
     assert final.choices[0].message.content and not final.choices[0].message.content.startswith("<tool_call>")
     assert final.choices[0].finish_reason in ("stop", "length")
@@ -57,8 +57,8 @@ def test_tool_round_trip_with_the_openai_client(server):  # noqa: F811
 
 def test_streamed_tool_call_deltas_assemble(server):  # noqa: F811
     c = server.client()
-    kw = {"model": MODEL, "messages": [{"role": "user", "content": "Add 2 and 3, then tell me the weather in Oslo."}],
-          "tools": TOOLS, "tool_choice": "required", "max_tokens": 96, "temperature": 0}
+    kw = {"model": MODEL, "messages": [{"role": "user", "content": "Add 2 and 3."}],
+          "tools": [ADD], "tool_choice": "required", "max_tokens": 40, "temperature": 0}
     unary = c.chat.completions.create(**kw).choices[0].message.tool_calls
     calls: dict[int, dict] = {}
     finish = None
@@ -82,15 +82,14 @@ def test_streamed_tool_call_deltas_assemble(server):  # noqa: F811
         jsonschema.validate(json.loads(s["arguments"]), SCHEMAS[s["name"]])
 
 
-@pytest.mark.parametrize("mode", ["plain", "auto", "tree"])
+@pytest.mark.parametrize("mode", ["plain", "tree"])
 def test_required_calls_always_parse_and_validate(server, mode):  # noqa: F811
     c = server.client()
-    prompts = ["Book room B204 for Ann and Bo for two hours.", "What is 17 plus 25?", "Is it raining in Lima?",
-               "Reserve a room for the team tomorrow.", "Tell me a joke."]
+    prompts = ["Book room B204 for Ann and Bo for two hours.", "What is 17 plus 25?", "Tell me a joke."]
     n = 0
     for i, p in enumerate(prompts):
         r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": p}], tools=TOOLS,
-                                      tool_choice="required", parallel_tool_calls=i % 2 == 0, max_tokens=160,
+                                      tool_choice="required", parallel_tool_calls=i % 2 == 0, max_tokens=72,
                                       temperature=0.8, seed=i, extra_body={"edgespec": {"mode": mode}})
         ch = r.choices[0]
         assert ch.finish_reason in ("tool_calls", "length"), (p, ch)
@@ -128,3 +127,23 @@ def test_langchain_bind_tools_calls_a_tool(server):  # noqa: F811
     assert call["name"] == "multiply" and set(call["args"]) == {"a", "b"}
     assert all(isinstance(v, int) for v in call["args"].values())
     assert multiply.invoke(call["args"]) == call["args"]["a"] * call["args"]["b"]
+
+
+def test_embeddings_with_the_openai_client(server):  # noqa: F811
+    import numpy as np
+
+    c = server.client()
+    sentences = ["The cat sat on the mat.", "A cat was sitting on the mat.",
+                 "Quarterly revenue grew by ten percent.", "The invoice is due at the end of the month."]
+    r = c.embeddings.create(model=MODEL, input=sentences)  # the client asks for base64 and decodes it
+    v = np.array([d.embedding for d in r.data])
+    assert v.shape == (4, 576) and [d.index for d in r.data] == [0, 1, 2, 3]
+    assert np.allclose(np.linalg.norm(v, axis=1), 1, atol=1e-4)
+    sim = v @ v.T
+    assert sim[0, 1] > max(sim[0, 2], sim[0, 3], sim[1, 2], sim[1, 3])  # near-duplicates closest
+    assert r.usage.prompt_tokens > 20
+    floats = c.embeddings.create(model=MODEL, input=sentences[0], encoding_format="float")
+    assert np.allclose(floats.data[0].embedding, v[0], atol=1e-5)  # batched = alone; float = base64
+    ids = c.post("/tokenize", body={"prompt": sentences[0]}, cast_to=object)["tokens"]
+    tok = c.embeddings.create(model=MODEL, input=[ids], encoding_format="float")
+    assert np.allclose(tok.data[0].embedding, v[0], atol=1e-5)
