@@ -336,14 +336,16 @@ def _engine(values: dict[str, dict[str, Any]], check_models: bool, problems: lis
     # the memory plan covers this box only: with rpc_servers the target's layers go to other boxes
     if check_models and not problems and not values["target"]["rpc_servers"]:
         try:
-            check_memory(engine)
+            emb = values["embedding"]
+            check_memory(engine, EmbeddingConfig(**{**emb, "path": str(Path(emb["path"]).expanduser()) if emb["path"]
+                                                    else ""}))
         except ConfigError as exc:
             problems.append(("target.n_ctx", f"with server.parallel = {engine.parallel}, the memory plan "
                              + str(exc).split(": ", 1)[-1]))
     return engine
 
 
-def check_memory(engine_cfg: EngineConfig) -> None:
+def check_memory(engine_cfg: EngineConfig, embedding: Any = None) -> None:
     """Refuse, with the memory plan's explanation, a configuration that does not fit the device it
     would run on (GPU memory when layers are offloaded to a GPU, else RAM)."""
     from edgespec.plan import check_fits, plan_for_config, system_memory_bytes
@@ -353,7 +355,7 @@ def check_memory(engine_cfg: EngineConfig) -> None:
         from edgespec import backend
 
         gpus = [d for d in backend.devices() if d.kind == "gpu"]
-    plan = plan_for_config(engine_cfg, gpu=bool(gpus))
+    plan = plan_for_config(engine_cfg, gpu=bool(gpus), embedding=embedding)
     if gpus:
         check_fits(plan, gpus[0].total_bytes, device=gpus[0].name)
     else:

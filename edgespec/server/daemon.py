@@ -76,7 +76,7 @@ def default_engine_factory(cfg: DaemonConfig) -> Callable[[], Any]:
             log.info("rpc_servers", servers=list(cfg.rpc_servers),
                      devices=[{"name": d.name, "free_bytes": d.free_bytes} for d in devs])
         else:
-            check_memory(cfg.engine)
+            check_memory(cfg.engine, cfg.embedding)
         return Engine.load(cfg.engine, controller_cfg=controller_cfg)
 
     return load
