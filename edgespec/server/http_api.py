@@ -156,29 +156,46 @@ class HttpApi:
         """Request id, auth and error mapping around a route."""
         async def handle(request: Request) -> Response:
             clear_request()
-            rid = request.headers.get("x-request-id", "")
+            started = time.monotonic()
+            caller_rid = request.headers.get("x-request-id", "")
+            rid = uuid.uuid4().hex[:16]
+            client = request.client
+            peer = f"{'ipv6' if client and ':' in client.host else 'ipv4'}:{client.host}:{client.port}" \
+                if client else "unknown"
+            bind_request_id(request_id=rid, peer=peer)
+            decision = self.auth().decide(AUTH_METHOD, request.headers.get("authorization"),
+                                          client_subject(request.scope))
+            bind_request_id(caller=decision.identity)
             try:
-                rid = validate_request_id(rid) or uuid.uuid4().hex[:16]
-            except BadRequest:
-                rid = uuid.uuid4().hex[:16]
-            bind_request_id(request_id=rid)
-            try:
-                if not open_ and self.auth().decide(AUTH_METHOD, request.headers.get("authorization"),
-                                                    client_subject(request.scope)).verdict is not None:
+                try:  # as over gRPC: a malformed id is refused by name, not silently replaced
+                    caller_rid = validate_request_id(caller_rid)
+                except BadRequest:
+                    caller_rid = ""
+                    raise BadRequest("x-request-id", "at most 128 characters of [A-Za-z0-9-_.:]") from None
+                if caller_rid:
+                    rid = caller_rid  # the job takes the caller's id
+                    bind_request_id(request_id=rid, x_request_id=caller_rid)
+                if not open_ and decision.verdict is not None:
                     raise Unauthenticated("missing or invalid bearer token (header 'Authorization: Bearer <token>') "
                                           "or client certificate")
                 resp = await fn(request, rid)
             except Exception as exc:  # noqa: BLE001 - mapped in one place
                 resp = error_response(exc, request.url.path)
             resp.headers["x-request-id"] = rid
+            # the access line, as gRPC's `rpc` line: peer, caller, x_request_id bound above (a stream's
+            # status is its first line's; how the stream ended is in the generation's own lines)
+            level = log.debug if request.url.path == "/health" else log.info
+            level("http", method=request.method, path=request.url.path, status=resp.status_code,
+                  seconds=round(time.monotonic() - started, 6))
             return resp
 
         return handle
 
     async def _http_exception(self, request: Request, exc: HTTPException) -> Response:
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return JSONResponse(oa.error_body(f"{request.method} {request.url.path}: {exc.detail}", type_),
-                            status_code=exc.status_code)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return JSONResponse(oa.error_body(f"{request.method} {request.url.path}: {exc.detail}", type_, code=code),
+                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     async def _json(self, request: Request) -> Any:
         size = 0

@@ -297,3 +297,11 @@ def test_a_client_certificates_subject_is_written_as_grpc_writes_it():
     peer = {"subject": ((("countryName", "CN"),), (("organizationName", "Bank"),), (("commonName", "svc-a"),))}
     assert cert_subject(peer) == ("CN=svc-a,O=Bank,C=CN", "svc-a")
     assert cert_subject(None) is None and cert_subject({}) is None
+
+
+def test_unknown_route_and_wrong_method_say_so(make_daemon):
+    r = make_daemon(http=HTTP)
+    status, _, out = raw(r, "GET", "/v2/nothing")
+    assert status == 404 and json.loads(out)["error"]["code"] == "not_found"
+    status, headers, out = raw(r, "GET", "/v1/chat/completions")
+    assert status == 405 and json.loads(out)["error"]["code"] == "method_not_allowed" and "POST" in headers["allow"]
