@@ -378,10 +378,26 @@ def reload_config(cfg: DaemonConfig, env: Mapping[str, str] | None = None) -> Da
     return replace(cfg, auth=new.auth, tls=new.tls, speculation=new.speculation)
 
 
+SHIPPED_HEADER = """\
+# edgespec daemon configuration. Every key is listed with its default and meaning.
+# Generated from the declaration (edgespec/settings.py): `edgespec config defaults > configs/edgespec.toml`.
+# Precedence: this file < environment EDGESPEC_<SECTION>_<KEY> (e.g. EDGESPEC_SERVER_PORT=50052)
+#             < `edgespec serve` flags (--host, --port, --http-port, --reflection, --insecure, --parallel,
+#               --log-level).
+# Check a file with `edgespec config validate FILE` (lists every problem, exit 2 if any).
+# SIGHUP (systemctl reload edgespec) re-reads [auth], [tls] (and the files they name) and [speculation]
+# without dropping requests; the other sections need a restart. Values set with `edgespec policy`
+# (Admin.SetPolicy) stay on top of the file's [speculation] until `edgespec policy --reset`.
+"""
+
+
 def documented_defaults() -> str:
-    """A TOML document listing every key with its default and documentation (configs/edgespec.toml)."""
-    lines: list[str] = []
+    """A TOML document listing every key with its default and documentation: configs/edgespec.toml
+    is this text (tests/server/test_config_reference.py fails when the file is stale)."""
+    lines: list[str] = [SHIPPED_HEADER]
     for section, keys in SECTIONS.items():
+        if section in SECTION_HELP:
+            lines.append(f"# {SECTION_HELP[section]}")
         lines.append(f"[{section}]")
         for key, s in keys.items():
             lines.append(f"# {s.help}")

@@ -123,9 +123,10 @@ class HttpApi:
     def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], auth: Callable[[], TokenAuth], *,
                  model_id: str, created: int, max_body_bytes: int, threads: int, n_ctx: int,
                  limits: LimitsConfig | None = None, chat_template: str = "",
-                 embedder: emb.Embedder | None = None):
+                 embedder: emb.Embedder | None = None, strict: bool = True):
         self.loop = loop
         self.embedder = embedder
+        self.strict = strict  # [http] strict: unknown request fields refused (else ignored with a warning header)
         self.chat_template = chat_template  # [target] chat_template's text ("" = the GGUF's own)
         self.n_ctx = n_ctx
         self.limits = limits or LimitsConfig()
@@ -296,7 +297,8 @@ class HttpApi:
     async def _generate(self, request: Request, rid: str, *, chat: bool) -> Response:
         body = await self._json(request)
         try:
-            req = oa.parse_request(body, chat=chat, policy=self.policy(), models=(self.model_id,), limits=self.limits)
+            req = oa.parse_request(body, chat=chat, policy=self.policy(), models=(self.model_id,), limits=self.limits,
+                                   strict=self.strict)
         except BadRequest as exc:
             if exc.field == "model":
                 raise UnknownModel("model", str(exc).split(": ", 1)[-1]) from None
@@ -325,12 +327,15 @@ class HttpApi:
             except BaseException:
                 job.cancel()
                 raise
+        names = ", ".join(req.ignored).encode("ascii", "backslashreplace").decode()[:1000]
+        warning = {"x-edgespec-warning": f"ignored unknown fields: {names}"} if req.ignored else {}
+        if req.stream:
             return StreamingResponse(self._stream(req, job, first, rid_out, created, piece),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache", **warning})
         result = await self._unary(request, job)
         return JSONResponse(oa.completion_body(req, rid=rid_out, created=created, model=self.model_id, result=result,
                                                prompt_tokens=len(job.prompt_tokens or ()), timings=job.timings(),
-                                               piece=piece or (lambda t: b"")))
+                                               piece=piece or (lambda t: b"")), headers=warning)
 
     async def _unary(self, request: Request, job: Job) -> GenerationResult:
         """Wait for the result; the client going away cancels the job."""
@@ -556,7 +561,8 @@ class HttpServer:
         workers = s.parallel + s.queue_size + 32  # as the gRPC server's handler threads
         self.api = HttpApi(loop, policy, auth, model_id=target.name.removesuffix(".gguf"), created=created,
                            max_body_bytes=s.max_message_bytes, threads=workers, n_ctx=cfg.engine.target.n_ctx,
-                           limits=cfg.limits, chat_template=cfg.chat_template, embedder=embedder)
+                           limits=cfg.limits, chat_template=cfg.chat_template, embedder=embedder,
+                           strict=cfg.http.strict)
         self._workers = workers
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None

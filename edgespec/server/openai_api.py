@@ -64,6 +64,7 @@ class CompletionRequest:
     # per message: what the chat template reads besides role and content (an assistant turn's
     # tool_calls: tuple[ToolCall], a tool turn's tool_call_id); empty when no message has any
     extras: tuple[Mapping[str, Any], ...] = ()
+    ignored: tuple[str, ...] = ()  # unknown fields ignored under [http] strict = false
 
     @property
     def parses_calls(self) -> bool:
@@ -241,11 +242,13 @@ def _extension(v: Any) -> Mapping:
 
 
 def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str],
-                  limits: LimitsConfig = DEFAULT_LIMITS) -> CompletionRequest:
+                  limits: LimitsConfig = DEFAULT_LIMITS, strict: bool = True) -> CompletionRequest:
     """Validate a request body; BadRequest(field) names the first offending field."""
     if not isinstance(body, Mapping):
         raise BadRequest("body", "must be a JSON object")
-    _refuse_unsupported(body)
+    ignored = _refuse_unsupported(body, strict)
+    if ignored:
+        body = {k: v for k, v in body.items() if k not in ignored}
     model = _str(body.get("model"), "model") if body.get("model") is not None else ""
     if model and model not in models:
         raise BadRequest("model", f"unknown model {model!r} (served: {', '.join(models)})")
@@ -275,20 +278,22 @@ def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str
     return CompletionRequest(chat=chat, model=model, prompt=prompt, messages=messages, sampling=sampling,
                              speculation=_speculation(ext, policy), stream=stream, include_usage=include_usage,
                              logprobs=logprobs, constraint=constraint, timeout_seconds=timeout, tools=tools,
-                             extras=extras)
+                             extras=extras, ignored=ignored)
 
 
-def _refuse_unsupported(body: Mapping) -> None:
-    """Unknown fields, and the fields OpenAI defines that we do not implement unless neutral."""
-    for k in body:
-        if k not in _KNOWN:
-            raise BadRequest(k, "unknown field")
+def _refuse_unsupported(body: Mapping, strict: bool = True) -> tuple[str, ...]:
+    """Unknown fields (refused when `strict`, else returned: the ignored ones), and the fields
+    OpenAI defines that we do not implement unless neutral."""
+    unknown = tuple(str(k) for k in body if k not in _KNOWN)
+    if unknown and strict:
+        raise BadRequest(unknown[0], "unknown field ([http] strict = true)")
     for k in _REFUSED:
         if body.get(k) not in (None, [], {}):
             raise BadRequest(k, "is not supported by this server")
     for k, neutral in _NEUTRAL.items():
         if body.get(k) is not None and body.get(k) != neutral:
             raise BadRequest(k, f"is not supported by this server (only {json.dumps(neutral)})")
+    return unknown
 
 
 def _input(body: Mapping, chat: bool, limits: LimitsConfig) -> tuple[tuple[tuple[str, str], ...],

@@ -305,3 +305,15 @@ def test_unknown_route_and_wrong_method_say_so(make_daemon):
     assert status == 404 and json.loads(out)["error"]["code"] == "not_found"
     status, headers, out = raw(r, "GET", "/v1/chat/completions")
     assert status == 405 and json.loads(out)["error"]["code"] == "method_not_allowed" and "POST" in headers["allow"]
+
+
+def test_unknown_fields_refused_by_name_unless_strict_is_off(make_daemon):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "bogus": 1, "ünï": 2}
+    status, _, out = raw(make_daemon(http=HTTP), "POST", "/v1/chat/completions", body)
+    assert status == 400 and json.loads(out)["error"]["param"] == "bogus"  # the default: strict
+    lax = make_daemon(http={**HTTP, "strict": False})
+    status, headers, out = raw(lax, "POST", "/v1/chat/completions", body)
+    assert status == 200 and json.loads(out)["choices"][0]["message"]["content"]
+    assert headers["x-edgespec-warning"] == "ignored unknown fields: bogus, \\xfcn\\xef"
+    status, _, out = raw(lax, "POST", "/v1/chat/completions", {**body, "temperature": -1})
+    assert status == 400 and json.loads(out)["error"]["param"] == "temperature"  # known fields still checked
