@@ -142,6 +142,15 @@ def _file_or_empty(v: str) -> str | None:
     return None
 
 
+def _caller_limits(v: list) -> str | None:
+    for x in v:
+        who, _, caps = str(x).rpartition("=")
+        parts = caps.split("/")
+        if not who or len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+            return f"each must be IDENTITY=CONCURRENT/TOKENS_PER_MINUTE, got {x!r}"
+    return None
+
+
 def _strings(v: list) -> str | None:
     bad = [x for x in v if not isinstance(x, str) or not x.strip()]
     return f"must be a list of non-empty strings, got {bad[0]!r}" if bad else None
@@ -163,6 +172,7 @@ CHECK_TEXT: dict[Any, str] = {  # how the docs write what an extra check allows
     check_host: "an IP address or host name",
     _file_or_empty: "an existing file, or empty",
     _strings: "non-empty strings",
+    _caller_limits: "IDENTITY=CONCURRENT/TOKENS_PER_MINUTE strings",
     _endpoints: "host:port entries",
     _json_mode: "\"auto\", true or false",
 }
@@ -255,6 +265,14 @@ SETTINGS: tuple[Setting, ...] = (
     _limits("max_stop_chars", I, 256, "longest stop string, in characters", lo=1, hi=4096),
     _limits("anonymous_rpcs", I, 8, "health calls without a valid token served at once (Watch streams "
             "included), on threads of their own; beyond: RESOURCE_EXHAUSTED", lo=1, hi=1024),
+    _limits("caller_concurrent", I, 0, "requests one caller (token name, certificate subject, or anonymous) may "
+            "have running or queued at once; beyond: 429 / RESOURCE_EXHAUSTED with Retry-After / "
+            "grpc-retry-pushback-ms (0 = no cap)", lo=0, hi=1 << 20),
+    _limits("caller_tokens_per_minute", I, 0, "prompt + completion tokens one caller may use in any 60 s; "
+            "beyond: refused until the window has room (0 = no cap)", lo=0, hi=1 << 40),
+    _limits("callers", L, [], "per-caller overrides, \"IDENTITY=CONCURRENT/TOKENS_PER_MINUTE\" (e.g. "
+            "\"token:batch=2/20000\", \"anonymous=1/5000\"; 0 = no cap); the identities named here are the "
+            "per-caller metrics' labels, every other caller is counted as `other`", check=_caller_limits),
     _auth("tokens_file", S, "", "sha256 hex hashes of bearer tokens, one per line, optionally named: name:hash "
           "(`edgespec config hash-token --name N`)", check=_file_or_empty),
     _auth("admin_tokens_file", S, "", "hashes of tokens that may also call the Admin service",

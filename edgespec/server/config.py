@@ -54,7 +54,7 @@ ServerConfig = section_class("ServerConfig", "server", "[server]", __name__,
                              namespace={"loopback": property(_loopback)})
 SpeculationConfig = section_class("SpeculationConfig", "speculation", "[speculation]: what SIGHUP reloads", __name__)
 LimitsConfig = section_class("LimitsConfig", "limits", "[limits]: what one request may ask of the daemon, checked "
-                             "in the gRPC and HTTP handlers before the engine sees it", __name__)
+                             "in the gRPC and HTTP handlers before the engine sees it", __name__, tuples=("callers",))
 AuthConfig = section_class("AuthConfig", "auth", "[auth]", __name__, tuples=("admin_subjects",),
                            namespace={"enabled": property(_auth_enabled)})
 TlsConfig = section_class("TlsConfig", "tls", "[tls]", __name__, namespace={"enabled": property(_tls_enabled)})
@@ -234,7 +234,7 @@ def load(
         tls=TlsConfig(**values["tls"]),
         metrics=MetricsConfig(**values["metrics"]),
         logging=LoggingConfig(**values["logging"]),
-        limits=LimitsConfig(**values["limits"]),
+        limits=LimitsConfig(**{**values["limits"], "callers": tuple(values["limits"]["callers"])}),
         controller={k: values["controller"][k] for k in controller},
         source=str(path or ""),
         http=HttpConfig(**values["http"]),

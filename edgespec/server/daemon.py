@@ -135,7 +135,11 @@ class Daemon:
         self.auth = auth_from_config(cfg)
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self.systemd = _Systemd()
+        from edgespec.server.callers import CallerLimits
         from edgespec.server.embeddings import Embedder
+
+        self.callers = CallerLimits(cfg.limits)  # per-caller limits and figures, for gRPC and HTTP alike
+        self.metrics.callers = self.callers.snapshot
 
         # made on the first embedding request, on the target's weights unless [embedding] path is set
         self.embedder = Embedder(cfg.embedding, cfg.engine.target, lambda: self.loop.encoder) \
@@ -279,10 +283,10 @@ class Daemon:
         inference_pb2_grpc.add_InferenceServicer_to_server(
             InferenceServicer(self.loop, self.policy, parallel=s.parallel, limits=self.cfg.limits,
                               digests=lambda: self.model_digests, chat_template=self.cfg.chat_template,
-                              embedder=self.embedder), server)
+                              embedder=self.embedder, callers=self.callers), server)
         admin_pb2_grpc.add_AdminServicer_to_server(
             AdminServicer(self.loop, self.policy, self.update_policy, self._drain, self.started,
-                          last_reload=lambda: self.last_reload), server)
+                          last_reload=lambda: self.last_reload, callers=self.callers), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         if s.reflection:
@@ -313,7 +317,7 @@ class Daemon:
             from edgespec.server.http_api import HttpServer, http_address
 
             self.http = HttpServer(self.cfg, self.loop, self.policy, lambda: self.auth,  # the tokens in force
-                                   embedder=self.embedder)
+                                   embedder=self.embedder, callers=self.callers)
             self.http.start()
             print(f"HTTP {self.http.scheme}://{http_address(self.cfg.http.host, self.http.port)}", flush=True)
         if self.cfg.metrics.enabled:

@@ -18,6 +18,7 @@ configured (the gRPC token files).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import socket
@@ -46,6 +47,7 @@ from edgespec.logs import bind_request_id, clear_request, get_logger
 from edgespec.server import openai_api as oa
 from edgespec.server import embeddings as emb
 from edgespec.server.auth import TokenAuth
+from edgespec.server.callers import CallerLimits, current_caller, retry_after_seconds
 from edgespec.server.config import DaemonConfig, LimitsConfig
 from edgespec.server.convert import validate_request_id
 from edgespec.server.engine_loop import EngineLoop, Job
@@ -107,7 +109,8 @@ def error_response(exc: BaseException, path: str = "") -> JSONResponse:
         log.error("http_failed", path=path, error=repr(exc), exc_info=exc)
     else:
         log.info("http_rejected", path=path, status=status, detail=body["error"]["message"])
-    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if status in (429, 503) else {}
+    ra = retry_after_seconds(exc)
+    headers = {"Retry-After": str(ra or RETRY_AFTER_SECONDS)} if status in (429, 503) else {}
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
     return JSONResponse(body, status_code=status, headers=headers)
@@ -123,9 +126,10 @@ class HttpApi:
     def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], auth: Callable[[], TokenAuth], *,
                  model_id: str, created: int, max_body_bytes: int, threads: int, n_ctx: int,
                  limits: LimitsConfig | None = None, chat_template: str = "",
-                 embedder: emb.Embedder | None = None, strict: bool = True):
+                 embedder: emb.Embedder | None = None, strict: bool = True, callers: CallerLimits | None = None):
         self.loop = loop
         self.embedder = embedder
+        self.callers = callers  # per-caller limits and figures (shared with gRPC), None: no limits
         self.strict = strict  # [http] strict: unknown request fields refused (else ignored with a warning header)
         self.chat_template = chat_template  # [target] chat_template's text ("" = the GGUF's own)
         self.n_ctx = n_ctx
@@ -295,6 +299,23 @@ class HttpApi:
         return await self._generate(request, rid, chat=False)
 
     async def _generate(self, request: Request, rid: str, *, chat: bool) -> Response:
+        """Admitted under the caller's own limits ([limits] caller_*) for as long as it runs (a
+        stream: until it ends)."""
+        hold = contextlib.ExitStack()
+        used: Callable[[int], None] = lambda n: None  # noqa: E731
+        if self.callers is not None:
+            used = hold.enter_context(self.callers.admit(current_caller()))
+        try:
+            resp = await self._generate_admitted(request, rid, chat=chat, hold=hold, used=used)
+        except BaseException:
+            hold.close()
+            raise
+        if not isinstance(resp, StreamingResponse):
+            hold.close()
+        return resp
+
+    async def _generate_admitted(self, request: Request, rid: str, *, chat: bool, hold: contextlib.ExitStack,
+                                 used: Callable[[int], None]) -> Response:
         body = await self._json(request)
         try:
             req = oa.parse_request(body, chat=chat, policy=self.policy(), models=(self.model_id,), limits=self.limits,
@@ -330,9 +351,10 @@ class HttpApi:
         names = ", ".join(req.ignored).encode("ascii", "backslashreplace").decode()[:1000]
         warning = {"x-edgespec-warning": f"ignored unknown fields: {names}"} if req.ignored else {}
         if req.stream:
-            return StreamingResponse(self._stream(req, job, first, rid_out, created, piece),
+            return StreamingResponse(self._stream(req, job, first, rid_out, created, piece, hold, used),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache", **warning})
         result = await self._unary(request, job)
+        used(len(job.prompt_tokens or ()) + len(result.token_ids))
         return JSONResponse(oa.completion_body(req, rid=rid_out, created=created, model=self.model_id, result=result,
                                                prompt_tokens=len(job.prompt_tokens or ()), timings=job.timings(),
                                                piece=piece or (lambda t: b"")), headers=warning)
@@ -364,7 +386,8 @@ class HttpApi:
                 job.cancel()
 
     async def _stream(self, req: oa.CompletionRequest, job: Job, first: list[tuple[str, Any]], rid: str,
-                      created: int, piece: oa.Piece | None) -> AsyncIterator[bytes]:
+                      created: int, piece: oa.Piece | None, hold: contextlib.ExitStack | None = None,
+                      used: Callable[[int], None] | None = None) -> AsyncIterator[bytes]:
         kw = {"rid": rid, "created": created, "model": self.model_id}
         done = False
         offset = 0
@@ -389,6 +412,8 @@ class HttpApi:
                         continue
                     result: GenerationResult = value
                     done = True
+                    if used is not None:
+                        used(len(job.prompt_tokens or ()) + len(result.token_ids))
                     self._check_end(result)
                     finish = result.finish_reason
                     if answer is not None:
@@ -413,6 +438,8 @@ class HttpApi:
         finally:
             if not done or job.finished is None:
                 job.cancel()  # the client went away (the generator was closed) or the stream broke
+            if hold is not None:
+                hold.close()  # the caller's place
         yield b"data: [DONE]\n\n"
 
     # ---- the rest ------------------------------------------------------------------------------
@@ -550,7 +577,8 @@ class HttpServer:
     jobs)."""
 
     def __init__(self, cfg: DaemonConfig, loop: EngineLoop, policy: Callable[[], Policy],
-                 auth: Callable[[], TokenAuth], embedder: emb.Embedder | None = None):
+                 auth: Callable[[], TokenAuth], embedder: emb.Embedder | None = None,
+                 callers: CallerLimits | None = None):
         self.cfg = cfg
         s = cfg.server
         target = Path(cfg.engine.target.path)
@@ -562,7 +590,7 @@ class HttpServer:
         self.api = HttpApi(loop, policy, auth, model_id=target.name.removesuffix(".gguf"), created=created,
                            max_body_bytes=s.max_message_bytes, threads=workers, n_ctx=cfg.engine.target.n_ctx,
                            limits=cfg.limits, chat_template=cfg.chat_template, embedder=embedder,
-                           strict=cfg.http.strict)
+                           strict=cfg.http.strict, callers=callers)
         self._workers = workers
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None

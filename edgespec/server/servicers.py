@@ -3,6 +3,7 @@ as domain exceptions and mapped to status codes by status.ServerInterceptor."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import time
 import uuid
@@ -17,6 +18,7 @@ from edgespec.errors import BadRequest, Cancelled, NotReady
 from edgespec.logs import bind_request_id
 from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2 as pb, inference_pb2_grpc
 from edgespec.server import convert
+from edgespec.server.callers import CallerLimits, current_caller
 from edgespec.server.config import LimitsConfig
 from edgespec.server.engine_loop import EngineLoop, Job
 from edgespec.server.policy import Policy
@@ -34,8 +36,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], *, parallel: int,
                  limits: LimitsConfig = convert.DEFAULT_LIMITS,
                  digests: Callable[[], dict[str, tuple[str, str]]] = dict, chat_template: str = "",
-                 embedder: Any = None):
+                 embedder: Any = None, callers: CallerLimits | None = None):
         self.loop = loop
+        self.callers = callers  # per-caller limits and figures (shared with HTTP), None: no limits
         self.embedder = embedder  # an edgespec.server.embeddings.Embedder, None when [embedding] is off
         self.chat_template = chat_template  # [target] chat_template's text ("" = the GGUF's own)
         self.policy = policy
@@ -114,10 +117,22 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     # ---- RPCs ----------------------------------------------------------------------------
 
+    def _admit(self) -> Any:
+        """The caller's own place for this request ([limits] caller_*); yields used(tokens)."""
+        if self.callers is None:
+            return contextlib.nullcontext(lambda n: None)
+        return self.callers.admit(current_caller())
+
     def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> pb.GenerateResponse:  # noqa: N802
+        with self._admit() as used:
+            return self._generate(request, context, used)
+
+    def _generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext,
+                  used: Callable[[int], None]) -> pb.GenerateResponse:
         job = self._submit(request, context)
         for kind, value in self._events(job):
             if kind == "result":
+                used(len(job.prompt_tokens or ()) + len(value.token_ids))
                 self._check_end(value, job)
                 return convert.response(value, text=value.text, token_ids=value.token_ids,
                                         timings=job.timings(), request_id=job.request_id,
@@ -127,6 +142,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         raise NotReady("the engine stopped")  # pragma: no cover
 
     def GenerateStream(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:  # noqa: N802
+        with self._admit() as used:
+            yield from self._generate_stream(request, context, used)
+
+    def _generate_stream(self, request: pb.GenerateRequest, context: grpc.ServicerContext,
+                         used: Callable[[int], None]) -> Iterator[pb.GenerateResponse]:
         job = self._submit(request, context)
         held = None  # the finishing chunk is merged into the final message
         for kind, value in self._events(job):
@@ -137,6 +157,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     yield convert.response(None, text=value.text, token_ids=value.token_ids, timings=None,
                                            request_id=job.request_id, logprobs=value.logprobs)
             else:
+                used(len(job.prompt_tokens or ()) + len(value.token_ids))
                 self._check_end(value, job)
                 yield convert.response(value, text=held.text if held else "", token_ids=held.token_ids if held else (),
                                        timings=job.timings(), request_id=job.request_id,
@@ -208,8 +229,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 class AdminServicer(admin_pb2_grpc.AdminServicer):
     def __init__(self, loop: EngineLoop, policy: Callable[[], Policy],
                  update_policy: Callable[[dict[str, object], bool], Policy],
-                 drain: Callable[[bool], None], started: float, last_reload: Callable[[], dict | None] = lambda: None):
+                 drain: Callable[[bool], None], started: float, last_reload: Callable[[], dict | None] = lambda: None,
+                 callers: CallerLimits | None = None):
         self.loop = loop
+        self.callers = callers
         self.policy = policy
         self.update_policy = update_policy  # (admin overrides, reset first) -> the policy now in force
         self.drain = drain
@@ -240,6 +263,9 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         out.idle = bool(s.get("idle", False))
         for key, value in ticks.items():
             out.tick_totals[key] = float(value)
+        for who, f in (self.callers.snapshot() if self.callers is not None else {}).items():
+            out.callers[who].CopyFrom(admin_pb2.CallerFigures(requests_total=f["requests"], rejected_total=f["rejected"],
+                                                              tokens_total=f["tokens"], in_flight=f["in_flight"]))
         return out
 
     def SetPolicy(self, request: admin_pb2.SetPolicyRequest, context: grpc.ServicerContext) -> admin_pb2.Policy:  # noqa: N802
