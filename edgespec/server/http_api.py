@@ -465,7 +465,10 @@ class HttpApi:
             if exc.field == "model":
                 raise UnknownModel("model", str(exc).split(": ", 1)[-1]) from None
             raise
-        vectors, n = await anyio.to_thread.run_sync(self.embedder.embed, req.inputs, limiter=self.limiter)
+        with self.callers.admit(current_caller()) if self.callers is not None else \
+                contextlib.nullcontext(lambda n: None) as used:
+            vectors, n = await anyio.to_thread.run_sync(self.embedder.embed, req.inputs, limiter=self.limiter)
+            used(n)
         return JSONResponse(emb.response_body(vectors, model=self.embedding_model_id, prompt_tokens=n,
                                               encoding_format=req.encoding_format))
 

@@ -198,7 +198,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             raise BadRequest("texts", "one of texts or token_inputs is required")
         req = emb.parse_request({"input": items}, models=(), max_inputs=self.embedder.cfg.max_inputs,
                                 max_bytes=self.limits.max_prompt_bytes)
-        vectors, n = self.embedder.embed(req.inputs)
+        with self._admit() as used:
+            vectors, n = self.embedder.embed(req.inputs)
+            used(n)
         name = self.embedder.cfg.path.rsplit("/", 1)[-1].removesuffix(".gguf") if self.embedder.cfg.path else ""
         return pb.EmbedResponse(embeddings=[pb.Embedding(values=v.tolist()) for v in vectors], prompt_tokens=n,
                                 model=name or "target")
