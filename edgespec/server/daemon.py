@@ -6,6 +6,7 @@ edgespec.notify when present)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import ssl
 import sys
@@ -58,6 +59,25 @@ class _Systemd:
             self._watchdog.kick()
         except Exception:  # noqa: BLE001
             pass
+
+
+STARTUP_SECONDS_PER_MODEL = 300.0  # mapping, warm-up and the first forwards of one model
+STARTUP_DISK_BYTES_PER_SECOND = 25 << 20  # a slow disk: 25 MiB/s
+
+
+def startup_timeout_seconds(cfg: DaemonConfig) -> float:
+    """How long systemd should wait for READY=1: for each model the daemon loads at start (the
+    target, the draft), a fixed allowance plus its file read at a slow disk's speed, so a large
+    model on a slow disk is not killed while it loads."""
+    paths = [cfg.engine.target.path] + ([cfg.engine.draft.path] if cfg.engine.draft is not None else [])
+    total = 0.0
+    for path in paths:
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            size = 0
+        total += STARTUP_SECONDS_PER_MODEL + size / STARTUP_DISK_BYTES_PER_SECOND
+    return total
 
 
 def default_engine_factory(cfg: DaemonConfig) -> Callable[[], Any]:
@@ -325,7 +345,7 @@ class Daemon:
             self._metrics_server = serve_metrics(self.metrics, m.host, m.port, authorize=self._metrics_authorized)
             log.info("metrics_listening", address=format_address(m.host, self._metrics_server.server_address[1]))
         self.systemd("status", "loading models")
-        self.systemd("extend_timeout", 600.0)
+        self.systemd("extend_timeout", startup_timeout_seconds(self.cfg))
         self.loop.start()
         return self.port
 
