@@ -1,14 +1,16 @@
 """OpenAI-style JSON <-> domain types: request validation (every field named in the error, as
 OpenAI's `param`) and the response / stream-chunk bodies. Pure: no I/O, no server, no engine.
 
-Supported: model, messages (text content), prompt (one string), max_tokens /
-max_completion_tokens, temperature, top_p, top_k, min_p, seed, stop, n (1 only), stream,
-stream_options.include_usage, logprobs / top_logprobs, response_format (text, json_object,
-json_schema), user (ignored), and the `edgespec` extension object: mode, draft_tokens,
-tree_nodes, tree_depth, ngram, timeout_seconds, constraint {kind, value}.
-Refused with a 400 naming the field: tools, tool_choice, functions, function_call, audio,
-modalities, prediction, presence/frequency penalties and logit_bias other than their neutral value,
-suffix, echo, best_of > 1, non-text message parts, token-id prompts.
+Supported: model, messages (text content; an assistant turn's tool_calls, a tool turn's
+tool_call_id), prompt (one string), max_tokens / max_completion_tokens, temperature, top_p,
+top_k, min_p, seed, stop, n (1 only), stream, stream_options.include_usage, logprobs /
+top_logprobs, response_format (text, json_object, json_schema), tools / tool_choice /
+parallel_tool_calls (edgespec.tools), user (ignored), and the `edgespec` extension object: mode,
+draft_tokens, tree_nodes, tree_depth, ngram, timeout_seconds, constraint {kind, value}.
+Refused with a 400 naming the field: functions, function_call, audio, modalities, prediction,
+presence/frequency penalties and logit_bias other than their neutral value, suffix, echo,
+best_of > 1, non-text message parts, token-id prompts; unknown fields unless [http] strict is
+false (then ignored, and named back to the caller).
 """
 
 from __future__ import annotations
