@@ -215,6 +215,8 @@ class Daemon:
             new = reload_config(self.cfg)
             auth = auth_from_config(new)
             tls = _tls_files(new) if new.tls.enabled else None
+            if tls is not None and self.http is not None:  # before anything is swapped: a bad pair changes nothing
+                self.http.reload_tls(new.tls)
             file_policy = Policy.from_config(new.speculation, new.server) if new.source else None
             if file_policy is not None:
                 with self._policy_lock:  # the admin overrides must still apply on top of it

@@ -638,6 +638,17 @@ class HttpServer:
         log.info("http_listening", address=f"{self.scheme}://{format_host(h.host)}:{self.port}")
         return self.port
 
+    def reload_tls(self, t: Any) -> None:
+        """SIGHUP: the HTTPS listener's certificate and key (and client CAs, added) re-read into
+        the SSL context uvicorn serves from: new handshakes get them, connections already open keep
+        theirs. ssl.SSLError / OSError for a bad pair (the daemon's reload then changes nothing)."""
+        ctx = getattr(self._server.config, "ssl", None) if self._server is not None else None
+        if ctx is None:
+            return
+        ctx.load_cert_chain(str(Path(t.cert).expanduser()), str(Path(t.key).expanduser()))
+        if t.client_ca:
+            ctx.load_verify_locations(cafile=str(Path(t.client_ca).expanduser()))
+
     def stop(self, grace: float | None = None) -> None:
         """Begin the graceful stop (returns at once); join() waits for it."""
         if self._server is not None:

@@ -317,3 +317,26 @@ def test_unknown_fields_refused_by_name_unless_strict_is_off(make_daemon):
     assert headers["x-edgespec-warning"] == "ignored unknown fields: bogus, \\xfcn\\xef"
     status, _, out = raw(lax, "POST", "/v1/chat/completions", {**body, "temperature": -1})
     assert status == 400 and json.loads(out)["error"]["param"] == "temperature"  # known fields still checked
+
+
+def test_sighup_rotates_the_https_certificate(make_daemon, certs, tmp_path):
+    import dataclasses
+    import ssl
+
+    def served() -> str:
+        return ssl.get_server_certificate(("127.0.0.1", r.daemon.http_port))
+
+    def same(pem: str, path) -> bool:
+        return ssl.PEM_cert_to_DER_cert(pem) == ssl.PEM_cert_to_DER_cert(path.read_text())
+
+    r = make_daemon(http=HTTP, tls={"cert": str(certs["server_cert"]), "key": str(certs["server_key"])})
+    assert same(served(), certs["server_cert"])
+    cfg_file = tmp_path / "edgespec.toml"
+    cfg_file.write_text(f'[tls]\ncert = "{certs["other_cert"]}"\nkey = "{certs["other_key"]}"\n')
+    r.daemon.cfg = dataclasses.replace(r.daemon.cfg, source=str(cfg_file))
+    assert r.daemon.reload()
+    assert same(served(), certs["other_cert"])  # new handshakes get the rotated pair
+    assert "tls" in r.daemon.last_reload["reloaded"]
+    cfg_file.write_text(f'[tls]\ncert = "{certs["other_cert"]}"\nkey = "{certs["server_key"]}"\n')  # mismatched
+    assert not r.daemon.reload()
+    assert same(served(), certs["other_cert"])  # a bad pair changes nothing
