@@ -339,7 +339,8 @@ class Daemon:
             from edgespec.server.http_api import HttpServer, http_address
 
             self.http = HttpServer(self.cfg, self.loop, self.policy, lambda: self.auth,  # the tokens in force
-                                   embedder=self.embedder, callers=self.callers)
+                                   embedder=self.embedder, callers=self.callers,
+                                   metrics=self.metrics.render if self.cfg.metrics.enabled else None)
             self.http.start()
             print(f"HTTP {self.http.scheme}://{http_address(self.cfg.http.host, self.http.port)}", flush=True)
         if self.cfg.metrics.enabled:

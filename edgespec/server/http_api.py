@@ -126,9 +126,11 @@ class HttpApi:
     def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], auth: Callable[[], TokenAuth], *,
                  model_id: str, created: int, max_body_bytes: int, threads: int, n_ctx: int,
                  limits: LimitsConfig | None = None, chat_template: str = "",
-                 embedder: emb.Embedder | None = None, strict: bool = True, callers: CallerLimits | None = None):
+                 embedder: emb.Embedder | None = None, strict: bool = True, callers: CallerLimits | None = None,
+                 metrics: Callable[[], str] | None = None):
         self.loop = loop
         self.embedder = embedder
+        self.metrics = metrics  # the Prometheus text ([metrics] enabled), served at /metrics under the API's auth
         self.callers = callers  # per-caller limits and figures (shared with gRPC), None: no limits
         self.strict = strict  # [http] strict: unknown request fields refused (else ignored with a warning header)
         self.chat_template = chat_template  # [target] chat_template's text ("" = the GGUF's own)
@@ -148,6 +150,7 @@ class HttpApi:
                 Route("/v1/completions", self._endpoint(self.completions), methods=["POST"]),
                 Route("/v1/models", self._endpoint(self.models), methods=["GET"]),
                 Route("/v1/embeddings", self._endpoint(self.embeddings), methods=["POST"]),
+                *([Route("/metrics", self._endpoint(self.metrics_text), methods=["GET"])] if metrics else []),
                 Route("/health", self._endpoint(self.health, open_=True), methods=["GET"]),
                 Route("/tokenize", self._endpoint(self.tokenize), methods=["POST"]),
                 Route("/detokenize", self._endpoint(self.detokenize), methods=["POST"]),
@@ -448,6 +451,10 @@ class HttpApi:
         return JSONResponse({"object": "list", "data": [
             {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "edgespec"}]})
 
+    async def metrics_text(self, request: Request, rid: str) -> Response:
+        assert self.metrics is not None
+        return Response(self.metrics(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
     @property
     def embedding_model_id(self) -> str:
         path = self.embedder.cfg.path if self.embedder is not None else ""
@@ -581,7 +588,7 @@ class HttpServer:
 
     def __init__(self, cfg: DaemonConfig, loop: EngineLoop, policy: Callable[[], Policy],
                  auth: Callable[[], TokenAuth], embedder: emb.Embedder | None = None,
-                 callers: CallerLimits | None = None):
+                 callers: CallerLimits | None = None, metrics: Callable[[], str] | None = None):
         self.cfg = cfg
         s = cfg.server
         target = Path(cfg.engine.target.path)
@@ -593,7 +600,7 @@ class HttpServer:
         self.api = HttpApi(loop, policy, auth, model_id=target.name.removesuffix(".gguf"), created=created,
                            max_body_bytes=s.max_message_bytes, threads=workers, n_ctx=cfg.engine.target.n_ctx,
                            limits=cfg.limits, chat_template=cfg.chat_template, embedder=embedder,
-                           strict=cfg.http.strict, callers=callers)
+                           strict=cfg.http.strict, callers=callers, metrics=metrics)
         self._workers = workers
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None

@@ -340,3 +340,19 @@ def test_sighup_rotates_the_https_certificate(make_daemon, certs, tmp_path):
     cfg_file.write_text(f'[tls]\ncert = "{certs["other_cert"]}"\nkey = "{certs["server_key"]}"\n')  # mismatched
     assert not r.daemon.reload()
     assert same(served(), certs["other_cert"])  # a bad pair changes nothing
+
+
+def test_metrics_on_the_http_port_take_the_apis_auth_client_certificates_included(make_daemon, certs):
+    import ssl
+
+    tls = {"cert": str(certs["server_cert"]), "key": str(certs["server_key"]), "client_ca": str(certs["ca"])}
+    r = make_daemon(http=HTTP, tls=tls, metrics={"enabled": True, "port": 0})
+    ok = ssl.create_default_context(cafile=str(certs["ca"]))
+    ok.load_cert_chain(str(certs["client_cert"]), str(certs["client_key"]))
+    conn = http.client.HTTPSConnection("localhost", r.daemon.http_port, context=ok, timeout=30)
+    conn.request("GET", "/metrics")
+    resp = conn.getresponse()
+    text = resp.read().decode()
+    assert resp.status == 200 and "# TYPE edgespec_requests_total counter" in text  # a certificate suffices
+    conn.close()
+    assert raw(make_daemon(http=HTTP), "GET", "/metrics")[0] == 404  # [metrics] off: not mounted
