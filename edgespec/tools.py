@@ -99,7 +99,14 @@ class ToolSpec:
 
 
 def _call_schema(t: Tool) -> dict:
-    return {"type": "object", "properties": {"name": {"const": t.name}, "arguments": dict(t.parameters)},
+    """One call's JSON: {"name": <the tool>, "arguments": <its parameters>}. Arguments whose schema
+    names properties but says nothing of others are closed (additionalProperties false), as
+    llama.cpp's grammar converter does: a tool reads only what it declares, and a small model
+    left free to add keys may add them until max_tokens."""
+    params = dict(t.parameters)
+    if "properties" in params and "additionalProperties" not in params:
+        params["additionalProperties"] = False
+    return {"type": "object", "properties": {"name": {"const": t.name}, "arguments": params},
             "required": ["name", "arguments"], "additionalProperties": False}
 
 

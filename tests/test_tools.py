@@ -63,6 +63,7 @@ def test_auto_lets_text_or_valid_calls_through(compiler):
     assert not accepts(compiler, s, call("get_weather", {"city": "Oslo"}))  # required unit
     assert not accepts(compiler, s, call("add", {"a": "2", "b": 3}))  # integer
     assert not accepts(compiler, s, call("nope", {}))  # no such tool
+    assert not accepts(compiler, s, call("add", {"a": 2, "b": 3, "c": 4}))  # open schema, closed at the top
 
 
 def test_required_named_none_and_parallel(compiler):

@@ -146,6 +146,10 @@ def test_embeddings_with_the_openai_client(server):  # noqa: F811
     floats = c.embeddings.create(model=MODEL, input=sentences[0], encoding_format="float")
     # alone and batched: the same vector up to the batch shape's float rounding; float = base64
     assert float(np.dot(floats.data[0].embedding, v[0])) > 0.9999
-    ids = c.post("/tokenize", body={"prompt": sentences[0]}, cast_to=object)["tokens"]
+    import urllib.request
+
+    ask = urllib.request.Request(server.base + "/tokenize", data=json.dumps({"prompt": sentences[0]}).encode(),
+                                 headers={"Authorization": "Bearer e2e-key", "Content-Type": "application/json"})
+    ids = json.loads(urllib.request.urlopen(ask, timeout=60).read())["tokens"]
     tok = c.embeddings.create(model=MODEL, input=[ids], encoding_format="float")
     assert np.allclose(tok.data[0].embedding, floats.data[0].embedding, atol=1e-6)  # token ids = the text
