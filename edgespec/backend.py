@@ -23,7 +23,7 @@ import llama_cpp as ll
 import numpy as np
 
 from edgespec.config import ModelConfig
-from edgespec.errors import IncompatibleDraft, ModelError
+from edgespec.errors import ForwardAborted, IncompatibleDraft, ModelError
 from edgespec.heap import keep_freed_memory
 
 _init_lock = threading.Lock()
@@ -50,6 +50,7 @@ def _init() -> None:
         _initialised = True
 
 
+_FILE_TYPES = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 7: "q8_0", 15: "q4_k_m", 17: "q5_k_m", 18: "q6_k", 32: "bf16"}
 _KV_TYPES = {"f32": ll.GGML_TYPE_F32, "f16": ll.GGML_TYPE_F16, "q8_0": ll.GGML_TYPE_Q8_0, "q4_0": ll.GGML_TYPE_Q4_0}
 _FTYPES = {
     "f32": ll.LLAMA_FTYPE_ALL_F32,
@@ -108,6 +109,9 @@ class Model:
         buf = ctypes.create_string_buffer(256)
         ll.llama_model_desc(self._model, buf, 256)
         self.desc = buf.value.decode(errors="replace")
+        # the weights' type (GGUF general.file_type): "f32", "f16", "q8_0", ... or "other"
+        ft = model_meta(self, "general.file_type")
+        self.ftype = _FILE_TYPES.get(int(ft), "other") if ft and ft.isdigit() else "other"
         self._eog = np.array([bool(ll.llama_vocab_is_eog(self._vocab, t)) for t in range(self.n_vocab)])
         # texts tokenize(parse_special=True) turns into one control token (`<|im_start|>`, `</s>`):
         # what edgespec.chat lets only the chat template produce
@@ -220,15 +224,52 @@ def check_compatible(target: Model, draft: Model) -> None:
         )
 
 
+def _abort_fn():  # noqa: ANN202
+    """The patched libllama's `edgespec_abort_flag` (tools/patches/): an abort callback that reads
+    an int32 flag, polled by the CPU backend between graph nodes with no Python call (no GIL on
+    the compute thread). None for a libllama without it."""
+    try:
+        addr = ctypes.cast(ll.llama_cpp._lib.edgespec_abort_flag, ctypes.c_void_p).value
+    except AttributeError:
+        return None
+    return ll.ggml_abort_callback(addr)
+
+
 class _Decoding:
     """What a target, draft and head context share: one decode loop (batches split into n_batch
-    pieces, each a llama.cpp forward that writes its cells before the next reads them) and the KV
-    cache operations. Subclasses fill their batch (`_fill`) and run it (`_forward`)."""
+    pieces, each a llama.cpp forward that writes its cells before the next reads them), the KV
+    cache operations and the abort flag. Subclasses fill their batch (`_fill`) and run it
+    (`_forward`)."""
 
     _ctx = None
     _mem = None
     n_batch = 0
     decode_seconds = 0.0
+    _abort_flag = None
+    _abort_cb = None
+
+    def _arm_abort(self) -> None:
+        """Install the flag-reading abort callback on this context (after llama_init_from_model)."""
+        cb = _abort_fn()
+        if cb is None:
+            return
+        self._abort_flag = ctypes.c_int32(0)
+        self._abort_cb = cb  # keep the callback object alive with the context
+        ll.llama_set_abort_callback(self._ctx, cb, ctypes.cast(ctypes.byref(self._abort_flag), ctypes.c_void_p))
+
+    @property
+    def abortable(self) -> bool:
+        return self._abort_flag is not None
+
+    def abort(self) -> None:
+        """Stop the forward in progress (from any thread) at its next graph node, and every later
+        one until `clear_abort()`: the decode raises ForwardAborted."""
+        if self._abort_flag is not None:
+            self._abort_flag.value = 1
+
+    def clear_abort(self) -> None:
+        if self._abort_flag is not None:
+            self._abort_flag.value = 0
 
     def decode(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
                logits: Sequence[bool], embd: np.ndarray | None = None) -> None:
@@ -243,6 +284,8 @@ class _Decoding:
             t0 = time.perf_counter()
             rc = self._forward(m)
             self.decode_seconds += time.perf_counter() - t0
+            if rc == 2 and self._abort_flag is not None and self._abort_flag.value:
+                raise ForwardAborted(f"forward of {m} tokens aborted")
             if rc != 0:
                 raise ModelError(f"llama_decode failed with code {rc} (batch of {m} tokens, KV cache full?)")
             self._decoded(m)
@@ -316,6 +359,7 @@ class Context(_Decoding):
         self._ctx = ll.llama_init_from_model(model._model, cp)
         if not self._ctx:
             raise ModelError(f"llama.cpp could not create a context for {model.path} (n_ctx={cfg.n_ctx})")
+        self._arm_abort()
         self.n_ctx = int(ll.llama_n_ctx(self._ctx))
         self.n_batch = cfg.n_batch
         self._mem = ll.llama_get_memory(self._ctx)

@@ -25,7 +25,7 @@ from edgespec.config import EngineConfig, shared_cells
 from edgespec.drafters import ModelDrafter, draft_kind, drafter_class
 from edgespec.drafters.base import decode_batch
 from edgespec.drafters.model import DraftCache
-from edgespec.errors import BadRequest, Overloaded
+from edgespec.errors import BadRequest, ForwardAborted, Overloaded
 from edgespec.kv import SeqRange
 from edgespec.logs import get_logger
 from edgespec.sampling import SamplingParams
@@ -72,13 +72,15 @@ class Slot:
 
 def reusable_prefix(prefill: Sequence[int], prompt: Sequence[int], chunk: int) -> int:
     """Leading positions of `prompt` whose KV a slot may keep from its last prefill: their common
-    prefix (the prompt's last token is never prefilled), cut to whole `chunk`s. A prefill's
-    batches start at position 0 and every `chunk` (n_batch) tokens, and a batch of that size is
-    computed the same whatever follows it, so a kept chunk holds exactly the KV this prompt's own
-    prefill would write, bit for bit, and the rest is prefilled in the chunks a fresh prefill
-    would use. A partial last chunk (a small batch, another kernel) is recomputed."""
+    prefix (the prompt's last token is never prefilled), cut to whole `chunk`s. With
+    batch-invariant forwards (a CPU with the patched ggml: `Engine.reuse_chunk` is 1) a cell holds
+    the same bits however the prompt was split, so the whole common prefix is kept. Elsewhere a
+    prefill's batches start at position 0 and every `chunk` (n_batch) tokens, and a batch of that
+    size is computed the same whatever follows it, so a kept chunk holds exactly the KV this
+    prompt's own prefill would write; a partial last chunk (a small batch, another kernel) is
+    recomputed."""
     n = min(len(prefill), len(prompt) - 1)
-    if n < chunk:
+    if n < max(chunk, 1):
         return 0
     a = np.asarray(prefill[:n])
     b = np.asarray(prompt[:n])
@@ -101,14 +103,16 @@ class Engine:
         # "model" (a draft model), "eagle3" (a head over the target's features) or None
         self.draft_kind = (draft_kind or "model") if draft is not None else None
         from edgespec.controller import AcceptancePrior, ControllerConfig, CostModel
+        from edgespec.controller.goodput import GoodputGuard
 
         self.controller_cfg = ControllerConfig()
         self.cost = CostModel()
         self.prior = AcceptancePrior()
+        self.goodput = GoodputGuard()  # auto falls back to plain where speculating measured slower
         self.last_tick = None  # the last tick's TickRecord (edgespec/tick/observe.py)
         self._compiler = None  # the grammar compiler for this vocabulary, made on first use
-        # the most tokens one verification llama_decode takes: on a CPU the patched kernel's
-        # columns, within which every token's logits are a one-token forward's (tick/forward.py)
+        # the most tokens one verification llama_decode takes (None: n_batch). On a CPU with the
+        # patched ggml every forward is batch-invariant (tools/patches/), so nothing is split.
         self.verify_chunk: int | None = None
         self.tick_totals: dict[str, float] = {}  # seconds per tick phase, ticks, ... since load
 
@@ -146,10 +150,6 @@ class Engine:
                 d = SeqRange(dctx, i * n_seq, n_seq, cfg.target.n_ctx if head is not None else cfg.draft.n_ctx)
             slots.append(Slot(i, t, d))
         eng = cls(cfg, target, draft, slots, (tctx, dctx), "eagle3" if head is not None else "model")
-        if eng.backend_name == "cpu":
-            from edgespec.tick.forward import EXACT_COLUMNS
-
-            eng.verify_chunk = eng.cost.verify_chunk = EXACT_COLUMNS
         if controller_cfg is not None:
             eng.controller_cfg = controller_cfg
         if calibrate:
@@ -192,6 +192,27 @@ class Engine:
     @property
     def draft_ctx(self) -> backend.Context | None:
         return self._contexts[1]
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether every forward gives each token the bits it would get alone, whatever the batch
+        and wherever its cells sit: a CPU with the patched ggml (tools/patches/) and flash
+        attention, for F32 and Q8_0 weights. Then a kept prefill is reusable at any length."""
+        return (self.backend_name == "cpu" and self.target_ctx.abortable and self.cfg.target.flash_attn
+                and self.target.ftype in ("f32", "q8_0"))
+
+    @property
+    def reuse_chunk(self) -> int:
+        """The granularity at which a slot's kept prefill is reusable (reusable_prefix)."""
+        return 1 if self.batch_invariant else self.cfg.target.n_batch
+
+    def abort_forward(self) -> None:
+        """Stop the forward in progress at its next graph node (callable from any thread): the
+        tick raises backend.ForwardAborted, and its sessions must be closed. The flag holds until
+        the next tick starts."""
+        for ctx in self._contexts:
+            if ctx is not None:
+                ctx.abort()
 
     @property
     def backend_name(self) -> str:
@@ -380,7 +401,7 @@ class Engine:
         free = [s for s in self.slots if not s.busy]
         if not free:
             raise Overloaded(f"all {len(self.slots)} slots are busy")
-        chunk = self.cfg.target.n_batch
+        chunk = self.reuse_chunk
         slot = free[0]
         if self.prompt_cache and len(free) > 1:  # the free slot whose cache this prompt can reuse most
             slot = max(free, key=lambda s: (reusable_prefix(s.prefill, req.prompt_tokens, chunk),
@@ -426,7 +447,7 @@ class Engine:
             sess.controller = None
         if not slot.busy:
             return
-        keep = self.prompt_cache and sess._consistent and not sess.prefilling
+        keep = self.prompt_cache and sess.consistent and not sess.prefilling
         if sess.drafter is not None:
             # the draft keeps all it holds, the reply included: a chat's next turn starts with it
             slot.draft_cache = sess.drafter.keep(sess.tokens) if keep else None
@@ -436,8 +457,8 @@ class Engine:
         if keep:
             # keep the prompt prefill's cells for the next request (seq 0 holds the context, the
             # other sequences are empty after every step); drop what decoding wrote after them
-            slot.target.seq_rm(0, len(sess._prefill), -1)
-            slot.prefill = sess._prefill
+            slot.target.seq_rm(0, len(sess.prefill_tokens), -1)
+            slot.prefill = sess.prefill_tokens
         else:
             slot.target.clear()
             slot.prefill = ()
@@ -449,7 +470,15 @@ class Engine:
         chunk (an empty one while it is still prefilling)."""
         from edgespec.tick import tick
 
-        return tick(self, list(sessions))
+        for ctx in self._contexts:
+            if ctx is not None:
+                ctx.clear_abort()
+        try:
+            return tick(self, list(sessions))
+        except ForwardAborted:
+            for s in sessions:  # llama.cpp dropped part of the forward's cells: nothing is kept
+                s.abandon()
+            raise
 
     def generate(self, req: GenerationRequest) -> GenerationResult:
         sess = self.open_session(req)

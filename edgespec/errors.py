@@ -35,6 +35,12 @@ class IncompatibleDraft(ModelError):
     """The draft model cannot draft for the target (vocabulary differs)."""
 
 
+class ForwardAborted(ModelError):
+    """A forward stopped part-way because its context was told to abort (a cancel or a deadline
+    of every request in it): llama.cpp dropped the cells of the piece it was computing. The
+    sessions in it must be closed."""
+
+
 class Cancelled(EdgespecError):
     """The request was cancelled by its caller."""
 

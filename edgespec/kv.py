@@ -41,6 +41,19 @@ class SeqRange:
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         self.ctx.seq_cp(self.base + src, self.base + dst, p0, p1)
 
+    def commit_branch(self, src: int, start: int, end: int, branches) -> None:  # noqa: ANN001
+        """After a verification: the main sequence keeps its cells before `start`, then positions
+        [start, end) of branch `src` (the accepted path; 0: the main sequence's own), nothing
+        beyond; every other sequence in `branches` is emptied (the rejected cells are gone)."""
+        if src != 0:
+            self.seq_rm(0, start, -1)
+            self.seq_cp(src, 0, start, end)
+        else:
+            self.seq_rm(0, end, -1)
+        for s in branches:
+            if s != 0:
+                self.seq_rm(s, -1, -1)
+
     def pos_max(self, seq: int) -> int:
         return self.ctx.pos_max(self.base + seq)
 

@@ -14,7 +14,8 @@ import time
 
 import numpy as np
 
-from edgespec.controller.shapes import PLAIN, Shape, StepOutcome, chain, eagle
+from edgespec.controller.shapes import StepOutcome
+from edgespec.shape import PLAIN, Shape, chain, eagle
 from edgespec.drafters import NgramDrafter
 from edgespec.drafters.ngram import NGRAM_MAX  # noqa: F401 - re-exported (edgespec.engine)
 from edgespec.emit import Emitter
@@ -22,6 +23,7 @@ from edgespec.errors import BadRequest
 from edgespec.logprobs import token_logprob
 from edgespec.logs import get_logger
 from edgespec.sampling import logits_to_probs
+from edgespec.tick import graft
 from edgespec.tree import DraftTree
 from edgespec.types import Chunk, FinishReason, GenerationRequest, GenerationResult, SpecStats, TokenLogprob
 from edgespec.verify import VerifyResult, verify_greedy, verify_stochastic
@@ -32,7 +34,6 @@ log = get_logger("edgespec.session")
 # two frontier nodes expanded per level
 TREE_WIDTH = 4
 TREE_EXPAND = 2
-FORCED_MAX = 16  # grammar-forced tokens grafted into one step at most
 
 
 def fixed_shape(mode: str, draft_tokens: int, tree_nodes: int, tree_depth: int) -> Shape:
@@ -84,11 +85,11 @@ class Session:
             slot.draft_cache = None  # nothing reusable until this request has ended cleanly
             self.stats.draft_cached_tokens = self.drafter.begin(self.tokens, kept)
         self.prefill_pos = keep
-        self._prefill = tuple(self.tokens[:-1])
-        self._consistent = True  # the caches are as the invariants say (false while a step runs)
+        self.prefill_tokens = tuple(self.tokens[:-1])  # what the prompt's prefill leaves in seq 0
+        self.consistent = True  # the caches are as the invariants say (false while a step runs)
         self.n_past = keep
         self._t_start = time.perf_counter()
-        self._step: _Step | None = None
+        self.record: StepRecord | None = None  # the step under way (between begin_step and observe)
 
     # -- state --------------------------------------------------------------------------------
     @property
@@ -107,6 +108,11 @@ class Session:
     @property
     def out(self) -> list[int]:
         return self.emitter.out
+
+    def abandon(self) -> None:
+        """A forward of this session's tick was aborted (a cancel or a deadline): llama.cpp dropped
+        part of its cells, so the slot keeps nothing of it (Engine.release)."""
+        self.consistent = False
 
     @property
     def prefilling(self) -> bool:
@@ -155,7 +161,7 @@ class Session:
             self.drafter.add_features(features)
         if not self.prefilling:
             if self.engine.prompt_cache:
-                self.slot.prefill = self._prefill  # other slots may share these cells from now on
+                self.slot.prefill = self.prefill_tokens  # other slots may share these cells from now on
             # decoding time starts after the target's prefill (the same in every mode, like
             # llama.cpp's eval time); the draft's own prefill happens in its first steps and counts
             self._t_start = time.perf_counter()
@@ -174,18 +180,23 @@ class Session:
     def begin_step(self, shape: Shape, batch=None) -> None:
         """`batch` (a tick of several sessions, schedule.Batch): prompt lookups are priced on the
         whole tick's verification, not on this step's alone."""
-        self._consistent = False  # until the step's KV commit is done
-        st = _Step(shape, DraftTree.root(self.tokens[-1]), time.perf_counter())
+        self.consistent = False  # until the step's KV commit is done
+        st = StepRecord(shape, DraftTree.root(self.tokens[-1]), time.perf_counter())
         st.batch = batch
         if self.ngram is not None and self.remaining > 1:
             # prompt lookup costs no forward pass; every lookup is scored against what the target
             # then emits (shadow evaluation), which sizes the grafts
             st.lookup, st.kind = self.ngram.look(self.tokens)
-        self._step = st
+        self.record = st
+
+    def cancel_step(self) -> None:
+        """Drop a step begun but never verified (a schedule computed only to be inspected)."""
+        self.record = None
+        self.consistent = True
 
     def draft_steps(self):
         """The drafter's generator for this step (edgespec/tick/draft.py drives it), or None."""
-        st = self._step
+        st = self.record
         if st.shape.mode == "plain" or self.drafter is None or st.shape.depth <= 0 or self.remaining <= 1:
             return None
         mask = self._draft_mask if self.matcher is not None else None
@@ -204,74 +215,26 @@ class Session:
     def drafted(self, report) -> None:
         """The drafter is done (report None: it did not run): graft prompt lookups, and under a
         constraint the tokens the grammar forces."""
-        st = self._step
+        st = self.record
         if report is not None:
             st.draft_batches, st.levels = tuple(report.batches), report.levels
             st.spine_probs = tuple(report.spine_probs)
             st.draft_ran = bool(report.batches) and report.levels > 0
             self.stats.draft_forwards += len(report.batches)
-        self._graft_lookup(st)
+        graft.lookup(self, st)
         if self.matcher is not None and self.spec.mode != "plain" and self.remaining > 1:
-            self._graft_forced(st)
+            graft.forced(self, st)
 
-    def _graft_forced(self, st: _Step) -> None:
-        """Structured output: the tokens the grammar forces after the committed text (a JSON
-        schema's `{"` and key names) are drafts the masked target accepts with certainty; they are
-        grafted under the root at no draft cost (exact like any draft: the verifier decides)."""
-        room = min(self.remaining - 1, self._room(), FORCED_MAX)
-        forced = self.matcher.forced(room) if room > 0 else []
-        if not forced:
-            return
-        n = len(st.tree)
-        NgramDrafter.graft(st.tree, forced)
-        self._cap_leaves(st.tree)
-        st.forced = len(st.tree) > n
-        if st.batch is not None:
-            st.batch.tokens += len(st.tree) - n
-
-    def _room(self) -> int:
+    def room(self) -> int:
         """Draft tokens the request's context still has room for (the deepest position it may use)."""
         return self.slot.target.n_ctx - len(self.tokens) - 2
-
-    def _graft_lookup(self, st: _Step) -> None:
-        prop, tree = st.lookup, st.tree
-        if not prop:
-            return
-        room = self._room()
-        if st.shape.mode != "plain" and self.remaining > 1:
-            if self.drafter is None and st.kind == 0:  # n-gram-only speculation: its own tree
-                self.ngram.propose(tree, self.tokens, st.shape, self.sampling, self.rng,
-                                   limit=None if room >= self.ngram.max_tokens else max(0, room))
-                self._cap_leaves(tree)
-            else:  # graft as many lookup tokens as pay for their verification
-                k = min(self._ngram_budget(len(tree), st.kind, st.batch), room)
-                if k > 0:
-                    n = len(tree)
-                    self.ngram.graft(tree, prop[:k])
-                    self._cap_leaves(tree)
-                    if st.batch is not None:
-                        st.batch.tokens += len(tree) - n
-        elif self.controller is not None:
-            # auto mode decoding plainly: graft a lookup when its measured yield pays
-            k = min(self._ngram_budget(1, st.kind, st.batch), room)
-            if k > 0:
-                self.ngram.graft(tree, prop[:k])
-                st.ngram_only = tree.n_draft > 0
-                if st.batch is not None:
-                    st.batch.tokens += tree.n_draft
-
-    def _cap_leaves(self, tree: DraftTree) -> None:
-        """A graft adds a branch (a leaf, a sequence of the slot's range) unless it follows one
-        already there; one that does not fit is taken back (the last nodes added)."""
-        while len(tree.leaves()) > self.slot.target.n_seq_max:
-            tree.pop()
 
     def target_batch(self) -> tuple[list[int], list[int], list[list[int]]]:
         """This session's part of the tick's target forward: [root] + tree as (tokens, positions,
         global seq ids), in KV cell order. Node i carries the seq ids of every leaf below it, so
         it attends exactly to its ancestors; leaf sequences get the context by a copy of the main
         sequence (cells shared, not duplicated, in a unified cache)."""
-        st = self._step
+        st = self.record
         tree = st.tree
         tgt = self.slot.target
         leaves, below = tree.leaf_sets()
@@ -294,12 +257,12 @@ class Session:
 
     def verified_features(self, features: np.ndarray) -> None:
         """The target's features of this step's batch entries (batch order), for finish_step."""
-        self._step.features = features
+        self.record.features = features
 
     def finish_step(self, rows: np.ndarray) -> Chunk:
         """Verify this session's tree against its rows of the target forward (batch order),
         commit the KV in its sequence range, emit."""
-        st = self._step
+        st = self.record
         tree = st.tree
         if st.order != list(range(len(tree))):
             rows = rows[np.argsort(st.order)]  # back to node order (a copy)
@@ -330,7 +293,7 @@ class Session:
             # the context tokens this forward committed: the root and the accepted path
             at = {node: j for j, node in enumerate(st.order)}
             self.drafter.add_features(st.features[[at[i] for i in [0, *res.accepted]]])
-        self._consistent = True
+        self.consistent = True
         if self.check_kv:
             self.assert_kv_invariants()
         s = self.stats
@@ -360,7 +323,7 @@ class Session:
         tick's forwards this step waited for; `verify_share` / `draft_share`: what this step alone
         would have cost, by the cost model scaled to the tick's measured speed (what the
         controller compares speculation against plain decoding with)."""
-        st = self._step
+        st = self.record
         s = self.stats
         s.target_seconds += target_seconds
         s.draft_seconds += draft_seconds
@@ -375,50 +338,43 @@ class Session:
                 overhead_seconds=max(0.0, step_seconds - target_seconds - draft_seconds),
                 spine_probs=st.spine_probs, context=st.root_pos))
             s.breaker_transitions = len(self.controller.breaker.transitions)
-        self._step = None
+        self.record = None
 
     # -- KV -----------------------------------------------------------------------------------
-    def _commit(self, tree: DraftTree, res: VerifyResult, st: _Step) -> None:
+    def _commit(self, tree: DraftTree, res: VerifyResult, st: StepRecord) -> None:
         """Main sequence := context + accepted path; every other sequence of the range emptied
         (rejected cells are gone)."""
-        tgt = self.slot.target
         below, seq_of_leaf, root_pos = st.below, st.seq_of_leaf, st.root_pos
         last = res.accepted[-1] if res.accepted else 0
         end = root_pos + 1 + len(res.accepted)  # cells to keep: [0, end)
         src = seq_of_leaf[below[last][0]]
         if 0 in (seq_of_leaf[li] for li in below[last]):
             src = 0
-        if src != 0:
-            tgt.seq_rm(0, root_pos + 1, -1)
-            tgt.seq_cp(src, 0, root_pos + 1, end)
-        else:
-            tgt.seq_rm(0, end, -1)
-        for s in seq_of_leaf:
-            if s != 0:
-                tgt.seq_rm(s, -1, -1)
+        self.slot.target.commit_branch(src, root_pos + 1, end, seq_of_leaf)
         self.n_past = end
 
     def assert_kv_invariants(self) -> None:
-        """Main sequence = context minus the pending root, nothing else survives (target and draft)."""
+        """Main sequence = context minus the pending root, nothing else survives (target and draft).
+        Where the context can list a sequence's cells (the test double's `seq_cells`), per cell:
+        each position of the main sequence exactly once, holding the context's token there."""
         tgt = self.slot.target
-        assert tgt.pos_min(0) in (0, -1) and tgt.pos_max(0) == len(self.tokens) - 2, \
-            f"target seq 0 holds [{tgt.pos_min(0)}, {tgt.pos_max(0)}], expected [0, {len(self.tokens) - 2}]"
+        want = len(self.tokens) - 2
+        assert tgt.pos_min(0) in (0, -1) and tgt.pos_max(0) == want, \
+            f"target seq 0 holds [{tgt.pos_min(0)}, {tgt.pos_max(0)}], expected [0, {want}]"
         for s in range(1, tgt.n_seq_max):
             assert tgt.pos_max(s) == -1, f"target seq {s} still holds cells (up to pos {tgt.pos_max(s)})"
+        cells_of = getattr(tgt.ctx, "seq_cells", None)  # test contexts only: llama.cpp lists no cells
+        if cells_of is not None:
+            cells = cells_of(tgt.base)
+            positions = [p for p, _ in cells]
+            assert positions == list(range(want + 1)), \
+                f"target seq 0 positions are not 0..{want} once each: {_runs(positions)}"
+            bad = next((p for p, t in cells if t != self.tokens[p]), None)
+            assert bad is None, f"target seq 0 holds a cell at {bad} that is not the context's token"
+            for s in range(1, tgt.n_seq_max):
+                assert not cells_of(tgt.base + s), f"target seq {s} still holds cells"
         if self.drafter is not None:
             self.drafter.check_kv(self.tokens)
-
-    # -- prompt lookup ------------------------------------------------------------------------
-    def _ngram_budget(self, base: int, kind: int = 0, batch=None) -> int:
-        """Lookup tokens worth adding to a verification batch of `base` tokens, priced by the
-        n-gram drafter's learnt reach (NgramDrafter.budget) in plain-decoding tokens at this
-        context. In a tick of several sessions (`batch`) the extra time is what k more tokens add
-        to the whole tick's forward, priced in the tick's own seconds per expected token."""
-        cost = self.engine.cost.at(self.n_past)
-        unit = cost.verify_seconds(1)
-        if batch is not None:
-            base, unit = batch.tokens, max(batch.unit, 1e-9)
-        return self.ngram.budget(kind, cost, base, unit)
 
     # -- output -------------------------------------------------------------------------------
     @property
@@ -439,8 +395,8 @@ class Session:
         self.engine.release(self)
 
 
-class _Step:
-    """What one step carries from phase to phase."""
+class StepRecord:
+    """What one step carries from phase to phase (the tick's phases read it: `Session.record`)."""
 
     __slots__ = ("shape", "tree", "t0", "lookup", "kind", "draft_batches", "levels", "spine_probs",
                  "draft_ran", "ngram_only", "leaves", "below", "seq_of_leaf", "order", "root_pos",
@@ -460,6 +416,18 @@ class _Step:
         self.emitted = 0
         self.batch = None
         self.features: np.ndarray | None = None  # the target's features of the step's entries (a head's)
+
+
+def _runs(positions: list[int]) -> str:
+    """A short description of a list of positions: the duplicates and the gaps."""
+    seen, dup = set(), []
+    for p in positions:
+        if p in seen:
+            dup.append(p)
+        seen.add(p)
+    top = max(positions, default=-1)
+    gaps = [p for p in range(top + 1) if p not in seen]
+    return f"{len(positions)} cells, duplicated {dup[:8]}, missing {gaps[:8]}"
 
 
 def _spine(tree: DraftTree) -> list[int]:

@@ -297,6 +297,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("logging", "json", (str, bool), "auto", "auto: JSON under systemd / without a TTY, console otherwise",
             check=_json_mode),
     Setting("logging", "log_text", B, False, "log prompt and output text (off by default)"),
+    Setting("audit", "shadow_fraction", F, 0.0, "fraction of finished greedy speculative requests re-decoded "
+            "in plain mode when the engine is idle; a differing output is counted (Stats, /metrics) and logged "
+            "with its request id (0 = off)", lo=0.0, hi=1.0),
+    Setting("audit", "shadow_queue", I, 16, "requests waiting for their shadow decode; beyond, the oldest "
+            "is skipped", lo=1, hi=4096),
     # the adaptive controller (docs/controller.md): acceptance model
     _ctl("window", I, 32, "speculative steps of this request the acceptance estimate looks at", lo=1, hi=4096),
     _ctl("decay", F, 1.0, "weight of a step in the window = decay**age (1 = plain sliding window)", lo=0.5, hi=1.0),
@@ -354,6 +359,8 @@ SECTION_HELP = {
     "http": "The OpenAI-compatible HTTP API.",
     "metrics": "Prometheus text metrics.",
     "logging": "Structured logs.",
+    "audit": "Exactness an operator can audit: shadow plain decodes of live greedy requests, run when the engine "
+             "is idle (docs/architecture.md, \"Exactness\").",
     "controller": "The adaptive controller of `auto` mode and its circuit breaker (docs/controller.md).",
 }
 

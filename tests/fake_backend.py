@@ -25,6 +25,7 @@ class FakeModel:
         self.bos, self.eos = 0, EOS
         self.path = path
         self.desc, self.n_params, self.size_bytes = "fake", 1, 1
+        self.ftype = "fake"  # not a type the engine treats as batch-invariant (engine.reuse_chunk)
 
     def is_eog(self, t: int) -> bool:
         return t == EOS
@@ -53,9 +54,24 @@ class FakeContext:
         self.decodes: list[int] = []  # batch size of every decode
         self.decode_seconds = 0.0
         self._rows = np.zeros((0, VOCAB), dtype=np.float32)
+        self.aborted = False  # the abort flag (backend.Context.abort): the next decode raises
+        self.before_decode = lambda tokens: None  # a test's hook, e.g. to abort mid-tick
+
+    abortable = True
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def clear_abort(self) -> None:
+        self.aborted = False
 
     def decode_rows(self, tokens, positions, seq_ids, logits, chunk=None) -> np.ndarray:
         assert len(tokens) <= self.n_batch * 8
+        self.before_decode(tokens)
+        if self.aborted:
+            from edgespec.errors import ForwardAborted
+
+            raise ForwardAborted(f"forward of {len(tokens)} tokens aborted")
         self.decodes.append(len(tokens))
         for t, p, ss in zip(tokens, positions, seq_ids):
             for s in ss:
@@ -107,6 +123,11 @@ class FakeContext:
     def pos_min(self, seq: int) -> int:
         return min((c[0] for c in self.cells if seq in c[2]), default=-1)
 
+    def seq_cells(self, seq: int) -> list[tuple[int, int]]:
+        """(position, token) of every cell in `seq`, by position (a cell per entry: a position
+        held twice appears twice)."""
+        return sorted((c[0], c[1]) for c in self.cells if seq in c[2])
+
     def tokens_of(self, seq: int) -> list[int]:
         return [c[1] for c in sorted((c for c in self.cells if seq in c[2]), key=lambda c: c[0])]
 
@@ -140,4 +161,6 @@ def fake_engine(parallel: int = 3, n_ctx: int = 256, draft_noise: float = 0.5, m
     dctx = FakeContext(draft, shared_cells(parallel, n_ctx), parallel * n_seq)
     slots = [Slot(i, SeqRange(tctx, i * n_seq, n_seq, n_ctx), SeqRange(dctx, i * n_seq, n_seq, n_ctx))
              for i in range(parallel)]
-    return Engine(cfg, target, draft, slots, (tctx, dctx))
+    eng = Engine(cfg, target, draft, slots, (tctx, dctx))
+    eng.goodput.enabled = False  # its decisions follow wall-clock rates: tests/tick/test_goodput.py drives it
+    return eng

@@ -1,12 +1,13 @@
-"""Batched forwards of the F32 demo target, and of a Q8_0 model, are bit-identical to one-token
-forwards.
+"""Forwards of the F32 demo target, and of a Q8_0 model, are batch-invariant: every token's
+logits are bit-identical to one-token forwards at every batch width up to n_batch, whatever
+else shares the forward, and wherever the shared cache put its cells.
 
-This is what tools/patches/ggml-cpu-small-batch.patch buys (stock ggml differs by up to ~0.01
-in the logits and flips the argmax at near-ties): greedy speculation then reproduces plain
-greedy decoding exactly. The Q8_0 half also checks the patch's multi-column Q8_0 kernel against
-the F32 model's logits (a kernel that is only self-consistent would pass the exactness half). A
-stock llama-cpp-python build fails the F32 half (tinyBLAS's Q8_0 tiles happen to keep each column's
-order)."""
+This is what tools/patches/ggml-batch-invariant.patch buys (stock ggml differs by up to ~0.01
+in the logits between batch widths and between cell layouts, and flips the argmax at near-ties):
+greedy speculation then reproduces plain greedy decoding exactly, prompts are read in whole
+n_batch pieces, and a daemon's history cannot change an output. The Q8_0 half also checks the
+patch's multi-column Q8_0 kernel against the F32 model's logits (a kernel that is only
+self-consistent would pass the exactness half). A stock llama-cpp-python build fails this file."""
 
 from __future__ import annotations
 
@@ -49,14 +50,80 @@ def q8_ctx(demo_pair):
     model.close()
 
 
-@pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 9, 17, 32])
+def test_the_wheel_carries_the_patch():
+    """An installed wheel built without tools/patches/ would pass nothing below: say so first."""
+    import llama_cpp
+
+    assert hasattr(llama_cpp.llama_cpp._lib, "edgespec_abort_flag"), "llama-cpp-python built without the ggml patch"
+
+
+# widths on both sides of the streaming kernels' limits (16 F32 columns, 32 Q8_0) and of the
+# flash attention's 64-row tiles
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65])
 def test_chain_batch_equals_one_token_forwards(target_ctx, n):
     _check_chain(*target_ctx, n)
 
 
-@pytest.mark.parametrize("n", [2, 3, 8, 9, 17, 32])
+@pytest.mark.parametrize("n", [2, 3, 8, 9, 17, 32, 33, 65])
 def test_q8_0_chain_batch_equals_one_token_forwards(q8_ctx, n):
     _check_chain(*q8_ctx, n)
+
+
+def test_a_prompt_read_in_any_pieces_gives_the_same_cells(target_ctx):
+    """A 300-token prompt read whole, in 64-token pieces, or in odd pieces: every later logit is
+    the same bits (prompts are read in whole n_batch pieces, a kept prefill is reusable at any
+    length)."""
+    model, ctx = target_ctx
+    toks = (model.tokenize(TEXT * 4))[:300]
+    nxt = toks[1:9]
+    ref = None
+    for pieces in ([300], [64] * 4 + [44], [7, 100, 193], [1, 2, 297]):
+        ctx.clear()
+        at = 0
+        for m in pieces:
+            ctx.decode(toks[at:at + m], range(at, at + m), [[0]] * m, [False] * m)
+            at += m
+        got = one_by_one(ctx, nxt, 300)
+        if ref is None:
+            ref = got
+        assert np.array_equal(got, ref), f"pieces {pieces}: max diff {np.abs(got - ref).max():.3g}"
+
+
+def test_cells_scattered_through_the_shared_cache_change_nothing(target_ctx):
+    """Another sequence fills the cache first and leaves holes below this one's cells, so that
+    find_slot puts later tokens BELOW earlier ones (the daemon's reused slots): the flash
+    attention visits cells in position order (the patch's self_kv_order), so the logits are the
+    ones of a fresh context."""
+    model, ctx = target_ctx
+    toks = (model.tokenize(TEXT * 4))[:160]
+    ctx.clear()
+    ctx.decode(toks[:100], range(100), [[0]] * 100, [False] * 100)
+    ref = one_by_one(ctx, toks[100:], 100)
+    ctx.clear()
+    ctx.decode(toks[:120], range(120), [[1]] * 120, [False] * 120)  # cells 0..119: another sequence
+    ctx.decode(toks[:100], range(100), [[0]] * 100, [False] * 100)  # cells 120..219
+    ctx.seq_rm(1, -1, -1)  # cells 0..119 free: the next tokens of seq 0 land there, below its own
+    got = one_by_one(ctx, toks[100:], 100)
+    assert np.array_equal(got, ref), f"max diff {np.abs(got - ref).max():.3g}"
+
+
+def test_a_batch_shared_with_other_sequences_changes_nothing(target_ctx):
+    """A chain verified beside another sequence's prompt piece in one forward: its rows are the
+    one-token rows."""
+    model, ctx = target_ctx
+    toks = model.tokenize(TEXT)
+    p = len(toks) - 1
+    chain = [toks[p]] + toks[1:6]
+    ctx.clear()
+    ctx.decode_seq(toks[:p], 0, last_logits=False)
+    single = one_by_one(ctx, chain, p)
+    ctx.clear()
+    ctx.decode_seq(toks[:p], 0, last_logits=False)
+    other = toks[:50]
+    ctx.decode(chain + other, list(range(p, p + len(chain))) + list(range(50)),
+               [[0]] * len(chain) + [[3]] * 50, [True] * len(chain) + [False] * 50)
+    batched = ctx.logits_rows(len(chain)).copy()
+    assert np.array_equal(batched, single), f"max diff {np.abs(batched - single).max():.3g}"
 
 
 def test_q8_0_logits_agree_with_the_f32_model(target_ctx, q8_ctx):
@@ -76,7 +143,7 @@ def test_q8_0_logits_agree_with_the_f32_model(target_ctx, q8_ctx):
 
 
 def _check_chain(model, ctx, n):
-    toks = model.tokenize(TEXT)
+    toks = model.tokenize(TEXT * 2)
     p = len(toks) - 1
     ctx.clear()
     ctx.decode_seq(toks[:p], 0, last_logits=False)
@@ -89,11 +156,11 @@ def _check_chain(model, ctx, n):
     assert np.array_equal(batched, single), f"batch of {n}: max |logit diff| {diff:.3g}"
 
 
-def test_tree_batch_spine_exact_other_branches_close(target_ctx):
+def test_tree_batch_every_branch_exact(target_ctx):
     """A tree with three branches (one seq id per leaf; shared nodes in several seqs), batched
-    spine first as the engine does. The spine's cells are consecutive, as in one-token decoding:
-    bit-identical. A side branch's cells have masked holes, which changes the summation order in
-    attention: equal up to float rounding, not bit for bit."""
+    spine first as the engine does: every node's logits, on the spine or on a side branch (whose
+    ancestors have other branches' masked cells between them), are the one-token logits of its
+    own path."""
     model, ctx = target_ctx
     toks = model.tokenize(TEXT)
     p = len(toks) - 1
@@ -114,7 +181,42 @@ def test_tree_batch_spine_exact_other_branches_close(target_ctx):
         single = one_by_one(ctx, [nodes[i][0] for i in path], p)
         for row, node in zip(single, path):
             diff = float(np.abs(row - tree_rows[node]).max())
-            if branch == 0:
-                assert np.array_equal(row, tree_rows[node]), f"spine node {node}: max diff {diff:.3g}"
-            else:
-                assert diff < 0.05, f"node {node}: max diff {diff:.3g}"
+            assert np.array_equal(row, tree_rows[node]), f"branch {branch} node {node}: max diff {diff:.3g}"
+
+
+def test_abort_stops_a_forward_and_the_context_stays_usable(target_ctx):
+    """`Context.abort()` from another thread stops a long prompt forward at its next graph node
+    (the patch's edgespec_abort_flag): the decode raises ForwardAborted, llama.cpp drops the
+    aborted piece's cells, and the context decodes on as if the piece had never been sent."""
+    import threading
+
+    from edgespec.errors import ForwardAborted
+
+    model, ctx = target_ctx
+    toks = (model.tokenize(TEXT * 12))[:900]
+    ctx.clear()
+    ctx.decode(toks[:100], range(100), [[0]] * 100, [False] * 100)
+    ctx.abort()  # set before the call: the first node stops it, as a deadline passing mid-forward would
+    with pytest.raises(ForwardAborted):
+        ctx.decode(toks[100:900], range(100, 900), [[0]] * 800, [False] * 800)
+    ctx.clear_abort()
+    assert ctx.pos_max(0) < 900 and ctx.pos_max(0) >= 99  # the first 100 are kept at least
+    ctx.seq_rm(0, 100, -1)
+    ctx.decode(toks[100:101], [100], [[0]], [True])
+    after = ctx.logits(0).copy()
+    ctx.clear()
+    ctx.decode(toks[:101], range(101), [[0]] * 101, [False] * 100 + [True])
+    assert np.array_equal(after, ctx.logits(0))
+    # and from another thread, while the forward runs
+    ctx.clear()
+    timer = threading.Timer(0.05, ctx.abort)
+    timer.start()
+    try:
+        with pytest.raises(ForwardAborted):
+            for _ in range(50):  # a forward long enough that the timer fires inside one
+                ctx.decode(toks[:512], range(512), [[0]] * 512, [False] * 512)
+                ctx.clear()
+    finally:
+        timer.join()
+        ctx.clear_abort()
+        ctx.clear()

@@ -55,13 +55,6 @@ def changed_config(engine, **changes):
         engine.cfg = saved
 
 
-def near_tie_gap(engine, prompt_tokens, out, k) -> float:
-    """Top-2 target logit gap at output position k of a plain run."""
-    logits, _ = engine.next_logits(list(prompt_tokens) + list(out[:k]))
-    top2 = np.sort(logits)[-2:]
-    return float(top2[1] - top2[0])
-
-
 @pytest.mark.parametrize("mode", ["chain", "tree", "auto"])
 def test_greedy_equals_plain_token_for_token(engine, mode):
     taus, full_length = [], 0
@@ -71,12 +64,9 @@ def test_greedy_equals_plain_token_for_token(engine, mode):
         spec = run(engine, toks, mode)
         assert len(plain.token_ids) >= 20
         full_length += len(plain.token_ids) >= 96
-        if spec.token_ids != plain.token_ids:
-            k = next(i for i, (a, b) in enumerate(zip(spec.token_ids, plain.token_ids)) if a != b)
-            gap = near_tie_gap(engine, toks, plain.token_ids, k)
-            assert gap < 1e-3, f"{mode} diverged from plain at token {k} without a near-tie (gap {gap:.4f}): {prompt}"
-        else:
-            assert spec.text == plain.text and spec.finish_reason == plain.finish_reason
+        # batch-invariant forwards (tools/patches/): equal token for token, no near-tie allowance
+        assert spec.token_ids == plain.token_ids, f"{mode} diverged from plain: {prompt}"
+        assert spec.text == plain.text and spec.finish_reason == plain.finish_reason
         assert spec.stats.target_forwards <= plain.stats.target_forwards
         taus.append(spec.stats.tau)
     assert full_length >= 10  # at least 10 prompts compared over >= 96 tokens

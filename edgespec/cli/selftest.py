@@ -3,7 +3,9 @@
 Statistical checks: real target/draft next-token distributions (temperature 1, restricted to
 their top tokens and renormalised) go through the production verifier for chains and trees,
 >= 100k trials each, chi-square goodness of fit at alpha = 1e-3 (edgespec.selftest). End-to-end
-check: greedy tree decoding reproduces plain decoding token for token.
+check: greedy tree decoding reproduces plain decoding token for token. With `--addr`, the
+token-for-token checks run through a live daemon instead (edgespec.selftest_live): every mode,
+alone and several requests at once, against the daemon's own plain decoding.
 """
 
 from __future__ import annotations
@@ -50,8 +52,19 @@ def selftest(
     seed: int = 0,
     n_gpu_layers: int = 0,
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    addr: Annotated[str, typer.Option("--addr", help="HOST:PORT of a running daemon: check it instead of "
+                                      "loading the models here")] = "",
+    token: Annotated[str, typer.Option("--token", envvar="EDGESPEC_TOKEN", help="bearer token (with --addr)")] = "",
+    ca: Annotated[str, typer.Option("--ca", help="CA certificate (PEM): TLS (with --addr)")] = "",
+    cert: Annotated[str, typer.Option("--cert", help="client certificate (PEM) for mutual TLS")] = "",
+    key: Annotated[str, typer.Option("--key", help="client key (PEM) for mutual TLS")] = "",
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="tokens per live check")] = 48,
 ) -> None:
-    """Run the exactness checks against the given models; exit 1 if any fails."""
+    """Run the exactness checks against the given models, or a running daemon (--addr); exit 1 if
+    any fails."""
+    if addr:
+        _live(addr, token, ca, cert, key, max_tokens, as_json)
+        return
     with user_errors():
         from edgespec.engine import Engine
         from edgespec.sampling import SamplingParams
@@ -80,3 +93,29 @@ def selftest(
             typer.echo("selftest passed" if passed else "selftest FAILED")
         if not passed:
             raise typer.Exit(1)
+
+
+def _live(addr: str, token: str, ca: str, cert: str, key: str, max_tokens: int, as_json: bool) -> None:
+    import grpc
+
+    from edgespec.cli.client import _options, _rpc_error
+    from edgespec.proto.edgespec.v1 import inference_pb2_grpc
+    from edgespec.selftest_live import run_live_checks
+    from edgespec.server.channel import open_channel
+
+    opts = _options(addr, token, ca, cert, key, "")
+    with open_channel(opts) as channel:
+        try:
+            checks = run_live_checks(inference_pb2_grpc.InferenceStub(channel), opts.metadata, max_tokens=max_tokens)
+        except grpc.RpcError as exc:
+            _rpc_error(exc, addr)  # exits with the CLI's code for the status
+    passed = all(c.passed for c in checks)
+    if as_json:
+        typer.echo(json.dumps({"passed": passed, "addr": addr,
+                               "checks": [{"name": c.name, "passed": c.passed, "detail": c.detail} for c in checks]}))
+    else:
+        for c in checks:
+            typer.echo(f"{'PASS' if c.passed else 'FAIL'}  {c.name:<36} {c.detail}")
+        typer.echo("selftest passed" if passed else "selftest FAILED")
+    if not passed:
+        raise typer.Exit(1)

@@ -7,7 +7,7 @@ from edgespec.controller.breaker import CLOSED, HALF_OPEN, OPEN
 from edgespec.controller.config import ControllerConfig
 from edgespec.controller.controller import Controller
 from edgespec.controller.cost import CostModel
-from edgespec.controller.policy import Choice, ShapePolicy
+from edgespec.controller.policy import Choice, ShapePolicy, expansion_batches
 from edgespec.controller.shapes import PLAIN, Shape, StepOutcome, chain, eagle, plain_outcome, runner_ups
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "StepOutcome",
     "chain",
     "eagle",
+    "expansion_batches",
     "plain_outcome",
     "runner_ups",
 ]

@@ -20,7 +20,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable
 
-from edgespec.controller.shapes import StepOutcome, calib_bucket
+from edgespec.controller.shapes import StepOutcome
+from edgespec.shape import calib_bucket
 
 Event = tuple[int, int, int]  # (depth index 0-based, rank, accepted 0/1)
 

@@ -25,7 +25,7 @@ from edgespec.controller.acceptance import (
 from edgespec.controller.breaker import CLOSED, HALF_OPEN, OPEN, Breaker
 from edgespec.controller.config import MAX_WIDTH_LIMIT, ControllerConfig
 from edgespec.controller.cost import CostModel
-from edgespec.controller.policy import Choice, ShapePolicy
+from edgespec.controller.policy import Choice, ShapePolicy, expansion_batches
 from edgespec.controller.shapes import PLAIN, Shape, StepOutcome
 from edgespec.logs import get_logger
 
@@ -131,6 +131,14 @@ class Controller:
             shape = replace(shape, calib=self.calibration.rates())
         self.last_shape = shape
         return shape
+
+    def rung(self, shape: Shape, cost: CostModel, catchup: int = 1) -> tuple[float, tuple[int, ...]]:
+        """What `shape` is worth to this request, for a schedule pricing a whole tick: expected
+        emitted tokens under this request's acceptance, and the draft batch of each forward after
+        the catch-up (tree expansions)."""
+        a = self.acceptance()
+        tokens, _ = self.policy.evaluate(shape, a, cost, catchup=max(1, catchup))
+        return tokens, expansion_batches(shape, a)
 
     @property
     def probing(self) -> bool:

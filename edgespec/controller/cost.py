@@ -1,7 +1,12 @@
 """CostModel: seconds of one target (verification) or draft forward as a function of its batch size.
 
-Measured on the machine it runs on: `calibrate()` times a few batch sizes at load, `observe()`
-refines the table online with an EWMA. Between calibrated sizes the time is piecewise linear;
+Measured on the machine it runs on: `calibrate()` times a few batch sizes at load; every tick's
+timed forwards then refine the curves online (`OnlineCurve`): the curve used is the start-up
+calibration times a per-size level (slow: what calibration got wrong at that size, the host's
+usual load) times a recent factor (fast: how much slower the machine runs now than usual, from
+the last few forwards of any size). Both are medians of windows of ratios measured / calibrated:
+they follow a host whose speed changes within a few ticks and ignore a single slowed forward.
+Between calibrated sizes the time is piecewise linear;
 beyond the largest it extrapolates the last segment linearly. Lookups are made non-decreasing in
 the batch size (a bigger batch never costs less), which keeps noisy timings from inverting choices.
 A calibration table is first cut to its lower envelope (each size costs at most what any larger
@@ -21,6 +26,7 @@ One per engine, shared by its requests, confined to the engine thread.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import deque
 from typing import Callable, Iterable
 
 KINDS = ("target", "draft")
@@ -34,7 +40,7 @@ DEFAULT_TABLES: dict[str, dict[int, float]] = {
 
 
 class _Curve:
-    """Piecewise-linear seconds(n) over sorted sizes; EWMA updates spread over the two neighbours."""
+    """Piecewise-linear seconds(n) over sorted sizes (immutable: OnlineCurve makes new ones)."""
 
     __slots__ = ("sizes", "secs", "_mono", "_cache")
 
@@ -80,19 +86,75 @@ class _Curve:
             self._cache[n] = v
         return v
 
-    def observe(self, n: int, seconds: float, alpha: float) -> None:
-        pred = self(n)
-        err = seconds - pred
-        for i, w in self._weights(n):
-            if 0.0 <= w <= 1.0:  # extrapolation only updates the end point
-                self.secs[i] = max(1e-7, self.secs[i] + alpha * w * err)
-            elif w > 1.0:
-                self.secs[i] = max(1e-7, self.secs[i] + alpha * err / w)
-        self._refresh()
-
     def as_dict(self) -> dict[str, float]:
         """The values lookups use (non-decreasing), by table size."""
         return {str(n): round(s, 7) for n, s in zip(self.sizes, self._mono)}
+
+
+def _median(xs) -> float:
+    v = sorted(xs)
+    n = len(v)
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+
+
+class OnlineCurve:
+    """A calibrated curve followed online: seconds(n) = calibrated(n) * level(n) * recent.
+
+    Each timed forward of n tokens gives a ratio r = measured / calibrated(n), filed under its
+    nearest calibrated size (on a log scale). `level(b)` is the median of the last LONG ratios at
+    size b (sizes with fewer than MIN_OBS: the median of the last LONG ratios of every size):
+    what calibration got wrong at that size, and the host's usual load. `recent` is the median
+    of the last RECENT ratios, each divided by its size's current level: how much slower or
+    faster than usual the host runs right now, learnt from forwards of any size (a plain tick's
+    one token prices the speculative sizes too). Medians: a step in the host's speed is followed
+    after RECENT // 2 + 1 forwards, and one forward slowed 10x by another tenant moves nothing."""
+
+    RECENT = 9
+    LONG = 31
+    MIN_OBS = 3
+
+    def __init__(self, calib: _Curve):
+        self.calib = calib
+        self.recent: deque[tuple[int, float]] = deque(maxlen=self.RECENT)  # (size index, ratio)
+        self.long: deque[float] = deque(maxlen=self.LONG)
+        self.per_size: list[deque[float]] = [deque(maxlen=self.LONG) for _ in calib.sizes]
+        self.n = 0  # observations
+        self.curve = calib
+        self._levels = [1.0] * len(calib.sizes)
+        self._recent = 1.0
+
+    def _nearest(self, n: int) -> int:
+        sz = self.calib.sizes
+        i = bisect_left(sz, n)
+        if i == 0:
+            return 0
+        if i >= len(sz):
+            return len(sz) - 1
+        return i if (sz[i] / n) < (n / sz[i - 1]) else i - 1
+
+    @property
+    def host_factor(self) -> float:
+        """Measured / calibrated seconds right now (the usual level times the recent deviation)."""
+        base = _median(self.long) if len(self.long) >= self.MIN_OBS else 1.0
+        return base * self._recent
+
+    def observe(self, n: int, seconds: float) -> None:
+        r = seconds / self.calib(n)
+        b = self._nearest(n)
+        self.per_size[b].append(r)
+        self.long.append(r)
+        self.recent.append((b, r))
+        self.n += 1
+        k = self.MIN_OBS
+        usual = _median(self.long) if len(self.long) >= k else 1.0
+        self._levels = [_median(w) if len(w) >= k else usual for w in self.per_size]
+        self._recent = _median([x / self._levels[i] for i, x in self.recent]) if len(self.recent) >= k else 1.0
+        self.curve = _Curve({size: sec * lv * self._recent
+                             for size, sec, lv in zip(self.calib.sizes, self.calib.secs, self._levels)})
+
+    def as_dict(self) -> dict:
+        return {"host_factor": round(self.host_factor, 4), "recent": round(self._recent, 4),
+                "level": {str(n): round(f, 4) for n, f in zip(self.calib.sizes, self._levels)}}
 
 
 class ContextFit:
@@ -172,7 +234,8 @@ class CostModel:
             raise ValueError(f"alpha must be in [0, 1], got {alpha}")
         self.alpha = alpha
         tables = tables or DEFAULT_TABLES
-        self._curves = {k: _Curve(tables.get(k) or DEFAULT_TABLES[k]) for k in KINDS}
+        self._online = {k: OnlineCurve(_Curve(tables.get(k) or DEFAULT_TABLES[k])) for k in KINDS}
+        self._curves = {k: o.curve for k, o in self._online.items()}
         self.calibrated = False
         self.observations = {k: 0 for k in KINDS}
         self.version = 0
@@ -222,7 +285,8 @@ class CostModel:
             low = float("inf")
             for n in sorted(secs, reverse=True):  # lower envelope
                 low = secs[n] = min(secs[n], low)
-            self._curves[kind] = _Curve(secs)
+            self._online[kind] = OnlineCurve(_Curve(secs))
+            self._curves[kind] = self._online[kind].curve
         self._chunked = {}
         self.calibrated = True
         self.version += 1
@@ -257,8 +321,9 @@ class CostModel:
         return self._curves[kind](n)
 
     def observe(self, kind: str, n: int, seconds: float, context: int | None = None) -> None:
-        """Online refinement from one timed forward of batch n (EWMA, weight alpha). A target
-        forward at a `context` well beyond calibration's refines the context fit instead."""
+        """Online refinement from one timed forward of batch n (OnlineCurve; alpha 0 turns it
+        off). A target forward at a `context` well beyond calibration's refines the context fit
+        instead (with alpha, its EWMA weight)."""
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         if n < 1 or not seconds > 0 or self.alpha == 0.0:
@@ -278,7 +343,9 @@ class CostModel:
                 self.version += 1
                 return
             seconds = max(seconds - self.ctx.extra(n, d), 0.5 * seconds)
-        self._curves[kind].observe(n, seconds, self.alpha)
+        online = self._online[kind]
+        online.observe(n, seconds)
+        self._curves[kind] = online.curve
         self._chunked = {}
         self.observations[kind] += 1
         self.version += 1
@@ -300,6 +367,22 @@ class CostModel:
             share = draft_seconds * pr / total
             self.observe("draft", b, share if i == 0 else share - (b - 1) * self.draft_row)
 
+    def host_factor(self, kind: str = "target") -> float:
+        """Measured / calibrated seconds of the recent forwards of `kind` (1: as at start-up)."""
+        return self._online[kind].host_factor
+
+    def flat(self) -> dict[str, float]:
+        """The curves as flat numbers (Admin.Stats' tick_totals map): per kind the host factor
+        and, per calibrated size n, the seconds used now and those of the start-up calibration
+        (cost_target_seconds_8, cost_target_calibrated_seconds_8, ...)."""
+        out: dict[str, float] = {}
+        for kind, o in self._online.items():
+            out[f"cost_{kind}_host_factor"] = o.host_factor
+            for n, now, cal in zip(o.calib.sizes, o.curve._mono, o.calib._mono):
+                out[f"cost_{kind}_seconds_{n}"] = now
+                out[f"cost_{kind}_calibrated_seconds_{n}"] = cal
+        return out
+
     def as_dict(self) -> dict:
         return {
             "calibrated": self.calibrated,
@@ -307,6 +390,9 @@ class CostModel:
             "observations": dict(self.observations),
             "target_seconds": self._curves["target"].as_dict(),
             "draft_seconds": self._curves["draft"].as_dict(),
+            "calibrated_target_seconds": self._online["target"].calib.as_dict(),
+            "calibrated_draft_seconds": self._online["draft"].calib.as_dict(),
+            "online": {k: o.as_dict() for k, o in self._online.items()},
             "draft_row_seconds": round(self.draft_row, 7),
             "calib_context": self.calib_context,
             "context": self.ctx.as_dict(),

@@ -28,7 +28,7 @@ from itertools import accumulate
 
 from edgespec.controller.config import ControllerConfig
 from edgespec.controller.cost import CostModel
-from edgespec.controller.shapes import PLAIN, Shape, chain, eagle, runner_ups
+from edgespec.shape import PLAIN, Shape, chain, eagle, runner_ups
 
 EAGLE_WE = ((2, 2), (2, 4), (4, 2), (4, 4), (4, 8))  # (width, expand) families tried
 EAGLE_DEPTHS = (2, 3, 4, 5, 6, 8, 10, 12)
@@ -79,6 +79,17 @@ def runner_ups_tokens(a: list[list[float]], depth: int, r: int) -> float:
         e += reach * (1.0 - miss)
         reach *= a[d][0]
     return e
+
+
+def expansion_batches(shape: Shape, a: list[list[float]] | None = None) -> tuple[int, ...]:
+    """The draft batch of each forward after the first (levels 2..depth) of `shape`. An EAGLE-2
+    tree expands where acceptance `a` is high (None: as if flat)."""
+    if shape.mode == "plain" or shape.depth <= 1:
+        return ()
+    if shape.mode == "chain" or shape.runner_ups:
+        return (1,) * (shape.depth - 1)
+    p = sibling_probs(a) if a is not None else [[0.5] * shape.width] * shape.depth
+    return tuple(eagle_levels(p, shape.width, shape.expand, shape.depth)[1])
 
 
 def eagle_levels(p: list[list[float]], width: int, expand: int, depth: int) -> tuple[list[list[float]], list[int]]:

@@ -25,7 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
-from edgespec.controller.shapes import Shape
+from edgespec.shape import Shape
 from edgespec.sampling import SamplingParams
 from edgespec.tree import DraftTree
 

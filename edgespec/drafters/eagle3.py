@@ -37,7 +37,7 @@ import time
 
 import numpy as np
 
-from edgespec.controller.shapes import Shape
+from edgespec.shape import Shape
 from edgespec.drafters.base import DraftBatch, DraftReport, run_alone
 from edgespec.drafters.grow import Growth, grow_steps
 from edgespec.sampling import SamplingParams

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.backend import Context
-from edgespec.controller.shapes import Shape
+from edgespec.shape import Shape
 from edgespec.drafters.base import DraftBatch, DraftReport, run_alone
 from edgespec.drafters.grow import Growth, grow_steps
 from edgespec.sampling import SamplingParams
@@ -207,14 +207,7 @@ class ModelDrafter:
             s = self._decoded.get(node)
             if s is not None:
                 src, keep_end = s, root_pos + tree.depths[node] + 1
-        if src != 0:
-            ctx.seq_rm(0, root_pos + 1, -1)
-            ctx.seq_cp(src, 0, root_pos + 1, keep_end)
-        else:
-            ctx.seq_rm(0, keep_end, -1)
-        for s in self._used_seqs:
-            if s != 0:
-                ctx.seq_rm(s, -1, -1)
+        ctx.commit_branch(src, root_pos + 1, keep_end, self._used_seqs)
         self.n_past = keep_end + self.offset
         self._decoded = {}
         self._used_seqs = set()

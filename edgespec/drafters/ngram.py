@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.controller.shapes import Shape
+from edgespec.shape import Shape
 from edgespec.drafters.base import DraftReport
 from edgespec.sampling import SamplingParams
 from edgespec.tree import DraftTree

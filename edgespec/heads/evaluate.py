@@ -10,7 +10,7 @@ import numpy as np
 
 from edgespec.backend import FeatureContext, HeadContext, Model, target_layer_ids
 from edgespec.config import ModelConfig
-from edgespec.controller.shapes import Shape
+from edgespec.shape import Shape
 from edgespec.drafters.eagle3 import Eagle3Drafter
 from edgespec.sampling import SamplingParams
 from edgespec.tree import DraftTree

@@ -62,6 +62,8 @@ HttpConfig = section_class("HttpConfig", "http", "[http]", __name__)
 EmbeddingConfig = section_class("EmbeddingConfig", "embedding", "[embedding]", __name__)
 MetricsConfig = section_class("MetricsConfig", "metrics", "[metrics]", __name__)
 LoggingConfig = section_class("LoggingConfig", "logging", "[logging]", __name__)
+AuditConfig = section_class("AuditConfig", "audit", "[audit]: shadow decodes that check exactness on live traffic",
+                            __name__)
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class DaemonConfig:
     source: str = ""  # the file it came from ("" = defaults only)
     http: HttpConfig = field(default_factory=HttpConfig)
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
 
 
 def _check_controller(values: dict[str, Any]) -> list[tuple[str, str]]:
@@ -241,6 +244,7 @@ def load(
         embedding=EmbeddingConfig(**{**values["embedding"],
                                      "path": str(Path(values["embedding"]["path"]).expanduser())
                                      if values["embedding"]["path"] else ""}),
+        audit=AuditConfig(**values["audit"]),
         rpc_servers=tuple(values["target"]["rpc_servers"]),
         chat_template=_chat_template(values["target"]["chat_template"]),
     )

@@ -172,6 +172,8 @@ class Daemon:
             on_ready=self._on_ready,
             on_heartbeat=self.systemd.kick,
             log_text=cfg.logging.log_text,
+            shadow_fraction=cfg.audit.shadow_fraction,
+            shadow_queue=cfg.audit.shadow_queue,
         )
         self.metrics.state = self.loop.stats
         self.model_digests = _model_digests(cfg)

@@ -3,12 +3,16 @@ jobs from a bounded queue into up to `parallel` sessions, and runs engine ticks:
 advances every active session by one step in one batched target forward (edgespec/tick/), and
 prefills new prompts in pieces alongside. Chunks go to a per-job unbounded queue: the engine
 never waits for a reader (output is bounded by max_tokens). Cancel and deadline are checked
-between ticks, so a cancelled request stops within one tick and frees its slot, a prefill too."""
+between ticks, so a cancelled request stops within one tick and frees its slot, a prefill too; and,
+with an engine that can abort a forward (`abort_forward`: the patched llama.cpp's abort flag), a
+watch thread stops a tick within one graph node once every request in it is cancelled or past its
+deadline (a lone long prompt read in whole n_batch pieces), so the next request starts at once."""
 
 from __future__ import annotations
 
 import collections
 import queue
+import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -16,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from edgespec import chat
-from edgespec.errors import NotReady, Overloaded
+from edgespec.errors import ForwardAborted, NotReady, Overloaded
 from edgespec.logs import get_logger
 from edgespec.server.metrics import Metrics
 from edgespec.sampling import SamplingParams
@@ -64,6 +68,7 @@ class LoopEngine(Protocol):
     def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> str: ...
 
 HEARTBEAT_SECONDS = 1.0
+WATCH_SECONDS = 0.005  # how often the watch thread looks at a running tick's requests
 
 
 @dataclass
@@ -89,6 +94,8 @@ class Job:
     # ("chunk", Chunk) ... then exactly one ("result", GenerationResult) or ("error", Exception)
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     _cancel: threading.Event = field(default_factory=threading.Event)
+    # an [audit] shadow decode: (the audited request's id, its output token ids); None otherwise
+    shadow_of: tuple[str, tuple[int, ...]] | None = None
 
     def cancel(self) -> None:
         """Thread-safe; the engine notices within one step."""
@@ -131,6 +138,9 @@ class EngineLoop:
         on_ready: Callable[[], None] | None = None,
         on_heartbeat: Callable[[], None] | None = None,
         log_text: bool = False,
+        shadow_fraction: float = 0.0,
+        shadow_queue: int = 16,
+        seed: int | None = None,
     ):
         self._factory = factory
         self.parallel = parallel
@@ -157,6 +167,16 @@ class EngineLoop:
         self.tick_totals: dict[str, float] = {}  # the engine's tick phase totals, after each tick
         self._idle_done = False  # no job, no call and no idle work left (see _run)
         self._thread = threading.Thread(target=self._run, name="edgespec-engine", daemon=True)
+        # the abort watch: the jobs of the tick in progress (None between ticks), under _watch_lock
+        self._watch_lock = threading.Lock()
+        self._watch_jobs: list[Job] | None = None
+        self._watch_wake = threading.Event()
+        self._abort: Callable[[], None] | None = None
+        self.aborted_ticks = 0
+        # [audit]: finished greedy speculative requests waiting for their plain shadow decode
+        self.shadow_fraction = shadow_fraction
+        self._shadows: collections.deque[Job] = collections.deque(maxlen=shadow_queue)
+        self._rng = random.Random(seed)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -271,6 +291,9 @@ class EngineLoop:
             log.error("engine_load_failed", error=str(exc), exc_info=True)
             self._started.set()
             return
+        self._abort = getattr(engine, "abort_forward", None)
+        if self._abort is not None:
+            threading.Thread(target=self._watch, name="edgespec-abort-watch", daemon=True).start()
         self._ready.set()
         self._started.set()
         log.info("engine_ready", parallel=self.parallel, queue_size=self.queue_size)
@@ -288,6 +311,8 @@ class EngineLoop:
                     self._expire_pending()
                     while self._pending and len(active) + len(to_open) < self.parallel:
                         to_open.append(self._pending.popleft())
+                    if not active and not to_open and not self._calls and self._shadows:
+                        to_open.append(self._shadows.popleft())  # idle: one audit shadow decode
                     # jobs being opened hold their slot already: admission counts them
                     self._active_n = len(active) + len(to_open)
                     calls = list(self._calls)
@@ -326,6 +351,23 @@ class EngineLoop:
             self._error = exc
         finally:
             self._shutdown(engine, active)
+            self._watch_wake.set()
+
+    def _watch(self) -> None:
+        """While a tick runs: abort its forward once every request in it is cancelled or past its
+        deadline (the engine then raises ForwardAborted and _tick closes them)."""
+        while not self._stopping:
+            self._watch_wake.wait()
+            while not self._stopping:
+                with self._watch_lock:
+                    jobs = self._watch_jobs
+                    if jobs is None:
+                        self._watch_wake.clear()
+                        break
+                    now = time.monotonic()
+                    if jobs and all(j.cancelled or j.expired(now) for j in jobs):
+                        self._abort()  # type: ignore[misc] - again each round: a tick clears it as it starts
+                time.sleep(WATCH_SECONDS)
 
     def _expire_pending(self) -> None:
         """Queued jobs whose caller went away or whose deadline passed leave the queue now."""
@@ -386,8 +428,22 @@ class EngineLoop:
     def _tick(self, engine: LoopEngine, active: list[_Active]) -> None:
         """One engine tick over every active session; hand out the chunks."""
         by_session = {a.session: a for a in active}
+        with self._watch_lock:
+            self._watch_jobs = [a.job for a in active]
+        self._watch_wake.set()
         try:
-            chunks = engine.tick([a.session for a in active])
+            try:
+                chunks = engine.tick([a.session for a in active])
+            finally:
+                with self._watch_lock:
+                    self._watch_jobs = None
+        except ForwardAborted:
+            # every request in the tick was cancelled or past its deadline: they end as such
+            self.aborted_ticks += 1
+            now = time.monotonic()
+            for a in list(active):
+                self._end(a, active, close_reason=self._stop_reason(a.job, now))
+            return
         except BaseException as exc:  # noqa: BLE001 - a failed tick must not take the daemon down
             log.error("generation_failed", request_ids=[a.job.request_id for a in active], error=str(exc),
                       exc_info=True)
@@ -432,6 +488,10 @@ class EngineLoop:
         if close_reason is not None and result.finish_reason != close_reason:
             result.finish_reason = close_reason  # type: ignore[assignment]
         job.finished = time.monotonic()
+        if job.shadow_of is not None:
+            self._shadow_done(job, result)
+            return
+        self._maybe_shadow(job, result)
         st = result.stats
         t = job.timings()
         ttft = t["time_to_first_token_seconds"] if job.first_token else None
@@ -441,6 +501,36 @@ class EngineLoop:
                  completion_tokens=len(result.token_ids), tau=round(st.tau, 3),
                  ttft_seconds=round(t["time_to_first_token_seconds"], 4), total_seconds=round(t["total_seconds"], 4), **fields)
         job.events.put(("result", result))
+
+    def _maybe_shadow(self, job: Job, result: GenerationResult) -> None:
+        """[audit]: queue a plain re-decode of a finished greedy speculative request (a fraction
+        of them), to run when the engine is idle."""
+        if (self.shadow_fraction <= 0 or job.speculation.mode == "plain" or job.sampling.temperature > 1e-5
+                or result.finish_reason not in ("length", "eos", "stop") or not job.prompt_tokens
+                or self._rng.random() >= self.shadow_fraction):
+            return
+        shadow = Job(request_id=f"shadow-{job.request_id}", sampling=job.sampling,
+                     speculation=SpeculationParams(mode="plain"), constraint=job.constraint,
+                     prompt_tokens=job.prompt_tokens, shadow_of=(job.request_id, tuple(result.token_ids)))
+        with self._lock:
+            if len(self._shadows) == self._shadows.maxlen:
+                self.metrics.shadow.inc(label="skipped")
+            self._shadows.append(shadow)
+
+    def _shadow_done(self, job: Job, result: GenerationResult) -> None:
+        rid, expected = job.shadow_of  # type: ignore[misc]
+        if result.finish_reason not in ("length", "eos", "stop"):  # cancelled by a drain: not a verdict
+            self.metrics.shadow.inc(label="skipped")
+            return
+        if tuple(result.token_ids) == expected:
+            self.metrics.shadow.inc(label="match")
+            log.info("audit_shadow_match", request_id=rid, tokens=len(expected))
+            return
+        k = next((i for i, (a, b) in enumerate(zip(result.token_ids, expected)) if a != b),
+                 min(len(expected), len(result.token_ids)))
+        self.metrics.shadow.inc(label="mismatch")
+        log.warning("audit_shadow_mismatch", request_id=rid, first_differing_token=k,
+                    speculative_tokens=len(expected), plain_tokens=len(result.token_ids))
 
     def _shutdown(self, engine: LoopEngine, active: list[_Active]) -> None:
         for a in list(active):

@@ -138,6 +138,8 @@ class Metrics:
         self.accepted_by_depth = Counter("edgespec_accepted_tokens_by_depth_total", "Accepted draft tokens by tree depth.", "depth")
         self.steps_by_mode = Counter("edgespec_speculation_steps_total", "Engine steps by speculation mode.", "mode")
         self.breaker = Counter("edgespec_breaker_transitions_total", "Speculation circuit-breaker transitions.")
+        self.shadow = Counter("edgespec_audit_shadow_checks_total",
+                              "Shadow plain decodes of greedy speculative requests ([audit]) by result.", "result")
         self.forward_seconds = Counter("edgespec_forward_seconds_total",
                                        "Seconds inside model forwards by model (target = verification).", "model")
         gauge = lambda key, default=0: (lambda: self.state().get(key, default))  # noqa: E731
@@ -150,6 +152,12 @@ class Metrics:
                   self._breaker_state, "state"),
             Gauge("edgespec_caller_in_flight", "Requests running or queued per caller ([limits] callers, else other).",
                   lambda: self._caller("in_flight"), "caller"),
+            Gauge("edgespec_goodput_fallback_levels", "Load levels where auto decodes plainly: speculating ticks "
+                  "measured fewer tokens per second than plain ones.", lambda: self._tick("goodput_fallback_levels")),
+            Gauge("edgespec_goodput_blocked_ticks", "Ticks the goodput guard turned plain since load.",
+                  lambda: self._tick("goodput_blocked_ticks")),
+            Gauge("edgespec_cost_host_factor", "Measured / calibrated forward seconds now, by model.",
+                  lambda: {m: self._tick(f"cost_{m}_host_factor", 1.0) for m in ("target", "draft")}, "model"),
         ]
         self.caller_counters = [
             ReadCounter("edgespec_caller_requests_total", "Generation requests admitted per caller.",
@@ -162,6 +170,9 @@ class Metrics:
 
     def _caller(self, key: str) -> dict[str, float]:
         return {who: f[key] for who, f in self.callers().items()}
+
+    def _tick(self, key: str, default: float = 0.0) -> float:
+        return float((self.state().get("tick_totals") or {}).get(key, default))
 
     def _breaker_state(self) -> dict[str, int]:
         """Every state, 1 for the current one; nothing until an auto request has run."""
@@ -198,6 +209,8 @@ class Metrics:
             "requests_total": self.submitted.value(), "generated_tokens_total": self.generated.value(),
             "target_forwards_total": self.target_forwards.value(), "drafted_tokens_total": self.drafted.value(),
             "accepted_tokens_total": self.accepted.value(), "breaker_transitions_total": self.breaker.value(),
+            "audit_shadow_checks_total": sum(self.shadow.values().values()),
+            "audit_shadow_mismatches_total": self.shadow.value("mismatch"),
             **{f"rejected_{reason}_total": v for reason, v in self.rejected.values().items()},
             **{f"finished_{reason}": v for reason, v in self.requests.values().items()},
         }
@@ -206,7 +219,7 @@ class Metrics:
     def render(self) -> str:
         parts = [self.ttft, self.tpot, self.submitted, self.requests, self.rejected, self.prompt_tokens, self.generated,
                  self.target_forwards, self.drafted, self.accepted, self.accepted_by_depth, self.steps_by_mode,
-                 self.breaker, self.forward_seconds, *self.gauges, *self.caller_counters]
+                 self.breaker, self.forward_seconds, self.shadow, *self.gauges, *self.caller_counters]
         return "\n".join(line for p in parts for line in p.render()) + "\n"
 
 

@@ -36,6 +36,10 @@ def observe(engine, plan, drafts, fwd, *, phases: tuple, t_start: float) -> None
     alone = len(plan.decoding) == 1
     scale = (fwd.seconds + drafts.seconds) / (pred_v + pred_d) if pred_v + pred_d > 0 else 1.0
     now = time.perf_counter()
+    if plan.guard_key is not None and not plan.prefill and not plan.absorb:
+        # realised goodput of the tick, for the guard: speculating (a drafter ran) or plain
+        engine.goodput.record(plan.guard_key, bool(drafts.sessions),
+                              sum(s.record.emitted for s in plan.decoding), now - t_start)
     for s in plan.decoding:
         v, d = plan.predicted[s]
         drafted = s in drafts.sessions
@@ -56,3 +60,5 @@ def observe(engine, plan, drafts, fwd, *, phases: tuple, t_start: float) -> None
     totals["draft_forward_seconds"] = totals.get("draft_forward_seconds", 0.0) + drafts.seconds
     totals["verify_tokens"] = totals.get("verify_tokens", 0) + fwd.tokens
     totals["session_steps"] = totals.get("session_steps", 0) + len(plan.decoding)
+    totals.update(cost.flat())  # the online cost curves beside the start-up calibration
+    totals.update(engine.goodput.flat())

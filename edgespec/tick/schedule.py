@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from edgespec.controller.policy import eagle_levels, sibling_probs
-from edgespec.controller.shapes import PLAIN, Shape, chain
+from edgespec.controller import expansion_batches
+from edgespec.shape import PLAIN, Shape, chain
 
 MIN_PIECE = 16  # a prefill piece is never smaller: every prompt progresses
 
@@ -48,6 +48,7 @@ class Plan:
     predicted: dict = field(default_factory=dict)  # session -> (verify, draft) seconds alone
     context: int = 0  # positions cached by all sessions (attention reads them all)
     batch: Batch = field(default_factory=Batch)
+    guard_key: tuple | None = None  # the goodput guard's load level of this tick
 
 
 @dataclass
@@ -67,6 +68,8 @@ def schedule(engine, sessions: list) -> Plan:
     shapes = {s: s.choose_shape() for s in decoding}
     if len(decoding) > 1:
         shapes = _joint(decoding, shapes, cost)
+    if decoding:
+        shapes = _guard(engine, plan, decoding, shapes)
     decode_seconds = 0.0
     if decoding:
         rungs = [_rung_of(s, shapes[s], cost) for s in decoding]
@@ -98,6 +101,20 @@ def schedule(engine, sessions: list) -> Plan:
     return plan
 
 
+def _guard(engine, plan: Plan, decoding: list, shapes: dict) -> dict:
+    """The goodput guard (controller/goodput.py): where speculation has measured slower than
+    plain decoding at this load level, every auto session decodes plainly this tick."""
+    guard = engine.goodput
+    plan.guard_key = key = guard.key(len(decoding), engine.cost.host_factor("target"))
+    auto = [s for s in decoding if s.controller is not None and shapes[s].mode != "plain"]
+    if not auto or guard.allow(key):
+        return shapes
+    out = dict(shapes)
+    for s in auto:
+        out[s] = PLAIN
+    return out
+
+
 def _piece(engine, cost, decode_seconds: float | None) -> int:
     """Prefill tokens this tick may carry."""
     chunk = engine.cfg.target.n_batch
@@ -126,19 +143,12 @@ def _rung_of(s, shape: Shape, cost) -> _Rung:
         return _Rung(shape, 1.0, 0, ())
     ctl = s.controller
     if ctl is not None:
-        a = ctl.acceptance()
-        tokens, _ = ctl.policy.evaluate(shape, a, cost, catchup=max(1, catchup))
-    else:
-        tokens = 1.0 + 0.5 * shape.nodes  # explicit modes keep their shape; the value is not used
+        tokens, expansions = ctl.rung(shape, cost, catchup)
+    else:  # explicit modes keep their shape; the value is not used
+        tokens, expansions = 1.0 + 0.5 * shape.nodes, expansion_batches(shape)
     if s.drafter is None:  # n-gram-only speculation drafts for free
         return _Rung(shape, tokens, shape.nodes, ())
-    if shape.mode == "chain" or shape.runner_ups:
-        batches = (max(1, catchup),) + (1,) * (shape.depth - 1)
-    else:
-        _, bs = eagle_levels(sibling_probs(ctl.acceptance()) if ctl else [[0.5] * shape.width] * shape.depth,
-                             shape.width, shape.expand, shape.depth)
-        batches = (max(1, catchup),) + tuple(bs)
-    return _Rung(shape, tokens, shape.nodes, batches)
+    return _Rung(shape, tokens, shape.nodes, (max(1, catchup),) + expansions)
 
 
 def _ladder(s, solo: Shape, cost) -> list[_Rung]:

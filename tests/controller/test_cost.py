@@ -28,22 +28,72 @@ def test_lookups_are_monotone_in_batch():
     assert m.verify_seconds(3) >= m.verify_seconds(2)
 
 
-def test_ewma_refinement_moves_estimates():
-    m = CostModel.from_tables({1: 0.010, 8: 0.020}, {1: 0.005}, alpha=0.5)
-    before = m.verify_seconds(8)
-    m.observe("target", 8, 0.040)
-    assert m.verify_seconds(8) == pytest.approx(before + 0.5 * (0.040 - before))
-    # between calibrated sizes the correction is spread over both neighbours
-    mid = m.verify_seconds(4)
-    m.observe("target", 4, mid * 2)
-    assert m.verify_seconds(4) > mid
-    # repeated observations converge
+def test_online_refinement_moves_estimates():
+    m = CostModel.from_tables({1: 0.010, 8: 0.020}, {1: 0.005})
+    for _ in range(3):
+        m.observe("target", 8, 0.040)
+    assert m.verify_seconds(8) == pytest.approx(0.040)  # the size's own median
+    assert m.verify_seconds(1) == pytest.approx(0.020)  # not timed: the host's factor (2x)
     for _ in range(60):
         m.observe("draft", 1, 0.008)
-    assert m.draft_seconds(1) == pytest.approx(0.008, rel=1e-3)
-    assert m.as_dict()["observations"]["draft"] == 60
+    assert m.draft_seconds(1) == pytest.approx(0.008)
+    d = m.as_dict()
+    assert d["observations"]["draft"] == 60
+    assert d["calibrated_target_seconds"] == {"1": 0.01, "8": 0.02}  # beside the online curves
+    assert d["online"]["target"]["host_factor"] == 2.0
     with pytest.raises(ValueError):
         m.observe("verifier", 1, 0.1)
+    off = CostModel.from_tables({1: 0.010}, {1: 0.005}, alpha=0.0)
+    off.observe("target", 1, 0.050)
+    assert off.verify_seconds(1) == 0.010
+
+
+# a tick's forwards as the daemon's look: plain ticks (1 token), speculative (5-9), a few sizes
+def _ticks(n_ticks, speed, rng):
+    true = {1: 0.010, 2: 0.011, 4: 0.013, 8: 0.018, 16: 0.030}
+    for _ in range(n_ticks):
+        n = int(rng.choice([1, 1, 5, 7, 9]))
+        lo = max(k for k in true if k <= n)
+        hi = min((k for k in true if k >= n), default=lo)
+        base = true[lo] if lo == hi else true[lo] + (true[hi] - true[lo]) * (n - lo) / (hi - lo)
+        yield n, base * speed * float(rng.uniform(0.95, 1.05))
+
+
+def test_a_step_in_host_speed_is_followed_within_ten_ticks():
+    """The host gets 2x slower (another tenant) and later fast again: within N = 10 ticks every
+    size used is priced within 15 % of the new speed."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    m = CostModel.from_tables({1: 0.010, 2: 0.011, 4: 0.013, 8: 0.018, 16: 0.030},
+                              {1: 0.003, 4: 0.006, 16: 0.015})
+    for n, sec in _ticks(100, 1.0, rng):
+        m.observe("target", n, sec)
+    assert m.verify_seconds(8) == pytest.approx(0.018, rel=0.1)
+    for speed in (2.0, 1.0):
+        for n, sec in _ticks(10, speed, rng):
+            m.observe("target", n, sec)
+        for n in (1, 4, 8, 16):  # 16: never timed here, priced by the host's factor
+            want = {1: 0.010, 4: 0.013, 8: 0.018, 16: 0.030}[n] * speed
+            assert m.verify_seconds(n) == pytest.approx(want, rel=0.15), (speed, n)
+        assert m.host_factor() == pytest.approx(speed, rel=0.1)
+
+
+def test_a_single_ten_times_slower_forward_is_ignored():
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    m = CostModel.from_tables({1: 0.010, 8: 0.018}, {1: 0.003})
+    before = {n: m.verify_seconds(n) for n in (1, 8)}
+    m.observe("target", 1, 0.100)  # the very first observation: a 10x outlier
+    assert {n: m.verify_seconds(n) for n in (1, 8)} == before
+    for n, sec in _ticks(40, 1.0, rng):
+        m.observe("target", n, sec)
+    settled = {n: m.verify_seconds(n) for n in (1, 8)}
+    m.observe("target", 8, 10 * settled[8])  # later, one page fault / preempted forward
+    m.observe("target", 1, 10 * settled[1])
+    for n in (1, 8):
+        assert m.verify_seconds(n) == pytest.approx(settled[n], rel=0.05)
 
 
 def test_calibration_keeps_the_lower_envelope():
@@ -144,3 +194,15 @@ def test_context_fit_is_not_thrown_by_one_slowed_forward():
     m.observe("target", 1, _true_seconds(1, 4000) + 0.200, context=4000)  # a 200 ms hiccup
     assert m.ctx.one < 1.5 * one
     assert m.at(8000).verify_seconds(1) < 1.3 * _true_seconds(1, 8000)
+
+
+def test_flat_curves_for_admin_stats():
+    m = CostModel.from_tables({1: 0.010, 8: 0.020}, {1: 0.005})
+    for _ in range(5):
+        m.observe("target", 1, 0.030)
+    f = m.flat()
+    assert f["cost_target_host_factor"] == pytest.approx(3.0)
+    assert f["cost_target_seconds_1"] == pytest.approx(0.030)
+    assert f["cost_target_calibrated_seconds_1"] == 0.010
+    assert f["cost_target_seconds_8"] == pytest.approx(0.060)  # the host factor prices it
+    assert f["cost_draft_seconds_1"] == 0.005 and f["cost_draft_host_factor"] == 1.0

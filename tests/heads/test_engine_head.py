@@ -19,7 +19,7 @@ from edgespec.selftest import ALPHA
 from edgespec.types import GenerationRequest, SpeculationParams
 
 from tests.heads.conftest import TRAIN_PROMPTS
-from tests.test_batched import TOP_K, exact_joint, gof
+from tests.tick.test_batched import TOP_K, exact_joint, gof
 
 pytestmark = pytest.mark.slow
 

@@ -128,6 +128,78 @@ def test_deadline_between_prefill_pieces():
         loop.stop()
 
 
+def _hold_forward_until_aborted(ctx, expire=None, seconds: float = 30.0):
+    """The fake target's forwards of prompt pieces (> 50 tokens) run until the context is
+    aborted, as a long llama_decode would: the loop's watch must abort them. `expire()` runs as
+    such a forward starts (the deadline passing or the caller cancelling meanwhile)."""
+    held = []
+
+    def before(tokens):
+        if len(tokens) > 50 and not held:
+            held.append(time.monotonic())
+            if expire is not None:
+                expire()
+            end = time.monotonic() + seconds
+            while not ctx.aborted and time.monotonic() < end:
+                time.sleep(0.001)
+            held.append(time.monotonic())
+
+    ctx.before_decode = before
+    return held
+
+
+def test_a_deadline_passing_inside_a_forward_aborts_it():
+    """Alone in the engine, a long prompt's piece is one long forward: when the request's
+    deadline passes inside it, the watch aborts the forward (engine.abort_forward) instead of
+    letting it run to the end, the request ends as "deadline", and the next request is served."""
+    eng = Hooked(parallel=2, n_ctx=1024)
+    long_job = job([0] + [5] * 700, max_tokens=4)
+    held = _hold_forward_until_aborted(eng.eng.target_ctx,
+                                       expire=lambda: setattr(long_job, "deadline", time.monotonic() + 0.05))
+    loop = start(eng, parallel=2)
+    try:
+        loop.submit(long_job)
+        assert events(long_job)[-1][1].finish_reason == "deadline"
+        assert len(held) == 2 and held[1] - held[0] < 20, "the forward ran to its end: not aborted"
+        assert loop.aborted_ticks == 1
+        assert eng.free_slots == 2  # the aborted session's slot is free and emptied
+        assert all(not s.target.ctx.tokens_of(s.target.base) for s in eng.eng.slots)
+        small = loop.submit(job([0, 9], max_tokens=3))
+        assert events(small)[-1][1].finish_reason in ("length", "eos")
+    finally:
+        loop.stop()
+
+
+def test_a_cancel_aborts_the_forward_only_when_every_request_in_it_is_gone():
+    """Two requests share the tick; cancelling one leaves the forward running (the other still
+    wants it); cancelling both aborts it."""
+    eng = Hooked(parallel=2, n_ctx=1024)
+    a = job([0] + [5] * 300, max_tokens=4)
+    b = job([0] + [6] * 300, max_tokens=4)
+    gate = threading.Event()
+
+    def expire():
+        a.cancel()
+        gate.set()
+
+    held = _hold_forward_until_aborted(eng.eng.target_ctx, expire=expire, seconds=1.0)
+    eng.gate.clear()
+    loop = start(eng, parallel=2)
+    try:
+        loop.submit(a)
+        loop.submit(b)
+        time.sleep(0.05)
+        eng.gate.set()  # both admitted before the first tick
+        assert gate.wait(20)
+        # only a was cancelled: the held forward runs its full second, unaborted
+        assert events(a)[-1][1].finish_reason == "cancelled"
+        assert held[1] - held[0] >= 0.9
+        assert loop.aborted_ticks == 0
+        assert events(b)[-1][1].finish_reason in ("length", "eos")
+    finally:
+        loop.stop()
+
+
 def test_streams_get_tokens_while_a_long_prompt_is_prefilled():
     eng = Hooked(parallel=2, n_ctx=1024)
     prefill_ticks, stream_tokens = [], []
@@ -214,4 +286,60 @@ def test_stats_and_metrics_count_from_one_set_of_counters():
             assert line in body, line
     finally:
         eng.gate.set()
+        loop.stop()
+
+
+def _wait(cond, timeout=20.0):
+    end = time.monotonic() + timeout
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.01)
+    return cond()
+
+
+def test_audit_shadow_decodes_match_and_a_tampered_one_is_counted():
+    """[audit] shadow_fraction = 1: each finished greedy speculative request is re-decoded in plain
+    mode once the engine is idle, and counted a match; a shadow whose recorded output was tampered
+    with (what a drifting speculative path would leave) is counted a mismatch and logged with the
+    audited request's id. Plain requests and T > 0 requests are not audited."""
+    eng = Hooked(parallel=2, n_ctx=1024)
+    loop = EngineLoop(lambda: eng, parallel=2, queue_size=4, shadow_fraction=1.0, seed=1).start()
+    assert loop.wait_loaded(10)
+    try:
+        greedy = job([0, 5, 6, 7], max_tokens=6)
+        greedy.sampling = SamplingParams(max_tokens=6, temperature=0.0)
+        greedy.speculation = SpeculationParams(mode="chain")
+        loop.submit(greedy)
+        assert events(greedy)[-1][0] == "result"
+        assert _wait(lambda: loop.metrics.shadow.value("match") == 1)
+        plain = job([0, 5, 6, 8], max_tokens=6)
+        plain.sampling = SamplingParams(max_tokens=6, temperature=0.0)
+        hot = job([0, 5, 6, 9], max_tokens=6)
+        hot.sampling = SamplingParams(max_tokens=6, temperature=1.0, seed=3)
+        hot.speculation = SpeculationParams(mode="tree")
+        for j in (plain, hot):
+            loop.submit(j)
+            events(j)
+        queue_shadow = loop._maybe_shadow
+
+        def tamper(j, result):  # the recorded output of "audited-1" is not what plain decodes
+            queue_shadow(j, result)
+            if j.request_id == "audited-1":
+                with loop._lock:
+                    s = loop._shadows[-1]
+                    rid, out = s.shadow_of
+                    s.shadow_of = (rid, tuple(out[:-1]) + ((out[-1] + 1) % 97,))
+
+        loop._maybe_shadow = tamper
+        tampered = job([0, 5, 6, 7], max_tokens=6)
+        tampered.request_id = "audited-1"
+        tampered.sampling = SamplingParams(max_tokens=6, temperature=0.0)
+        tampered.speculation = SpeculationParams(mode="tree")
+        loop.submit(tampered)
+        events(tampered)
+        assert _wait(lambda: loop.metrics.shadow.value("mismatch") + loop.metrics.shadow.value("match") >= 2)
+        assert loop.metrics.shadow.value("match") == 1 and loop.metrics.shadow.value("mismatch") == 1
+        totals = loop.stats()
+        assert totals["audit_shadow_checks_total"] == 2 and totals["audit_shadow_mismatches_total"] == 1
+        assert "edgespec_audit_shadow_checks_total{result=\"mismatch\"} 1" in loop.metrics.render()
+    finally:
         loop.stop()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.controller.shapes import PLAIN
+from edgespec.shape import PLAIN
+from edgespec.tick import graft
 from edgespec.drafters.ngram import NgramDrafter, lookup, lookup_all
 from edgespec.sampling import SamplingParams
 from edgespec.tree import DraftTree
@@ -51,7 +52,7 @@ def test_graft_budget_prices_extra_verification_in_plain_tokens():
     def budget(cost, reach, base=1, context=0):
         ngram = NgramDrafter()
         ngram.reach = [reach, reach]
-        return Session._ngram_budget(SimpleNamespace(engine=SimpleNamespace(cost=cost), ngram=ngram, n_past=context), base)
+        return graft.budget(SimpleNamespace(engine=SimpleNamespace(cost=cost), ngram=ngram, n_past=context), base)
 
     assert budget(flat, weak) == 1
     assert budget(steep, weak) == 0

@@ -1,6 +1,6 @@
 """The engine tick on a fake backend (scripted bigram logits, a fake unified KV cache): the
 phases, the KV commit per sequence range, prefill pieces, emit. Fast; the real models are in
-tests/test_batched.py."""
+tests/tick/test_batched.py."""
 
 from __future__ import annotations
 
@@ -162,25 +162,36 @@ def test_joint_schedule_keeps_solo_choice_when_alone_and_shrinks_when_verificati
     from edgespec.tick.schedule import schedule
 
     eng = fake_engine(parallel=4)
+    def use(cost):  # the engine's and every controller's (the fake's timings teach it nothing real)
+        eng.cost = cost
+        for s in sess:
+            s.controller.cost = cost
+            # nor its wall-clock overheads and model bias (a loaded host would make them decide)
+            s.controller.spec_bias, s.controller._overhead = 1.0, {"plain": 0.0, "spec": 0.0}
+
     sess = [eng.open_session(req(p, "auto", max_tokens=200)) for p in PROMPTS]
+    use(CostModel.from_tables({1: 0.036, 16: 0.080}, {1: 0.011, 16: 0.064}, alpha=0.0))
     for _ in range(8):
         eng.tick(sess)
     # a flat verification curve (a GPU): nobody shrinks
-    eng.cost = CostModel.from_tables({1: 0.010, 8: 0.010, 32: 0.011, 128: 0.012},
-                                     {1: 0.001, 8: 0.0011, 32: 0.0012})
+    use(CostModel.from_tables({1: 0.010, 8: 0.010, 32: 0.011, 128: 0.012},
+                              {1: 0.001, 8: 0.0011, 32: 0.0012}))
     solo = {s: s.choose_shape() for s in sess}
     plan = schedule(eng, sess)
+    assert sum(solo[s].nodes for s in sess) > 0
     assert all(plan.shapes[s].nodes == solo[s].nodes for s in sess)
     for s in sess:
-        s._step, s._consistent = None, True
+        s.cancel_step()
     # verification linear in its tokens (a CPU under load): the batch speculates less
-    eng.cost = CostModel.from_tables({1: 0.010, 8: 0.080, 32: 0.320, 128: 1.28},
-                                     {1: 0.001, 8: 0.0011, 32: 0.0012})
+    # (each session alone still gains: 8 tokens cost 1.6 plain ones; four trees are 3x four roots)
+    use(CostModel.from_tables({1: 0.010, 8: 0.016, 32: 0.080, 128: 0.32},
+                              {1: 0.001, 8: 0.0011, 32: 0.0012}))
     solo = {s: s.choose_shape() for s in sess}
     plan = schedule(eng, sess)
+    assert sum(solo[s].nodes for s in sess) > 0
     assert sum(plan.shapes[s].nodes for s in sess) < sum(solo[s].nodes for s in sess)
     for s in sess:
-        s._step, s._consistent = None, True
+        s.cancel_step()
         s.close()
 
 

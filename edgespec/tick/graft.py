@@ -1,0 +1,77 @@
+"""Grafts: tokens that join a step's tree at no draft forward, between the drafter and the
+target forward. Prompt lookups (the n-gram drafter's, sized by their measured yield and the
+tick's verification price) and, under a grammar, the tokens it forces next. Each graft is a
+point draft: the verifier decides, so exactness is untouched.
+"""
+
+from __future__ import annotations
+
+from edgespec.drafters import NgramDrafter
+from edgespec.tree import DraftTree
+
+FORCED_MAX = 16  # grammar-forced tokens grafted into one step at most
+
+
+def forced(sess, st) -> None:  # noqa: ANN001
+    """Structured output: the tokens the grammar forces after the committed text (a JSON
+    schema's `{"` and key names) are drafts the masked target accepts with certainty; they are
+    grafted under the root at no draft cost (exact like any draft: the verifier decides)."""
+    room = min(sess.remaining - 1, sess.room(), FORCED_MAX)
+    toks = sess.matcher.forced(room) if room > 0 else []
+    if not toks:
+        return
+    n = len(st.tree)
+    NgramDrafter.graft(st.tree, toks)
+    cap_leaves(st.tree, sess.slot.target.n_seq_max)
+    st.forced = len(st.tree) > n
+    if st.batch is not None:
+        st.batch.tokens += len(st.tree) - n
+
+
+def lookup(sess, st) -> None:  # noqa: ANN001
+    """The step's prompt lookup: n-gram-only speculation's own tree, or as many lookup tokens
+    grafted onto the drafter's tree (or a plain step's root) as pay for their verification."""
+    prop, tree = st.lookup, st.tree
+    if not prop:
+        return
+    room = sess.room()
+    if st.shape.mode != "plain" and sess.remaining > 1:
+        if sess.drafter is None and st.kind == 0:  # n-gram-only speculation: its own tree
+            sess.ngram.propose(tree, sess.tokens, st.shape, sess.sampling, sess.rng,
+                               limit=None if room >= sess.ngram.max_tokens else max(0, room))
+            cap_leaves(tree, sess.slot.target.n_seq_max)
+        else:  # graft as many lookup tokens as pay for their verification
+            k = min(budget(sess, len(tree), st.kind, st.batch), room)
+            if k > 0:
+                n = len(tree)
+                sess.ngram.graft(tree, prop[:k])
+                cap_leaves(tree, sess.slot.target.n_seq_max)
+                if st.batch is not None:
+                    st.batch.tokens += len(tree) - n
+    elif sess.controller is not None:
+        # auto mode decoding plainly: graft a lookup when its measured yield pays
+        k = min(budget(sess, 1, st.kind, st.batch), room)
+        if k > 0:
+            sess.ngram.graft(tree, prop[:k])
+            st.ngram_only = tree.n_draft > 0
+            if st.batch is not None:
+                st.batch.tokens += tree.n_draft
+
+
+def cap_leaves(tree: DraftTree, n_seq_max: int) -> None:
+    """A graft adds a branch (a leaf, a sequence of the slot's range) unless it follows one
+    already there; one that does not fit is taken back (the last nodes added)."""
+    while len(tree.leaves()) > n_seq_max:
+        tree.pop()
+
+
+def budget(sess, base: int, kind: int = 0, batch=None) -> int:  # noqa: ANN001
+    """Lookup tokens worth adding to a verification batch of `base` tokens, priced by the
+    n-gram drafter's learnt reach (NgramDrafter.budget) in plain-decoding tokens at this
+    context. In a tick of several sessions (`batch`) the extra time is what k more tokens add
+    to the whole tick's forward, priced in the tick's own seconds per expected token."""
+    cost = sess.engine.cost.at(sess.n_past)
+    unit = cost.verify_seconds(1)
+    if batch is not None:
+        base, unit = batch.tokens, max(batch.unit, 1e-9)
+    return sess.ngram.budget(kind, cost, base, unit)

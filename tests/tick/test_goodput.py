@@ -1,0 +1,46 @@
+"""The goodput guard in the tick (fake backend): at a level where speculation measured slower
+than plain, auto requests decode plainly with no draft forward (explicit modes keep theirs), and
+the guard's state reaches the engine's tick totals (Admin.Stats)."""
+
+from __future__ import annotations
+
+from edgespec.controller.goodput import GoodputGuard
+from edgespec.sampling import SamplingParams
+from edgespec.types import GenerationRequest, SpeculationParams
+from tests.fake_backend import fake_engine
+
+KEY = (1, 0)
+
+
+def fallen_back() -> GoodputGuard:
+    g = GoodputGuard(reprobe=10_000)
+    g.key = lambda decoding, host_factor: KEY  # one level whatever the fake's timings
+    for _ in range(6):
+        g.record(KEY, False, 1, 0.010)  # plain: 100 tokens/s
+    for _ in range(6):
+        g.record(KEY, True, 2, 0.040)  # speculating: 50 tokens/s
+    assert g.levels[KEY].fallback
+    return g
+
+
+def req(mode):
+    return GenerationRequest((0, 5, 9, 14), SamplingParams(max_tokens=30), SpeculationParams(mode=mode, ngram=False))
+
+
+def test_auto_decodes_plainly_where_the_guard_fell_back():
+    eng = fake_engine(parallel=1)
+    assert eng.generate(req("auto")).stats.draft_forwards > 0  # without the guard it speculates
+    eng.goodput = fallen_back()
+    res = eng.generate(req("auto"))
+    assert res.stats.draft_forwards == 0 and set(res.stats.steps_per_mode) == {"plain"}
+    assert eng.goodput.levels[KEY].blocked > 0
+    assert eng.tick_totals["goodput_fallback_levels"] == 1.0
+    assert "cost_target_host_factor" in eng.tick_totals
+    assert eng.generate(req("chain")).stats.draft_forwards > 0  # an explicit mode is the caller's
+
+
+def test_greedy_output_is_unchanged_by_the_guard():
+    ref = fake_engine(parallel=1).generate(req("plain")).token_ids
+    eng = fake_engine(parallel=1)
+    eng.goodput = fallen_back()
+    assert eng.generate(req("auto")).token_ids == ref
