@@ -820,3 +820,87 @@ def has_rpc() -> bool:
     lib.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
     lib.ggml_backend_reg_by_name.restype = ctypes.c_void_p
     return bool(lib.ggml_backend_reg_by_name(b"RPC"))
+
+
+POOLING = {"auto": ll.LLAMA_POOLING_TYPE_UNSPECIFIED, "mean": ll.LLAMA_POOLING_TYPE_MEAN,
+           "cls": ll.LLAMA_POOLING_TYPE_CLS, "last": ll.LLAMA_POOLING_TYPE_LAST}
+_POOLING_NAMES = {v: k for k, v in POOLING.items()}
+
+
+class EmbeddingContext:
+    """Pooled, L2-normalised embeddings of whole token sequences: a context of its own with
+    llama.cpp's embeddings on, over any loaded Model (an [embedding] model, or the target's
+    weights shared). Pooling `auto`: the GGUF's `<arch>.pooling_type`, mean when it has none (a
+    decoder LM). Several inputs share a batch, one sequence each; the cache is cleared after
+    each batch. One caller at a time (the daemon holds a lock)."""
+
+    def __init__(self, model: Model, cfg: ModelConfig, pooling: str = "auto", n_seq_max: int = 16):
+        self.model = model
+        self.n_seq_max = n_seq_max
+        cp = _context_params(cfg, n_seq_max, None)
+        cp.embeddings = True
+        cp.pooling_type = POOLING[pooling]
+        self._ctx = ll.llama_init_from_model(model._model, cp)
+        if self._ctx and ll.llama_pooling_type(self._ctx) == ll.LLAMA_POOLING_TYPE_NONE:
+            ll.llama_free(self._ctx)  # no pooling in the GGUF: mean
+            cp.pooling_type = ll.LLAMA_POOLING_TYPE_MEAN
+            self._ctx = ll.llama_init_from_model(model._model, cp)
+        if not self._ctx:
+            raise ModelError(f"llama.cpp could not create an embedding context for {model.path}")
+        self.pooling = _POOLING_NAMES.get(int(ll.llama_pooling_type(self._ctx)), "auto")
+        self.n_ctx = int(ll.llama_n_ctx(self._ctx))
+        self.n_batch = cfg.n_batch
+        self.n_embd = model.n_embd
+        self._mem = ll.llama_get_memory(self._ctx)
+
+    def embed(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
+        """[len(inputs), n_embd] float32, each row of unit length. Each input must hold at
+        least one token and at most min(n_ctx, n_batch) (checked by the caller)."""
+        out = np.zeros((len(inputs), self.n_embd), dtype=np.float32)
+        i = 0
+        while i < len(inputs):
+            group: list[int] = []
+            size = 0
+            while i < len(inputs) and len(group) < self.n_seq_max and size + len(inputs[i]) <= self.n_batch:
+                group.append(i)
+                size += len(inputs[i])
+                i += 1
+            if not group:
+                raise ModelError(f"input of {len(inputs[i])} tokens exceeds the embedding batch ({self.n_batch})")
+            batch = ll.llama_batch_init(size, 0, 1)
+            try:
+                k = 0
+                for s, j in enumerate(group):
+                    for p, t in enumerate(inputs[j]):
+                        batch.token[k] = t
+                        batch.pos[k] = p
+                        batch.n_seq_id[k] = 1
+                        batch.seq_id[k][0] = s
+                        batch.logits[k] = True
+                        k += 1
+                batch.n_tokens = k
+                rc = ll.llama_decode(self._ctx, batch)
+                if rc != 0:
+                    raise ModelError(f"llama_decode failed with code {rc} (embedding batch of {k} tokens)")
+                for s, j in enumerate(group):
+                    ptr = ll.llama_get_embeddings_seq(self._ctx, s)
+                    if not ptr:
+                        raise ModelError("llama.cpp returned no pooled embedding")
+                    v = np.ctypeslib.as_array(ptr, shape=(self.n_embd,)).astype(np.float32)
+                    norm = float(np.linalg.norm(v))
+                    out[j] = v / norm if norm > 0 else v
+            finally:
+                ll.llama_batch_free(batch)
+                ll.llama_memory_clear(self._mem, True)
+        return out
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            ll.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self) -> None:  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -24,13 +24,15 @@ model as sent.
 
 from __future__ import annotations
 
+import datetime
 import functools
+import json
 import re
 import secrets
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
-from edgespec.errors import BadRequest
+from edgespec.errors import BadRequest, ConfigError
 
 Message = tuple[str, str]  # (role, content)
 
@@ -50,14 +52,25 @@ class ChatTokenizer(TemplateTokenizer, Protocol):
     special_tokens: Mapping[str, int]
 
 
-def encode_chat(tok: ChatTokenizer, messages: Sequence[Message]) -> list[int]:
+def encode_chat(tok: ChatTokenizer, messages: Sequence[Message], *, template: "ChatTemplate | None" = None,
+                tools: Sequence[Mapping] | None = None, extras: Sequence[Mapping] | None = None) -> list[int]:
     """Prompt token ids for `messages` (generation prompt appended): special tokens from the
-    template only, every content tokenised as text."""
+    template only, every content tokenised as text. `template`: a Jinja chat template rendered
+    here (ChatTemplate) instead of the tokenizer's built-in one, given `tools` and each message's
+    `extras` (tool_calls, tool_call_id: what the template reads besides role and content); those
+    are template text, so they must not spell a special token (BadRequest naming them)."""
     if not messages:
         raise BadRequest("messages", "at least one message is required")
     markers = _markers([c for _, c in messages])
-    text = tok.chat_prompt([(role, m) for (role, _), m in zip(messages, markers)])
     specials = tok.special_tokens
+    if template is None:
+        text = tok.chat_prompt([(role, m) for (role, _), m in zip(messages, markers)])
+    else:
+        _no_specials(tools, "tools", specials)
+        for i, e in enumerate(extras or ()):
+            _no_specials(e, f"messages[{i}]", specials)
+        text = template.render([{"role": role, "content": m, **(extras[i] if extras else {})}
+                                for i, ((role, _), m) in enumerate(zip(messages, markers))], tools)
     find = _special_pattern(tuple(specials)) if specials else None
     lead, trail = special_edges(tok)
     ids = list(lead)
@@ -89,7 +102,97 @@ def encode_chat(tok: ChatTokenizer, messages: Sequence[Message]) -> list[int]:
         pos = at + len(marker)
     template(text[pos:])
     flush()
+    if template is not None and lead and ids[len(lead):2 * len(lead)] == list(lead):
+        del ids[:len(lead)]  # the template wrote the BOS itself ({{ bos_token }})
     return ids + list(trail)
+
+
+def _no_specials(value: object, field: str, specials: Mapping[str, int]) -> None:
+    if not value or not specials:
+        return
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    m = _special_pattern(tuple(specials)).search(text)
+    if m is not None:
+        raise BadRequest(field, f"must not contain the control token text {m.group()!r}")
+
+
+class ChatTemplate:
+    """A Jinja chat template (the GGUF's `tokenizer.chat_template`, or `[target] chat_template`)
+    rendered in jinja2's immutable sandbox, with the variables llama.cpp's --jinja and Hugging
+    Face's apply_chat_template give it: messages, tools, add_generation_prompt, bos_token,
+    eos_token, raise_exception, strftime_now. A template that raises is a BadRequest (its message
+    is the template's own)."""
+
+    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "", origin: str = "chat_template"):
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        self.source = source
+        self.origin = origin
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.Undefined,
+                                            extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+        try:
+            self._template = env.from_string(source)
+        except jinja2.TemplateError as exc:
+            raise ConfigError(origin, f"the chat template does not compile: {exc}") from None
+        self._vars = {"bos_token": bos_token, "eos_token": eos_token}
+        self.has_tools = "tools" in source  # the template shows the tools itself
+
+    def render(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None) -> str:
+        import jinja2
+
+        try:
+            return self._template.render(messages=list(messages), tools=list(tools) if tools else None,
+                                         add_generation_prompt=True, **self._vars)
+        except _TemplateRaised as exc:
+            raise BadRequest("messages", f"the chat template refused the conversation: {exc}") from None
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:
+            raise BadRequest("messages", f"the chat template failed on the conversation: {exc}") from None
+
+
+class _TemplateRaised(Exception):
+    pass
+
+
+def _raise(message: str) -> None:
+    raise _TemplateRaised(message)
+
+
+def _tojson(value: object, indent: int | None = None, ensure_ascii: bool = False, separators=None,
+            sort_keys: bool = False) -> str:  # noqa: ANN001
+    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, separators=separators, sort_keys=sort_keys)
+
+
+def template_of(tok: object, override: str | None = None) -> ChatTemplate | None:
+    """The Jinja template to render for `tok` (a backend.Model or Engine.encoder): `override`'s
+    text when set, else the GGUF's own (`chat_template` bytes), None when there is none."""
+    source = override
+    if source is None:
+        raw = getattr(tok, "chat_template", None)
+        if not raw:
+            return None
+        source = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
+    bos = eos = ""
+    text = getattr(tok, "token_text", None)
+    if callable(text):
+        bos = _text(text, getattr(tok, "bos", None))
+        eos = _text(text, getattr(tok, "eos", None))
+    return _compiled(source, bos, eos, "target.chat_template" if override is not None else "chat_template")
+
+
+def _text(token_text: Any, token: Any) -> str:
+    if not isinstance(token, int) or token < 0:
+        return ""
+    b = token_text(token)
+    return b.decode("utf-8", errors="replace") if isinstance(b, bytes) else str(b or "")
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(source: str, bos: str, eos: str, origin: str) -> ChatTemplate:
+    return ChatTemplate(source, bos_token=bos, eos_token=eos, origin=origin)
 
 
 def encode_prompt(tok: ChatTokenizer, prompt: str, messages: Sequence[Message], *, add_special: bool = True,

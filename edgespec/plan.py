@@ -86,10 +86,12 @@ class MemoryPlan:
     overhead_bytes: int  # per-process runtime (CUDA context) counted once
     draft_ratio: float | None  # draft params / target params
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    embedding: ModelPlan | None = None  # the [embedding] context (weights 0 when it shares the target's)
 
     @property
     def models(self) -> tuple[ModelPlan, ...]:
-        return (self.target,) if self.draft is None else (self.target, self.draft)
+        out = (self.target,) if self.draft is None else (self.target, self.draft)
+        return out if self.embedding is None else (*out, self.embedding)
 
     @property
     def total_bytes(self) -> int:
@@ -287,8 +289,35 @@ def plan_memory(
     )
 
 
-def plan_for_config(cfg: EngineConfig, *, gpu: bool | None = None, n_outputs: int = 64) -> MemoryPlan:
-    """The plan for the daemon's engine config (target/draft sections, parallel slots)."""
+def embedding_plan(facts: ModelFacts, *, shared: bool, n_ctx: int, n_batch: int, flash_attn: bool = True,
+                   n_seq_max: int = 16) -> ModelPlan:
+    """The embedding context (edgespec.backend.EmbeddingContext): its own f16 cache of n_ctx cells,
+    one vector of n_embd per token as output, no logits; its weights counted only when they are
+    not the target's (`shared`)."""
+    cells = -(-n_ctx // KV_PAD) * KV_PAD
+    attn = 0 if flash_attn else facts.n_head * cells
+    return ModelPlan(
+        role="embedding", facts=facts, weights_bytes=0 if shared else facts.weights_bytes,
+        kv_bytes=math.ceil(cells * facts.kv_bytes_per_cell("f16")),
+        compute_bytes=4 * n_batch * (max(facts.n_embd, attn) + facts.n_ff + facts.n_embd),
+        output_bytes=4 * facts.n_embd * (n_batch + n_seq_max))
+
+
+def plan_for_config(cfg: EngineConfig, *, gpu: bool | None = None, n_outputs: int = 64,
+                    embedding: object = None) -> MemoryPlan:
+    """The plan for the daemon's engine config (target/draft sections, parallel slots), and the
+    [embedding] context when `embedding` (an enabled EmbeddingConfig) is given."""
+    plan = _plan_for_engine(cfg, gpu=gpu, n_outputs=n_outputs)
+    if embedding is None or not getattr(embedding, "enabled", False):
+        return plan
+    path = getattr(embedding, "path", "") or cfg.target.path
+    facts = plan.target.facts if path == cfg.target.path else read_model_facts(path)
+    return replace(plan, embedding=embedding_plan(facts, shared=path == cfg.target.path,
+                                                  n_ctx=embedding.n_ctx, n_batch=embedding.n_batch,  # type: ignore[attr-defined]
+                                                  flash_attn=cfg.target.flash_attn))
+
+
+def _plan_for_engine(cfg: EngineConfig, *, gpu: bool | None, n_outputs: int) -> MemoryPlan:
     target = read_model_facts(cfg.target.path)
     draft = read_model_facts(cfg.draft.path) if cfg.draft is not None else None
     on_gpu = cfg.target.n_gpu_layers != 0 if gpu is None else gpu

@@ -144,6 +144,15 @@ def _file_or_empty(v: str) -> str | None:
     return None
 
 
+def _caller_limits(v: list) -> str | None:
+    for x in v:
+        who, _, caps = str(x).rpartition("=")
+        parts = caps.split("/")
+        if not who or len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+            return f"each must be IDENTITY=CONCURRENT/TOKENS_PER_MINUTE, got {x!r}"
+    return None
+
+
 def _strings(v: list) -> str | None:
     bad = [x for x in v if not isinstance(x, str) or not x.strip()]
     return f"must be a list of non-empty strings, got {bad[0]!r}" if bad else None
@@ -165,6 +174,7 @@ CHECK_TEXT: dict[Any, str] = {  # how the docs write what an extra check allows
     check_host: "an IP address or host name",
     _file_or_empty: "an existing file, or empty",
     _strings: "non-empty strings",
+    _caller_limits: "IDENTITY=CONCURRENT/TOKENS_PER_MINUTE strings",
     _endpoints: "host:port entries",
     _json_mode: "\"auto\", true or false",
 }
@@ -221,10 +231,25 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("target", "rpc_servers", L, [], "llama.cpp rpc-servers (host:port) that hold part of the target's "
             "layers, for a target larger than one box; needs a wheel built with RPC=1 and n_gpu_layers != 0",
             check=_endpoints),
+    Setting("target", "chat_template", S, "", "a Jinja chat template file to render chat requests with (in a "
+            "sandbox, with tools) instead of the GGUF's own; empty = the GGUF's tokenizer.chat_template "
+            "(tool requests) and llama.cpp's built-in matcher (the others)", check=_file_or_empty),
     *_model("draft"),
     Setting("draft", "enabled", B, True, "false = model-free (n-gram) drafting only"),
     Setting("draft", "window", I, 256, "most context tokens the draft absorbs at once: a longer prompt is "
             "drafted from its last `window` tokens", lo=16, hi=1 << 20),
+    Setting("embedding", "enabled", B, True, "serve /v1/embeddings and Inference.Embed"),
+    Setting("embedding", "path", S, "", "GGUF file of an embedding model; empty = the target's weights (a "
+            "context of their own)", check=_file_or_empty),
+    Setting("embedding", "pooling", S, "auto", "how token vectors become one: auto = the GGUF's pooling_type "
+            "(mean when it has none, as for a decoder LM)", choices=("auto", "mean", "cls", "last")),
+    Setting("embedding", "n_ctx", I, 2048, "the embedding context's cells (an input's tokens at most "
+            "min(n_ctx, n_batch))", lo=16, hi=1 << 20),
+    Setting("embedding", "n_batch", I, 2048, "tokens embedded in one forward (several short inputs share one)",
+            lo=16, hi=1 << 20),
+    Setting("embedding", "threads", I, 0, "CPU threads (0 = all cores)", lo=0, hi=1024),
+    Setting("embedding", "n_gpu_layers", I, 0, "layers offloaded to the GPU when `path` is set (-1 = all)", lo=-1),
+    Setting("embedding", "max_inputs", I, 256, "inputs in one request", lo=1, hi=1 << 16),
     _spec("policy", S, "auto", "auto: honour request modes; off: force plain decoding", choices=("auto", "off")),
     _spec("mode", S, "auto", "mode used when a request says AUTO", choices=SPEC_MODES),
     _spec("draft_tokens", I, 4, "default chain length", lo=1, hi=MAX_DRAFT_TOKENS),
@@ -256,6 +281,14 @@ SETTINGS: tuple[Setting, ...] = (
     _limits("max_stop_chars", I, 256, "longest stop string, in characters", lo=1, hi=4096),
     _limits("anonymous_rpcs", I, 8, "health calls without a valid token served at once (Watch streams "
             "included), on threads of their own; beyond: RESOURCE_EXHAUSTED", lo=1, hi=1024),
+    _limits("caller_concurrent", I, 0, "requests one caller (token name, certificate subject, or anonymous) may "
+            "have running or queued at once; beyond: 429 / RESOURCE_EXHAUSTED with Retry-After / "
+            "grpc-retry-pushback-ms (0 = no cap)", lo=0, hi=1 << 20),
+    _limits("caller_tokens_per_minute", I, 0, "prompt + completion tokens one caller may use in any 60 s; "
+            "beyond: refused until the window has room (0 = no cap)", lo=0, hi=1 << 40),
+    _limits("callers", L, [], "per-caller overrides, \"IDENTITY=CONCURRENT/TOKENS_PER_MINUTE\" (e.g. "
+            "\"token:batch=2/20000\", \"anonymous=1/5000\"; 0 = no cap); the identities named here are the "
+            "per-caller metrics' labels, every other caller is counted as `other`", check=_caller_limits),
     _auth("tokens_file", S, "", "sha256 hex hashes of bearer tokens, one per line, optionally named: name:hash "
           "(`edgespec config hash-token --name N`)", check=_file_or_empty),
     _auth("admin_tokens_file", S, "", "hashes of tokens that may also call the Admin service",
@@ -271,6 +304,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("http", "host", S, "127.0.0.1", "HTTP API address (a non-loopback one needs auth tokens or "
             "server.insecure)", check=check_host),
     Setting("http", "port", I, 8080, "HTTP API port (0 = pick a free one)", lo=0, hi=65535),
+    Setting("http", "strict", B, True, "refuse a request field OpenAI's API does not define, naming it (false: "
+            "ignore it and name it in the x-edgespec-warning response header)"),
     Setting("metrics", "enabled", B, False, "serve Prometheus text metrics over HTTP"),
     Setting("metrics", "host", S, "127.0.0.1", "metrics address (loopback by default)", check=check_host),
     Setting("metrics", "port", I, 9464, "metrics port", lo=0, hi=65535),
@@ -330,6 +365,7 @@ SECTION_HELP = {
     "server": "The gRPC listener, the engine's slots and queue, and what a request may ask for.",
     "target": "The target model: the distribution every mode reproduces exactly.",
     "draft": "The draft model that proposes tokens (its logits never change the output, only the speed).",
+    "embedding": "Embeddings (/v1/embeddings, Inference.Embed): the target's weights, or a model of their own.",
     "speculation": "The speculation policy and the shape defaults a request gets when it sets none. "
                    "SIGHUP reloads it; `edgespec policy` (Admin.SetPolicy) overrides stay on top until reset.",
     "limits": "What one request may send, checked by the gRPC and HTTP handlers before the engine sees it.",

@@ -74,7 +74,8 @@ def test_a_prompt_read_in_any_pieces_gives_the_same_cells(target_ctx):
     the same bits (prompts are read in whole n_batch pieces, a kept prefill is reusable at any
     length)."""
     model, ctx = target_ctx
-    toks = (model.tokenize(TEXT * 4))[:300]
+    toks = (model.tokenize(TEXT * 8))[:300]
+    assert len(toks) == 300
     nxt = toks[1:9]
     ref = None
     for pieces in ([300], [64] * 4 + [44], [7, 100, 193], [1, 2, 297]):

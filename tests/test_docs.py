@@ -277,7 +277,7 @@ def test_readme_links_the_references():
 
 # ---- configuration keys ------------------------------------------------------------------------
 
-SECTIONS = ("server", "target", "draft", "speculation", "limits", "auth", "tls", "http", "metrics", "logging", "controller")
+SECTIONS = ("server", "target", "draft", "embedding", "speculation", "limits", "auth", "tls", "http", "metrics", "logging", "controller")
 
 
 def _rendered(value: Any) -> str:

@@ -62,11 +62,16 @@ def plan_cmd(
     n_outputs: int = typer.Option(64, "--n-outputs", help="Logit rows per decode (tree nodes verified at once)."),
     flash_attn: bool = typer.Option(True, "--flash-attn/--no-flash-attn", help="Flash attention (no KQ buffer)."),
     cpu: bool = typer.Option(False, "--cpu", help="Plan for CPU inference (no CUDA runtime overhead)."),
+    embedding: str = typer.Option("target", "--embedding", help="The embedding model: 'target' (its weights "
+                                  "shared, a context of its own), a GGUF path, or 'none'."),
+    embedding_n_ctx: int = typer.Option(2048, "--embedding-n-ctx", help="The embedding context's cells."),
     headroom: float = typer.Option(0.05, "--headroom", help="Fraction of the device kept free."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Memory plan from GGUF metadata; exit 0 if it fits, 1 if it does not."""
-    from edgespec.plan import GIB, plan_memory, read_model_facts
+    from dataclasses import replace
+
+    from edgespec.plan import GIB, embedding_plan, plan_memory, read_model_facts
 
     with user_errors():
         if not 0 <= headroom < 1:
@@ -79,6 +84,11 @@ def plan_cmd(
             n_ctx=n_ctx, parallel=parallel, kv_type=kv_type, n_ubatch=n_batch,
             n_outputs=n_outputs, flash_attn=flash_attn, gpu=not cpu,
         )
+        if embedding != "none":
+            shared = embedding == "target"
+            facts = plan.target.facts if shared else read_model_facts(embedding)
+            plan = replace(plan, embedding=embedding_plan(facts, shared=shared, n_ctx=embedding_n_ctx,
+                                                          n_batch=embedding_n_ctx, flash_attn=flash_attn))
         if vram is not None:
             device_bytes, device = int(vram * GIB), f"--vram {vram:g} GiB"
         else:

@@ -54,11 +54,12 @@ ServerConfig = section_class("ServerConfig", "server", "[server]", __name__,
                              namespace={"loopback": property(_loopback)})
 SpeculationConfig = section_class("SpeculationConfig", "speculation", "[speculation]: what SIGHUP reloads", __name__)
 LimitsConfig = section_class("LimitsConfig", "limits", "[limits]: what one request may ask of the daemon, checked "
-                             "in the gRPC and HTTP handlers before the engine sees it", __name__)
+                             "in the gRPC and HTTP handlers before the engine sees it", __name__, tuples=("callers",))
 AuthConfig = section_class("AuthConfig", "auth", "[auth]", __name__, tuples=("admin_subjects",),
                            namespace={"enabled": property(_auth_enabled)})
 TlsConfig = section_class("TlsConfig", "tls", "[tls]", __name__, namespace={"enabled": property(_tls_enabled)})
 HttpConfig = section_class("HttpConfig", "http", "[http]", __name__)
+EmbeddingConfig = section_class("EmbeddingConfig", "embedding", "[embedding]", __name__)
 MetricsConfig = section_class("MetricsConfig", "metrics", "[metrics]", __name__)
 LoggingConfig = section_class("LoggingConfig", "logging", "[logging]", __name__)
 AuditConfig = section_class("AuditConfig", "audit", "[audit]: shadow decodes that check exactness on live traffic",
@@ -77,8 +78,10 @@ class DaemonConfig:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     controller: dict = field(default_factory=dict)  # handed to edgespec.controller as-is
     rpc_servers: tuple[str, ...] = ()  # [target] rpc_servers: registered before the engine loads
+    chat_template: str = ""  # [target] chat_template: the file's text ("" = the GGUF's own)
     source: str = ""  # the file it came from ("" = defaults only)
     http: HttpConfig = field(default_factory=HttpConfig)
+    embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
 
 
@@ -199,7 +202,7 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 def _model(values: dict[str, Any], demo_name: str) -> ModelConfig:
     path = values["path"] or str(models_dir() / demo_name)
     return ModelConfig(path=str(Path(path).expanduser()),
-                       **{k: v for k, v in values.items() if k in SECTIONS["target"] and k not in ("path", "rpc_servers")})
+                       **{k: v for k, v in values.items() if k in SECTIONS["target"] and k not in ("path", "rpc_servers", "chat_template")})
 
 
 def load(
@@ -234,13 +237,34 @@ def load(
         tls=TlsConfig(**values["tls"]),
         metrics=MetricsConfig(**values["metrics"]),
         logging=LoggingConfig(**values["logging"]),
-        limits=LimitsConfig(**values["limits"]),
+        limits=LimitsConfig(**{**values["limits"], "callers": tuple(values["limits"]["callers"])}),
         controller={k: values["controller"][k] for k in controller},
         source=str(path or ""),
         http=HttpConfig(**values["http"]),
+        embedding=EmbeddingConfig(**{**values["embedding"],
+                                     "path": str(Path(values["embedding"]["path"]).expanduser())
+                                     if values["embedding"]["path"] else ""}),
         audit=AuditConfig(**values["audit"]),
         rpc_servers=tuple(values["target"]["rpc_servers"]),
+        chat_template=_chat_template(values["target"]["chat_template"]),
     )
+
+
+def _chat_template(path: str) -> str:
+    """[target] chat_template's text, checked to compile (ConfigError naming the key)."""
+    if not path:
+        return ""
+    from edgespec.chat import ChatTemplate
+
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidConfig([("target.chat_template", f"cannot read {path}: {exc}")]) from None
+    try:
+        ChatTemplate(text, origin="target.chat_template")
+    except ConfigError as exc:
+        raise InvalidConfig([(exc.key, str(exc).split(": ", 1)[-1])]) from None
+    return text
 
 
 def _cross_checks(values: dict[str, dict[str, Any]], found: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -316,14 +340,16 @@ def _engine(values: dict[str, dict[str, Any]], check_models: bool, problems: lis
     # the memory plan covers this box only: with rpc_servers the target's layers go to other boxes
     if check_models and not problems and not values["target"]["rpc_servers"]:
         try:
-            check_memory(engine)
+            emb = values["embedding"]
+            check_memory(engine, EmbeddingConfig(**{**emb, "path": str(Path(emb["path"]).expanduser()) if emb["path"]
+                                                    else ""}))
         except ConfigError as exc:
             problems.append(("target.n_ctx", f"with server.parallel = {engine.parallel}, the memory plan "
                              + str(exc).split(": ", 1)[-1]))
     return engine
 
 
-def check_memory(engine_cfg: EngineConfig) -> None:
+def check_memory(engine_cfg: EngineConfig, embedding: Any = None) -> None:
     """Refuse, with the memory plan's explanation, a configuration that does not fit the device it
     would run on (GPU memory when layers are offloaded to a GPU, else RAM)."""
     from edgespec.plan import check_fits, plan_for_config, system_memory_bytes
@@ -333,7 +359,7 @@ def check_memory(engine_cfg: EngineConfig) -> None:
         from edgespec import backend
 
         gpus = [d for d in backend.devices() if d.kind == "gpu"]
-    plan = plan_for_config(engine_cfg, gpu=bool(gpus))
+    plan = plan_for_config(engine_cfg, gpu=bool(gpus), embedding=embedding)
     if gpus:
         check_fits(plan, gpus[0].total_bytes, device=gpus[0].name)
     else:
@@ -356,10 +382,26 @@ def reload_config(cfg: DaemonConfig, env: Mapping[str, str] | None = None) -> Da
     return replace(cfg, auth=new.auth, tls=new.tls, speculation=new.speculation)
 
 
+SHIPPED_HEADER = """\
+# edgespec daemon configuration. Every key is listed with its default and meaning.
+# Generated from the declaration (edgespec/settings.py): `edgespec config defaults > configs/edgespec.toml`.
+# Precedence: this file < environment EDGESPEC_<SECTION>_<KEY> (e.g. EDGESPEC_SERVER_PORT=50052)
+#             < `edgespec serve` flags (--host, --port, --http-port, --reflection, --insecure, --parallel,
+#               --log-level).
+# Check a file with `edgespec config validate FILE` (lists every problem, exit 2 if any).
+# SIGHUP (systemctl reload edgespec) re-reads [auth], [tls] (and the files they name) and [speculation]
+# without dropping requests; the other sections need a restart. Values set with `edgespec policy`
+# (Admin.SetPolicy) stay on top of the file's [speculation] until `edgespec policy --reset`.
+"""
+
+
 def documented_defaults() -> str:
-    """A TOML document listing every key with its default and documentation (configs/edgespec.toml)."""
-    lines: list[str] = []
+    """A TOML document listing every key with its default and documentation: configs/edgespec.toml
+    is this text (tests/server/test_config_reference.py fails when the file is stale)."""
+    lines: list[str] = [SHIPPED_HEADER]
     for section, keys in SECTIONS.items():
+        if section in SECTION_HELP:
+            lines.append(f"# {SECTION_HELP[section]}")
         lines.append(f"[{section}]")
         for key, s in keys.items():
             lines.append(f"# {s.help}")

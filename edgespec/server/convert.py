@@ -3,7 +3,9 @@ The servicers stay thin: they call these and the engine loop."""
 
 from __future__ import annotations
 
+import json
 import string
+from collections.abc import Sequence
 
 from edgespec.errors import BadRequest
 from edgespec.proto.edgespec.v1 import admin_pb2, inference_pb2 as pb
@@ -11,13 +13,14 @@ from edgespec.sampling import SamplingParams
 from edgespec.server.config import LimitsConfig
 from edgespec.server.policy import Policy, sampling_for, speculation_for
 from edgespec.settings import SAMPLING, SPECULATION
+from edgespec.tools import ToolCall, ToolSpec, parse_history_calls, parse_tools
 from edgespec.types import MAX_TOP_LOGPROBS, ConstraintSpec, GenerationResult, SpeculationParams, TokenLogprob
 
 ROLES = ("system", "user", "assistant", "tool")
 _MODES = {pb.AUTO: "auto", pb.OFF: "plain", pb.CHAIN: "chain", pb.TREE: "tree"}
 FINISH = {
     "stop": pb.STOP, "length": pb.LENGTH, "eos": pb.EOS,
-    "cancelled": pb.CANCELLED, "deadline": pb.DEADLINE, "error": pb.ERROR,
+    "cancelled": pb.CANCELLED, "deadline": pb.DEADLINE, "error": pb.ERROR, "tool_calls": pb.TOOL_CALLS,
 }
 _POLICY_IN = {admin_pb2.SPECULATION_POLICY_AUTO: "auto", admin_pb2.SPECULATION_POLICY_OFF: "off"}
 _POLICY_OUT = {v: k for k, v in _POLICY_IN.items()}
@@ -35,6 +38,53 @@ def text_within(text: str, field: str, limits: LimitsConfig) -> str:
     return text
 
 
+def tools_from(req: pb.GenerateRequest) -> ToolSpec | None:
+    """GenerateRequest.tools as OpenAI's fields, checked by edgespec.tools (fields named tools.*)."""
+    if not req.HasField("tools") or not req.tools.tools:
+        if req.HasField("tools") and req.tools.choice not in ("", "none", "auto"):
+            raise BadRequest("tools.choice", "needs tools")
+        return None
+    if not req.messages:
+        raise BadRequest("tools", "tool calling needs messages, not a prompt")
+    specs = []
+    for i, t in enumerate(req.tools.tools):
+        params = None
+        if t.parameters_json:
+            try:
+                params = json.loads(t.parameters_json)
+            except ValueError:
+                raise BadRequest(f"tools.tools[{i}].parameters_json", "must be JSON text") from None
+        specs.append({"type": "function", "function": {"name": t.name, "description": t.description,
+                                                       **({"parameters": params} if params is not None else {})}})
+    c = req.tools.choice
+    choice: object = None if c == "" else c if c in ("auto", "none", "required") else \
+        {"type": "function", "function": {"name": c}}
+    parallel = req.tools.parallel_tool_calls if req.tools.HasField("parallel_tool_calls") else None
+    try:
+        return parse_tools(specs, choice, parallel)
+    except BadRequest as exc:
+        field = exc.field.replace("tool_choice.function.name", "choice").replace("tool_choice", "choice") \
+            .replace(".function.", ".").replace("parallel_tool_calls", "parallel_tool_calls")
+        raise BadRequest(f"tools.{field}", str(exc).split(": ", 1)[-1]) from None
+
+
+def message_extras(msgs: object) -> tuple[dict, ...]:
+    """Each ChatMessage's tool_calls / tool_call_id, as edgespec.tools reads them (empty when none has any)."""
+    out: list[dict] = []
+    for i, m in enumerate(msgs):  # type: ignore[attr-defined]
+        e: dict = {}
+        if m.tool_calls:
+            if m.role != "assistant":
+                raise BadRequest(f"messages[{i}].tool_calls", "only assistant messages carry tool calls")
+            e["tool_calls"] = parse_history_calls(
+                [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments or "{}"}}
+                 for c in m.tool_calls], f"messages[{i}].tool_calls")
+        if m.tool_call_id:
+            e["tool_call_id"] = m.tool_call_id
+        out.append(e)
+    return tuple(out) if any(out) else ()
+
+
 def messages_from(msgs: object, field: str = "messages",
                   limits: LimitsConfig = DEFAULT_LIMITS) -> tuple[tuple[str, str], ...]:
     """Checked before any of it is looked at further: the count, then each role, then the contents'
@@ -47,7 +97,7 @@ def messages_from(msgs: object, field: str = "messages",
     for i, m in enumerate(msgs):  # type: ignore[attr-defined]
         if m.role not in ROLES:
             raise BadRequest(f"{field}[{i}].role", f"must be one of {', '.join(ROLES)}, got {m.role!r}")
-        size += len(m.content.encode("utf-8"))
+        size += len(m.content.encode("utf-8")) + sum(len(c.arguments.encode("utf-8")) for c in m.tool_calls)
         if size > limits.max_prompt_bytes:
             raise BadRequest(f"{field}[{i}].content", f"the messages' contents together at most "
                              f"{limits.max_prompt_bytes} bytes (limits.max_prompt_bytes)")
@@ -112,7 +162,8 @@ def validate_request_id(rid: str) -> str:
 
 def response(result: GenerationResult | None, *, text: str, token_ids: list[int] | tuple[int, ...],
              timings: dict[str, float] | None, request_id: str, prompt_tokens: int = 0,
-             logprobs: tuple[TokenLogprob, ...] | list[TokenLogprob] = ()) -> pb.GenerateResponse:
+             logprobs: tuple[TokenLogprob, ...] | list[TokenLogprob] = (),
+             tool_calls: Sequence[ToolCall] = ()) -> pb.GenerateResponse:
     """A unary response / a final stream chunk (when `result` is set) / a plain chunk (result None).
     `logprobs`: one per token id of this message, when the request asked for them."""
     out = pb.GenerateResponse(text=text, token_ids=list(token_ids), request_id=request_id,
@@ -121,6 +172,10 @@ def response(result: GenerationResult | None, *, text: str, token_ids: list[int]
         return out
     st = result.stats
     out.finish_reason = FINISH.get(result.finish_reason, pb.ERROR)
+    if tool_calls:
+        out.tool_calls.extend(pb.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in tool_calls)
+        if result.finish_reason in ("stop", "eos"):
+            out.finish_reason = pb.TOOL_CALLS
     out.usage.prompt_tokens = result.prompt_tokens or prompt_tokens
     out.usage.completion_tokens = len(result.token_ids)
     out.usage.cached_prompt_tokens = st.cached_prompt_tokens

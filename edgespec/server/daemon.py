@@ -6,6 +6,7 @@ edgespec.notify when present)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import ssl
 import sys
@@ -60,6 +61,25 @@ class _Systemd:
             pass
 
 
+STARTUP_SECONDS_PER_MODEL = 300.0  # mapping, warm-up and the first forwards of one model
+STARTUP_DISK_BYTES_PER_SECOND = 25 << 20  # a slow disk: 25 MiB/s
+
+
+def startup_timeout_seconds(cfg: DaemonConfig) -> float:
+    """How long systemd should wait for READY=1: for each model the daemon loads at start (the
+    target, the draft), a fixed allowance plus its file read at a slow disk's speed, so a large
+    model on a slow disk is not killed while it loads."""
+    paths = [cfg.engine.target.path] + ([cfg.engine.draft.path] if cfg.engine.draft is not None else [])
+    total = 0.0
+    for path in paths:
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            size = 0
+        total += STARTUP_SECONDS_PER_MODEL + size / STARTUP_DISK_BYTES_PER_SECOND
+    return total
+
+
 def default_engine_factory(cfg: DaemonConfig) -> Callable[[], Any]:
     def load() -> Any:
         from edgespec.engine import Engine
@@ -76,7 +96,7 @@ def default_engine_factory(cfg: DaemonConfig) -> Callable[[], Any]:
             log.info("rpc_servers", servers=list(cfg.rpc_servers),
                      devices=[{"name": d.name, "free_bytes": d.free_bytes} for d in devs])
         else:
-            check_memory(cfg.engine)
+            check_memory(cfg.engine, cfg.embedding)
         engine = Engine.load(cfg.engine, controller_cfg=controller_cfg)
         if cfg.speculation.suffix_cache_persist:
             _load_suffix(engine)
@@ -154,6 +174,15 @@ class Daemon:
         self.auth = auth_from_config(cfg)
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self.systemd = _Systemd()
+        from edgespec.server.callers import CallerLimits
+        from edgespec.server.embeddings import Embedder
+
+        self.callers = CallerLimits(cfg.limits)  # per-caller limits and figures, for gRPC and HTTP alike
+        self.metrics.callers = self.callers.snapshot
+
+        # made on the first embedding request, on the target's weights unless [embedding] path is set
+        self.embedder = Embedder(cfg.embedding, cfg.engine.target, lambda: self.loop.encoder) \
+            if cfg.embedding.enabled else None
         self.loop = EngineLoop(
             engine_factory or default_engine_factory(cfg),
             parallel=cfg.server.parallel,
@@ -207,6 +236,8 @@ class Daemon:
             new = reload_config(self.cfg)
             auth = auth_from_config(new)
             tls = _tls_files(new) if new.tls.enabled else None
+            if tls is not None and self.http is not None:  # before anything is swapped: a bad pair changes nothing
+                self.http.reload_tls(new.tls)
             file_policy = Policy.from_config(new.speculation, new.server) if new.source else None
             if file_policy is not None:
                 with self._policy_lock:  # the admin overrides must still apply on top of it
@@ -320,10 +351,11 @@ class Daemon:
         )
         inference_pb2_grpc.add_InferenceServicer_to_server(
             InferenceServicer(self.loop, self.policy, parallel=s.parallel, limits=self.cfg.limits,
-                              digests=lambda: self.model_digests), server)
+                              digests=lambda: self.model_digests, chat_template=self.cfg.chat_template,
+                              embedder=self.embedder, callers=self.callers), server)
         admin_pb2_grpc.add_AdminServicer_to_server(
             AdminServicer(self.loop, self.policy, self.update_policy, self._drain, self.started,
-                          last_reload=lambda: self.last_reload), server)
+                          last_reload=lambda: self.last_reload, callers=self.callers), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         if s.reflection:
@@ -353,7 +385,9 @@ class Daemon:
         if self.cfg.http.enabled:
             from edgespec.server.http_api import HttpServer, http_address
 
-            self.http = HttpServer(self.cfg, self.loop, self.policy, lambda: self.auth)  # the tokens in force
+            self.http = HttpServer(self.cfg, self.loop, self.policy, lambda: self.auth,  # the tokens in force
+                                   embedder=self.embedder, callers=self.callers,
+                                   metrics=self.metrics.render if self.cfg.metrics.enabled else None)
             self.http.start()
             print(f"HTTP {self.http.scheme}://{http_address(self.cfg.http.host, self.http.port)}", flush=True)
         if self.cfg.metrics.enabled:
@@ -361,7 +395,7 @@ class Daemon:
             self._metrics_server = serve_metrics(self.metrics, m.host, m.port, authorize=self._metrics_authorized)
             log.info("metrics_listening", address=format_address(m.host, self._metrics_server.server_address[1]))
         self.systemd("status", "loading models")
-        self.systemd("extend_timeout", 600.0)
+        self.systemd("extend_timeout", startup_timeout_seconds(self.cfg))
         self.loop.start()
         return self.port
 

@@ -15,9 +15,9 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from edgespec import chat
 from edgespec.errors import ForwardAborted, NotReady, Overloaded
@@ -27,6 +27,45 @@ from edgespec.sampling import SamplingParams
 from edgespec.types import Chunk, GenerationRequest, GenerationResult, SpecStats, SpeculationParams
 
 log = get_logger("edgespec.server.engine")
+
+
+class LoopSession(Protocol):
+    """What the loop needs of one request's session (edgespec.session.Session)."""
+
+    breaker_state: str | None  # an auto request's breaker state, None otherwise
+
+    @property
+    def done(self) -> bool: ...
+
+    def result(self) -> GenerationResult: ...
+
+    def close(self, reason: str | None = None) -> None: ...
+
+
+class LoopEngine(Protocol):
+    """What the loop needs of an engine (edgespec.engine.Engine; the tests' FakeEngine). All of
+    it runs on the loop's thread, except `encoder`, which the handler threads use."""
+
+    capabilities: frozenset[str]  # "constraint", "logprobs": what requests may ask of it
+    tick_totals: Mapping[str, float]  # seconds per tick phase, ticks, ... since load
+
+    @property
+    def encoder(self) -> Any: ...  # the thread-safe tokenizer and chat template (backend.Model), or None
+
+    def warmup(self) -> None: ...
+
+    def open_session(self, req: GenerationRequest) -> LoopSession: ...
+
+    def tick(self, sessions: Sequence[LoopSession]) -> Mapping[LoopSession, Chunk]: ...
+
+    def idle_work(self) -> bool: ...  # one piece of background work; True while more is left
+
+    def close(self) -> None: ...
+
+    # an engine whose encoder is None tokenises its jobs itself (chat.ChatTokenizer)
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+
+    def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> str: ...
 
 HEARTBEAT_SECONDS = 1.0
 WATCH_SECONDS = 0.005  # how often the watch thread looks at a running tick's requests
@@ -47,6 +86,7 @@ class Job:
     logprobs: int | None = None  # see GenerationRequest.logprobs
     constraint: Any = None  # a types.ConstraintSpec, or None
     caller: str = ""  # the caller's identity (auth.Decision.identity): its suffix cache partition
+    tools: Any = None  # an edgespec.tools.ToolSpec (its grammar is `constraint`): the answer is parsed for calls
     deadline: float | None = None  # time.monotonic() value
     submitted: float = field(default_factory=time.monotonic)
     started: float | None = None  # admitted to a slot
@@ -82,7 +122,7 @@ class Job:
 @dataclass
 class _Active:
     job: Job
-    session: Any
+    session: LoopSession
 
 
 class EngineLoop:
@@ -91,7 +131,7 @@ class EngineLoop:
 
     def __init__(
         self,
-        factory: Callable[[], Any],
+        factory: Callable[[], LoopEngine],
         *,
         parallel: int,
         queue_size: int,
@@ -248,9 +288,9 @@ class EngineLoop:
             engine = self._factory()
             # the engine's thread-safe tokenizer and chat template, for the handler threads (None:
             # this engine has none; its jobs are then tokenised here, on the engine thread)
-            self.encoder = getattr(engine, "encoder", None)
+            self.encoder = engine.encoder
             engine.warmup()
-            self.capabilities = frozenset(getattr(engine, "capabilities", ()))
+            self.capabilities = frozenset(engine.capabilities)
         except BaseException as exc:  # noqa: BLE001 - reported to the starter
             self._error = exc
             log.error("engine_load_failed", error=str(exc), exc_info=True)
@@ -265,7 +305,7 @@ class EngineLoop:
         if self._on_ready:
             self._on_ready()
         active: list[_Active] = []
-        idle_work = getattr(engine, "idle_work", None)
+        idle_work = engine.idle_work
         idle_left = False  # the engine has idle work to do (Engine.idle_work)
         try:
             while True:
@@ -283,7 +323,7 @@ class EngineLoop:
                     calls = list(self._calls)
                     self._calls.clear()
                     idle = not active and not to_open and not calls
-                    waited = idle and not (idle_left and idle_work is not None)
+                    waited = idle and not idle_left
                     self._idle_done = waited and not self._pending
                     if waited:
                         self._wake.wait(HEARTBEAT_SECONDS)
@@ -293,7 +333,7 @@ class EngineLoop:
                     # one short piece (a draft forward of a few tokens), then look for work again:
                     # a request arriving meanwhile waits at most that piece
                     try:
-                        idle_left = bool(idle_work())  # type: ignore[misc]
+                        idle_left = bool(idle_work())
                     except Exception:  # an optimisation: never let it take the loop down
                         log.warning("idle_work_failed", exc_info=True)
                         idle_left = False
@@ -364,7 +404,7 @@ class EngineLoop:
         self.metrics.requests.inc(label=reason)
         job.events.put(("result", res))
 
-    def _open(self, engine: Any, job: Job, active: list[_Active]) -> None:
+    def _open(self, engine: LoopEngine, job: Job, active: list[_Active]) -> None:
         now = time.monotonic()
         if job.cancelled or job.expired(now):
             self._finish_unstarted(job, self._stop_reason(job, now))
@@ -390,7 +430,7 @@ class EngineLoop:
                  mode=job.speculation.mode, queue_seconds=round(now - job.submitted, 4), **fields)
         active.append(_Active(job, session))
 
-    def _tick(self, engine: Any, active: list[_Active]) -> None:
+    def _tick(self, engine: LoopEngine, active: list[_Active]) -> None:
         """One engine tick over every active session; hand out the chunks."""
         by_session = {a.session: a for a in active}
         with self._watch_lock:
@@ -422,9 +462,7 @@ class EngineLoop:
                 self.metrics.requests.inc(label="error")
                 a.job.events.put(("error", exc))
             return
-        totals = getattr(engine, "tick_totals", None)
-        if totals is not None:
-            self.tick_totals = dict(totals)  # a snapshot for the handler threads
+        self.tick_totals = dict(engine.tick_totals)  # a snapshot for the handler threads
         suffix_stats = getattr(engine, "suffix_stats", None)
         if suffix_stats is not None:
             self.suffix_cache = suffix_stats()
@@ -505,7 +543,7 @@ class EngineLoop:
         log.warning("audit_shadow_mismatch", request_id=rid, first_differing_token=k,
                     speculative_tokens=len(expected), plain_tokens=len(result.token_ids))
 
-    def _shutdown(self, engine: Any, active: list[_Active]) -> None:
+    def _shutdown(self, engine: LoopEngine, active: list[_Active]) -> None:
         for a in list(active):
             self._end(a, active, close_reason="cancelled")
         with self._lock:

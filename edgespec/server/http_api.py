@@ -18,6 +18,7 @@ configured (the gRPC token files).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import socket
@@ -40,10 +41,13 @@ from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from edgespec import chat as chat_encoding
+from edgespec import tools as tools_mod
 from edgespec.errors import BadRequest, Cancelled, ConfigError, EdgespecError, ModelError, NotReady, Overloaded
 from edgespec.logs import bind_request_id, clear_request, get_logger
 from edgespec.server import openai_api as oa
+from edgespec.server import embeddings as emb
 from edgespec.server.auth import TokenAuth
+from edgespec.server.callers import CallerLimits, current_caller, retry_after_seconds
 from edgespec.server.config import DaemonConfig, LimitsConfig
 from edgespec.server.convert import validate_request_id
 from edgespec.server.engine_loop import EngineLoop, Job
@@ -105,7 +109,8 @@ def error_response(exc: BaseException, path: str = "") -> JSONResponse:
         log.error("http_failed", path=path, error=repr(exc), exc_info=exc)
     else:
         log.info("http_rejected", path=path, status=status, detail=body["error"]["message"])
-    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if status in (429, 503) else {}
+    ra = retry_after_seconds(exc)
+    headers = {"Retry-After": str(ra or RETRY_AFTER_SECONDS)} if status in (429, 503) else {}
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
     return JSONResponse(body, status_code=status, headers=headers)
@@ -120,8 +125,15 @@ class HttpApi:
 
     def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], auth: Callable[[], TokenAuth], *,
                  model_id: str, created: int, max_body_bytes: int, threads: int, n_ctx: int,
-                 limits: LimitsConfig | None = None):
+                 limits: LimitsConfig | None = None, chat_template: str = "",
+                 embedder: emb.Embedder | None = None, strict: bool = True, callers: CallerLimits | None = None,
+                 metrics: Callable[[], str] | None = None):
         self.loop = loop
+        self.embedder = embedder
+        self.metrics = metrics  # the Prometheus text ([metrics] enabled), served at /metrics under the API's auth
+        self.callers = callers  # per-caller limits and figures (shared with gRPC), None: no limits
+        self.strict = strict  # [http] strict: unknown request fields refused (else ignored with a warning header)
+        self.chat_template = chat_template  # [target] chat_template's text ("" = the GGUF's own)
         self.n_ctx = n_ctx
         self.limits = limits or LimitsConfig()
         self.policy = policy
@@ -137,6 +149,8 @@ class HttpApi:
                 Route("/v1/chat/completions", self._endpoint(self.chat), methods=["POST"]),
                 Route("/v1/completions", self._endpoint(self.completions), methods=["POST"]),
                 Route("/v1/models", self._endpoint(self.models), methods=["GET"]),
+                Route("/v1/embeddings", self._endpoint(self.embeddings), methods=["POST"]),
+                *([Route("/metrics", self._endpoint(self.metrics_text), methods=["GET"])] if metrics else []),
                 Route("/health", self._endpoint(self.health, open_=True), methods=["GET"]),
                 Route("/tokenize", self._endpoint(self.tokenize), methods=["POST"]),
                 Route("/detokenize", self._endpoint(self.detokenize), methods=["POST"]),
@@ -150,32 +164,46 @@ class HttpApi:
         """Request id, auth and error mapping around a route."""
         async def handle(request: Request) -> Response:
             clear_request()
-            rid = request.headers.get("x-request-id", "")
+            started = time.monotonic()
+            caller_rid = request.headers.get("x-request-id", "")
+            rid = uuid.uuid4().hex[:16]
+            client = request.client
+            peer = f"{'ipv6' if client and ':' in client.host else 'ipv4'}:{client.host}:{client.port}" \
+                if client else "unknown"
+            bind_request_id(request_id=rid, peer=peer)
+            decision = self.auth().decide(AUTH_METHOD, request.headers.get("authorization"),
+                                          client_subject(request.scope))
+            bind_request_id(caller=decision.identity)
             try:
-                rid = validate_request_id(rid) or uuid.uuid4().hex[:16]
-            except BadRequest:
-                rid = uuid.uuid4().hex[:16]
-            bind_request_id(request_id=rid)
-            try:
-                decision = None if open_ else self.auth().decide(AUTH_METHOD, request.headers.get("authorization"),
-                                                                 client_subject(request.scope))
-                if decision is not None:
-                    bind_request_id(caller=decision.identity)  # also the suffix cache's partition
-                if decision is not None and decision.verdict is not None:
+                try:  # as over gRPC: a malformed id is refused by name, not silently replaced
+                    caller_rid = validate_request_id(caller_rid)
+                except BadRequest:
+                    caller_rid = ""
+                    raise BadRequest("x-request-id", "at most 128 characters of [A-Za-z0-9-_.:]") from None
+                if caller_rid:
+                    rid = caller_rid  # the job takes the caller's id
+                    bind_request_id(request_id=rid, x_request_id=caller_rid)
+                if not open_ and decision.verdict is not None:
                     raise Unauthenticated("missing or invalid bearer token (header 'Authorization: Bearer <token>') "
                                           "or client certificate")
                 resp = await fn(request, rid)
             except Exception as exc:  # noqa: BLE001 - mapped in one place
                 resp = error_response(exc, request.url.path)
             resp.headers["x-request-id"] = rid
+            # the access line, as gRPC's `rpc` line: peer, caller, x_request_id bound above (a stream's
+            # status is its first line's; how the stream ended is in the generation's own lines)
+            level = log.debug if request.url.path == "/health" else log.info
+            level("http", method=request.method, path=request.url.path, status=resp.status_code,
+                  seconds=round(time.monotonic() - started, 6))
             return resp
 
         return handle
 
     async def _http_exception(self, request: Request, exc: HTTPException) -> Response:
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return JSONResponse(oa.error_body(f"{request.method} {request.url.path}: {exc.detail}", type_),
-                            status_code=exc.status_code)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return JSONResponse(oa.error_body(f"{request.method} {request.url.path}: {exc.detail}", type_, code=code),
+                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     async def _json(self, request: Request) -> Any:
         size = 0
@@ -216,16 +244,20 @@ class HttpApi:
                 self._vocab = got
         return self._vocab
 
-    async def _prompt_tokens(self, prompt: str, messages: tuple[tuple[str, str], ...]) -> tuple[int, ...] | None:
+    async def _prompt_tokens(self, req: oa.CompletionRequest) -> tuple[int, ...] | None:
         """The prompt tokenised here (a worker thread), as the gRPC servicer does: the engine
-        thread gets token ids. None for an engine without an encoder (its thread tokenises)."""
+        thread gets token ids. None for an engine without an encoder (its thread tokenises;
+        then a request with tools or tool turns is refused: they need the chat template here)."""
         enc = self.loop.encoder
         if enc is None:
             if not self.loop.ready:
                 raise NotReady("the models are still loading")
+            if req.tools is not None or req.extras:
+                raise BadRequest("tools", "tool calling is not available on this server's engine")
             return None
 
-        return tuple(await anyio.to_thread.run_sync(chat_encoding.encode_prompt, enc, prompt, messages,
+        return tuple(await anyio.to_thread.run_sync(tools_mod.encode_request, enc, req.prompt, req.messages,
+                                                    req.extras, req.tools, self.chat_template,
                                                     limiter=self.limiter))
 
     def _wait(self, job: Job, until_result: bool) -> list[tuple[str, Any]]:
@@ -270,9 +302,27 @@ class HttpApi:
         return await self._generate(request, rid, chat=False)
 
     async def _generate(self, request: Request, rid: str, *, chat: bool) -> Response:
+        """Admitted under the caller's own limits ([limits] caller_*) for as long as it runs (a
+        stream: until it ends)."""
+        hold = contextlib.ExitStack()
+        used: Callable[[int], None] = lambda n: None  # noqa: E731
+        if self.callers is not None:
+            used = hold.enter_context(self.callers.admit(current_caller()))
+        try:
+            resp = await self._generate_admitted(request, rid, chat=chat, hold=hold, used=used)
+        except BaseException:
+            hold.close()
+            raise
+        if not isinstance(resp, StreamingResponse):
+            hold.close()
+        return resp
+
+    async def _generate_admitted(self, request: Request, rid: str, *, chat: bool, hold: contextlib.ExitStack,
+                                 used: Callable[[int], None]) -> Response:
         body = await self._json(request)
         try:
-            req = oa.parse_request(body, chat=chat, policy=self.policy(), models=(self.model_id,), limits=self.limits)
+            req = oa.parse_request(body, chat=chat, policy=self.policy(), models=(self.model_id,), limits=self.limits,
+                                   strict=self.strict)
         except BadRequest as exc:
             if exc.field == "model":
                 raise UnknownModel("model", str(exc).split(": ", 1)[-1]) from None
@@ -280,14 +330,15 @@ class HttpApi:
         caps = self.loop.capabilities
         if req.constraint is not None and "constraint" not in caps:
             field = "edgespec.constraint" if isinstance(body.get("edgespec"), dict) and \
-                body["edgespec"].get("constraint") is not None else "response_format"
+                body["edgespec"].get("constraint") is not None else \
+                "tools" if req.tools is not None and body.get("response_format") is None else "response_format"
             raise BadRequest(field, "structured output is not available on this server's engine yet")
         piece: oa.Piece | None = None
         if req.logprobs is not None:
             pieces = await self._vocabulary()
             piece = lambda t: pieces[t] if 0 <= t < len(pieces) else b""  # noqa: E731
         deadline = time.monotonic() + req.timeout_seconds if req.timeout_seconds else None
-        tokens = await self._prompt_tokens(req.prompt, req.messages)
+        tokens = await self._prompt_tokens(req)
         job = Job(request_id=rid, sampling=req.sampling, speculation=req.speculation, prompt=req.prompt,
                   messages=req.messages, prompt_tokens=tokens, logprobs=req.logprobs, constraint=req.constraint,
                   deadline=deadline, caller=structlog.contextvars.get_contextvars().get("caller", ""))
@@ -300,12 +351,16 @@ class HttpApi:
             except BaseException:
                 job.cancel()
                 raise
-            return StreamingResponse(self._stream(req, job, first, rid_out, created, piece),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        names = ", ".join(req.ignored).encode("ascii", "backslashreplace").decode()[:1000]
+        warning = {"x-edgespec-warning": f"ignored unknown fields: {names}"} if req.ignored else {}
+        if req.stream:
+            return StreamingResponse(self._stream(req, job, first, rid_out, created, piece, hold, used),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache", **warning})
         result = await self._unary(request, job)
+        used(len(job.prompt_tokens or ()) + len(result.token_ids))
         return JSONResponse(oa.completion_body(req, rid=rid_out, created=created, model=self.model_id, result=result,
                                                prompt_tokens=len(job.prompt_tokens or ()), timings=job.timings(),
-                                               piece=piece or (lambda t: b"")))
+                                               piece=piece or (lambda t: b"")), headers=warning)
 
     async def _unary(self, request: Request, job: Job) -> GenerationResult:
         """Wait for the result; the client going away cancels the job."""
@@ -334,10 +389,12 @@ class HttpApi:
                 job.cancel()
 
     async def _stream(self, req: oa.CompletionRequest, job: Job, first: list[tuple[str, Any]], rid: str,
-                      created: int, piece: oa.Piece | None) -> AsyncIterator[bytes]:
+                      created: int, piece: oa.Piece | None, hold: contextlib.ExitStack | None = None,
+                      used: Callable[[int], None] | None = None) -> AsyncIterator[bytes]:
         kw = {"rid": rid, "created": created, "model": self.model_id}
         done = False
         offset = 0
+        answer = tools_mod.AnswerStream() if req.parses_calls else None
         try:
             if req.chat:
                 yield _sse(oa.chunk_body(req, text=None, role=True, **kw))
@@ -346,6 +403,11 @@ class HttpApi:
                 for kind, value in events:
                     if kind == "chunk":
                         c: Chunk = value
+                        if answer is not None:  # text held back while it may open a call; calls whole
+                            for body in oa.tool_chunks(req, answer.feed(c.text), answer, **kw):
+                                yield _sse(body)
+                            offset += len(c.text)
+                            continue
                         if c.text or c.logprobs:
                             yield _sse(oa.chunk_body(req, text=c.text, logprobs=c.logprobs, piece=piece,
                                                      offset=offset, **kw))
@@ -353,8 +415,16 @@ class HttpApi:
                         continue
                     result: GenerationResult = value
                     done = True
+                    if used is not None:
+                        used(len(job.prompt_tokens or ()) + len(result.token_ids))
                     self._check_end(result)
-                    last = oa.chunk_body(req, text=None, finish=result.finish_reason, **kw)
+                    finish = result.finish_reason
+                    if answer is not None:
+                        for body in oa.tool_chunks(req, answer.finish(), answer, **kw):
+                            yield _sse(body)
+                        if answer.calls and finish in ("stop", "eos"):
+                            finish = "tool_calls"
+                    last = oa.chunk_body(req, text=None, finish=finish, **kw)
                     last["edgespec"] = oa.speculation_stats(result, job.timings())
                     yield _sse(last)
                     if req.include_usage:
@@ -371,6 +441,8 @@ class HttpApi:
         finally:
             if not done or job.finished is None:
                 job.cancel()  # the client went away (the generator was closed) or the stream broke
+            if hold is not None:
+                hold.close()  # the caller's place
         yield b"data: [DONE]\n\n"
 
     # ---- the rest ------------------------------------------------------------------------------
@@ -378,6 +450,34 @@ class HttpApi:
     async def models(self, request: Request, rid: str) -> Response:
         return JSONResponse({"object": "list", "data": [
             {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "edgespec"}]})
+
+    async def metrics_text(self, request: Request, rid: str) -> Response:
+        assert self.metrics is not None
+        return Response(self.metrics(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @property
+    def embedding_model_id(self) -> str:
+        path = self.embedder.cfg.path if self.embedder is not None else ""
+        return Path(path).name.removesuffix(".gguf") if path else self.model_id
+
+    async def embeddings(self, request: Request, rid: str) -> Response:
+        body = await self._json(request)
+        if self.embedder is None:
+            raise UnknownModel("model", "embeddings are off on this server ([embedding] enabled = false)")
+        names = tuple(dict.fromkeys((self.embedding_model_id, self.model_id)))
+        try:
+            req = emb.parse_request(body, models=names, max_inputs=self.embedder.cfg.max_inputs,
+                                    max_bytes=self.limits.max_prompt_bytes)
+        except BadRequest as exc:
+            if exc.field == "model":
+                raise UnknownModel("model", str(exc).split(": ", 1)[-1]) from None
+            raise
+        with self.callers.admit(current_caller()) if self.callers is not None else \
+                contextlib.nullcontext(lambda n: None) as used:
+            vectors, n = await anyio.to_thread.run_sync(self.embedder.embed, req.inputs, limiter=self.limiter)
+            used(n)
+        return JSONResponse(emb.response_body(vectors, model=self.embedding_model_id, prompt_tokens=n,
+                                              encoding_format=req.encoding_format))
 
     async def health(self, request: Request, rid: str) -> Response:
         if self.loop.ready:
@@ -487,7 +587,8 @@ class HttpServer:
     jobs)."""
 
     def __init__(self, cfg: DaemonConfig, loop: EngineLoop, policy: Callable[[], Policy],
-                 auth: Callable[[], TokenAuth]):
+                 auth: Callable[[], TokenAuth], embedder: emb.Embedder | None = None,
+                 callers: CallerLimits | None = None, metrics: Callable[[], str] | None = None):
         self.cfg = cfg
         s = cfg.server
         target = Path(cfg.engine.target.path)
@@ -498,7 +599,8 @@ class HttpServer:
         workers = s.parallel + s.queue_size + 32  # as the gRPC server's handler threads
         self.api = HttpApi(loop, policy, auth, model_id=target.name.removesuffix(".gguf"), created=created,
                            max_body_bytes=s.max_message_bytes, threads=workers, n_ctx=cfg.engine.target.n_ctx,
-                           limits=cfg.limits)
+                           limits=cfg.limits, chat_template=cfg.chat_template, embedder=embedder,
+                           strict=cfg.http.strict, callers=callers, metrics=metrics)
         self._workers = workers
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -542,6 +644,17 @@ class HttpServer:
         self._thread.start()
         log.info("http_listening", address=f"{self.scheme}://{format_host(h.host)}:{self.port}")
         return self.port
+
+    def reload_tls(self, t: Any) -> None:
+        """SIGHUP: the HTTPS listener's certificate and key (and client CAs, added) re-read into
+        the SSL context uvicorn serves from: new handshakes get them, connections already open keep
+        theirs. ssl.SSLError / OSError for a bad pair (the daemon's reload then changes nothing)."""
+        ctx = getattr(self._server.config, "ssl", None) if self._server is not None else None
+        if ctx is None:
+            return
+        ctx.load_cert_chain(str(Path(t.cert).expanduser()), str(Path(t.key).expanduser()))
+        if t.client_ca:
+            ctx.load_verify_locations(cafile=str(Path(t.client_ca).expanduser()))
 
     def stop(self, grace: float | None = None) -> None:
         """Begin the graceful stop (returns at once); join() waits for it."""

@@ -75,6 +75,14 @@ class Gauge:
             yield f"{self.name}{_labels({self.label: label} if self.label else {})} {_num(x)}"
 
 
+class ReadCounter(Gauge):
+    """A counter read at scrape time (kept elsewhere), rendered as a counter."""
+
+    def render(self) -> Iterable[str]:
+        for line in super().render():
+            yield line.replace(" gauge", " counter", 1) if line.startswith("# TYPE") else line
+
+
 class Histogram:
     def __init__(self, name: str, doc: str, buckets: tuple[float, ...]):
         self.name, self.doc = name, doc
@@ -115,6 +123,8 @@ class Metrics:
 
     def __init__(self) -> None:
         self.state: Callable[[], dict] = lambda: {}
+        # per-caller figures (edgespec.server.callers.CallerLimits.snapshot): labels bounded by [limits] callers
+        self.callers: Callable[[], dict[str, dict[str, int]]] = lambda: {}
         self.ttft = Histogram("edgespec_time_to_first_token_seconds", "Time from admission to the first output token.", TTFT_BUCKETS)
         self.tpot = Histogram("edgespec_time_per_output_token_seconds", "Mean time per output token after the first, per request.", TPOT_BUCKETS)
         self.submitted = Counter("edgespec_submitted_requests_total", "Generation requests admitted to the queue.")
@@ -145,6 +155,8 @@ class Metrics:
             Gauge("edgespec_draining", "1 while draining or shutting down.", lambda: int(bool(self.state().get("draining")))),
             Gauge("edgespec_breaker_state", "Speculation breaker state of the last auto request (1 = current).",
                   self._breaker_state, "state"),
+            Gauge("edgespec_caller_in_flight", "Requests running or queued per caller ([limits] callers, else other).",
+                  lambda: self._caller("in_flight"), "caller"),
             Gauge("edgespec_goodput_fallback_levels", "Load levels where auto decodes plainly: speculating ticks "
                   "measured fewer tokens per second than plain ones.", lambda: self._tick("goodput_fallback_levels")),
             Gauge("edgespec_goodput_blocked_ticks", "Ticks the goodput guard turned plain since load.",
@@ -164,6 +176,17 @@ class Metrics:
             Gauge("edgespec_suffix_cache_evictions", "Replies evicted from the suffix cache since start.",
                   lambda: self._suffix("evicted")),
         ]
+        self.caller_counters = [
+            ReadCounter("edgespec_caller_requests_total", "Generation requests admitted per caller.",
+                        lambda: self._caller("requests"), "caller"),
+            ReadCounter("edgespec_caller_rejected_total", "Requests refused for being over the caller's own limits.",
+                        lambda: self._caller("rejected"), "caller"),
+            ReadCounter("edgespec_caller_tokens_total", "Prompt + completion tokens of finished requests per caller.",
+                        lambda: self._caller("tokens"), "caller"),
+        ]
+
+    def _caller(self, key: str) -> dict[str, float]:
+        return {who: f[key] for who, f in self.callers().items()}
 
     def _tick(self, key: str, default: float = 0.0) -> float:
         return float((self.state().get("tick_totals") or {}).get(key, default))
@@ -221,7 +244,7 @@ class Metrics:
         parts = [self.ttft, self.tpot, self.submitted, self.requests, self.rejected, self.prompt_tokens, self.generated,
                  self.target_forwards, self.drafted, self.accepted, self.accepted_by_depth, self.steps_by_mode,
                  self.proposed_by_source, self.accepted_by_source, self.breaker, self.forward_seconds, self.shadow,
-                 *self.gauges]
+                 *self.gauges, *self.caller_counters]
         return "\n".join(line for p in parts for line in p.render()) + "\n"
 
 

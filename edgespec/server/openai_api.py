@@ -1,14 +1,16 @@
 """OpenAI-style JSON <-> domain types: request validation (every field named in the error, as
 OpenAI's `param`) and the response / stream-chunk bodies. Pure: no I/O, no server, no engine.
 
-Supported: model, messages (text content), prompt (one string), max_tokens /
-max_completion_tokens, temperature, top_p, top_k, min_p, seed, stop, n (1 only), stream,
-stream_options.include_usage, logprobs / top_logprobs, response_format (text, json_object,
-json_schema), user (ignored), and the `edgespec` extension object: mode, draft_tokens,
-tree_nodes, tree_depth, ngram, timeout_seconds, constraint {kind, value}.
-Refused with a 400 naming the field: tools, tool_choice, functions, function_call, audio,
-modalities, prediction, presence/frequency penalties and logit_bias other than their neutral value,
-suffix, echo, best_of > 1, non-text message parts, token-id prompts.
+Supported: model, messages (text content; an assistant turn's tool_calls, a tool turn's
+tool_call_id), prompt (one string), max_tokens / max_completion_tokens, temperature, top_p,
+top_k, min_p, seed, stop, n (1 only), stream, stream_options.include_usage, logprobs /
+top_logprobs, response_format (text, json_object, json_schema), tools / tool_choice /
+parallel_tool_calls (edgespec.tools), user (ignored), and the `edgespec` extension object: mode,
+draft_tokens, tree_nodes, tree_depth, ngram, timeout_seconds, constraint {kind, value}.
+Refused with a 400 naming the field: functions, function_call, audio, modalities, prediction,
+presence/frequency penalties and logit_bias other than their neutral value, suffix, echo,
+best_of > 1, non-text message parts, token-id prompts; unknown fields unless [http] strict is
+false (then ignored, and named back to the caller).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from edgespec import tools as tools_mod
 from edgespec.errors import BadRequest
 from edgespec.sampling import SamplingParams
 from edgespec.server.config import LimitsConfig
@@ -35,13 +38,13 @@ TIMEOUT = Setting("edgespec", "timeout_seconds", (int, float), None, "the reques
                   lo=0, lo_open=True, hi=MAX_TIMEOUT_SECONDS)
 _MODES = {"auto": "auto", "off": "plain", "plain": "plain", "chain": "chain", "tree": "tree"}
 # fields OpenAI defines that we do not implement: refused unless absent, null or neutral
-_REFUSED = ("tools", "tool_choice", "functions", "function_call", "audio", "modalities", "prediction",
-            "suffix", "parallel_tool_calls", "web_search_options")
+_REFUSED = ("functions", "function_call", "audio", "modalities", "prediction", "suffix", "web_search_options")
 _NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {}, "echo": False, "best_of": 1,
             "store": False}
 _KNOWN = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
           "min_p", "seed", "stop", "n", "stream", "stream_options", "logprobs", "top_logprobs", "response_format",
-          "user", "metadata", "edgespec", "service_tier", "reasoning_effort", *_REFUSED, *_NEUTRAL}
+          "user", "metadata", "edgespec", "service_tier", "reasoning_effort", "tools", "tool_choice",
+          "parallel_tool_calls", *_REFUSED, *_NEUTRAL}
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,16 @@ class CompletionRequest:
     logprobs: int | None = None  # None: none; k: the token's logprob and k alternatives
     constraint: ConstraintSpec | None = None
     timeout_seconds: float | None = None
+    tools: tools_mod.ToolSpec | None = None
+    # per message: what the chat template reads besides role and content (an assistant turn's
+    # tool_calls: tuple[ToolCall], a tool turn's tool_call_id); empty when no message has any
+    extras: tuple[Mapping[str, Any], ...] = ()
+    ignored: tuple[str, ...] = ()  # unknown fields ignored under [http] strict = false
+
+    @property
+    def parses_calls(self) -> bool:
+        """The answer may be tool calls (parsed into message.tool_calls)."""
+        return self.chat and self.tools is not None and self.tools.calls_allowed
 
 
 # ---- validation helpers ------------------------------------------------------------------------
@@ -130,13 +143,20 @@ def _content(v: Any, name: str) -> str:
 
 
 def _messages(v: Any, limits: LimitsConfig = DEFAULT_LIMITS) -> tuple[tuple[str, str], ...]:
-    """Checked before any of it is looked at further: the count, then each message, with the
-    contents' total size bounded as it goes."""
+    return _turns(v, limits)[0]
+
+
+def _turns(v: Any, limits: LimitsConfig = DEFAULT_LIMITS) -> tuple[tuple[tuple[str, str], ...],
+                                                                   tuple[Mapping[str, Any], ...]]:
+    """(messages, extras): checked before any of it is looked at further: the count, then each
+    message, with the contents' total size bounded as it goes. extras: per message, an assistant
+    turn's tool_calls and a tool turn's tool_call_id (empty when no message has either)."""
     if not isinstance(v, list) or not v:
         raise BadRequest("messages", "must be a non-empty list of {role, content} objects")
     if len(v) > limits.max_messages:
         raise BadRequest("messages", f"at most {limits.max_messages} messages (limits.max_messages), got {len(v)}")
     out = []
+    extras: list[Mapping[str, Any]] = []
     size = 0
     for i, m in enumerate(v):
         if not isinstance(m, Mapping):
@@ -144,15 +164,22 @@ def _messages(v: Any, limits: LimitsConfig = DEFAULT_LIMITS) -> tuple[tuple[str,
         role = m.get("role")
         if role not in ROLES:
             raise BadRequest(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}, got {role!r}")
+        extra: dict[str, Any] = {}
         if m.get("tool_calls"):
-            raise BadRequest(f"messages[{i}].tool_calls", "tool calls are not supported")
+            if role != "assistant":
+                raise BadRequest(f"messages[{i}].tool_calls", "only assistant messages carry tool calls")
+            extra["tool_calls"] = tools_mod.parse_history_calls(m["tool_calls"], f"messages[{i}].tool_calls")
+            size += sum(len(c.arguments.encode("utf-8")) + len(c.name) for c in extra["tool_calls"])
+        if role == "tool" and m.get("tool_call_id") is not None:
+            extra["tool_call_id"] = _str(m["tool_call_id"], f"messages[{i}].tool_call_id")
         content = _content(m.get("content"), f"messages[{i}].content")
         size += len(content.encode("utf-8"))
         if size > limits.max_prompt_bytes:
             raise BadRequest(f"messages[{i}].content", f"the messages' contents together at most "
                              f"{limits.max_prompt_bytes} bytes (limits.max_prompt_bytes)")
         out.append(("system" if role == "developer" else role, content))
-    return tuple(out)
+        extras.append(extra)
+    return tuple(out), (tuple(extras) if any(extras) else ())
 
 
 def _prompt(v: Any, limits: LimitsConfig = DEFAULT_LIMITS) -> str:
@@ -217,15 +244,23 @@ def _extension(v: Any) -> Mapping:
 
 
 def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str],
-                  limits: LimitsConfig = DEFAULT_LIMITS) -> CompletionRequest:
+                  limits: LimitsConfig = DEFAULT_LIMITS, strict: bool = True) -> CompletionRequest:
     """Validate a request body; BadRequest(field) names the first offending field."""
     if not isinstance(body, Mapping):
         raise BadRequest("body", "must be a JSON object")
-    _refuse_unsupported(body)
+    ignored = _refuse_unsupported(body, strict)
+    if ignored:
+        body = {k: v for k, v in body.items() if k not in ignored}
     model = _str(body.get("model"), "model") if body.get("model") is not None else ""
     if model and model not in models:
         raise BadRequest("model", f"unknown model {model!r} (served: {', '.join(models)})")
-    messages, prompt = _input(body, chat, limits)
+    messages, extras, prompt = _input(body, chat, limits)
+    tools = tools_mod.parse_tools(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls")) \
+        if chat else None
+    if not chat:
+        for k in ("tools", "tool_choice", "parallel_tool_calls"):
+            if body.get(k) is not None:
+                raise BadRequest(k, "is for chat completions (/v1/chat/completions)")
     n = body.get("n")
     if n is not None and n != 1:
         raise BadRequest("n", f"only n = 1 is supported, got {n!r}")
@@ -234,35 +269,45 @@ def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str
     logprobs = _logprobs(body, chat)
     ext = _extension(body.get("edgespec"))
     constraint = _constraint(body.get("response_format"), ext.get("constraint"))
+    if tools is not None:
+        if constraint is not None and tools.calls_allowed:
+            raise BadRequest("response_format" if body.get("response_format") is not None else "edgespec.constraint",
+                             "cannot be combined with tools unless tool_choice is none")
+        if constraint is None:
+            constraint = tools.constraint()
     check_fields({"timeout_seconds": ext.get("timeout_seconds")}, {"timeout_seconds": TIMEOUT}, prefix="edgespec.")
     timeout = None if ext.get("timeout_seconds") is None else float(ext["timeout_seconds"])
     return CompletionRequest(chat=chat, model=model, prompt=prompt, messages=messages, sampling=sampling,
                              speculation=_speculation(ext, policy), stream=stream, include_usage=include_usage,
-                             logprobs=logprobs, constraint=constraint, timeout_seconds=timeout)
+                             logprobs=logprobs, constraint=constraint, timeout_seconds=timeout, tools=tools,
+                             extras=extras, ignored=ignored)
 
 
-def _refuse_unsupported(body: Mapping) -> None:
-    """Unknown fields, and the fields OpenAI defines that we do not implement unless neutral."""
-    for k in body:
-        if k not in _KNOWN:
-            raise BadRequest(k, "unknown field")
+def _refuse_unsupported(body: Mapping, strict: bool = True) -> tuple[str, ...]:
+    """Unknown fields (refused when `strict`, else returned: the ignored ones), and the fields
+    OpenAI defines that we do not implement unless neutral."""
+    unknown = tuple(str(k) for k in body if k not in _KNOWN)
+    if unknown and strict:
+        raise BadRequest(unknown[0], "unknown field ([http] strict = true)")
     for k in _REFUSED:
         if body.get(k) not in (None, [], {}):
             raise BadRequest(k, "is not supported by this server")
     for k, neutral in _NEUTRAL.items():
         if body.get(k) is not None and body.get(k) != neutral:
             raise BadRequest(k, f"is not supported by this server (only {json.dumps(neutral)})")
+    return unknown
 
 
-def _input(body: Mapping, chat: bool, limits: LimitsConfig) -> tuple[tuple[tuple[str, str], ...], str]:
-    """(messages, prompt): chat completions take messages, completions one prompt."""
+def _input(body: Mapping, chat: bool, limits: LimitsConfig) -> tuple[tuple[tuple[str, str], ...],
+                                                                      tuple[Mapping[str, Any], ...], str]:
+    """(messages, extras, prompt): chat completions take messages, completions one prompt."""
     if chat:
         if body.get("prompt") is not None:
             raise BadRequest("prompt", "chat completions take messages, not prompt")
-        return _messages(body.get("messages"), limits), ""
+        return (*_turns(body.get("messages"), limits), "")
     if body.get("messages") is not None:
         raise BadRequest("messages", "completions take prompt, not messages (use /v1/chat/completions)")
-    return (), _prompt(body.get("prompt"), limits)
+    return (), (), _prompt(body.get("prompt"), limits)
 
 
 def _sampling(body: Mapping, policy: Policy, limits: LimitsConfig) -> SamplingParams:
@@ -327,10 +372,11 @@ def _constraint(response_format: Any, c: Any) -> ConstraintSpec | None:
 
 
 def finish_reason(reason: str | None) -> str | None:
-    """OpenAI's names: stop (stop string or end of sequence), length (max_tokens)."""
+    """OpenAI's names: stop (stop string or end of sequence), length (max_tokens), tool_calls
+    (the answer is tool calls)."""
     if reason is None:
         return None
-    return "length" if reason == "length" else "stop"
+    return reason if reason in ("length", "tool_calls") else "stop"
 
 
 def usage(result: GenerationResult, prompt_tokens: int) -> dict:
@@ -387,6 +433,13 @@ def completion_body(req: CompletionRequest, *, rid: str, created: int, model: st
     lp = result.logprobs if req.logprobs is not None else None
     if req.chat:
         choice["message"] = {"role": "assistant", "content": result.text}
+        if req.parses_calls:
+            content, calls = tools_mod.parse_answer(result.text, truncated=result.finish_reason == "length")
+            if calls:
+                choice["message"] = {"role": "assistant", "content": content,
+                                     "tool_calls": [c.as_openai() for c in calls]}
+                if result.finish_reason in ("stop", "eos"):
+                    choice["finish_reason"] = "tool_calls"
         choice["logprobs"] = chat_logprobs(lp, piece) if lp is not None else None
     else:
         choice["text"] = result.text
@@ -414,6 +467,26 @@ def chunk_body(req: CompletionRequest, *, rid: str, created: int, model: str, te
     choice["logprobs"] = lp
     return {"id": rid, "object": "chat.completion.chunk" if req.chat else "text_completion", "created": created,
             "model": model, "choices": [choice]}
+
+
+def tool_chunks(req: CompletionRequest, events: Sequence[tuple[str, Any]], answer: tools_mod.AnswerStream, *,
+                rid: str, created: int, model: str) -> list[dict]:
+    """Stream bodies for AnswerStream events: content deltas, and each call as two deltas in
+    OpenAI's shape (id, type and name with empty arguments; then the arguments) at its index."""
+    out = []
+    for kind, value in events:
+        if kind == "content":
+            if value:
+                out.append(chunk_body(req, rid=rid, created=created, model=model, text=value))
+            continue
+        index = answer.calls.index(value)
+        for delta in ({"index": index, "id": value.id, "type": "function",
+                       "function": {"name": value.name, "arguments": ""}},
+                      {"index": index, "function": {"arguments": value.arguments}}):
+            body = chunk_body(req, rid=rid, created=created, model=model, text=None)
+            body["choices"][0]["delta"] = {"tool_calls": [delta]}
+            out.append(body)
+    return out
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:

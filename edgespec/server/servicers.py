@@ -3,6 +3,7 @@ as domain exceptions and mapped to status codes by status.ServerInterceptor."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import time
 import uuid
@@ -17,10 +18,12 @@ from edgespec.errors import BadRequest, Cancelled, NotReady
 from edgespec.logs import bind_request_id
 from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2 as pb, inference_pb2_grpc
 from edgespec.server import convert
+from edgespec.server.callers import CallerLimits, current_caller
 from edgespec.server.config import LimitsConfig
 from edgespec.server.engine_loop import EngineLoop, Job
 from edgespec.server.policy import Policy
 from edgespec.server.status import DeadlineExceeded
+from edgespec.tools import ToolSpec, encode_request, parse_answer
 from edgespec.types import GenerationResult
 
 POLL_SECONDS = 0.25
@@ -32,8 +35,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], *, parallel: int,
                  limits: LimitsConfig = convert.DEFAULT_LIMITS,
-                 digests: Callable[[], dict[str, tuple[str, str]]] = dict):
+                 digests: Callable[[], dict[str, tuple[str, str]]] = dict, chat_template: str = "",
+                 embedder: Any = None, callers: CallerLimits | None = None):
         self.loop = loop
+        self.callers = callers  # per-caller limits and figures (shared with HTTP), None: no limits
+        self.embedder = embedder  # an edgespec.server.embeddings.Embedder, None when [embedding] is off
+        self.chat_template = chat_template  # [target] chat_template's text ("" = the GGUF's own)
         self.policy = policy
         self.parallel = parallel
         self.limits = limits
@@ -50,11 +57,14 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             return None  # an engine without one: the engine thread tokenises
         return enc
 
-    def _prompt_tokens(self, prompt: str, messages: tuple[tuple[str, str], ...]) -> tuple[int, ...] | None:
+    def _prompt_tokens(self, prompt: str, messages: tuple[tuple[str, str], ...], extras: tuple[dict, ...] = (),
+                       spec: ToolSpec | None = None) -> tuple[int, ...] | None:
         enc = self._encoder()
         if enc is None:
+            if spec is not None or extras:
+                raise BadRequest("tools", "tool calling is not available on this server's engine")
             return None
-        return tuple(chat.encode_prompt(enc, prompt, messages))
+        return tuple(encode_request(enc, prompt, messages, extras, spec, self.chat_template))
 
     def _submit(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Job:
         rid = (convert.validate_request_id(request.request_id)
@@ -67,12 +77,18 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None and remaining < 1e8 else None
         constraint, logprobs = convert.constraint_from(request.sampling), convert.logprobs_from(request)
+        spec, extras = convert.tools_from(request), convert.message_extras(request.messages)
+        if spec is not None:
+            if constraint is not None and spec.calls_allowed:
+                raise BadRequest("sampling.constraint", "cannot be combined with tools unless tools.choice is none")
+            constraint = constraint or spec.constraint()
         if constraint is not None and "constraint" not in self.loop.capabilities:
-            raise BadRequest("sampling.constraint", "structured output is not available on this server's engine yet")
-        tokens = self._prompt_tokens(prompt, messages)
+            field = "tools" if spec is not None else "sampling.constraint"
+            raise BadRequest(field, "structured output is not available on this server's engine yet")
+        tokens = self._prompt_tokens(prompt, messages, extras, spec)
         job = Job(request_id=rid, sampling=sampling, speculation=speculation, prompt=prompt,
                   messages=messages, prompt_tokens=tokens, deadline=deadline, logprobs=logprobs,
-                  constraint=constraint, caller=structlog.contextvars.get_contextvars().get("caller", ""))
+                  constraint=constraint, tools=spec, caller=structlog.contextvars.get_contextvars().get("caller", ""))
         self.loop.submit(job)
         context.add_callback(job.cancel)  # client cancel / deadline / server stop -> engine stops within a step
         return job
@@ -101,18 +117,36 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     # ---- RPCs ----------------------------------------------------------------------------
 
+    def _admit(self) -> Any:
+        """The caller's own place for this request ([limits] caller_*); yields used(tokens)."""
+        if self.callers is None:
+            return contextlib.nullcontext(lambda n: None)
+        return self.callers.admit(current_caller())
+
     def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> pb.GenerateResponse:  # noqa: N802
+        with self._admit() as used:
+            return self._generate(request, context, used)
+
+    def _generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext,
+                  used: Callable[[int], None]) -> pb.GenerateResponse:
         job = self._submit(request, context)
         for kind, value in self._events(job):
             if kind == "result":
+                used(len(job.prompt_tokens or ()) + len(value.token_ids))
                 self._check_end(value, job)
                 return convert.response(value, text=value.text, token_ids=value.token_ids,
                                         timings=job.timings(), request_id=job.request_id,
                                         prompt_tokens=len(job.prompt_tokens or ()),
-                                        logprobs=value.logprobs if job.logprobs is not None else ())
+                                        logprobs=value.logprobs if job.logprobs is not None else (),
+                                        tool_calls=self._calls(job, value))
         raise NotReady("the engine stopped")  # pragma: no cover
 
     def GenerateStream(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:  # noqa: N802
+        with self._admit() as used:
+            yield from self._generate_stream(request, context, used)
+
+    def _generate_stream(self, request: pb.GenerateRequest, context: grpc.ServicerContext,
+                         used: Callable[[int], None]) -> Iterator[pb.GenerateResponse]:
         job = self._submit(request, context)
         held = None  # the finishing chunk is merged into the final message
         for kind, value in self._events(job):
@@ -123,10 +157,19 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     yield convert.response(None, text=value.text, token_ids=value.token_ids, timings=None,
                                            request_id=job.request_id, logprobs=value.logprobs)
             else:
+                used(len(job.prompt_tokens or ()) + len(value.token_ids))
                 self._check_end(value, job)
                 yield convert.response(value, text=held.text if held else "", token_ids=held.token_ids if held else (),
                                        timings=job.timings(), request_id=job.request_id,
-                                       prompt_tokens=len(job.prompt_tokens or ()), logprobs=held.logprobs if held else ())
+                                       prompt_tokens=len(job.prompt_tokens or ()), logprobs=held.logprobs if held else (),
+                                       tool_calls=self._calls(job, value))
+
+    @staticmethod
+    def _calls(job: Job, result: GenerationResult) -> tuple:
+        spec = job.tools
+        if spec is None or not spec.calls_allowed:
+            return ()
+        return parse_answer(result.text, truncated=result.finish_reason == "length")[1]
 
     def Tokenize(self, request: pb.TokenizeRequest, context: grpc.ServicerContext) -> pb.TokenizeResponse:  # noqa: N802
         if request.text and request.messages:
@@ -142,6 +185,25 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         # an engine without an encoder: on its own thread, the engine itself the tokenizer
         ids = encode(enc) if enc is not None else self.loop.call(encode)
         return pb.TokenizeResponse(token_ids=ids, count=len(ids))
+
+    def Embed(self, request: pb.EmbedRequest, context: grpc.ServicerContext) -> pb.EmbedResponse:  # noqa: N802
+        from edgespec.server import embeddings as emb
+
+        if self.embedder is None:
+            raise BadRequest("texts", "embeddings are off on this server ([embedding] enabled = false)")
+        if request.texts and request.token_inputs:
+            raise BadRequest("texts", "set either texts or token_inputs, not both")
+        items = list(request.texts) or [list(t.ids) for t in request.token_inputs]
+        if not items:
+            raise BadRequest("texts", "one of texts or token_inputs is required")
+        req = emb.parse_request({"input": items}, models=(), max_inputs=self.embedder.cfg.max_inputs,
+                                max_bytes=self.limits.max_prompt_bytes)
+        with self._admit() as used:
+            vectors, n = self.embedder.embed(req.inputs)
+            used(n)
+        name = self.embedder.cfg.path.rsplit("/", 1)[-1].removesuffix(".gguf") if self.embedder.cfg.path else ""
+        return pb.EmbedResponse(embeddings=[pb.Embedding(values=v.tolist()) for v in vectors], prompt_tokens=n,
+                                model=name or "target")
 
     def ModelInfo(self, request: pb.ModelInfoRequest, context: grpc.ServicerContext) -> pb.ModelInfoResponse:  # noqa: N802
         info = dict(self.loop.call(lambda engine: engine.model_info()))
@@ -169,8 +231,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 class AdminServicer(admin_pb2_grpc.AdminServicer):
     def __init__(self, loop: EngineLoop, policy: Callable[[], Policy],
                  update_policy: Callable[[dict[str, object], bool], Policy],
-                 drain: Callable[[bool], None], started: float, last_reload: Callable[[], dict | None] = lambda: None):
+                 drain: Callable[[bool], None], started: float, last_reload: Callable[[], dict | None] = lambda: None,
+                 callers: CallerLimits | None = None):
         self.loop = loop
+        self.callers = callers
         self.policy = policy
         self.update_policy = update_policy  # (admin overrides, reset first) -> the policy now in force
         self.drain = drain
@@ -206,6 +270,9 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         for field in ("proposed_by_source", "accepted_by_source"):
             for key, value in (s.get(field) or {}).items():
                 getattr(out, field)[key] = int(value)
+        for who, f in (self.callers.snapshot() if self.callers is not None else {}).items():
+            out.callers[who].CopyFrom(admin_pb2.CallerFigures(requests_total=f["requests"], rejected_total=f["rejected"],
+                                                              tokens_total=f["tokens"], in_flight=f["in_flight"]))
         return out
 
     def SetPolicy(self, request: admin_pb2.SetPolicyRequest, context: grpc.ServicerContext) -> admin_pb2.Policy:  # noqa: N802

@@ -26,6 +26,7 @@ the field (edgespec.server.wire), logged, instead of grpc's unlogged INTERNAL.""
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 import uuid
@@ -76,6 +77,11 @@ def _abort(context: grpc.ServicerContext, exc: BaseException, method: str) -> No
         log.error("rpc_failed", method=method, error=repr(exc), exc_info=exc)
     else:
         log.info("rpc_rejected", method=method, code=code.name, detail=message)
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:  # gRPC's retry throttling reads this (a caller over its own limit)
+        rid = structlog.contextvars.get_contextvars().get("x_request_id")
+        context.set_trailing_metadata((("grpc-retry-pushback-ms", str(math.ceil(retry_after * 1000))),
+                                       *((("x-request-id", rid),) if rid else ())))
     context.abort(code, message)
 
 

@@ -89,6 +89,23 @@ def test_plan_arithmetic(tiny):
     assert fa.overhead_bytes > 0 and fa.draft is None and fa.draft_ratio is None
 
 
+def test_the_embedding_context_is_the_third_model(tiny, tmp_path):
+    from edgespec.server.config import EmbeddingConfig
+
+    f = read_model_facts(tiny)
+    cfg = EngineConfig(target=ModelConfig(path=str(tiny), n_ctx=1000), draft=None)
+    base = plan_for_config(cfg, gpu=False)
+    shared = plan_for_config(cfg, gpu=False, embedding=EmbeddingConfig(n_ctx=500, n_batch=64))
+    e = shared.embedding
+    assert e is not None and e.role == "embedding" and e.weights_bytes == 0  # the target's weights, shared
+    assert e.kv_bytes == 512 * f.kv_bytes_per_cell("f16")  # its own f16 cache, padded to 256
+    assert shared.total_bytes == base.total_bytes + e.total() and [m.role for m in shared.models][-1] == "embedding"
+    other = write_gguf(tmp_path / "emb.gguf", n_embd=32)
+    own = plan_for_config(cfg, gpu=False, embedding=EmbeddingConfig(path=str(other), n_ctx=500, n_batch=64))
+    assert own.embedding.weights_bytes == read_model_facts(other).weights_bytes
+    assert plan_for_config(cfg, gpu=False, embedding=EmbeddingConfig(enabled=False)).embedding is None
+
+
 def test_plan_rejects_bad_values(tiny):
     f = read_model_facts(tiny)
     with pytest.raises(ConfigError, match="kv_type"):

@@ -40,7 +40,7 @@ class FakeSession:
         n = min(n, self.req.sampling.max_tokens - len(self.out))
         new = [(len(self.out) + i) % 4 + 10 for i in range(n)]
         self.out += new
-        piece = "".join(WORDS[t - 10] for t in new)
+        piece = "".join(self.engine.words[t - 10] for t in new)
         self.text += piece
         self.stats.target_forwards += 1
         self.stats.target_seconds += 0.004  # time "inside" the forwards: 4 ms target, 1 ms draft per step
@@ -54,6 +54,8 @@ class FakeSession:
             self.stats.accepted_per_depth = [self.stats.accepted_tokens]
         if len(self.out) >= self.req.sampling.max_tokens:
             self.finish_reason = "length"
+        if self.engine.eos_after is not None and len(self.out) >= self.engine.eos_after:
+            self.finish_reason = "eos"
         lps: tuple[TokenLogprob, ...] = ()
         if self.req.logprobs is not None:  # token t: logprob -t/100, alternatives 0..k-1 at -5 - j
             lps = tuple(TokenLogprob(t, -t / 100, tuple((j, -5.0 - j) for j in range(self.req.logprobs))) for t in new)
@@ -114,6 +116,9 @@ class FakeEngine:
         self.idle_calls = 0
         self.fail_idle = False
         self.encoder = FakeEncoder()
+        self.tick_totals: dict[str, float] = {}
+        self.words = WORDS  # what tokens 10..13 render as (a test may make them a tool call)
+        self.eos_after: int | None = None  # end of sequence after this many tokens
         time.sleep(load_seconds)
         self._touch()
 

@@ -239,3 +239,25 @@ def test_a_certificate_holder_is_no_anonymous_caller(make_daemon, certs, logs):
             w.cancel()
     (line,) = rpc_lines(logs, HC)
     assert line["caller"] == "cert:CN=edgespec client" and line["code"] == "OK"
+
+
+def test_http_lines_name_peer_caller_and_request_id_as_grpc_does(make_daemon, named_tokens, logs):
+    import json as _json
+
+    from tests.server.test_http import HTTP, MODEL, raw
+
+    r = make_daemon(auth=named_tokens, http=HTTP)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    status, headers, _ = raw(r, "POST", "/v1/chat/completions", body,
+                             {"Authorization": f"Bearer {USER_SECRET}", "x-request-id": "trace-7"})
+    assert status == 200 and headers["x-request-id"] == "trace-7"
+    status, _, out = raw(r, "POST", "/v1/chat/completions", body,
+                         {"Authorization": f"Bearer {USER_SECRET}", "x-request-id": "a b"})
+    assert status == 400 and _json.loads(out)["error"]["param"] == "x-request-id"  # as gRPC's INVALID_ARGUMENT
+    status, _, _ = raw(r, "POST", "/v1/chat/completions", body, {"Authorization": "Bearer guess"})
+    assert status == 401
+    lines = [e for e in logs if e["event"] == "http" and e["path"] == "/v1/chat/completions"]
+    assert [(e["caller"], e.get("x_request_id"), e["status"]) for e in lines] == [
+        ("token:ops-dashboard", "trace-7", 200), ("token:ops-dashboard", None, 400), ("invalid-token", None, 401)]
+    assert all(e["peer"].startswith("ipv4:127.0.0.1:") for e in lines) and lines[0]["request_id"] == "trace-7"
+    assert USER_SECRET not in repr(logs)

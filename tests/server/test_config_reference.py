@@ -50,3 +50,13 @@ def test_config_defaults_prints_every_key_at_its_default_and_loads(tmp_path):
     cfg = load(f, env={})
     assert (cfg.server.parallel, cfg.engine.draft_window) == (2, 256)
     assert cfg.controller == {k: s.default for k, s in SECTIONS["controller"].items()}
+
+
+def test_the_shipped_config_is_the_generated_defaults():
+    shipped = (ROOT / "configs" / "edgespec.toml").read_text()
+    r = runner.invoke(app, ["config", "defaults"])
+    assert r.exit_code == 0 and shipped == r.output, \
+        "configs/edgespec.toml is stale: run `edgespec config defaults > configs/edgespec.toml`"
+    data = tomllib.loads(shipped)
+    assert {(s, k) for s, keys in data.items() for k in keys} == {(s.section, s.key) for s in SETTINGS}
+    assert "--http-port" in shipped

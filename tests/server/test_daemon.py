@@ -412,3 +412,19 @@ def test_sighup_reload_reads_policy(make_daemon, tmp_path):
     cfg_file.write_text('[speculation]\npolicy = "sideways"\n')
     r.daemon.reload()  # a bad file is logged and ignored
     assert r.daemon.policy().speculation == "off"
+
+
+def test_the_startup_timeout_grows_with_each_model_and_its_size(tmp_path):
+    from edgespec.server.config import load
+    from edgespec.server.daemon import STARTUP_DISK_BYTES_PER_SECOND, STARTUP_SECONDS_PER_MODEL, startup_timeout_seconds
+
+    big, small = tmp_path / "big.gguf", tmp_path / "small.gguf"
+    with open(big, "wb") as f:
+        f.truncate(40 << 30)  # sparse: a 40 GiB target on disk
+    small.write_bytes(b"x" * 1000)
+    both = load(None, env={}, overrides={"target": {"path": str(big)}, "draft": {"path": str(small)}})
+    t = startup_timeout_seconds(both)
+    assert t == pytest.approx(2 * STARTUP_SECONDS_PER_MODEL + ((40 << 30) + 1000) / STARTUP_DISK_BYTES_PER_SECOND)
+    assert t > 1800  # a 40 GiB model on a slow disk gets more than the old fixed 600 s
+    alone = load(None, env={}, overrides={"target": {"path": str(big)}, "draft": {"enabled": False}})
+    assert startup_timeout_seconds(alone) == pytest.approx(t - STARTUP_SECONDS_PER_MODEL - 1000 / STARTUP_DISK_BYTES_PER_SECOND)

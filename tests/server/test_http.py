@@ -111,7 +111,9 @@ def test_speculation_options_and_stop_reach_the_engine(make_daemon):
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"stop": [""]}, "stop[0]"),
     ({"response_format": {"type": "xml"}}, "response_format.type"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tools": "f"}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
+    ({"tool_choice": "required"}, "tool_choice"),
     ({"frequency_penalty": 0.5}, "frequency_penalty"),
     ({"edgespec": {"draft_tokens": 999}}, "edgespec.draft_tokens"),
     ({"edgespec": {"mode": "fast"}}, "edgespec.mode"),
@@ -295,3 +297,62 @@ def test_a_client_certificates_subject_is_written_as_grpc_writes_it():
     peer = {"subject": ((("countryName", "CN"),), (("organizationName", "Bank"),), (("commonName", "svc-a"),))}
     assert cert_subject(peer) == ("CN=svc-a,O=Bank,C=CN", "svc-a")
     assert cert_subject(None) is None and cert_subject({}) is None
+
+
+def test_unknown_route_and_wrong_method_say_so(make_daemon):
+    r = make_daemon(http=HTTP)
+    status, _, out = raw(r, "GET", "/v2/nothing")
+    assert status == 404 and json.loads(out)["error"]["code"] == "not_found"
+    status, headers, out = raw(r, "GET", "/v1/chat/completions")
+    assert status == 405 and json.loads(out)["error"]["code"] == "method_not_allowed" and "POST" in headers["allow"]
+
+
+def test_unknown_fields_refused_by_name_unless_strict_is_off(make_daemon):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "bogus": 1, "ünï": 2}
+    status, _, out = raw(make_daemon(http=HTTP), "POST", "/v1/chat/completions", body)
+    assert status == 400 and json.loads(out)["error"]["param"] == "bogus"  # the default: strict
+    lax = make_daemon(http={**HTTP, "strict": False})
+    status, headers, out = raw(lax, "POST", "/v1/chat/completions", body)
+    assert status == 200 and json.loads(out)["choices"][0]["message"]["content"]
+    assert headers["x-edgespec-warning"] == "ignored unknown fields: bogus, \\xfcn\\xef"
+    status, _, out = raw(lax, "POST", "/v1/chat/completions", {**body, "temperature": -1})
+    assert status == 400 and json.loads(out)["error"]["param"] == "temperature"  # known fields still checked
+
+
+def test_sighup_rotates_the_https_certificate(make_daemon, certs, tmp_path):
+    import dataclasses
+    import ssl
+
+    def served() -> str:
+        return ssl.get_server_certificate(("127.0.0.1", r.daemon.http_port))
+
+    def same(pem: str, path) -> bool:
+        return ssl.PEM_cert_to_DER_cert(pem) == ssl.PEM_cert_to_DER_cert(path.read_text())
+
+    r = make_daemon(http=HTTP, tls={"cert": str(certs["server_cert"]), "key": str(certs["server_key"])})
+    assert same(served(), certs["server_cert"])
+    cfg_file = tmp_path / "edgespec.toml"
+    cfg_file.write_text(f'[tls]\ncert = "{certs["other_cert"]}"\nkey = "{certs["other_key"]}"\n')
+    r.daemon.cfg = dataclasses.replace(r.daemon.cfg, source=str(cfg_file))
+    assert r.daemon.reload()
+    assert same(served(), certs["other_cert"])  # new handshakes get the rotated pair
+    assert "tls" in r.daemon.last_reload["reloaded"]
+    cfg_file.write_text(f'[tls]\ncert = "{certs["other_cert"]}"\nkey = "{certs["server_key"]}"\n')  # mismatched
+    assert not r.daemon.reload()
+    assert same(served(), certs["other_cert"])  # a bad pair changes nothing
+
+
+def test_metrics_on_the_http_port_take_the_apis_auth_client_certificates_included(make_daemon, certs):
+    import ssl
+
+    tls = {"cert": str(certs["server_cert"]), "key": str(certs["server_key"]), "client_ca": str(certs["ca"])}
+    r = make_daemon(http=HTTP, tls=tls, metrics={"enabled": True, "port": 0})
+    ok = ssl.create_default_context(cafile=str(certs["ca"]))
+    ok.load_cert_chain(str(certs["client_cert"]), str(certs["client_key"]))
+    conn = http.client.HTTPSConnection("localhost", r.daemon.http_port, context=ok, timeout=30)
+    conn.request("GET", "/metrics")
+    resp = conn.getresponse()
+    text = resp.read().decode()
+    assert resp.status == 200 and "# TYPE edgespec_requests_total counter" in text  # a certificate suffices
+    conn.close()
+    assert raw(make_daemon(http=HTTP), "GET", "/metrics")[0] == 404  # [metrics] off: not mounted

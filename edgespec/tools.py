@@ -1,0 +1,367 @@
+"""Tool calling (OpenAI's `tools`): the request's tools and tool_choice, the grammar that keeps
+the model's answer to "text, or calls whose arguments validate", the conversation's tool turns as
+the chat template sees them, and the answer parsed back into calls (whole, or as a stream).
+
+The wire format the model writes is edgespec's (the Hermes / Qwen format, which many chat
+templates already use):
+
+    <tool_call>
+    {"name":"get_weather","arguments":{"city":"Paris"}}
+    </tool_call>
+
+one block per call, blocks separated by a newline. The answer is constrained (edgespec/constraint.py,
+a Lark grammar with each call's JSON following its tool's schema), so every call parses and its
+arguments validate, in every speculative mode, with the masked distribution preserved exactly as
+for response_format. tool_choice:
+
+    auto       text that does not begin with "<tool_call>", or one or more calls
+    none       text that does not begin with "<tool_call>" (the tools are still shown)
+    required   one or more calls (one when parallel_tool_calls is false)
+    {function} one call of that function
+
+Pure: no I/O, no engine.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgespec.errors import BadRequest
+from edgespec.types import ConstraintSpec
+
+OPEN = "<tool_call>"
+CLOSE = "</tool_call>"
+MAX_TOOLS = 128
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_EMPTY_PARAMETERS = {"type": "object", "properties": {}}
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str = ""
+    parameters: Mapping[str, Any] = field(default_factory=lambda: dict(_EMPTY_PARAMETERS))
+
+    def as_openai(self) -> dict:
+        f: dict[str, Any] = {"name": self.name}
+        if self.description:
+            f["description"] = self.description
+        f["parameters"] = dict(self.parameters)
+        return {"type": "function", "function": f}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+    def as_openai(self) -> dict:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A request's tools and how it lets the model use them."""
+
+    tools: tuple[Tool, ...]
+    choice: str = "auto"  # auto | none | required | function:<name>
+    parallel: bool = True
+
+    @property
+    def calls_allowed(self) -> bool:
+        return self.choice != "none"
+
+    def grammar(self) -> str:
+        """The Lark grammar (llguidance's dialect) the answer must match."""
+        if self.choice.startswith("function:"):
+            tools = [t for t in self.tools if t.name == self.choice.removeprefix("function:")]
+        else:
+            tools = list(self.tools)
+        schema: dict[str, Any] = {"x-guidance": {"whitespace_flexible": False},
+                                  "anyOf": [_call_schema(t) for t in tools]}
+        one = f'"{_lark(OPEN)}\\n" call_body "\\n{_lark(CLOSE)}"'
+        calls = "call" if not self.parallel or self.choice.startswith("function:") else 'call ("\\n" call)*'
+        text = "TEXT: /(.|\\n)*/ & ~/" + _regex(OPEN) + "(.|\\n)*/"
+        if self.choice == "none":
+            return f"start: TEXT\n{text}\n"
+        start = "calls" if self.choice != "auto" else "TEXT | calls"
+        return (f"start: {start}\ncalls: {calls}\ncall: {one}\n{text}\n"
+                f"call_body: %json {json.dumps(schema)}\n")
+
+    def constraint(self) -> ConstraintSpec:
+        return ConstraintSpec("lark", self.grammar())
+
+
+def _call_schema(t: Tool) -> dict:
+    """One call's JSON: {"name": <the tool>, "arguments": <its parameters>}. Arguments whose schema
+    names properties but says nothing of others are closed (additionalProperties false), as
+    llama.cpp's grammar converter does: a tool reads only what it declares, and a small model
+    left free to add keys may add them until max_tokens."""
+    params = dict(t.parameters)
+    if "properties" in params and "additionalProperties" not in params:
+        params["additionalProperties"] = False
+    return {"type": "object", "properties": {"name": {"const": t.name}, "arguments": params},
+            "required": ["name", "arguments"], "additionalProperties": False}
+
+
+def _lark(s: str) -> str:
+    return s.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _regex(s: str) -> str:
+    return re.sub(r"([\\/.*+?()\[\]{}|^$])", r"\\\1", s)
+
+
+# ---- the request's fields ----------------------------------------------------------------------
+
+
+def parse_tools(tools: Any, tool_choice: Any, parallel: Any) -> ToolSpec | None:
+    """OpenAI's tools / tool_choice / parallel_tool_calls; None when the request has no tools
+    (tool_choice none or absent). BadRequest names the field."""
+    if tools is None or tools == []:
+        if tool_choice not in (None, "none"):
+            raise BadRequest("tool_choice", "needs tools")
+        return None
+    if not isinstance(tools, list):
+        raise BadRequest("tools", "must be a list of {type: function, function: {name, parameters}}")
+    if len(tools) > MAX_TOOLS:
+        raise BadRequest("tools", f"at most {MAX_TOOLS} tools, got {len(tools)}")
+    out: list[Tool] = []
+    for i, t in enumerate(tools):
+        out.append(_tool(t, f"tools[{i}]"))
+    names = [t.name for t in out]
+    for i, n in enumerate(names):
+        if n in names[:i]:
+            raise BadRequest(f"tools[{i}].function.name", f"duplicate tool name {n!r}")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise BadRequest("parallel_tool_calls", f"must be true or false, got {parallel!r}")
+    return ToolSpec(tuple(out), _choice(tool_choice, names), True if parallel is None else parallel)
+
+
+def _tool(t: Any, where: str) -> Tool:
+    if not isinstance(t, Mapping) or t.get("type") != "function":
+        raise BadRequest(f"{where}.type", "must be 'function'")
+    f = t.get("function")
+    if not isinstance(f, Mapping):
+        raise BadRequest(f"{where}.function", "must be an object with name and parameters")
+    for k in f:
+        if k not in ("name", "description", "parameters", "strict"):
+            raise BadRequest(f"{where}.function.{k}", "unknown field")
+    name = f.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise BadRequest(f"{where}.function.name", f"must be 1-64 letters, digits, _ . or -, got {name!r}")
+    desc = f.get("description") or ""
+    if not isinstance(desc, str):
+        raise BadRequest(f"{where}.function.description", "must be a string")
+    params = f.get("parameters")
+    if params is None:
+        params = dict(_EMPTY_PARAMETERS)
+    if not isinstance(params, Mapping):
+        raise BadRequest(f"{where}.function.parameters", "must be a JSON schema object")
+    if params.get("type", "object") != "object":
+        raise BadRequest(f"{where}.function.parameters.type", f"must be 'object', got {params.get('type')!r}")
+    return Tool(name, desc, dict(params))
+
+
+def _choice(v: Any, names: Sequence[str]) -> str:
+    if v is None:
+        return "auto"
+    if v in ("auto", "none", "required"):
+        return v
+    if isinstance(v, Mapping) and v.get("type") == "function" and isinstance(v.get("function"), Mapping):
+        name = v["function"].get("name")
+        if name not in names:
+            raise BadRequest("tool_choice.function.name", f"no tool named {name!r} (tools: {', '.join(names)})")
+        return f"function:{name}"
+    raise BadRequest("tool_choice", "must be auto, none, required or {type: function, function: {name}}")
+
+
+def parse_history_calls(v: Any, where: str) -> tuple[ToolCall, ...]:
+    """An assistant message's tool_calls (arguments must be JSON text)."""
+    if not isinstance(v, list):
+        raise BadRequest(where, "must be a list of {id, type: function, function: {name, arguments}}")
+    out = []
+    for j, c in enumerate(v):
+        w = f"{where}[{j}]"
+        if not isinstance(c, Mapping) or c.get("type", "function") != "function":
+            raise BadRequest(f"{w}.type", "must be 'function'")
+        f = c.get("function")
+        if not isinstance(f, Mapping) or not isinstance(f.get("name"), str):
+            raise BadRequest(f"{w}.function", "must be an object with name and arguments")
+        args = f.get("arguments", "{}")
+        if not isinstance(args, str):
+            raise BadRequest(f"{w}.function.arguments", "must be a JSON string")
+        try:
+            json.loads(args)
+        except ValueError:
+            raise BadRequest(f"{w}.function.arguments", "must be valid JSON text") from None
+        cid = c.get("id") or ""
+        if not isinstance(cid, str):
+            raise BadRequest(f"{w}.id", "must be a string")
+        out.append(ToolCall(cid, f["name"], args))
+    return tuple(out)
+
+
+# ---- the conversation as the template sees it --------------------------------------------------
+
+
+def system_text(spec: ToolSpec) -> str:
+    """The tools, described for a template that has no tools of its own (edgespec's format)."""
+    lines = "\n".join(json.dumps(t.as_openai(), ensure_ascii=False) for t in spec.tools)
+    return ("You can call functions. They are described, one JSON object per line, inside <tools></tools>:\n"
+            f"<tools>\n{lines}\n</tools>\n"
+            "To call a function, answer with a JSON object inside <tool_call></tool_call> tags, one per call:\n"
+            f'{OPEN}\n{{"name":"<function name>","arguments":{{<arguments>}}}}\n{CLOSE}\n'
+            "A function's result comes back in a message of role tool.")
+
+
+def calls_text(calls: Sequence[ToolCall]) -> str:
+    """Calls as the model writes them (an assistant turn of the history, edgespec's format)."""
+    return "\n".join(f'{OPEN}\n{{"name":{json.dumps(c.name, ensure_ascii=False)},"arguments":'
+                     f'{json.dumps(json.loads(c.arguments), ensure_ascii=False, separators=(",", ":"))}}}\n{CLOSE}'
+                     for c in calls)
+
+
+# ---- the answer --------------------------------------------------------------------------------
+
+_BLOCK = re.compile(re.escape(OPEN) + r"\n(.*?)\n" + re.escape(CLOSE), re.S)
+
+
+def new_call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+def _call(body: str) -> ToolCall | None:
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or "arguments" not in obj:
+        return None
+    return ToolCall(new_call_id(), obj["name"], json.dumps(obj["arguments"], ensure_ascii=False))
+
+
+def parse_answer(text: str, *, truncated: bool = False) -> tuple[str | None, tuple[ToolCall, ...]]:
+    """(content, calls): calls when the answer is one or more complete call blocks, else the
+    text as content. `truncated` (max_tokens ended it): the complete calls before a call cut
+    short are kept (the stream sent them too); a first call cut short stays text."""
+    if not text.startswith(OPEN):
+        return text, ()
+    calls = []
+    pos = 0
+    for m in _BLOCK.finditer(text):
+        if text[pos:m.start()].strip():
+            return text, ()
+        c = _call(m.group(1))
+        if c is None:
+            return text, ()
+        calls.append(c)
+        pos = m.end()
+    rest = text[pos:].strip()
+    if not calls or (rest and not (truncated and (rest.startswith(OPEN) or OPEN.startswith(rest)))):
+        return text, ()
+    return None, tuple(calls)
+
+
+class AnswerStream:
+    """The answer's text as it streams -> ("content", text) and ("call", ToolCall) events. Text
+    that might still become a call's opening tag is held back until it cannot."""
+
+    def __init__(self) -> None:
+        self._buf = ""
+        self._mode = "undecided"  # -> text | calls
+        self.calls: list[ToolCall] = []
+
+    def feed(self, text: str) -> list[tuple[str, Any]]:
+        if self._mode == "text":
+            return [("content", text)] if text else []
+        self._buf += text
+        if self._mode == "undecided":
+            if OPEN.startswith(self._buf):
+                return []
+            if not self._buf.startswith(OPEN):
+                self._mode = "text"
+                out, self._buf = self._buf, ""
+                return [("content", out)]
+            self._mode = "calls"
+        out: list[tuple[str, Any]] = []
+        while True:
+            m = _BLOCK.search(self._buf)
+            if m is None:
+                return out
+            c = _call(m.group(1))
+            if c is not None:
+                self.calls.append(c)
+                out.append(("call", c))
+            self._buf = self._buf[m.end():]
+
+    def finish(self) -> list[tuple[str, Any]]:
+        """What is left: held-back text (no call came of it) as content."""
+        rest, self._buf = self._buf, ""
+        if self._mode == "calls":
+            return [("content", rest)] if rest.strip() and not self.calls else []
+        return [("content", rest)] if rest else []
+
+
+def native(template: Any) -> bool:
+    """Whether a chat template shows tools and calls itself in edgespec's call format (Hermes /
+    Qwen templates: they mention `tools` and write <tool_call> blocks)."""
+    return template is not None and getattr(template, "has_tools", False) and OPEN in template.source
+
+
+def template_inputs(messages: Sequence[tuple[str, str]], extras: Sequence[Mapping[str, Any]],
+                    spec: ToolSpec | None, template: Any
+                    ) -> tuple[tuple[tuple[str, str], ...], tuple[dict, ...] | None, list[dict] | None]:
+    """(messages, extras, tools) for chat.encode_chat. A template that shows tools itself
+    (`native`) gets them as the `tools` variable and each assistant turn's calls as tool_calls
+    (arguments as objects, as Hugging Face templates read them). Otherwise edgespec's format:
+    the tools described in the (first) system message, and each assistant turn's calls written
+    into its content as the model writes them; every piece of it is then content (tokenised as
+    text, never as control tokens)."""
+    extras = list(extras) or [{} for _ in messages]
+    if native(template):
+        ex = []
+        for e in extras:
+            d: dict[str, Any] = {}
+            if e.get("tool_calls"):
+                d["tool_calls"] = [{"id": c.id, "type": "function",
+                                    "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
+                                   for c in e["tool_calls"]]
+            if e.get("tool_call_id"):
+                d["tool_call_id"] = e["tool_call_id"]
+            ex.append(d)
+        tools = [t.as_openai() for t in spec.tools] if spec is not None else None
+        return tuple(messages), tuple(ex), tools
+    out = []
+    for (role, content), e in zip(messages, extras):
+        if e.get("tool_calls"):
+            content = (content + "\n" if content else "") + calls_text(e["tool_calls"])
+        out.append((role, content))
+    if spec is not None:
+        head = system_text(spec)
+        if out and out[0][0] == "system":
+            out[0] = ("system", head + ("\n\n" + out[0][1] if out[0][1] else ""))
+        else:
+            out.insert(0, ("system", head))
+    return tuple(out), None, None
+
+
+def encode_request(tok: Any, prompt: str, messages: Sequence[tuple[str, str]], extras: Sequence[Mapping[str, Any]],
+                   spec: ToolSpec | None, override: str = "") -> list[int]:
+    """A chat or text request's prompt token ids. A chat request with tools, tool turns or a
+    configured template (`override`, [target] chat_template) renders the Jinja template (the
+    GGUF's own unless overridden) through template_inputs; the others keep the tokenizer's
+    built-in template (chat.encode_prompt)."""
+    from edgespec import chat
+
+    if not messages or (spec is None and not extras and not override):
+        return chat.encode_prompt(tok, prompt, messages)
+    template = chat.template_of(tok, override or None)
+    msgs, ex, tools = template_inputs(messages, extras, spec, template)
+    return chat.encode_chat(tok, msgs, template=template, tools=tools, extras=ex)

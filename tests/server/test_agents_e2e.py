@@ -1,0 +1,155 @@
+"""Agents against a real daemon (the demo models, loopback, one daemon for the module): tool
+calling with the official `openai` client (a round trip, streamed deltas, tool_choice required
+on several tools with every call validated against its schema), and langchain-openai's
+bind_tools. Slow: CI runs it."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import jsonschema
+import pytest
+
+from tests.server.test_http_e2e import MODEL, server  # noqa: F401 - the module's daemon
+
+pytestmark = pytest.mark.slow
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+ADD = {"type": "function", "function": {
+    "name": "add", "description": "Add two integers",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                   "required": ["a", "b"], "additionalProperties": False}}}
+BOOK = {"type": "function", "function": {
+    "name": "book_room", "description": "Book a meeting room",
+    "parameters": {"type": "object", "properties": {
+        "room": {"type": "string", "pattern": "^[A-Z][0-9]{3}$"},
+        "attendees": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 4},
+        "hours": {"type": "number", "minimum": 0.5, "maximum": 8}},
+        "required": ["room", "attendees", "hours"], "additionalProperties": False}}}
+TOOLS = [WEATHER, ADD, BOOK]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+def test_tool_round_trip_with_the_openai_client(server):  # noqa: F811
+    c = server.client()
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = c.chat.completions.create(model=MODEL, messages=msgs, tools=[WEATHER], tool_choice="required",
+                                  parallel_tool_calls=False, max_tokens=40, temperature=0)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    args = json.loads(call.function.arguments)
+    jsonschema.validate(args, SCHEMAS["get_weather"])
+    msgs += [choice.message.model_dump(exclude_none=True),
+             {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "sunny"})}]
+    final = c.chat.completions.create(model=MODEL, messages=msgs, tools=[WEATHER], tool_choice="none",
+                                      max_tokens=16, temperature=0)
+    assert final.choices[0].message.tool_calls is None
+    assert final.choices[0].message.content and not final.choices[0].message.content.startswith("<tool_call>")
+    assert final.choices[0].finish_reason in ("stop", "length")
+
+
+def test_streamed_tool_call_deltas_assemble(server):  # noqa: F811
+    c = server.client()
+    kw = {"model": MODEL, "messages": [{"role": "user", "content": "Add 2 and 3."}],
+          "tools": [ADD], "tool_choice": "required", "max_tokens": 40, "temperature": 0}
+    unary = c.chat.completions.create(**kw).choices[0].message.tool_calls
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in c.chat.completions.create(**kw, stream=True):
+        if not chunk.choices:
+            continue
+        ch = chunk.choices[0]
+        finish = ch.finish_reason or finish
+        for d in ch.delta.tool_calls or ():
+            slot = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+            slot["id"] = d.id or slot["id"]
+            if d.function is not None:
+                slot["name"] += d.function.name or ""
+                slot["arguments"] += d.function.arguments or ""
+    assert finish in ("tool_calls", "length")  # the demo model may repeat its call up to max_tokens
+    assert calls
+    assert [(s["name"], json.loads(s["arguments"])) for _, s in sorted(calls.items())] == \
+        [(u.function.name, json.loads(u.function.arguments)) for u in unary]  # greedy: the same calls
+    for s in calls.values():
+        assert s["id"].startswith("call_")
+        jsonschema.validate(json.loads(s["arguments"]), SCHEMAS[s["name"]])
+
+
+@pytest.mark.parametrize("mode", ["plain", "tree"])
+def test_required_calls_always_parse_and_validate(server, mode):  # noqa: F811
+    c = server.client()
+    prompts = ["Book room B204 for Ann and Bo for two hours.", "Tell me a joke."]
+    n = 0
+    for i, p in enumerate(prompts):
+        r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": p}], tools=TOOLS,
+                                      tool_choice="required", parallel_tool_calls=i % 2 == 0, max_tokens=72,
+                                      temperature=0.8, seed=i, extra_body={"edgespec": {"mode": mode}})
+        ch = r.choices[0]
+        assert ch.finish_reason in ("tool_calls", "length"), (p, ch)
+        assert ch.message.tool_calls, (p, ch)
+        assert i % 2 == 0 or len(ch.message.tool_calls) == 1
+        for call in ch.message.tool_calls:
+            jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+            n += 1
+    assert n >= len(prompts)
+
+
+def test_named_tool_choice_calls_that_tool(server):  # noqa: F811
+    c = server.client()
+    r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello!"}], tools=TOOLS,
+                                  tool_choice={"type": "function", "function": {"name": "add"}}, max_tokens=48,
+                                  temperature=0)
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "add"
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS["add"])
+
+
+def test_langchain_bind_tools_calls_a_tool(server):  # noqa: F811
+    lc = pytest.importorskip("langchain_openai")
+    from langchain_core.tools import tool
+
+    @tool
+    def get_weather(city: Literal["Paris", "Oslo", "Lima"], unit: Literal["celsius", "fahrenheit"]) -> str:
+        """The current weather in a city."""
+        return f"18 degrees {unit} in {city}"
+
+    llm = lc.ChatOpenAI(model=MODEL, base_url=server.base + "/v1", api_key="e2e-key", temperature=0, max_tokens=48,
+                        max_retries=0)
+    msg = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("How warm is it in Oslo?")
+    assert len(msg.tool_calls) == 1, msg
+    (call,) = msg.tool_calls
+    assert call["name"] == "get_weather" and call["args"]["city"] in ("Paris", "Oslo", "Lima")
+    assert get_weather.invoke(call["args"]).startswith("18 degrees")
+
+
+def test_embeddings_with_the_openai_client(server):  # noqa: F811
+    import numpy as np
+
+    c = server.client()
+    sentences = ["The cat sat on the mat.", "A cat was sitting on the mat.",
+                 "Quarterly revenue grew by ten percent.", "The invoice is due at the end of the month."]
+    r = c.embeddings.create(model=MODEL, input=sentences)  # the client asks for base64 and decodes it
+    v = np.array([d.embedding for d in r.data])
+    assert v.shape == (4, 576) and [d.index for d in r.data] == [0, 1, 2, 3]
+    assert np.allclose(np.linalg.norm(v, axis=1), 1, atol=1e-4)
+    sim = v @ v.T
+    assert sim[0, 1] > max(sim[0, 2], sim[0, 3], sim[1, 2], sim[1, 3])  # near-duplicates closest
+    assert r.usage.prompt_tokens > 20
+    floats = c.embeddings.create(model=MODEL, input=sentences[0], encoding_format="float")
+    # alone and batched: the same vector up to the batch shape's float rounding; float = base64
+    assert float(np.dot(floats.data[0].embedding, v[0])) > 0.9999
+    import urllib.request
+
+    ask = urllib.request.Request(server.base + "/tokenize", data=json.dumps({"prompt": sentences[0]}).encode(),
+                                 headers={"Authorization": "Bearer e2e-key", "Content-Type": "application/json"})
+    ids = json.loads(urllib.request.urlopen(ask, timeout=60).read())["tokens"]
+    tok = c.embeddings.create(model=MODEL, input=[ids], encoding_format="float")
+    assert np.allclose(tok.data[0].embedding, floats.data[0].embedding, atol=1e-6)  # token ids = the text

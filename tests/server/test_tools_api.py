@@ -1,0 +1,118 @@
+"""Tool calling through both APIs on the fake engine: the request's tools become the grammar the
+engine gets, the answer's blocks become tool_calls (unary and streamed, OpenAI's delta shape),
+and bad tool fields are refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+
+from edgespec.proto.edgespec.v1 import inference_pb2 as pb
+from tests.server.test_http import HTTP, MODEL, client, raw
+
+ADD = {"type": "function", "function": {"name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+CALL = ("<tool_call>\n", '{"name":"add","arguments":{"a":1,"b":2}}', "\n</tool_call>", "\n")
+
+
+def calling(r) -> None:
+    r.engine.words = CALL  # the fake model answers with one call of add, then end of sequence
+    r.engine.eos_after = 3
+
+
+def test_http_tool_call_unary_and_streamed(make_daemon):
+    r = make_daemon(http=HTTP)
+    calling(r)
+    c = client(r)
+    kw = {"model": MODEL, "messages": [{"role": "user", "content": "1+2?"}], "tools": [ADD], "max_tokens": 20}
+    resp = c.chat.completions.create(**kw)
+    req = r.engine.requests[0]
+    assert req.constraint.kind == "lark" and '"const": "add"' in req.constraint.value
+    ch = resp.choices[0]
+    assert ch.finish_reason == "tool_calls" and ch.message.content is None
+    (call,) = ch.message.tool_calls
+    assert (call.type, call.function.name, json.loads(call.function.arguments)) == ("function", "add", {"a": 1, "b": 2})
+
+    chunks = list(c.chat.completions.create(**kw, stream=True))
+    deltas = [d for ch in chunks if ch.choices for d in ch.choices[0].delta.tool_calls or ()]
+    assert [d.index for d in deltas] == [0, 0]
+    assert deltas[0].id.startswith("call_") and deltas[0].function.name == "add" and deltas[0].function.arguments == ""
+    assert json.loads(deltas[1].function.arguments) == {"a": 1, "b": 2}
+    assert not any(ch.choices[0].delta.content for ch in chunks if ch.choices)  # the tag was never text
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == \
+        ["tool_calls"]
+
+
+def test_http_tool_choice_none_answers_text_and_history_calls_are_accepted(make_daemon):
+    r = make_daemon(http=HTTP)
+    calling(r)
+    msgs = [{"role": "user", "content": "1+2?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a":1,"b":2}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "3"}]
+    resp = client(r).chat.completions.create(model=MODEL, messages=msgs, tools=[ADD], tool_choice="none", max_tokens=20)
+    assert resp.choices[0].message.tool_calls is None  # none: nothing is parsed
+    assert "~/<tool_call>" in r.engine.requests[0].constraint.value and "call_body" not in \
+        r.engine.requests[0].constraint.value
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"tools": [ADD], "response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": [ADD], "tool_choice": {"type": "function", "function": {"name": "sub"}}}, "tool_choice.function.name"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "add",
+                                                                                        "arguments": "{"}}]}]},
+     "messages[0].tool_calls[0].function.arguments"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": [{}]}]}, "messages[0].tool_calls"),
+])
+def test_http_bad_tool_fields_are_400_naming_them(make_daemon, body, param):
+    r = make_daemon(http=HTTP)
+    status, _, out = raw(r, "POST", "/v1/chat/completions",
+                         {"model": MODEL, "messages": [{"role": "user", "content": "x"}], **body})
+    assert status == 400 and json.loads(out)["error"]["param"] == param
+
+
+def test_completions_refuse_tools(make_daemon):
+    r = make_daemon(http=HTTP)
+    status, _, out = raw(r, "POST", "/v1/completions", {"model": MODEL, "prompt": "x", "tools": [ADD]})
+    assert status == 400 and json.loads(out)["error"]["param"] == "tools"
+
+
+def _grpc_req(**tools) -> pb.GenerateRequest:
+    return pb.GenerateRequest(messages=[pb.ChatMessage(role="user", content="1+2?")],
+                              sampling=pb.SamplingOptions(max_tokens=20), tools=pb.ToolOptions(**tools))
+
+
+def test_grpc_tool_call_unary_and_stream(make_daemon):
+    r = make_daemon()
+    calling(r)
+    tool = pb.Tool(name="add", parameters_json=json.dumps(ADD["function"]["parameters"]))
+    out = r.inference.Generate(_grpc_req(tools=[tool], choice="required"))
+    assert out.finish_reason == pb.TOOL_CALLS
+    (call,) = out.tool_calls
+    assert call.name == "add" and json.loads(call.arguments) == {"a": 1, "b": 2} and call.id.startswith("call_")
+    assert "TEXT | calls" not in r.engine.requests[0].constraint.value  # required: calls only
+    msgs = list(r.inference.GenerateStream(_grpc_req(tools=[tool])))
+    assert "".join(m.text for m in msgs).startswith("<tool_call>")
+    assert msgs[-1].finish_reason == pb.TOOL_CALLS and [c.name for c in msgs[-1].tool_calls] == ["add"]
+    # the history of a round trip
+    hist = pb.GenerateRequest(messages=[
+        pb.ChatMessage(role="user", content="1+2?"),
+        pb.ChatMessage(role="assistant", tool_calls=[pb.ToolCall(id=call.id, name="add", arguments=call.arguments)]),
+        pb.ChatMessage(role="tool", tool_call_id=call.id, content="3")],
+        sampling=pb.SamplingOptions(max_tokens=20), tools=pb.ToolOptions(tools=[tool], choice="none"))
+    assert not r.inference.Generate(hist).tool_calls
+
+
+@pytest.mark.parametrize("tools, field", [
+    ({"tools": [pb.Tool(name="a b")]}, "tools.tools[0].name"),
+    ({"tools": [pb.Tool(name="f", parameters_json="{")]}, "tools.tools[0].parameters_json"),
+    ({"tools": [pb.Tool(name="f")], "choice": "g"}, "tools.choice"),
+    ({"choice": "required"}, "tools.choice"),
+])
+def test_grpc_bad_tool_fields_are_invalid_argument_naming_them(make_daemon, tools, field):
+    r = make_daemon()
+    with pytest.raises(grpc.RpcError) as e:
+        r.inference.Generate(_grpc_req(**tools))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.value.details()
