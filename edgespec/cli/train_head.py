@@ -95,7 +95,7 @@ def _write_card(spec, rep: dict) -> None:  # noqa: ANN001
                  "text_windows": spec.text_windows, "train_tokens": rep["train_tokens"],
                  "train_sequences": rep["train_sequences"], "data_minutes": round(rep["data_minutes"], 1)},
         "training": {"minutes": round(rep["train_minutes"], 1), "steps": rep["steps"], "epochs": round(rep["epochs"], 2),
-                     "best_step": rep["best_step"], "tokens_per_s": round(rep["train_tokens_per_s"], 1),
+                     "best_step": rep["best_step"], "tokens_per_s": None if rep["train_tokens_per_s"] != rep["train_tokens_per_s"] else round(rep["train_tokens_per_s"], 1),
                      "draft_vocab": rep["draft_vocab"], "coverage": rep["coverage"], "window": spec.window,
                      "batch": spec.batch, "ttt_steps": spec.ttt_steps, "lr": spec.lr, "n_ff": spec.n_ff},
         "heldout": {"positions": rep["heldout_positions"], "depth1": round(acc[0], 4),
