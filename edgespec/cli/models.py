@@ -36,7 +36,7 @@ def prepare_demo(
 @models_app.command("add")
 def add(
     path: Annotated[Path, typer.Argument(help="a GGUF file")],
-    role: Annotated[Optional[str], typer.Option(help="target | draft")] = None,
+    role: Annotated[Optional[str], typer.Option(help="target | draft | head (an EAGLE-3 head)")] = None,
     name: Annotated[Optional[str], typer.Option(help="file name in the models directory (default: PATH's)")] = None,
     link: Annotated[bool, typer.Option("--link", help="symlink instead of copying (the daemon must be able to read PATH)")] = False,
     models_dir: Annotated[Optional[Path], typer.Option(help="default: $EDGESPEC_HOME/models")] = None,

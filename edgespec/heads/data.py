@@ -163,3 +163,119 @@ def extract(target, layers: Sequence[int], wins: Sequence[Sequence[int]], thread
     finally:
         ctx.close()
     return Shard(toks, labels, feats)
+
+
+@dataclass
+class Sequences:
+    """Whole sequences (prompt + the target's greedy answer) with the target's features, flat:
+    tokens [N] int32, labels [N] int32 (the target's greedy token after each position; -1 inside
+    the prompt, where it is not trained on), features [N, 3 * n_embd] float16, starts [S + 1]
+    int64 (sequence s is rows starts[s]:starts[s+1]), prompt_len [S] int32."""
+
+    tokens: np.ndarray
+    labels: np.ndarray
+    features: np.ndarray
+    starts: np.ndarray
+    prompt_len: np.ndarray
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, tokens=self.tokens, labels=self.labels, features=self.features, starts=self.starts,
+                 prompt_len=self.prompt_len)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> Sequences:
+        z = np.load(path)
+        return cls(z["tokens"], z["labels"], z["features"], z["starts"], z["prompt_len"])
+
+    @classmethod
+    def concat(cls, parts: Sequence[Sequences]) -> Sequences:
+        offs = np.cumsum([0] + [len(p.tokens) for p in parts])
+        starts = np.concatenate([[0]] + [p.starts[1:] + o for p, o in zip(parts, offs)])
+        return cls(np.concatenate([p.tokens for p in parts]), np.concatenate([p.labels for p in parts]),
+                   np.concatenate([p.features for p in parts]), starts.astype(np.int64),
+                   np.concatenate([p.prompt_len for p in parts]))
+
+    def sequence(self, s: int) -> list[int]:
+        return [int(t) for t in self.tokens[self.starts[s]:self.starts[s + 1]]]
+
+
+def distill_features(target, layers: Sequence[int], prompts: Sequence[str], max_new: int, n_seq: int = 48,
+                     threads: int = 0) -> Sequences:  # noqa: ANN001
+    """The target's greedy answers to `prompts` (chat template applied), `n_seq` sequences per
+    forward, with the features of every decoded token taken from the generating forwards
+    themselves (no second pass over the text): one batched prefill of all prompts, then one
+    forward per answer token for every live sequence."""
+    from edgespec.backend import FeatureContext
+    from edgespec.config import ModelConfig
+
+    seqs = [target.tokenize(target.chat_prompt([("user", p)]), add_special=True, parse_special=True) for p in prompts]
+    n_ctx = n_seq * (max(len(s) for s in seqs) + max_new + 2)
+    ctx = FeatureContext(target, ModelConfig(path=str(target.path), n_ctx=n_ctx, n_batch=512, threads=threads),
+                         layers, n_seq_max=n_seq)
+    parts = []
+    try:
+        for g0 in range(0, len(seqs), n_seq):
+            group = [list(s) for s in seqs[g0:g0 + n_seq]]
+            plen = [len(s) for s in group]
+            ctx.clear()
+            toks = [t for s in group for t in s]
+            pos = [p for s in group for p in range(len(s))]
+            sid = [(i,) for i, s in enumerate(group) for _ in s]
+            last = [p == len(s) - 1 for s in group for p in range(len(s))]
+            lg = ctx.decode_rows(toks, pos, sid, last)
+            pf = ctx.collected().astype(np.float16)
+            feats: list[list[np.ndarray]] = []
+            o = 0
+            for i, s in enumerate(group):
+                feats.append([pf[o:o + len(s)]])
+                o += len(s)
+                s.append(int(np.argmax(lg[i])))
+            live = [i for i, s in enumerate(group) if not target.is_eog(s[-1])]
+            for _ in range(max_new - 1):
+                if not live:
+                    break
+                lg = ctx.decode_rows([group[i][-1] for i in live], [len(group[i]) - 1 for i in live],
+                                     [(i,) for i in live], [True] * len(live))
+                f = ctx.collected().astype(np.float16)
+                nxt = np.argmax(lg, axis=1)
+                for j, i in enumerate(live):
+                    feats[i].append(f[j:j + 1])
+                    group[i].append(int(nxt[j]))
+                live = [i for i in live if not target.is_eog(group[i][-1])]
+            # a sequence's last token was never decoded: rows are tokens[:-1], labels tokens[1:]
+            t_all, l_all, f_all, st = [], [], [], [0]
+            for i, s in enumerate(group):
+                n = len(s) - 1
+                lab = np.asarray(s[1:], np.int32)
+                lab[:plen[i] - 1] = -1
+                t_all.append(np.asarray(s[:-1], np.int32))
+                l_all.append(lab)
+                f_all.append(np.concatenate(feats[i])[:n])
+                st.append(st[-1] + n)
+            parts.append(Sequences(np.concatenate(t_all), np.concatenate(l_all), np.concatenate(f_all),
+                                   np.asarray(st, np.int64), np.asarray(plen, np.int32)))
+    finally:
+        ctx.close()
+    return Sequences.concat(parts)
+
+
+def pack(data: Sequences, window: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Training windows packed from whole sequences, no padding lost between them: at row t the
+    head reads token[t+1] and g = fc(features[t]) and is trained on label[t+1] (the target's greedy
+    token after token[t+1]); rows where t+1 starts another sequence get label -1. Returns
+    (feature row index [W, T] into data.features, input tokens [W, T], labels [W, T], segment ids
+    [W, T]: attention stays inside a sequence). Sequences are shuffled with `seed` first."""
+    S = len(data.starts) - 1
+    order = np.random.default_rng(seed).permutation(S)
+    rows = np.concatenate([np.arange(data.starts[s], data.starts[s + 1]) for s in order])
+    seg = np.concatenate([np.full(data.starts[s + 1] - data.starts[s], k, np.int32) for k, s in enumerate(order)])
+    nxt = np.minimum(rows + 1, len(data.tokens) - 1)
+    same = np.append(seg[1:] == seg[:-1], False)
+    inp = np.where(same, data.tokens[nxt], 0).astype(np.int32)
+    lab = np.where(same, data.labels[nxt], -1).astype(np.int32)
+    W = len(rows) // window
+    cut = W * window
+    return (rows[:cut].reshape(W, window), inp[:cut].reshape(W, window), lab[:cut].reshape(W, window),
+            seg[:cut].reshape(W, window))

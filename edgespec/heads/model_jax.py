@@ -44,8 +44,10 @@ def _shift(x, k: int):  # noqa: ANN001, ANN202
     return jnp.concatenate([pad, x[:, :-k]], axis=1)
 
 
-def step(p, cfg: HeadConfig, emb, g, keys: list, j: int):  # noqa: ANN001, ANN201
-    """One TTT step. emb, g [B, T, e]; keys: (k, v) of steps 0..j-1. Returns (h, logits, (k, v))."""
+def step(p, cfg: HeadConfig, emb, g, keys: list, j: int, seg=None):  # noqa: ANN001, ANN201
+    """One TTT step. emb, g [B, T, e]; keys: (k, v) of steps 0..j-1; seg [B, T] segment ids of
+    packed sequences (attention stays inside one; None: one sequence per row). Returns (h,
+    logits, (k, v))."""
     B, T, _ = emb.shape
     H, KV, d = cfg.n_head, cfg.n_head_kv, cfg.head_dim
     x = jnp.concatenate([rms(emb, p["attn_norm"], cfg.rms_eps), rms(g, p["hidden_norm"], cfg.rms_eps)], axis=-1)
@@ -61,11 +63,17 @@ def step(p, cfg: HeadConfig, emb, g, keys: list, j: int):  # noqa: ANN001, ANN20
     v0 = jnp.repeat(vv[0], rep, axis=2)
     s0 = jnp.einsum("bthd,bshd->bhts", q, k0) * scale
     t_idx, s_idx = np.arange(T)[:, None], np.arange(T)[None, :]
-    s0 = jnp.where(jnp.asarray(s_idx <= t_idx - j)[None, None], s0, -1e30)
+    allowed = jnp.asarray(s_idx <= t_idx - j)[None, None]
+    if seg is not None:
+        allowed = allowed & (seg[:, None, :, None] == seg[:, None, None, :])
+    s0 = jnp.where(allowed, s0, -1e30)
     diag = []
     for i in range(1, j + 1):
         ki = _shift(jnp.repeat(kk[i], rep, axis=2), j - i)
-        diag.append(jnp.einsum("bthd,bthd->bht", q, ki)[..., None] * scale)  # [B, H, T, 1]
+        di = jnp.einsum("bthd,bthd->bht", q, ki)[..., None] * scale  # [B, H, T, 1]
+        if seg is not None:
+            di = jnp.where((_shift(seg, j - i) == seg)[:, None, :, None], di, -1e30)
+        diag.append(di)
     alls = jnp.concatenate([s0] + diag, axis=-1)
     pr = jax.nn.softmax(alls, axis=-1)
     out = jnp.einsum("bhts,bshd->bthd", pr[..., :T], v0)
@@ -80,22 +88,24 @@ def step(p, cfg: HeadConfig, emb, g, keys: list, j: int):  # noqa: ANN001, ANN20
     return h, logits, (k, v)
 
 
-def loss_fn(p, cfg: HeadConfig, embed, feats, tokens, labels_d, steps: int, decay: float = 0.8):  # noqa: ANN001, ANN201
+def loss_fn(p, cfg: HeadConfig, embed, feats, tokens, labels_d, steps: int, decay: float = 0.8, seg=None):  # noqa: ANN001, ANN201
     """feats [B, T, 3e] f32; tokens [B, T] (input token[t+1] at t); labels_d [B, T] draft-vocab
-    index of the target's next token (-1: outside the draft vocabulary or past the end).
-    Returns (loss, per-step top-1 accuracy [steps])."""
+    index of the target's next token (-1: outside the draft vocabulary or past the end); seg
+    [B, T] segment ids of packed sequences or None. Returns (loss, per-step top-1 accuracy
+    [steps]). The cross-entropy is logsumexp - the label's logit (no [B, T, V] log-softmax)."""
     emb = embed[tokens]
     g = feats @ p["fc"].T
     keys: list = []
     total, accs = 0.0, []
     T = tokens.shape[1]
     for j in range(steps):
-        h, logits, kv = step(p, cfg, emb, g, keys, j)
+        h, logits, kv = step(p, cfg, emb, g, keys, j, seg)
         keys.append(kv)
         valid = (labels_d >= 0) & jnp.asarray(np.arange(T) >= j)[None, :]
+        if seg is not None:  # step j's chain starts j positions back: all of it in one sequence
+            valid = valid & (_shift(seg, j) == seg)
         lab = jnp.maximum(labels_d, 0)
-        lp = jax.nn.log_softmax(logits, axis=-1)
-        nll = -jnp.take_along_axis(lp, lab[..., None], axis=-1)[..., 0]
+        nll = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, lab[..., None], axis=-1)[..., 0]
         n = jnp.maximum(valid.sum(), 1)
         total = total + (decay ** j) * jnp.sum(jnp.where(valid, nll, 0.0)) / n
         accs.append(jnp.sum(jnp.where(valid, jnp.argmax(logits, -1) == lab, False)) / n)
@@ -108,11 +118,13 @@ def adam_init(p):  # noqa: ANN001, ANN201
     return {"m": z, "v": jax.tree_util.tree_map(jnp.zeros_like, p), "t": jnp.zeros((), jnp.int32)}
 
 
-def make_train_step(cfg: HeadConfig, steps: int, wd: float = 0.0):  # noqa: ANN201
-    """A jitted (params, opt, batch..., lr) -> (params, opt, loss, accs): one Adam step."""
+def make_train_step(cfg: HeadConfig, steps: int, wd: float = 0.0, packed: bool = False):  # noqa: ANN201
+    """A jitted (params, opt, embed, feats, tokens, labels_d, lr[, seg]) -> (params, opt, loss,
+    accs): one Adam step (`packed`: with segment ids)."""
 
-    def train_step(p, opt, embed, feats, tokens, labels_d, lr):  # noqa: ANN001, ANN202
-        (loss, accs), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, cfg, embed, feats, tokens, labels_d, steps)
+    def train_step(p, opt, embed, feats, tokens, labels_d, lr, seg=None):  # noqa: ANN001, ANN202
+        (loss, accs), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, cfg, embed, feats, tokens, labels_d, steps,
+                                                                         seg=seg)
         gn = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree_util.tree_leaves(grads)))
         clip = jnp.minimum(1.0, 1.0 / (gn + 1e-6))
         t = opt["t"] + 1

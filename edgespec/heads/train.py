@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from edgespec.heads.data import Shard, extract, package_texts, self_distill, synthetic_prompts, windows
+from edgespec.heads.data import Sequences, package_texts, windows
 from edgespec.heads.weights import HeadWeights, config_for_target, write_gguf
 
 DRAFT_VOCABS = (1024, 2048, 4096, 8192, 16384, 32768)
@@ -30,23 +30,25 @@ class TrainSpec:
     out: Path  # the head GGUF
     work_dir: Path
     minutes: float = 30.0
-    distill_prompts: int = 256  # synthetic prompts answered by the target (self-distillation)
+    distill_prompts: int = 256  # category prompts answered by the target (self-distillation)
     heldout_prompts: int = 16  # prompts never trained on, for the acceptance report
     max_new: int = 160  # answer tokens per prompt
-    text_windows: int = 64  # windows of package text
-    window: int = 128  # tokens per training window
+    text_windows: int = 0  # windows of package text the target only scores (prefill, its greedy labels)
+    window: int = 256  # tokens per packed training window
     max_windows: int = 0  # train on at most this many windows (0: all)
     draft_vocab: int = 0  # 0: the smallest of DRAFT_VOCABS covering `coverage` of the labels
-    coverage: float = 0.97
+    coverage: float = 0.95
     n_ff: int = 1536
     ttt_steps: int = 3
-    batch: int = 8
+    batch: int = 4
     lr: float = 1e-3
     epochs: float = 0.0  # 0: as many as `minutes` allow
     seed: int = 0
     threads: int = 0
     hf_dir: Path | None = None  # also export the public EAGLE-3 HF layout there
     checkpoint_s: float = 60.0
+    streams: int = 48  # sequences generated per target forward
+    eval_s: float = 120.0  # seconds of training between held-out depth-1 checks
 
 
 def _log(msg: str) -> None:
@@ -64,48 +66,72 @@ def target_embeddings(target_gguf: Path) -> np.ndarray:
     return np.asarray(data, np.float32).reshape(-1, n_embd)
 
 
-def build_data(spec: TrainSpec, target, layers) -> tuple[list[Path], list[list[int]], list[int]]:  # noqa: ANN001
-    """Train shards, plus the held-out sequences (prompt + greedy answer) and their answer starts."""
-    wd = spec.work_dir
-    (wd / "data").mkdir(parents=True, exist_ok=True)
-    prompts = synthetic_prompts(spec.distill_prompts + spec.heldout_prompts, spec.seed)
-    train_prompts, held_prompts = prompts[:spec.distill_prompts], prompts[spec.distill_prompts:]
-    seq_file = wd / "distilled.json"
-    if seq_file.is_file():
-        seqs = json.loads(seq_file.read_text())
-    else:
-        seqs = {}
-    for name, ps in (("train", train_prompts), ("heldout", held_prompts)):
-        if name in seqs and len(seqs[name]) == len(ps):
+PROMPTS_PER_SHARD = 96
+
+
+def build_sequences(spec: TrainSpec, target, layers, log: Callable[[str], None] = _log):  # noqa: ANN001, ANN201
+    """The target's greedy answers to the category prompts (edgespec/heads/prompts.py) with their
+    features captured while generating, in shards of PROMPTS_PER_SHARD prompts under
+    work_dir/data (a shard on disk is kept: a rerun resumes, and a larger --distill-prompts adds
+    shards). Returns (train Sequences, held-out Sequences): the first `heldout_prompts` prompts
+    (round-robin over the categories) are held out, the rest trained on."""
+    from edgespec.heads.data import Sequences, distill_features
+    from edgespec.heads.prompts import category_prompts
+
+    d = spec.work_dir / "data"
+    d.mkdir(parents=True, exist_ok=True)
+    prompts = [p for _, p in category_prompts(spec.heldout_prompts + spec.distill_prompts, spec.seed)]
+    held_p, train_p = prompts[:spec.heldout_prompts], prompts[spec.heldout_prompts:]
+    tag = f"s{spec.seed}-n{spec.max_new}"
+    held_path = d / f"heldout-{tag}-{spec.heldout_prompts}.npz"
+    if not held_path.is_file():
+        distill_features(target, layers, held_p, spec.max_new, n_seq=spec.streams, threads=spec.threads).save(held_path)
+    n_sh = (len(train_p) + PROMPTS_PER_SHARD - 1) // PROMPTS_PER_SHARD
+    paths = [d / f"train-{tag}-{i:04d}.npz" for i in range(n_sh)]
+    t0, done_tok = time.time(), 0
+    for i in tqdm(range(n_sh), desc="target answers + features", unit="shard"):
+        # several processes may build one work directory (one core each): a shard being built
+        # by a live process is skipped here and waited for below
+        if paths[i].is_file() or not _claim(paths[i]):
             continue
-        with tqdm(total=len(ps), desc=f"target answers ({name})", unit="prompt") as bar:
-            seqs[name] = self_distill(target, ps, spec.max_new, threads=spec.threads,
-                                      progress=lambda n, t: bar.update(n))
-        seq_file.write_text(json.dumps(seqs))
-    held_starts = [len(target.tokenize(target.chat_prompt([("user", p)]), add_special=True, parse_special=True))
-                   for p in held_prompts]
-    T = spec.window
-    stream = [t for s in seqs["train"] for t in s]
-    wins = list(windows(stream, T))
-    text_wins: list[list[int]] = []
-    for text in package_texts(seed=spec.seed):
-        if len(text_wins) >= spec.text_windows:
-            break
-        toks = target.tokenize(text[:20_000], add_special=False)
-        text_wins.extend(list(windows(toks, T))[:2])
-    wins += text_wins[:spec.text_windows]
-    order = np.random.default_rng(spec.seed).permutation(len(wins))
-    wins = [wins[i] for i in order]
-    shards = []
-    n_sh = (len(wins) + Shard.SIZE - 1) // Shard.SIZE
-    with tqdm(total=n_sh, desc="target features", unit="shard") as bar:
-        for i in range(n_sh):
-            path = wd / "data" / f"train-{T}-{i:04d}.npz"
-            if not path.is_file():
-                extract(target, layers, wins[i * Shard.SIZE:(i + 1) * Shard.SIZE], threads=spec.threads).save(path)
-            shards.append(path)
-            bar.update(1)
-    return shards, seqs["heldout"], held_starts
+        chunk = train_p[i * PROMPTS_PER_SHARD:(i + 1) * PROMPTS_PER_SHARD]
+        sq = distill_features(target, layers, chunk, spec.max_new, n_seq=spec.streams, threads=spec.threads)
+        sq.save(paths[i])
+        paths[i].with_suffix(".lock").unlink(missing_ok=True)
+        done_tok += len(sq.tokens)
+        log(f"shard {i}: {len(sq.tokens)} tokens, {done_tok / (time.time() - t0):.1f} tokens/s in this process")
+    for p in paths:
+        while not p.is_file():
+            if _claim(p):  # its builder died: build it here
+                paths_i = paths.index(p)
+                chunk = train_p[paths_i * PROMPTS_PER_SHARD:(paths_i + 1) * PROMPTS_PER_SHARD]
+                distill_features(target, layers, chunk, spec.max_new, n_seq=spec.streams, threads=spec.threads).save(p)
+                p.with_suffix(".lock").unlink(missing_ok=True)
+            else:
+                time.sleep(5)
+    return Sequences.concat([Sequences.load(p) for p in paths]), Sequences.load(held_path)
+
+
+def _claim(path: Path) -> bool:
+    """Take the lock of a shard to build (False: a live process holds it)."""
+    lock = path.with_suffix(".lock")
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text() or 0)
+                os.kill(pid, 0)
+                return False
+            except (ValueError, ProcessLookupError, FileNotFoundError):
+                lock.unlink(missing_ok=True)  # stale: its process is gone
+                continue
+            except PermissionError:
+                return False
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        return True
+    return False
 
 
 def choose_draft_vocab(labels: np.ndarray, n_vocab: int, size: int, coverage: float) -> tuple[np.ndarray, list[tuple[int, float]]]:
@@ -119,33 +145,82 @@ def choose_draft_vocab(labels: np.ndarray, n_vocab: int, size: int, coverage: fl
     return np.sort(order[:size]).astype(np.int64), table
 
 
+def scored_text(spec: TrainSpec, target, layers) -> Sequences | None:  # noqa: ANN001
+    """Windows of package text the target merely scores (one prefill per window, no generation):
+    every position labelled with the target's greedy next token. Cached in work_dir/data."""
+    from edgespec.heads.data import Sequences, extract
+
+    if not spec.text_windows:
+        return None
+    path = spec.work_dir / "data" / f"text-s{spec.seed}-{spec.window}-{spec.text_windows}.npz"
+    if not path.is_file():
+        wins: list[list[int]] = []
+        for text in package_texts(seed=spec.seed):
+            if len(wins) >= spec.text_windows:
+                break
+            toks = target.tokenize(text[:20_000], add_special=False)
+            wins.extend(list(windows(toks, spec.window))[:2])
+        wins = wins[:spec.text_windows]
+        sh = extract(target, layers, wins, threads=spec.threads)
+        n, T = sh.tokens.shape
+        Sequences(sh.tokens.ravel(), sh.labels.ravel(), sh.features.reshape(n * T, -1),
+                  np.arange(0, n * T + 1, T, dtype=np.int64), np.ones(n, np.int32)).save(path)
+    return Sequences.load(path)
+
+
+def choose_vocab_measured(data: Sequences, n_vocab: int, size: int, coverage: float, seed: int):  # noqa: ANN201
+    """The draft vocabulary from the training labels; its size the smallest of DRAFT_VOCABS whose
+    coverage of labels it was NOT chosen from (5 % of the sequences, held back) reaches `coverage`.
+    Returns (d2t over all labels, [(size, measured coverage)])."""
+    S = len(data.starts) - 1
+    back = np.zeros(len(data.tokens), bool)
+    rng = np.random.default_rng(seed + 1)
+    for s in rng.choice(S, max(1, S // 20), replace=False):
+        back[data.starts[s]:data.starts[s + 1]] = True
+    ok = data.labels >= 0
+    fit_l, val_l = data.labels[ok & ~back], data.labels[ok & back]
+    counts = np.bincount(fit_l, minlength=n_vocab)
+    order = np.argsort(-counts, kind="stable")
+    rank = np.empty(n_vocab, np.int64)
+    rank[order] = np.arange(n_vocab)
+    vr = rank[val_l]
+    table = [(v, float(np.mean(vr < v)) if len(vr) else 1.0) for v in DRAFT_VOCABS if v <= n_vocab]
+    if not size:
+        size = next((v for v, c in table if c >= coverage), table[-1][0])
+    d2t, _ = choose_draft_vocab(data.labels[ok], n_vocab, size, coverage)
+    return d2t, table
+
+
 def train(spec: TrainSpec, log: Callable[[str], None] = _log) -> dict:
     """Build the data, fit the head (resuming from its checkpoint), write its GGUF (and the HF
-    layout when asked), measure held-out acceptance; the report is also written to work_dir."""
+    layout when asked) from the checkpoint of best held-out depth-1 agreement, measure held-out
+    acceptance through llama.cpp; the report is also written to work_dir."""
     if spec.threads == 1 and "XLA_FLAGS" not in os.environ:  # before jax starts its CPU client
         os.environ["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
     from edgespec.backend import Model
+    from edgespec.heads.data import Sequences, pack
 
     t_start = time.time()
     target = Model(spec.target)
     probe = config_for_target(spec.target, 1, n_ff=spec.n_ff)
-    shards, held, held_starts = build_data(spec, target, probe.layers)
+    data, held = build_sequences(spec, target, probe.layers, log)
+    text = scored_text(spec, target, probe.layers)
     t_data = time.time() - t_start
-    data = [Shard.load(p) for p in shards]
-    keep = spec.max_windows or None
-    tokens = np.concatenate([d.tokens for d in data])[:keep]
-    labels = np.concatenate([d.labels for d in data])[:keep]
-    feats = np.concatenate([d.features for d in data])[:keep]
-    d2t, cov_table = choose_draft_vocab(labels, target.n_vocab, spec.draft_vocab, spec.coverage)
-    log("draft vocabulary coverage of the target's greedy tokens: " + ", ".join(f"{v}: {c:.3f}" for v, c in cov_table)
-        + f" -> {len(d2t)}")
+    d2t, cov_table = choose_vocab_measured(data, target.n_vocab, spec.draft_vocab, spec.coverage, spec.seed)
+    log("draft vocabulary coverage of the target's greedy tokens (measured on sequences it was not chosen from): "
+        + ", ".join(f"{v}: {c:.3f}" for v, c in cov_table) + f" -> {len(d2t)}")
+    if text is not None:
+        data = Sequences.concat([data, text])
     cfg = config_for_target(spec.target, len(d2t), n_ff=spec.n_ff)
     t2d = np.full(target.n_vocab, -1, np.int32)
     t2d[d2t] = np.arange(len(d2t))
     embed = target_embeddings(spec.target)
     head = HeadWeights.init(cfg, d2t, np.random.default_rng(spec.seed), embed=embed)
-    # at position t the head reads token[t+1] and predicts the target's greedy token after it
-    fit = _fit(spec, head, embed, tokens[:, 1:], t2d[labels[:, 1:]], feats[:, :-1], log)
+    rows, inp, lab, seg = pack(data, spec.window, spec.seed)
+    if spec.max_windows:
+        rows, inp, lab, seg = rows[:spec.max_windows], inp[:spec.max_windows], lab[:spec.max_windows], seg[:spec.max_windows]
+    lab_d = np.where(lab >= 0, t2d[np.maximum(lab, 0)], -1).astype(np.int32)
+    fit = _fit(spec, head, embed, data.features, rows, inp, lab_d, seg, _heldout_batch(held, t2d), log)
     write_gguf(head, spec.out, spec.target)
     if spec.hf_dir is not None:
         from edgespec.heads.hf import write_hf
@@ -154,16 +229,21 @@ def train(spec: TrainSpec, log: Callable[[str], None] = _log) -> dict:
     from edgespec.heads.evaluate import acceptance
 
     hm = Model(spec.out)  # llama.cpp's eagle3 loader accepts it (or this raises)
-    with tqdm(total=len(held), desc="held-out acceptance", unit="prompt") as bar2:
-        acc = acceptance(target, hm, held, held_starts, depth=3, threads=spec.threads, progress=bar2.update)
-    n = fit.windows
+    n_held = len(held.starts) - 1
+    held_seqs = [held.sequence(i) for i in range(n_held)]
+    held_starts = [int(x) for x in held.prompt_len]
+    with tqdm(total=n_held, desc="held-out acceptance", unit="prompt") as bar2:
+        acc = acceptance(target, hm, held_seqs, held_starts, depth=3, threads=spec.threads, progress=bar2.update)
+    n = len(rows)
     report = {
         "head": str(spec.out), "head_bytes": hm.size_bytes, "target_bytes": target.size_bytes,
         "head_fraction_of_target": hm.size_bytes / target.size_bytes,
         "head_params": head.n_params, "draft_vocab": len(d2t), "coverage": cov_table,
-        "train_windows": int(n), "train_tokens": int(n * (spec.window - 1)), "window": spec.window,
-        "steps": fit.steps, "epochs": fit.steps * spec.batch / n, "train_minutes": fit.trained_s / 60,
-        "data_minutes": t_data / 60, "final_loss": fit.loss, "train_acc_by_step": [float(a) for a in fit.accs],
+        "train_windows": int(n), "train_tokens": int((lab >= 0).sum()), "window": spec.window,
+        "train_sequences": int(len(data.starts) - 1), "steps": fit.steps, "epochs": fit.steps * spec.batch / max(1, n),
+        "train_minutes": fit.trained_s / 60, "data_minutes": t_data / 60, "final_loss": fit.loss,
+        "train_tokens_per_s": fit.tokens_per_s, "train_acc_by_step": [float(a) for a in fit.accs],
+        "best_step": fit.best_step, "heldout_curve": fit.curve,
         "heldout_positions": acc.positions, "acceptance_by_depth": acc.rates, "chain3_tau": acc.tau,
         "spec": {k: str(v) for k, v in asdict(spec).items()},
     }
@@ -172,72 +252,131 @@ def train(spec: TrainSpec, log: Callable[[str], None] = _log) -> dict:
     return report
 
 
+def _heldout_batch(held, t2d: np.ndarray):  # noqa: ANN001, ANN202
+    """The held-out sequences as one padded batch for the training-time depth-1 check: (feature
+    rows [S, L], input tokens, draft-vocab labels (-1: not scored), scored (the target's label
+    exists, inside the draft vocabulary or not))."""
+    S = len(held.starts) - 1
+    L = int(max(held.starts[1:] - held.starts[:-1]))
+    rows = np.zeros((S, L), np.int64)
+    inp = np.zeros((S, L), np.int32)
+    lab = np.full((S, L), -1, np.int32)
+    scored = np.zeros((S, L), bool)
+    for s in range(S):
+        a, b = int(held.starts[s]), int(held.starts[s + 1])
+        n = b - a - 1  # head positions: row t reads token t+1
+        rows[s, :n] = np.arange(a, a + n)
+        inp[s, :n] = held.tokens[a + 1:b]
+        lt = held.labels[a + 1:b]
+        lab[s, :n] = np.where(lt >= 0, t2d[np.maximum(lt, 0)], -1)
+        scored[s, :n] = lt >= 0
+    return held.features, rows, inp, lab, scored
+
+
 @dataclass
 class _Fit:
-    windows: int  # training windows
     steps: int  # optimiser steps, a resumed run's earlier ones included
     trained_s: float  # seconds in training steps, likewise
     loss: float  # the last step's (nan when a resumed run had nothing left to train)
     accs: np.ndarray  # [ttt_steps] the last step's accuracy at each training-time-test step
+    tokens_per_s: float  # training tokens (window rows) per second of training steps
+    best_step: int  # the step whose weights were kept (best held-out depth-1)
+    curve: list  # [(step, training tokens seen, seconds trained, held-out depth-1)]
 
 
-def _fit(spec: TrainSpec, head: HeadWeights, embed: np.ndarray, inp: np.ndarray, lab: np.ndarray, f_in: np.ndarray,
-         log: Callable[[str], None]) -> _Fit:
+def _fit(spec: TrainSpec, head: HeadWeights, embed: np.ndarray, feats: np.ndarray, rows: np.ndarray, inp: np.ndarray,
+         lab: np.ndarray, seg: np.ndarray, heldout, log: Callable[[str], None]) -> _Fit:  # noqa: ANN001
     """Adam with warm-up and cosine decay for spec.epochs (or spec.minutes of training), from the
-    work directory's checkpoint when it is for the same draft vocabulary; head.w ends trained."""
+    work directory's checkpoint when it is for the same draft vocabulary. Every `eval_s` seconds
+    of training the held-out depth-1 agreement (the target's real features, teacher-forced) is
+    measured and the best weights kept; head.w ends as those."""
+    import jax
     import jax.numpy as jnp
 
     from edgespec.heads import model_jax as mj
 
     ckpt = spec.work_dir / "checkpoint.npz"
-    params, opt, step_i, trained_s = _resume(ckpt, head, log)
-    train_step = mj.make_train_step(head.cfg, spec.ttt_steps)
+    params, opt, step_i, trained_s, best, curve = _resume(ckpt, head, log)
+    train_step = mj.make_train_step(head.cfg, spec.ttt_steps, packed=True)
     embed_j = jnp.asarray(embed)
     n = len(inp)
     steps_per_epoch = max(1, n // spec.batch)
     max_steps = int(spec.epochs * steps_per_epoch) if spec.epochs else None
     budget = spec.minutes * 60.0
+    hf, hrows, hinp, hlab, hscored = heldout
+    hf_j = jnp.asarray(hf[hrows].astype(np.float32))
+    hinp_j, hlab_j, hsc_j = jnp.asarray(hinp), jnp.asarray(hlab), jnp.asarray(hscored)
+
+    @jax.jit
+    def depth1(p):  # noqa: ANN001, ANN202
+        emb = embed_j[hinp_j]
+        g = hf_j @ p["fc"].T
+        _, logits, _ = mj.step(p, head.cfg, emb, g, [], 0)
+        hit = (jnp.argmax(logits, -1) == hlab_j) & (hlab_j >= 0) & hsc_j
+        return jnp.sum(hit) / jnp.maximum(jnp.sum(hsc_j), 1)
 
     def save() -> None:
         arrs = {f"p.{k}": np.asarray(v) for k, v in params.items()}
         arrs |= {f"m.{k}": np.asarray(v) for k, v in opt["m"].items()}
         arrs |= {f"v.{k}": np.asarray(v) for k, v in opt["v"].items()}
+        arrs |= {f"b.{k}": np.asarray(v) for k, v in best["p"].items()}
         tmp = ckpt.with_suffix(".tmp.npz")
-        np.savez(tmp, **arrs, t=np.asarray(opt["t"]), step=step_i, trained_s=trained_s, d2t=head.d2t)
+        np.savez(tmp, **arrs, t=np.asarray(opt["t"]), step=step_i, trained_s=trained_s, d2t=head.d2t,
+                 best_step=best["step"], best_acc=best["acc"], curve=np.asarray(curve, np.float64).reshape(-1, 4))
         tmp.replace(ckpt)
 
-    last_save = time.time()
+    def evaluate() -> None:
+        acc = float(depth1(params))
+        curve.append((step_i, step_i * spec.batch * spec.window, trained_s, acc))
+        if acc >= best["acc"]:
+            best.update(p=dict(params), step=step_i, acc=acc)
+        log(f"step {step_i} ({trained_s / 60:.1f} min, {step_i * spec.batch * spec.window} tokens): held-out depth-1 "
+            f"{acc:.3f} (best {best['acc']:.3f} at step {best['step']})")
+
+    last_save = last_eval = time.time()
     accs = np.zeros(spec.ttt_steps)
     loss = float("nan")
+    t_run, steps_run = 0.0, 0
     bar = tqdm(total=max_steps if max_steps else int(budget), initial=step_i if max_steps else int(trained_s),
                desc="training", unit="step" if max_steps else "s")
     while (step_i < max_steps) if max_steps is not None else (trained_s < budget):
         t0 = time.time()
         epoch_rng = np.random.default_rng(spec.seed + step_i // steps_per_epoch)
         perm = epoch_rng.permutation(n)
-        idx = perm[(step_i % steps_per_epoch) * spec.batch:][:spec.batch]
+        idx = np.sort(perm[(step_i % steps_per_epoch) * spec.batch:][:spec.batch])
         frac = (step_i / max_steps) if max_steps else (trained_s / budget)
         lr = spec.lr * min(1.0, (step_i + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * min(1.0, frac))))
-        params, opt, loss_j, accs_j = train_step(params, opt, embed_j, jnp.asarray(f_in[idx], jnp.float32),
-                                                 jnp.asarray(inp[idx]), jnp.asarray(lab[idx]), jnp.float32(lr))
+        f = feats[rows[idx]].astype(np.float32)
+        params, opt, loss_j, accs_j = train_step(params, opt, embed_j, jnp.asarray(f), jnp.asarray(inp[idx]),
+                                                 jnp.asarray(lab[idx]), jnp.float32(lr), jnp.asarray(seg[idx]))
         loss, accs = float(loss_j), np.asarray(accs_j)
         step_i += 1
         dt = time.time() - t0
         trained_s += dt
+        if steps_run:  # the first step compiles
+            t_run += dt
+        steps_run += 1
         bar.update(1 if max_steps else dt)
         bar.set_postfix(loss=f"{loss:.3f}", acc="/".join(f"{a:.2f}" for a in accs), epoch=f"{step_i / steps_per_epoch:.2f}")
+        if time.time() - last_eval > spec.eval_s:
+            evaluate()
+            last_eval = time.time()
         if time.time() - last_save > spec.checkpoint_s:
             save()
             last_save = time.time()
     bar.close()
+    if steps_run:
+        evaluate()
     save()
-    head.w = {k: np.asarray(v) for k, v in params.items()}
-    return _Fit(windows=n, steps=step_i, trained_s=trained_s, loss=loss, accs=accs)
+    head.w = {k: np.asarray(v) for k, v in (best["p"] if best["step"] >= 0 else params).items()}
+    tps = (steps_run - 1) * spec.batch * spec.window / t_run if t_run > 0 else float("nan")
+    return _Fit(steps=step_i, trained_s=trained_s, loss=loss, accs=accs, tokens_per_s=tps, best_step=int(best["step"]),
+                curve=[list(c) for c in curve])
 
 
 def _resume(ckpt: Path, head: HeadWeights, log: Callable[[str], None]):  # noqa: ANN202
-    """(params, Adam state, step, seconds trained): the checkpoint's when it is for this draft
-    vocabulary, else the head's initial weights at step 0."""
+    """(params, Adam state, step, seconds trained, best {p, step, acc}, held-out curve): the
+    checkpoint's when it is for this draft vocabulary, else the head's initial weights at step 0."""
     import jax.numpy as jnp
 
     from edgespec.heads import model_jax as mj
@@ -245,11 +384,15 @@ def _resume(ckpt: Path, head: HeadWeights, log: Callable[[str], None]):  # noqa:
     params = {k: jnp.asarray(v) for k, v in head.w.items()}
     if ckpt.is_file():
         z = np.load(ckpt)
-        if z["d2t"].shape == head.d2t.shape and np.array_equal(z["d2t"], head.d2t):
+        if z["d2t"].shape == head.d2t.shape and np.array_equal(z["d2t"], head.d2t) and "best_step" in z:
             params = {k: jnp.asarray(z[f"p.{k}"]) for k in head.w}
             opt = {"m": {k: jnp.asarray(z[f"m.{k}"]) for k in head.w}, "v": {k: jnp.asarray(z[f"v.{k}"]) for k in head.w},
                    "t": jnp.asarray(z["t"])}
             step_i, trained_s = int(z["step"]), float(z["trained_s"])
-            log(f"resuming from {ckpt} at step {step_i} ({trained_s / 60:.1f} min trained)")
-            return params, opt, step_i, trained_s
-    return params, mj.adam_init(params), 0, 0.0
+            best = {"p": {k: jnp.asarray(z[f"b.{k}"]) for k in head.w}, "step": int(z["best_step"]),
+                    "acc": float(z["best_acc"])}
+            curve = [tuple(r) for r in z["curve"].tolist()]
+            log(f"resuming from {ckpt} at step {step_i} ({trained_s / 60:.1f} min trained, best held-out depth-1 "
+                f"{best['acc']:.3f} at step {best['step']})")
+            return params, opt, step_i, trained_s, best, curve
+    return params, mj.adam_init(params), 0, 0.0, {"p": params, "step": -1, "acc": -1.0}, []

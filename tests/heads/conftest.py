@@ -21,3 +21,12 @@ def tiny_head(demo_pair, tmp_path_factory) -> dict:
                      hf_dir=wd / "hf", threads=1)
     report = train(spec, log=lambda s: None)
     return {"path": spec.out, "hf": spec.hf_dir, "report": report, "spec": spec, "work": wd}
+
+
+def synthetic_prompts(n: int) -> list[str]:
+    """The tiny head's prompts in train-first order: [0, TRAIN_PROMPTS) trained on, then the one
+    held out (the trainer takes category_prompts' first `heldout_prompts` as held out)."""
+    from edgespec.heads.prompts import category_prompts
+
+    ps = [p for _, p in category_prompts(TRAIN_PROMPTS + 1)]
+    return (ps[1:] + ps[:1] + [p for _, p in category_prompts(n + TRAIN_PROMPTS + 1)][TRAIN_PROMPTS + 1:])[:n]

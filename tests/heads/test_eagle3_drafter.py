@@ -12,11 +12,10 @@ from edgespec import backend
 from edgespec.config import ModelConfig
 from edgespec.controller.shapes import Shape
 from edgespec.drafters.eagle3 import Eagle3Drafter
-from edgespec.heads.data import synthetic_prompts
 from edgespec.sampling import SamplingParams
 from edgespec.tree import DraftTree
 
-from tests.heads.conftest import TRAIN_PROMPTS
+from tests.heads.conftest import TRAIN_PROMPTS, synthetic_prompts
 
 pytestmark = pytest.mark.slow
 

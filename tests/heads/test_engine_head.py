@@ -13,12 +13,11 @@ import pytest
 
 from edgespec import backend
 from edgespec.config import EngineConfig, ModelConfig
-from edgespec.heads.data import synthetic_prompts
 from edgespec.sampling import SamplingParams, logits_to_probs
 from edgespec.selftest import ALPHA
 from edgespec.types import GenerationRequest, SpeculationParams
 
-from tests.heads.conftest import TRAIN_PROMPTS
+from tests.heads.conftest import TRAIN_PROMPTS, synthetic_prompts
 from tests.tick.test_batched import TOP_K, exact_joint, gof
 
 pytestmark = pytest.mark.slow

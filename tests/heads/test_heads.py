@@ -180,8 +180,6 @@ def test_hf_layout_round_trips(target, demo_pair, embed, tmp_path):
 def test_trained_tiny_head(tiny_head, target):
     """What jax learnt is what llama.cpp drafts: on its own training answers the GGUF, run by
     llama.cpp through Eagle3Drafter, predicts the target's greedy tokens as training measured."""
-    import json
-
     from edgespec.heads.evaluate import acceptance
 
     rep = tiny_head["report"]
@@ -190,8 +188,11 @@ def test_trained_tiny_head(tiny_head, target):
         assert backend.model_arch(head) == "eagle3" and head.size_bytes == rep["head_bytes"]
         assert rep["draft_vocab"] == 2048 and rep["steps"] > 0
         assert rep["train_acc_by_step"][0] > 0.5  # it learnt its training answers
-        seqs = json.loads((tiny_head["work"] / "distilled.json").read_text())["train"][:2]
-        seen = acceptance(target, head, seqs, [8, 8], depth=3, threads=1)
+        from edgespec.heads.data import Sequences
+
+        tr = Sequences.load(next((tiny_head["work"] / "data").glob("train-*.npz")))
+        seqs = [tr.sequence(i) for i in range(2)]
+        seen = acceptance(target, head, seqs, [int(x) for x in tr.prompt_len[:2]], depth=3, threads=1)
         assert seen.rates[0] > 0.5 and seen.rates[0] >= seen.rates[1] >= seen.rates[2] > 0.1, seen.rates
     finally:
         head.close()
