@@ -84,15 +84,7 @@ def selftest(
         }
         same = runs["plain"].token_ids == runs["tree"].token_ids
         checks.append({"name": "greedy_tree_equals_plain", "p_value": 1.0 if same else 0.0, "passed": same})
-        passed = all(c["passed"] for c in checks)
-        if as_json:
-            typer.echo(json.dumps({"passed": passed, "checks": checks}))
-        else:
-            for c in checks:
-                typer.echo(f"{'PASS' if c['passed'] else 'FAIL'}  {c['name']:<32} p={c['p_value']:.4g}")
-            typer.echo("selftest passed" if passed else "selftest FAILED")
-        if not passed:
-            raise typer.Exit(1)
+        _report(checks, as_json, lambda c: f"p={c['p_value']:.4g}")
 
 
 def _live(addr: str, token: str, ca: str, cert: str, key: str, max_tokens: int, as_json: bool) -> None:
@@ -109,13 +101,18 @@ def _live(addr: str, token: str, ca: str, cert: str, key: str, max_tokens: int, 
             checks = run_live_checks(inference_pb2_grpc.InferenceStub(channel), opts.metadata, max_tokens=max_tokens)
         except grpc.RpcError as exc:
             _rpc_error(exc, addr)  # exits with the CLI's code for the status
-    passed = all(c.passed for c in checks)
+    _report([{"name": c.name, "passed": c.passed, "detail": c.detail} for c in checks], as_json,
+            lambda c: c["detail"], addr=addr)
+
+
+def _report(checks: list[dict], as_json: bool, detail, **extra) -> None:  # noqa: ANN001
+    """Print the checks (a line each, or one JSON object with `extra`); exit 1 if any failed."""
+    passed = all(c["passed"] for c in checks)
     if as_json:
-        typer.echo(json.dumps({"passed": passed, "addr": addr,
-                               "checks": [{"name": c.name, "passed": c.passed, "detail": c.detail} for c in checks]}))
+        typer.echo(json.dumps({"passed": passed, **extra, "checks": checks}))
     else:
         for c in checks:
-            typer.echo(f"{'PASS' if c.passed else 'FAIL'}  {c.name:<36} {c.detail}")
+            typer.echo(f"{'PASS' if c['passed'] else 'FAIL'}  {c['name']:<36} {detail(c)}")
         typer.echo("selftest passed" if passed else "selftest FAILED")
     if not passed:
         raise typer.Exit(1)
