@@ -271,6 +271,11 @@ class _Decoding:
         if self._abort_flag is not None:
             self._abort_flag.value = 0
 
+    def set_threads(self, n: int) -> None:
+        """CPU threads of this context's forwards from now on (every element's reduction order is
+        the same at any count: the thread governor changes time only)."""
+        ll.llama_set_n_threads(self._ctx, n, n)
+
     def decode(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
                logits: Sequence[bool], embd: np.ndarray | None = None) -> None:
         """One forward per n_batch piece (larger batches only for runs whose tokens all belong

@@ -110,6 +110,13 @@ class Engine:
         self.cost = CostModel()
         self.prior = AcceptancePrior()
         self.goodput = GoodputGuard()  # auto falls back to plain where speculating measured slower
+        from edgespec.controller.threads import ThreadGovernor
+
+        # the target's and draft's CPU threads: the configured count or one (controller/threads.py)
+        self.threads = ThreadGovernor(cfg.target.n_threads,
+                                      enabled=all(hasattr(c, "set_threads") for c in contexts if c is not None)
+                                      and cfg.target.n_gpu_layers == 0)
+        self._threads_applied = cfg.target.n_threads
         self.last_tick = None  # the last tick's TickRecord (edgespec/tick/observe.py)
         self._compiler = None  # the grammar compiler for this vocabulary, made on first use
         # the most tokens one verification llama_decode takes (None: n_batch). On a CPU with the
@@ -238,6 +245,11 @@ class Engine:
         for ctx in self._contexts:
             if ctx is not None:
                 ctx.abort()
+
+    @property
+    def threads_now(self) -> int:
+        """The thread count the current tick's forwards use (the governor's last choice)."""
+        return self._threads_applied
 
     @property
     def backend_name(self) -> str:
@@ -502,6 +514,12 @@ class Engine:
         for ctx in self._contexts:
             if ctx is not None:
                 ctx.clear_abort()
+        n = self.threads.choose()
+        if n != self._threads_applied:
+            for ctx in self._contexts:
+                if ctx is not None:
+                    ctx.set_threads(n)
+            self._threads_applied = n
         try:
             return tick(self, list(sessions))
         except ForwardAborted:

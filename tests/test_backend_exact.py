@@ -221,3 +221,18 @@ def test_abort_stops_a_forward_and_the_context_stays_usable(target_ctx):
         timer.join()
         ctx.clear_abort()
         ctx.clear()
+
+
+def test_the_thread_count_changes_no_bit(target_ctx):
+    """The thread governor (controller/threads.py) may run a forward on one thread or two: every
+    element's reduction order is the same either way."""
+    model, ctx = target_ctx
+    toks = model.tokenize(TEXT * 2)[:120]
+    rows = []
+    for n in (2, 1, 2):
+        ctx.set_threads(n)
+        ctx.clear()
+        ctx.decode(toks, range(len(toks)), [[0]] * len(toks), [False] * (len(toks) - 20) + [True] * 20)
+        rows.append(ctx.logits_rows(20).copy())
+    ctx.set_threads(2)
+    assert np.array_equal(rows[0], rows[1]) and np.array_equal(rows[0], rows[2])

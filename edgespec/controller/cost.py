@@ -320,6 +320,10 @@ class CostModel:
     def seconds(self, kind: str, n: int) -> float:
         return self._curves[kind](n)
 
+    def calibrated_seconds(self, kind: str, n: int) -> float:
+        """The start-up calibration's seconds for a forward of n tokens (before online refinement)."""
+        return self._online[kind].calib(n)
+
     def observe(self, kind: str, n: int, seconds: float, context: int | None = None) -> None:
         """Online refinement from one timed forward of batch n (OnlineCurve; alpha 0 turns it
         off). A target forward at a `context` well beyond calibration's refines the context fit

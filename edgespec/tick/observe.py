@@ -29,6 +29,7 @@ def observe(engine, plan, drafts, fwd, *, phases: tuple, t_start: float) -> None
     cost = engine.cost
     if fwd.tokens:
         cost.observe("target", fwd.tokens, fwd.seconds, plan.context)
+        engine.threads.record(engine.threads_now, fwd.seconds, cost.calibrated_seconds("target", fwd.tokens))
     for n, rows, secs in drafts.rounds:
         cost.observe("draft", n, max(secs - max(0, rows - 1) * cost.draft_row, 0.5 * secs))
     pred_v = sum(v for v, _ in plan.predicted.values())
@@ -62,3 +63,4 @@ def observe(engine, plan, drafts, fwd, *, phases: tuple, t_start: float) -> None
     totals["session_steps"] = totals.get("session_steps", 0) + len(plan.decoding)
     totals.update(cost.flat())  # the online cost curves beside the start-up calibration
     totals.update(engine.goodput.flat())
+    totals.update(engine.threads.as_dict())
