@@ -94,7 +94,7 @@ class EngineConfig:
     # drafted from its last `draft_window` tokens (drafters/model.py)
     draft_window: int = setting("draft", "window").default
     # a slot keeps the KV of its last prompt's prefill; a request whose prompt starts the same way
-    # prefills only from the last whole n_batch chunk they share (engine.reusable_prefix)
+    # prefills only what follows the prefix they share (engine.reusable_prefix, engine.reuse_chunk)
     prompt_cache: bool = setting("server", "prompt_cache").default
     # a prompt is prefilled in pieces inside the ticks; beside decoding sessions a piece may cost
     # at most this many times the tick's decode work (0: whole n_batch chunks, streams wait)

@@ -224,9 +224,10 @@ SETTINGS: tuple[Setting, ...] = (
     _server("prefill_share", F, 1.5, "a prompt is prefilled in pieces inside the engine ticks: beside decoding "
             "streams a piece may cost this many times the tick's decode work (0 = whole n_batch chunks, the "
             "streams wait)", lo=0, hi=100),
-    _server("prompt_cache", B, True, "a slot keeps its last prompt's prefill: a request sharing a long prefix "
-            "prefills only from the last whole n_batch chunk they share; its draft keeps (and absorbs while "
-            "idle) the last context, reusable up to any shared prefix"),
+    _server("prompt_cache", B, True, "a slot keeps its last prompt's prefill: a request sharing a prefix "
+            "prefills only what follows it (on a CPU with the patched ggml at any length; elsewhere from the "
+            "last whole n_batch chunk they share); its draft keeps (and absorbs while idle) the last context, "
+            "reusable up to any shared prefix"),
     *_model("target"),
     Setting("target", "rpc_servers", L, [], "llama.cpp rpc-servers (host:port) that hold part of the target's "
             "layers, for a target larger than one box; needs a wheel built with RPC=1 and n_gpu_layers != 0",

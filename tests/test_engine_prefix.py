@@ -16,3 +16,11 @@ def test_the_prompts_last_token_is_never_kept():
     # the prompt's last token is the first root (decoded in the first step, never prefilled)
     assert reusable_prefix(prev, prev, 256) == 256
     assert reusable_prefix(prev, prev + [1], 256) == 512
+
+
+def test_a_batch_invariant_engine_keeps_any_length():
+    """chunk 1 (Engine.reuse_chunk on a CPU with the patched ggml): the whole common prefix."""
+    prev = list(range(1000))
+    assert reusable_prefix(prev, prev[:600] + [-1] * 50, 1) == 600
+    assert reusable_prefix(prev, prev, 1) == 999  # never the prompt's last token
+    assert reusable_prefix(prev, [5], 1) == 0

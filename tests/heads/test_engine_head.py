@@ -47,7 +47,10 @@ def prompts(eng) -> list[list[int]]:
 
 
 def request(toks, mode: str, n: int = N_TOKENS, **sampling) -> GenerationRequest:
-    return GenerationRequest(tuple(toks), SamplingParams(max_tokens=n, **sampling), SpeculationParams(mode=mode))
+    # the head alone drafts: no suffix cache, whose replay of an earlier answer would be
+    # accepted too (and make acceptance say nothing about the head)
+    return GenerationRequest(tuple(toks), SamplingParams(max_tokens=n, **sampling),
+                             SpeculationParams(mode=mode, suffix=False))
 
 
 def run(eng, toks, mode: str, n: int = N_TOKENS):
@@ -197,7 +200,7 @@ def sample(eng, toks, n: int) -> dict:
         while seeds and eng.free_slots:
             req = GenerationRequest(tuple(toks), SamplingParams(temperature=1.0, top_k=TOP_K, seed=seeds.pop(),
                                                                 max_tokens=2),
-                                    SpeculationParams(mode="tree", tree_depth=2, tree_nodes=6))
+                                    SpeculationParams(mode="tree", tree_depth=2, tree_nodes=6, suffix=False))
             active.append(eng.open_session(req))
         eng.tick(active)
         for s in [s for s in active if s.done]:

@@ -123,15 +123,16 @@ def test_chat_messages_and_too_long_prompt(server):
 
 
 def test_prompt_cache_through_the_daemon(server):
-    """A second request with the same long prefix reports the prompt tokens its slot kept
-    (whole 512-token prefill chunks) and answers as the first did (greedy)."""
+    """A second request with the same long prefix reports the prompt tokens its slot kept (all
+    but the last: on a CPU every forward is batch-invariant, so a kept prefill is reusable at any
+    length) and answers as the first did (greedy)."""
     context = " ".join(f"Record {i}: room {i % 7} read {20 + i % 9} degrees." for i in range(60))
     first = pb.GenerateRequest(prompt=context + "\nThe warmest room is")
     first.sampling.max_tokens = 6
     a = server.inference.Generate(first, timeout=300)
     assert a.usage.prompt_tokens > 600 and a.usage.cached_prompt_tokens == 0
     b = server.inference.Generate(first, timeout=300)
-    assert b.usage.cached_prompt_tokens == 512 and b.token_ids == a.token_ids
+    assert b.usage.cached_prompt_tokens == a.usage.prompt_tokens - 1 and b.token_ids == a.token_ids
 
 
 def test_the_draft_absorbs_the_last_context_while_idle(server):
