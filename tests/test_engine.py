@@ -622,7 +622,8 @@ def test_idle_work_brings_the_draft_up_to_the_last_context(engine):
     assert not engine.idle_work()  # caught up
 
     got = run(engine, b, "chain")
-    assert got.stats.draft_cached_tokens == shared and got.stats.cached_prompt_tokens == 0
+    # the target's kept prefill too, at any length (batch-invariant forwards)
+    assert got.stats.draft_cached_tokens == shared and got.stats.cached_prompt_tokens == shared
     assert got.token_ids == want.token_ids
 
 

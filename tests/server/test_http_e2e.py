@@ -77,8 +77,11 @@ def test_chat_unary_and_stream_reassemble_chinese_exactly(server):
     assert resp.choices[0].finish_reason in ("stop", "length")
     assert resp.usage.prompt_tokens > 5 and 1 <= resp.usage.completion_tokens <= 24
     assert resp.model_extra["edgespec"]["target_forwards"] >= 1
+    # plain: a token per chunk, so the reply is reassembled from many (a speculative stream, with the
+    # suffix cache holding the unary reply, may come in two)
     chunks = list(c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=24, temperature=0, stream=True,
-                                            stream_options={"include_usage": True}))
+                                            stream_options={"include_usage": True},
+                                            extra_body={"edgespec": {"mode": "plain"}}))
     pieces = [ch.choices[0].delta.content or "" for ch in chunks if ch.choices]
     assert "".join(pieces) == text  # greedy: the same reply, whatever the chunking
     assert len([p for p in pieces if p]) > 2
