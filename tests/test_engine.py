@@ -385,7 +385,7 @@ def test_draft_window_after_a_long_plain_phase(engine):
         d.end()
 
 
-def test_prompt_cache_keeps_whole_prefill_chunks_bit_for_bit(engine):
+def test_prompt_cache_keeps_the_shared_prefix_bit_for_bit(engine):
     """A request whose prompt shares a long prefix with the slot's last prompt prefills only from
     the last whole n_batch chunk they share, and decodes exactly what it decodes from an empty
     cache: the same logits after the prefill, bit for bit, and the same greedy tokens, plain and
