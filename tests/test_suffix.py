@@ -326,7 +326,7 @@ def test_the_daemon_loads_its_snapshot_and_starts_empty_on_a_bad_one(tmp_path, m
 def test_real_models_greedy_output_with_the_cache_equals_plain(engine):
     """The demo models on a small templated stream: auto with the suffix cache emits plain's
     tokens, and the cache's drafts are accepted (the templates repeat)."""
-    engine.suffix_control(clear=True)
+    engine.suffix_control(enabled=True, clear=True)  # the shared fixture runs without it
     prompts = [engine.encode_chat([("user", f"Return JSON with keys id and city for: id {i}, city Berlin.")])
                for i in (7, 8, 9)]
     try:
@@ -337,4 +337,4 @@ def test_real_models_greedy_output_with_the_cache_equals_plain(engine):
         assert [r.token_ids for r in got] == plain
         assert sum(r.stats.accepted_by_source.get("suffix", 0) for r in got[1:]) > 0
     finally:
-        engine.suffix_control(clear=True)
+        engine.suffix_control(enabled=False, clear=True)
