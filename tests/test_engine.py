@@ -315,6 +315,8 @@ def test_auto_emits_its_first_token_before_the_draft_runs(engine, monkeypatch):
     # here it is told that it does (a breaker that never opens, a catch-up that always pays), and the
     # first step must still be plain
     monkeypatch.setattr(Controller, "_catchup_pays", lambda self, *a: True)
+    # nor does the goodput guard hold it plain (what earlier tests on this shared engine measured)
+    monkeypatch.setattr(engine.goodput, "enabled", False)
     saved = engine.controller_cfg
     engine.controller_cfg = dataclasses.replace(saved, open_margin=1.0)
     try:
