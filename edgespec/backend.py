@@ -398,15 +398,14 @@ class Context(_Decoding):
         ll.llama_batch_free(self._batch)
 
     def decode_rows(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
-                    logits: Sequence[bool], chunk: int | None = None) -> np.ndarray:
+                    logits: Sequence[bool]) -> np.ndarray:
         """Like `decode`, returning a copy of the logits of every entry marked in `logits`, in
-        batch order ([n_marked, vocab]), also when the batch is split into n_batch pieces (or
-        `chunk` pieces: consecutive llama_decode calls, each writing its cells before the next
-        reads them)."""
+        batch order ([n_marked, vocab]), also when the batch is split into n_batch pieces
+        (consecutive llama_decode calls, each writing its cells before the next reads them)."""
         n = len(tokens)
         out = []
         start = 0
-        piece = min(self.n_batch, chunk or self.n_batch)
+        piece = self.n_batch
         while start < n:
             m = min(piece, n - start)
             sl = slice(start, start + m)
@@ -583,10 +582,10 @@ class FeatureContext(Context):
         if self._collected is not None:
             self._collected.append(self.features())
 
-    def decode_rows(self, tokens, positions, seq_ids, logits, chunk=None) -> np.ndarray:  # noqa: ANN001
+    def decode_rows(self, tokens, positions, seq_ids, logits) -> np.ndarray:  # noqa: ANN001
         self._collected = []
         try:
-            return super().decode_rows(tokens, positions, seq_ids, logits, chunk)
+            return super().decode_rows(tokens, positions, seq_ids, logits)
         finally:
             self._rows_features, self._collected = self._collected, None
 
@@ -735,7 +734,7 @@ class HeadContext(_Decoding):
         ll.llama_batch_ext_free(self._batch)
 
     def decode_rows(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
-                    logits: Sequence[bool], chunk: int | None = None, embd: np.ndarray | None = None) -> HeadRows:
+                    logits: Sequence[bool], embd: np.ndarray | None = None) -> HeadRows:
         """Like Context.decode_rows, with `embd` [n, n_embd] the g of every entry: the logits and
         pre-norm outputs of the entries marked in `logits`, in batch order (copies)."""
         n = len(tokens)

@@ -119,9 +119,6 @@ class Engine:
         self._threads_applied = cfg.target.n_threads
         self.last_tick = None  # the last tick's TickRecord (edgespec/tick/observe.py)
         self._compiler = None  # the grammar compiler for this vocabulary, made on first use
-        # the most tokens one verification llama_decode takes (None: n_batch). On a CPU with the
-        # patched ggml every forward is batch-invariant (tools/patches/), so nothing is split.
-        self.verify_chunk: int | None = None
         self.tick_totals: dict[str, float] = {}  # seconds per tick phase, ticks, ... since load
         # the cross-request suffix cache (drafters/suffix.py): replies of finished requests that
         # speculated, drafted from by the next ones (partitioned by caller unless pooled)
@@ -268,21 +265,20 @@ class Engine:
         work), which is how the controller prices the head like any drafter."""
         slot = self.slots[0]
 
-        def forward(ctx, n: int, start: int, out: list[bool], chunk: int | None) -> None:
+        def forward(ctx, n: int, start: int, out: list[bool]) -> None:
             toks, pos = [self.target.bos] * n, list(range(start, start + n))
             if ctx is slot.draft and self.features:  # the head's shared context, in global seq ids
                 decode_batch(ctx.ctx, toks, pos, [ctx.to_global((0,))] * n, out,
                              np.zeros((n, ctx.ctx.n_embd), np.float32))
             else:
-                ctx.decode_rows(toks, pos, [(0,)] * n, out, chunk)
+                ctx.decode_rows(toks, pos, [(0,)] * n, out)
 
         def measure(ctx, n: int, all_logits: bool = False) -> float:
             # as the steps use them: verification needs every token's logits, a draft catch-up the
             # last token's only (the output head's rows are a real share of a small draft's forward)
             out = [True] * n if ctx is slot.target or all_logits else [False] * (n - 1) + [True]
-            chunk = self.verify_chunk if ctx is slot.target else None  # as the ticks verify
             t0 = time.perf_counter()
-            forward(ctx, n, 32, out, chunk)
+            forward(ctx, n, 32, out)
             dt = time.perf_counter() - t0
             ctx.seq_rm(0, 32, -1)
             return dt
@@ -292,11 +288,11 @@ class Engine:
         for kind in kinds:
             ctx = slot.target if kind == "target" else slot.draft
             ctx.clear()
-            forward(ctx, 32, 0, [False] * 32, None)  # a short prefix
+            forward(ctx, 32, 0, [False] * 32)  # a short prefix
             for _ in range(2):
                 measure(ctx, 4)  # warm-up: the first decodes allocate buffers and fault pages in
             spent, table[kind] = 0.0, {}
-            for n in (s for s in sizes if s <= self.cfg.target.n_batch and s <= (self.verify_chunk or s)):
+            for n in (s for s in sizes if s <= self.cfg.target.n_batch):
                 if spent > budget_seconds and len(table[kind]) >= 4:
                     break  # the cost model extrapolates linearly beyond the last size
                 table[kind][n] = measure(ctx, n)

@@ -76,9 +76,9 @@ class SeqRange:
         self.ctx.decode(tokens, positions, [[b + s for s in ss] for ss in seq_ids], logits)
 
     def decode_rows(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
-                    logits: Sequence[bool], chunk: int | None = None) -> np.ndarray:
+                    logits: Sequence[bool]) -> np.ndarray:
         b = self.base
-        return self.ctx.decode_rows(tokens, positions, [[b + s for s in ss] for ss in seq_ids], logits, chunk)
+        return self.ctx.decode_rows(tokens, positions, [[b + s for s in ss] for ss in seq_ids], logits)
 
     def decode_seq(self, tokens: Sequence[int], start_pos: int, seq_ids: Sequence[int] = (0,),
                    last_logits: bool = True) -> None:

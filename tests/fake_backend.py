@@ -65,7 +65,7 @@ class FakeContext:
     def clear_abort(self) -> None:
         self.aborted = False
 
-    def decode_rows(self, tokens, positions, seq_ids, logits, chunk=None) -> np.ndarray:
+    def decode_rows(self, tokens, positions, seq_ids, logits) -> np.ndarray:
         assert len(tokens) <= self.n_batch * 8
         self.before_decode(tokens)
         if self.aborted:

@@ -244,11 +244,6 @@ class CostModel:
         self.draft_row = 0.0
         self.calib_context = 0  # tokens of context the curves were measured at
         self.ctx = ContextFit(alpha)
-        # a verification of more tokens than this runs as consecutive forwards of at most this
-        # many (the engine's exact columns on a CPU): n tokens cost (n // c) forwards of c tokens
-        # plus one of the rest, a step the piecewise-linear curve alone would smooth away
-        self.verify_chunk: int | None = None
-        self._chunked: dict[int, float] = {}
 
     def at(self, context: int) -> "CostModel":
         """The model for a forward whose batch follows `context` cached tokens."""
@@ -287,21 +282,12 @@ class CostModel:
                 low = secs[n] = min(secs[n], low)
             self._online[kind] = OnlineCurve(_Curve(secs))
             self._curves[kind] = self._online[kind].curve
-        self._chunked = {}
         self.calibrated = True
         self.version += 1
 
     def verify_seconds(self, n: int) -> float:
         """Seconds of one target forward over n tokens (n = nodes + 1)."""
-        c = self.verify_chunk
-        if not c or n <= c:
-            return self._curves["target"](n)
-        v = self._chunked.get(n)
-        if v is None:
-            q, r = divmod(n, c)
-            curve = self._curves["target"]
-            v = self._chunked[n] = q * curve(c) + (curve(r) if r else 0.0)
-        return v
+        return self._curves["target"](n)
 
     def draft_seconds(self, n: int) -> float:
         """Seconds of one draft forward over n tokens with the last one's logits (a catch-up)."""
@@ -313,8 +299,6 @@ class CostModel:
 
     def curve(self, kind: str) -> Callable[[int], float]:
         """The memoised seconds(n) lookup of `kind` (valid until the next update)."""
-        if kind == "target" and self.verify_chunk:
-            return self.verify_seconds
         return self._curves[kind]
 
     def seconds(self, kind: str, n: int) -> float:
@@ -332,11 +316,6 @@ class CostModel:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         if n < 1 or not seconds > 0 or self.alpha == 0.0:
             return
-        c = self.verify_chunk
-        if kind == "target" and c and n > c:
-            # several forwards: refine the curve at the chunk by its share of the prediction
-            pred = self.verify_seconds(n)
-            seconds, n = seconds * self._curves[kind](c) / pred, c
         if kind == "target" and context is not None:
             d = context - self.calib_context
             if d >= ContextFit.MIN_D:
@@ -350,7 +329,6 @@ class CostModel:
         online = self._online[kind]
         online.observe(n, seconds)
         self._curves[kind] = online.curve
-        self._chunked = {}
         self.observations[kind] += 1
         self.version += 1
 

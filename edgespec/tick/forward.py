@@ -46,8 +46,7 @@ def verify_forward(engine, plan) -> ForwardRecord:
         return rec
     _append(riders, tokens, positions, seqs)
     t0 = time.perf_counter()
-    rows = ctx.decode_rows(tokens, positions, seqs, [True] * n_verify + [False] * (len(tokens) - n_verify),
-                           chunk=engine.verify_chunk)
+    rows = ctx.decode_rows(tokens, positions, seqs, [True] * n_verify + [False] * (len(tokens) - n_verify))
     dt = time.perf_counter() - t0
     feats = ctx.collected() if engine.features else None
     if n_verify:

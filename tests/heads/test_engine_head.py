@@ -78,15 +78,15 @@ def test_feature_context_logits_equal_a_plain_contexts(demo_pair, tiny_head):
     Context's bit for bit, and its features are gathered over every llama_decode call."""
     target = backend.Model(demo_pair.target)
     head = backend.Model(tiny_head["path"])
-    cfg = ModelConfig(str(demo_pair.target), n_ctx=256, n_batch=64, threads=1)
+    cfg = ModelConfig(str(demo_pair.target), n_ctx=256, n_batch=8, threads=1)  # several llama_decode calls
     fc = backend.FeatureContext(target, cfg, backend.target_layer_ids(head), n_seq_max=2)
     pc = backend.Context(target, cfg, n_seq_max=2)
     toks = target.tokenize("def fibonacci(n): return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)")
     n = len(toks)
     try:
         args = (toks, list(range(n)), [(0,)] * n, [True] * n)
-        a = fc.decode_rows(*args, chunk=8)
-        b = pc.decode_rows(*args, chunk=8)
+        a = fc.decode_rows(*args)
+        b = pc.decode_rows(*args)
         assert np.array_equal(a, b)
         feats = fc.collected()
         assert feats.shape == (n, fc.n_features)

@@ -53,12 +53,12 @@ def alone(engine, toks, max_tokens):
 def drive(engine, jobs, cancel=None):
     """Run `jobs` [(arrival tick, prompt tokens, mode, max_tokens)] through shared ticks; at most
     `len(engine.slots)` at once (the others wait, as the daemon's queue does). `cancel`: (index,
-    ticks) ends that request mid-stream, after it has been in that many ticks (counted from its
-    own start: how many ticks the others take, and so when a slot frees, follows the controller's
-    measured costs). Returns each request's token ids (None if cancelled)."""
+    tokens) ends that request mid-stream, once it has emitted that many tokens (not at a fixed
+    tick: how many ticks the others take, and so when a slot frees, follows the controller's
+    measured costs, and a suffix-cache hit can emit a whole answer in a few ticks). Returns each
+    request's token ids (None if cancelled)."""
     waiting = sorted(range(len(jobs)), key=lambda i: jobs[i][0])
     active, out, tick = {}, [None] * len(jobs), 0
-    ticks_in: dict[int, int] = {}
     ticks_shared = 0
     while waiting or active:
         while waiting and jobs[waiting[0]][0] <= tick and engine.free_slots:
@@ -70,15 +70,12 @@ def drive(engine, jobs, cancel=None):
             active[s] = i
         if cancel is not None:
             for s, i in list(active.items()):
-                if i == cancel[0] and ticks_in.get(i, 0) == cancel[1]:
-                    assert not s.done and len(s.out) > 0  # mid-stream
+                if i == cancel[0] and len(s.out) >= cancel[1] and not s.done:
                     s.close("cancelled")
                     del active[s]
         if active:
             ticks_shared += len(active) > 1
             engine.tick(list(active))
-            for i in active.values():
-                ticks_in[i] = ticks_in.get(i, 0) + 1
             for s, i in list(active.items()):
                 if s.done:
                     out[i] = list(s.out) if s.finish_reason != "cancelled" else None
@@ -97,7 +94,7 @@ def test_concurrent_greedy_equals_each_request_alone(batched):
     jobs = [(2 * i, t, m, n) for i, ((_, m), t, n) in enumerate(zip(PROMPTS, prompts, max_tokens))]
     jobs.append((3, long_toks, "auto", 40))  # arrives while four streams decode
     jobs.append((4, prompts[0], "tree", 64))  # cancelled mid-stream
-    out, shared = drive(eng, jobs, cancel=(len(jobs) - 1, 8))
+    out, shared = drive(eng, jobs, cancel=(len(jobs) - 1, 1))
     assert shared > 20  # the ticks really batched several sessions
     assert out[-1] is None
     for (arrive, toks, mode, n), got in zip(jobs[:-1], out[:-1]):
