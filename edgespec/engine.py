@@ -431,6 +431,9 @@ class Engine:
         bad = [t for t in req.prompt_tokens if not 0 <= t < self.target.n_vocab]
         if bad:
             raise BadRequest("prompt_tokens", f"token id {bad[0]} outside [0, {self.target.n_vocab})")
+        bad = [t for t, _ in req.sampling.logit_bias if t >= self.target.n_vocab]
+        if bad:
+            raise BadRequest(f"logit_bias.{bad[0]}", f"token id outside [0, {self.target.n_vocab})")
         free = [s for s in self.slots if not s.busy]
         if not free:
             raise Overloaded(f"all {len(self.slots)} slots are busy")

@@ -9,11 +9,15 @@ below GREEDY_BELOW (vLLM's sampling epsilon): logits / 5e-324 overflow to inf an
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from edgespec.settings import MAX_STOP_STRINGS, SAMPLING, check_fields, check_stop
+from edgespec.errors import BadRequest
+from edgespec.settings import LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS, MAX_STOP_STRINGS, SAMPLING, check_fields, check_stop
 
 GREEDY_BELOW = 1e-5  # a temperature in (0, GREEDY_BELOW) is taken as 0 (greedy)
 
@@ -29,8 +33,13 @@ class SamplingParams:
     seed: int | None = SAMPLING["seed"].default
     max_tokens: int = SAMPLING["max_tokens"].default
     stop: tuple[str, ...] = field(default_factory=tuple)
+    presence_penalty: float = SAMPLING["presence_penalty"].default
+    frequency_penalty: float = SAMPLING["frequency_penalty"].default
+    # ((token id, bias), ...) sorted by id (a mapping is accepted and converted); see penalties.py
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "logit_bias", parse_logit_bias(self.logit_bias))
         validate_sampling(self)
         if 0.0 < self.temperature < GREEDY_BELOW:  # denormals included: greedy, not NaN
             object.__setattr__(self, "temperature", 0.0)
@@ -54,6 +63,41 @@ def check_sampling(values: dict, *, prefix: str = "", max_tokens_limit: int = 1 
     check_fields({k: v for k, v in values.items() if k in SAMPLING}, SAMPLING, prefix=prefix,
                  caps={"max_tokens": max_tokens_limit})
     check_stop(values.get("stop", ()), prefix=prefix, max_strings=max_stop_strings, max_chars=max_stop_chars)
+    parse_logit_bias(values.get("logit_bias"), prefix=prefix)
+
+
+def parse_logit_bias(value: Any, *, prefix: str = "") -> tuple[tuple[int, float], ...]:
+    """logit_bias as a request gives it (a mapping of token id, or its decimal string as in
+    OpenAI's JSON, to a bias; or (id, bias) pairs; None or empty: none) -> sorted (id, bias)
+    pairs. At most MAX_LOGIT_BIAS entries, ids >= 0 (the engine checks them against its
+    vocabulary), biases finite in [-100, 100]. BadRequest names the entry."""
+    if value is None or (hasattr(value, "__len__") and len(value) == 0):
+        return ()
+    field_name = prefix + "logit_bias"
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        raise BadRequest(field_name, "must be an object mapping token ids to biases")
+    if len(items) > MAX_LOGIT_BIAS:
+        raise BadRequest(field_name, f"at most {MAX_LOGIT_BIAS} entries, got {len(items)}")
+    out: dict[int, float] = {}
+    for item in items:
+        if not (isinstance(item, (list, tuple)) and len(item) == 2):
+            raise BadRequest(field_name, "must be an object mapping token ids to biases")
+        k, b = item
+        try:
+            tok = int(k, 10) if isinstance(k, str) else k
+            if isinstance(tok, bool) or not isinstance(tok, (int, np.integer)) or tok < 0:
+                raise ValueError
+        except ValueError:
+            raise BadRequest(f"{field_name}.{k}", "keys must be token ids (integers >= 0)") from None
+        if isinstance(b, bool) or not isinstance(b, (int, float, np.floating, np.integer)) \
+                or not math.isfinite(float(b)) or abs(float(b)) > LOGIT_BIAS_RANGE:
+            raise BadRequest(f"{field_name}.{k}", f"must be a number in [-{LOGIT_BIAS_RANGE:g}, {LOGIT_BIAS_RANGE:g}]")
+        out[int(tok)] = float(b)
+    return tuple(sorted(out.items()))
 
 
 def logits_to_probs(logits: np.ndarray, s: SamplingParams) -> np.ndarray:

@@ -22,6 +22,7 @@ from edgespec.emit import Emitter
 from edgespec.errors import BadRequest
 from edgespec.logprobs import token_logprob
 from edgespec.logs import get_logger
+from edgespec.penalties import Adjuster, adjusts
 from edgespec.sampling import logits_to_probs
 from edgespec.tick import graft
 from edgespec.tree import DraftTree
@@ -63,6 +64,8 @@ class Session:
         model = engine.target
         self.emitter = Emitter(self.sampling.max_tokens, self.sampling.stop, model.is_eog, model.piece)
         self.logprobs: list[TokenLogprob] = []
+        # logit_bias and the penalties (edgespec/penalties.py): None when the request sets none
+        self.adjuster = Adjuster(self.sampling, model.n_vocab) if adjusts(self.sampling) else None
         self.check_kv = False  # tests turn this on: assert the KV invariants after every step
         self._closed_reason: FinishReason | None = None
         has_draft = slot.draft is not None
@@ -272,6 +275,8 @@ class Session:
         tree = st.tree
         if st.order != list(range(len(tree))):
             rows = rows[np.argsort(st.order)]  # back to node order (a copy)
+        if self.adjuster is not None:  # logit_bias and penalties, each node by its own path
+            rows = self.adjuster.rows(rows, tree, self.tokens[self.n_prompt:])
         if self.matcher is not None:
             # the target's distribution masked by the grammar: row i by the state after node i's
             # path; the drafter drew from q masked alike, so q is verified as it was drawn

@@ -430,7 +430,13 @@ SAMPLING: dict[str, Setting] = {s.key: s for s in (
     _req("min_p", F, 0.0, "keep tokens at least min_p times the top one's probability", lo=0, hi=1, hi_open=True),
     _req("seed", I, None, "sampling seed", lo=0, hi=2**63, hi_open=True, hi_text="2^63"),
     _req("max_tokens", I, 128, "tokens to generate at most", lo=1, hi=1 << 20),
+    _req("presence_penalty", F, 0.0, "subtracted from the logit of every token the output already holds",
+         lo=-2, hi=2),
+    _req("frequency_penalty", F, 0.0, "subtracted from a token's logit once per time the output holds it",
+         lo=-2, hi=2),
 )}
+MAX_LOGIT_BIAS = 1024  # logit_bias entries a request may set
+LOGIT_BIAS_RANGE = 100.0  # each in [-100, 100], as OpenAI's
 SPECULATION: dict[str, Setting] = {k: SECTIONS["speculation"][k] for k in ("draft_tokens", "tree_nodes", "tree_depth")}
 
 

@@ -108,6 +108,7 @@ def messages_from(msgs: object, field: str = "messages",
 def sampling_from(s: pb.SamplingOptions, policy: Policy, limits: LimitsConfig = DEFAULT_LIMITS) -> SamplingParams:
     """Unset fields take defaults; every set field is range-checked (BadRequest names it)."""
     values = {name: getattr(s, name) if s.HasField(name) else None for name in SAMPLING}
+    values["logit_bias"] = dict(s.logit_bias) or None
     return sampling_for(policy, limits, {**values, "stop": tuple(s.stop)}, prefix="sampling.")
 
 

@@ -7,8 +7,8 @@ top_k, min_p, seed, stop, n (1 only), stream, stream_options.include_usage, logp
 top_logprobs, response_format (text, json_object, json_schema), tools / tool_choice /
 parallel_tool_calls (edgespec.tools), user (ignored), and the `edgespec` extension object: mode,
 draft_tokens, tree_nodes, tree_depth, ngram, timeout_seconds, constraint {kind, value}.
-Refused with a 400 naming the field: functions, function_call, audio, modalities, prediction,
-presence/frequency penalties and logit_bias other than their neutral value, suffix, echo,
+presence_penalty, frequency_penalty and logit_bias (exact under speculation: edgespec.penalties).
+Refused with a 400 naming the field: functions, function_call, audio, modalities, prediction, suffix, echo,
 best_of > 1, non-text message parts, token-id prompts; unknown fields unless [http] strict is
 false (then ignored, and named back to the caller).
 """
@@ -39,12 +39,11 @@ TIMEOUT = Setting("edgespec", "timeout_seconds", (int, float), None, "the reques
 _MODES = {"auto": "auto", "off": "plain", "plain": "plain", "chain": "chain", "tree": "tree"}
 # fields OpenAI defines that we do not implement: refused unless absent, null or neutral
 _REFUSED = ("functions", "function_call", "audio", "modalities", "prediction", "suffix", "web_search_options")
-_NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {}, "echo": False, "best_of": 1,
-            "store": False}
+_NEUTRAL = {"echo": False, "best_of": 1, "store": False}
 _KNOWN = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
           "min_p", "seed", "stop", "n", "stream", "stream_options", "logprobs", "top_logprobs", "response_format",
           "user", "metadata", "edgespec", "service_tier", "reasoning_effort", "tools", "tool_choice",
-          "parallel_tool_calls", *_REFUSED, *_NEUTRAL}
+          "parallel_tool_calls", "presence_penalty", "frequency_penalty", "logit_bias", *_REFUSED, *_NEUTRAL}
 
 
 @dataclass(frozen=True)
@@ -317,6 +316,7 @@ def _sampling(body: Mapping, policy: Policy, limits: LimitsConfig) -> SamplingPa
     check_fields(lengths, dict.fromkeys(lengths, SAMPLING["max_tokens"]), caps={k: policy.max_tokens for k in lengths})
     values = {k: body.get(k) for k in SAMPLING}
     values["max_tokens"] = next((v for v in lengths.values() if v is not None), None)
+    values["logit_bias"] = body.get("logit_bias")
     if values["top_k"] == -1:
         values["top_k"] = 0
     return sampling_for(policy, limits, {**values, "stop": _stop(body.get("stop"), limits)},

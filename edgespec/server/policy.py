@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from edgespec.errors import BadRequest
-from edgespec.sampling import SamplingParams, check_sampling
+from edgespec.sampling import SamplingParams, check_sampling, parse_logit_bias
 from edgespec.server.config import LimitsConfig, ServerConfig, SpeculationConfig
 from edgespec.settings import SPECULATION, check_fields, setting, settings_class
 from edgespec.types import SpeculationParams
@@ -47,7 +47,7 @@ Policy = settings_class(
 # ---- what a request asks for, checked in one place for gRPC and HTTP ----------------------------
 
 SHAPE_CAPS = {"draft_tokens": "max_draft_tokens", "tree_nodes": "max_tree_nodes", "tree_depth": "max_tree_depth"}
-_REAL = ("temperature", "top_p", "min_p")
+_REAL = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty")
 
 
 def sampling_for(policy: Any, limits: LimitsConfig, values: Mapping[str, Any], *, prefix: str = "",
@@ -60,6 +60,8 @@ def sampling_for(policy: Any, limits: LimitsConfig, values: Mapping[str, Any], *
     check_sampling(dict(values), prefix=prefix, max_tokens_limit=policy.max_tokens,
                    max_stop_strings=limits.max_stop_strings, max_stop_chars=limits.max_stop_chars)
     given = {k: (float(v) if k in _REAL else v) for k, v in values.items() if v is not None}
+    if "logit_bias" in given:
+        given["logit_bias"] = parse_logit_bias(given["logit_bias"], prefix=prefix)
     fallback = {"max_tokens": policy.default_max_tokens}
     if temperature is not None:
         fallback["temperature"] = temperature

@@ -114,7 +114,7 @@ def test_speculation_options_and_stop_reach_the_engine(make_daemon):
     ({"tools": "f"}, "tools"),
     ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
     ({"tool_choice": "required"}, "tool_choice"),
-    ({"frequency_penalty": 0.5}, "frequency_penalty"),
+    ({"frequency_penalty": 2.5}, "frequency_penalty"),
     ({"edgespec": {"draft_tokens": 999}}, "edgespec.draft_tokens"),
     ({"edgespec": {"mode": "fast"}}, "edgespec.mode"),
     ({"bogus": 1}, "bogus"),

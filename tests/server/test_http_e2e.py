@@ -126,6 +126,37 @@ def test_json_schema_response_format_validates(server):
     jsonschema.validate(json.loads(resp.choices[0].message.content), schema)
 
 
+def test_penalties_and_logit_bias_are_exact_under_speculation(server):
+    """Greedy with presence / frequency penalties: chain and tree speak plain's words; logit_bias
+    bans the token plain would have said; a bias outside the vocabulary is a 400 naming it."""
+    from edgespec import backend
+
+    c = server.client()
+    msgs = [{"role": "user", "content": "List the days of the week, twice."}]
+    kw = dict(model=MODEL, messages=msgs, max_tokens=48, temperature=0, frequency_penalty=0.8,
+              presence_penalty=0.4)
+
+    def say(mode: str, **extra) -> str:
+        return c.chat.completions.create(**{**kw, **extra}, extra_body={"edgespec": {"mode": mode}}) \
+            .choices[0].message.content
+
+    plain = say("plain")
+    assert say("chain") == plain and say("tree") == plain
+    assert say("plain", frequency_penalty=0, presence_penalty=0) != plain  # the penalties bite
+    model = backend.Model(models_dir() / DEMO_TARGET)
+    try:
+        six = model.tokenize(" 6", add_special=False)[0]
+    finally:
+        model.close()
+    prompt = dict(model=MODEL, prompt="1, 2, 3, 4, 5,", max_tokens=4, temperature=0)
+    assert c.completions.create(**prompt).choices[0].text.startswith(" 6")
+    banned = c.completions.create(**prompt, logit_bias={str(six): -100}).choices[0].text
+    assert not banned.startswith(" 6")
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(**prompt, logit_bias={"9999999": 1})
+    assert e.value.body["param"] == "logit_bias.9999999"
+
+
 def test_bad_params_400_and_no_key_401(server):
     c = server.client()
     msgs = [{"role": "user", "content": "x"}]

@@ -63,7 +63,11 @@ def test_fields_map_to_domain_values():
     ({**CHAT, "edgespec": {"speed": 1}}, True, "edgespec.speed"),
     ({**CHAT, "edgespec": {"tree_depth": 17}}, True, "edgespec.tree_depth"),
     ({**CHAT, "model": "other"}, True, "model"),
-    ({**CHAT, "logit_bias": {"1": 5}}, True, "logit_bias"),
+    ({**CHAT, "logit_bias": {"1": 500}}, True, "logit_bias.1"),
+    ({**CHAT, "logit_bias": {"one": 5}}, True, "logit_bias.one"),
+    ({**CHAT, "logit_bias": [1, 5]}, True, "logit_bias"),
+    ({**CHAT, "presence_penalty": 2.5}, True, "presence_penalty"),
+    ({**CHAT, "frequency_penalty": "1"}, True, "frequency_penalty"),
     ({"model": "m", "prompt": [1, 2, 3]}, False, "prompt"),
     ({"model": "m", "prompt": ["a", "b"]}, False, "prompt"),
     ({"model": "m", "prompt": "x", "top_logprobs": 2}, False, "top_logprobs"),
@@ -104,3 +108,10 @@ def test_http_config_section_and_its_loopback_rule():
     with pytest.raises(InvalidConfig) as e:
         load(None, env={}, overrides={"http": {"port": 70000}})
     assert [k for k, _ in e.value.problems] == ["http.port"]
+
+
+def test_penalties_and_logit_bias_reach_the_sampling_params():
+    req = oa.parse_request({**CHAT, "presence_penalty": 0.5, "frequency_penalty": -1, "logit_bias": {"7": -100, "3": 2.5}},
+                        chat=True, policy=Policy(), models=["m"])
+    s = req.sampling
+    assert (s.presence_penalty, s.frequency_penalty, s.logit_bias) == (0.5, -1.0, ((3, 2.5), (7, -100.0)))
