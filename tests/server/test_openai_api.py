@@ -115,3 +115,16 @@ def test_penalties_and_logit_bias_reach_the_sampling_params():
                         chat=True, policy=Policy(), models=["m"])
     s = req.sampling
     assert (s.presence_penalty, s.frequency_penalty, s.logit_bias) == (0.5, -1.0, ((3, 2.5), (7, -100.0)))
+
+
+def test_grpc_sampling_options_carry_penalties_and_logit_bias():
+    from edgespec.proto.edgespec.v1 import inference_pb2 as pb
+    from edgespec.server.convert import sampling_from
+
+    s = sampling_from(pb.SamplingOptions(presence_penalty=0.5, frequency_penalty=0.25, logit_bias={9: -1.5, 2: 3}),
+                      Policy())
+    assert (s.presence_penalty, s.frequency_penalty, s.logit_bias) == (0.5, 0.25, ((2, 3.0), (9, -1.5)))
+    with pytest.raises(BadRequest) as e:
+        sampling_from(pb.SamplingOptions(logit_bias={4: 200.0}), Policy())
+    assert e.value.field == "sampling.logit_bias.4"
+    assert sampling_from(pb.SamplingOptions(), Policy()).logit_bias == ()
