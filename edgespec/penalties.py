@@ -1,6 +1,8 @@
-"""logit_bias and the presence / frequency penalties, per tree node (pure numpy).
+"""logit_bias and the presence / frequency / repetition penalties, per tree node (pure numpy).
 
-OpenAI's definition: before sampling, logit[j] += logit_bias[j] - frequency_penalty * c[j]
+Before sampling, the repetition penalty r (CTRL's, as in vLLM and llama.cpp) divides the logit
+of every token the prompt or the output holds when it is positive and multiplies it when it is
+negative; then OpenAI's definition: logit[j] += logit_bias[j] - frequency_penalty * c[j]
 - presence_penalty * (c[j] > 0), with c[j] the times token j appears in the output so far (the
 prompt does not count, as in OpenAI's and vLLM's API). Under speculation "so far" differs per
 node: the row of tree node i gives the next token after node i's path, so its counts are the
@@ -25,7 +27,8 @@ from edgespec.tree import DraftTree
 
 def adjusts(s: SamplingParams) -> bool:
     """Does `s` change the target's logits at all?"""
-    return bool(s.logit_bias) or s.presence_penalty != 0.0 or s.frequency_penalty != 0.0
+    return bool(s.logit_bias) or s.presence_penalty != 0.0 or s.frequency_penalty != 0.0 \
+        or s.repetition_penalty != 1.0
 
 
 def _penalty(s: SamplingParams, count: int) -> float:
@@ -33,19 +36,26 @@ def _penalty(s: SamplingParams, count: int) -> float:
 
 
 class Adjuster:
-    """One request's adjustment: its bias, and the penalties of its output. Every adjusted logit
-    is rows[i, j] + a float32 value that depends only on (j, its count), computed one way for
-    plain decoding's row and a tree node's alike, so greedy speculation picks the same tokens bit
-    for bit."""
+    """One request's adjustment. Every adjusted logit is computed from rows[i, j] alone by one
+    sequence of float32 operations that depends only on j, whether j is in the prompt, output or
+    path (the repetition penalty) and its count in output + path: the same for plain decoding's
+    row and a tree node's, so greedy speculation picks the same tokens bit for bit."""
 
     def __init__(self, s: SamplingParams, n_vocab: int):
         self.s = s
         self.n_vocab = n_vocab
         self._bias = dict(s.logit_bias)
         self.penalised = s.presence_penalty != 0.0 or s.frequency_penalty != 0.0
+        self.rep = np.float32(s.repetition_penalty)
+        self.repeating = s.repetition_penalty != 1.0
 
     def _adj(self, tok: int, count: int) -> np.float32:
         return np.float32(self._bias.get(tok, 0.0) - _penalty(self.s, count))
+
+    def _repeat(self, x):  # noqa: ANN001, ANN202 - a float32 array or scalar
+        """The repetition penalty (CTRL's, as in vLLM and llama.cpp): positive logits divided by
+        it, negative ones multiplied."""
+        return np.where(x > 0, x / self.rep, x * self.rep).astype(np.float32)
 
     def base(self, output: Sequence[int]) -> tuple[np.ndarray, Counter]:
         """[n_vocab] what every row of a step adds for the output so far (bias included), and
@@ -58,14 +68,24 @@ class Adjuster:
             row[tok] = self._adj(tok, c)
         return row, counts
 
-    def rows(self, rows: np.ndarray, tree: DraftTree, output: Sequence[int]) -> np.ndarray:
+    def _seen(self, prompt: Sequence[int], output: Sequence[int]) -> np.ndarray:
+        return np.unique(np.fromiter((*prompt, *output), dtype=np.int64)) if self.repeating else np.empty(0, np.int64)
+
+    def rows(self, rows: np.ndarray, tree: DraftTree, output: Sequence[int],
+             prompt: Sequence[int] = ()) -> np.ndarray:
         """[n_nodes, n_vocab] the target's rows (node order) as plain decoding would sample from
-        them at each node: bias, and penalties over the output plus the node's path (a copy)."""
+        them at each node: the repetition penalty over prompt + output + the node's path, then
+        bias and presence / frequency penalties over output + path (a copy)."""
         rows = np.asarray(rows, dtype=np.float32)
         base, counts = self.base(output)
-        out = rows + base
-        if not self.penalised or len(tree) == 1:
+        seen = self._seen(prompt, output)
+        pre = rows.copy()
+        if self.repeating and len(seen):
+            pre[:, seen] = self._repeat(rows[:, seen])
+        out = pre + base
+        if (not self.penalised and not self.repeating) or len(tree) == 1:
             return out
+        seen_set = set(seen.tolist())
         path: list[dict[int, int]] = [{}] * len(tree)  # node -> its path's counts (root excluded)
         for i in range(1, len(tree)):  # a child always comes after its parent
             d = dict(path[tree.parents[i]])
@@ -73,5 +93,19 @@ class Adjuster:
             d[t] = d.get(t, 0) + 1
             path[i] = d
             for tok, c in d.items():
-                out[i, tok] = rows[i, tok] + self._adj(tok, counts[tok] + c)
+                x = rows[i, tok]
+                if self.repeating:
+                    x = self._repeat(x) if tok not in seen_set else pre[i, tok]
+                out[i, tok] = x + self._adj(tok, counts[tok] + c)
         return out
+
+    def row(self, logits: np.ndarray, prompt: Sequence[int], history: Sequence[int]) -> np.ndarray:
+        """One row adjusted after `history` (output + drafted path) following `prompt`: for a
+        draft's proposals (their exactness does not depend on it; their acceptance does)."""
+        x = np.asarray(logits, dtype=np.float32)
+        if self.repeating:
+            seen = self._seen(prompt, history)
+            if len(seen):
+                x = x.copy()
+                x[seen] = self._repeat(x[seen])
+        return x + self.base(history)[0]

@@ -35,6 +35,7 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     presence_penalty: float = SAMPLING["presence_penalty"].default
     frequency_penalty: float = SAMPLING["frequency_penalty"].default
+    repetition_penalty: float = SAMPLING["repetition_penalty"].default
     # ((token id, bias), ...) sorted by id (a mapping is accepted and converted); see penalties.py
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
 

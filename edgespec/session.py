@@ -204,7 +204,13 @@ class Session:
         if st.shape.mode == "plain" or self.drafter is None or st.shape.depth <= 0 or self.remaining <= 1:
             return None
         mask = self._draft_mask if self.matcher is not None else None
-        return self.drafter.propose_steps(st.tree, self.tokens, st.shape, self.sampling, self.rng, mask=mask)
+        adjust = self._draft_adjust if self.adjuster is not None else None
+        return self.drafter.propose_steps(st.tree, self.tokens, st.shape, self.sampling, self.rng, mask=mask,
+                                          adjust=adjust)
+
+    def _draft_adjust(self, logits: np.ndarray, path: list[int]) -> np.ndarray:
+        """A draft row adjusted as the target's row at that node will be (penalties.py)."""
+        return self.adjuster.row(logits, self.tokens[:self.n_prompt], self.tokens[self.n_prompt:] + path)
 
     def _draft_mask(self, path: list[int]):
         """What the grammar allows after the committed text and `path` (drafted tokens): drafts
@@ -276,7 +282,7 @@ class Session:
         if st.order != list(range(len(tree))):
             rows = rows[np.argsort(st.order)]  # back to node order (a copy)
         if self.adjuster is not None:  # logit_bias and penalties, each node by its own path
-            rows = self.adjuster.rows(rows, tree, self.tokens[self.n_prompt:])
+            rows = self.adjuster.rows(rows, tree, self.tokens[self.n_prompt:], self.tokens[:self.n_prompt])
         if self.matcher is not None:
             # the target's distribution masked by the grammar: row i by the state after node i's
             # path; the drafter drew from q masked alike, so q is verified as it was drawn

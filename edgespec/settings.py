@@ -434,6 +434,8 @@ SAMPLING: dict[str, Setting] = {s.key: s for s in (
          lo=-2, hi=2),
     _req("frequency_penalty", F, 0.0, "subtracted from a token's logit once per time the output holds it",
          lo=-2, hi=2),
+    _req("repetition_penalty", F, 1.0, "divides the positive logit (multiplies the negative one) of every token "
+         "the prompt or output holds; 1 = off", lo=0, lo_open=True, hi=10),
 )}
 MAX_LOGIT_BIAS = 1024  # logit_bias entries a request may set
 LOGIT_BIAS_RANGE = 100.0  # each in [-100, 100], as OpenAI's

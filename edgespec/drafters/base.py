@@ -82,8 +82,10 @@ class Drafter(Protocol):
         """Entries the next proposal decodes before drafting (its first level's catch-up)."""
 
     def propose_steps(self, tree: DraftTree, tokens: list[int], shape: Shape, sampling: SamplingParams,
-                      rng: np.random.Generator, mask=None):  # noqa: ANN001
-        """Grow `tree` (rooted at tokens[-1]) within `shape`, one yielded DraftBatch per level."""
+                      rng: np.random.Generator, mask=None, adjust=None):  # noqa: ANN001
+        """Grow `tree` (rooted at tokens[-1]) within `shape`, one yielded DraftBatch per level.
+        `mask(path)`: the tokens a grammar allows after the drafted `path`; `adjust(logits, path)`:
+        the request's logit_bias and penalties applied to a draft row (edgespec/penalties.py)."""
 
     def absorb_steps(self, tokens: list[int], budget: int):
         """Catch up on at most `budget` entries of the backlog without drafting (a plain step)."""

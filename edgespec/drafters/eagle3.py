@@ -110,7 +110,7 @@ class Eagle3Drafter:
         return run_alone(self.propose_steps(tree, tokens, shape, sampling, rng), self.ctx)
 
     def propose_steps(self, tree: DraftTree, tokens: list[int], shape: Shape, sampling: SamplingParams,
-                      rng: np.random.Generator, mask=None):  # noqa: ANN001
+                      rng: np.random.Generator, mask=None, adjust=None):  # noqa: ANN001
         """Grow `tree` (rooted at tokens[-1]) level by level, as a generator (drafters/base.py):
         the first batch carries the catch-up; rows come back as backend.HeadRows."""
         L = len(tokens)
@@ -124,7 +124,7 @@ class Eagle3Drafter:
         if depth <= 0 or shape.nodes <= 0 or L < 2 or self._root is None or self._root[0] != L - 2:
             return rep
         base_pos = L - 2  # head position of the root's output; a node at depth d sits at base_pos + d
-        g = Growth(tokens[-1], self._root[1], shape, sampling, rng, self.ctx, self.n_seq, base_pos, mask)
+        g = Growth(tokens[-1], self._root[1], shape, sampling, rng, self.ctx, self.n_seq, base_pos, mask, adjust)
         g.hidden[0] = self._root[2]
 
         def batch_of(nodes: list[int], seqs: list[int]) -> DraftBatch:

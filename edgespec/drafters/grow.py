@@ -49,8 +49,9 @@ class Growth:
     are node i's draft output once decoded."""
 
     def __init__(self, root: int, root_logits: np.ndarray, shape: Shape, sampling: SamplingParams,
-                 rng: np.random.Generator, kv, n_seq: int, root_pos: int, mask=None):  # noqa: ANN001
+                 rng: np.random.Generator, kv, n_seq: int, root_pos: int, mask=None, adjust=None):  # noqa: ANN001
         self.shape, self.sampling, self.rng, self.mask = shape, sampling, rng, mask
+        self.adjust = adjust  # (logits, path) -> logits: the request's bias and penalties
         self.kv, self.n_seq, self.root_pos = kv, n_seq, root_pos
         self.greedy = sampling.greedy
         self.parent = [-1]
@@ -83,6 +84,8 @@ class Growth:
             if not greedy and self.budget <= 0:
                 break
             lg = self.logits[n]
+            if self.adjust is not None:  # draw from the draft as the target will be read there
+                lg = self.adjust(lg, self.path(n))
             if self.mask is not None:
                 allowed = self.mask(self.path(n))
                 if not allowed.any():

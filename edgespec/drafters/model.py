@@ -163,7 +163,7 @@ class ModelDrafter:
         return run_alone(self.propose_steps(tree, tokens, shape, sampling, rng), self.ctx)
 
     def propose_steps(self, tree: DraftTree, tokens: list[int], shape: Shape, sampling: SamplingParams,
-                      rng: np.random.Generator, mask=None):
+                      rng: np.random.Generator, mask=None, adjust=None):  # noqa: ANN001
         """Grow `tree` (rooted at tokens[-1]) level by level, as a generator: it yields one
         `DraftBatch` per draft forward (local seq ids) and is sent back that batch's logits rows
         ([marked entries, vocab], batch order). A batched tick drives the generators of all
@@ -180,7 +180,7 @@ class ModelDrafter:
         rep.batches.append(n)
         root_pos = len(tokens) - 1 - self.offset  # the root's draft position
         self._root_pos = root_pos
-        g = Growth(tokens[-1], root_logits, shape, sampling, rng, ctx, self.n_seq, root_pos, mask)
+        g = Growth(tokens[-1], root_logits, shape, sampling, rng, ctx, self.n_seq, root_pos, mask, adjust)
 
         def batch_of(nodes: list[int], seqs: list[int]) -> DraftBatch:
             return DraftBatch([g.token[i] for i in nodes], [root_pos + g.dep[i] for i in nodes],

@@ -43,7 +43,7 @@ _NEUTRAL = {"echo": False, "best_of": 1, "store": False}
 _KNOWN = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
           "min_p", "seed", "stop", "n", "stream", "stream_options", "logprobs", "top_logprobs", "response_format",
           "user", "metadata", "edgespec", "service_tier", "reasoning_effort", "tools", "tool_choice",
-          "parallel_tool_calls", "presence_penalty", "frequency_penalty", "logit_bias", *_REFUSED, *_NEUTRAL}
+          "parallel_tool_calls", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", *_REFUSED, *_NEUTRAL}
 
 
 @dataclass(frozen=True)

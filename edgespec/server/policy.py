@@ -47,7 +47,7 @@ Policy = settings_class(
 # ---- what a request asks for, checked in one place for gRPC and HTTP ----------------------------
 
 SHAPE_CAPS = {"draft_tokens": "max_draft_tokens", "tree_nodes": "max_tree_nodes", "tree_depth": "max_tree_depth"}
-_REAL = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty")
+_REAL = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
 def sampling_for(policy: Any, limits: LimitsConfig, values: Mapping[str, Any], *, prefix: str = "",

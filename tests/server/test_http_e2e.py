@@ -127,21 +127,23 @@ def test_json_schema_response_format_validates(server):
 
 
 def test_penalties_and_logit_bias_are_exact_under_speculation(server):
-    """Greedy with presence / frequency penalties: chain and tree speak plain's words; logit_bias
+    """Greedy with presence / frequency / repetition penalties: chain and tree speak plain's words; logit_bias
     bans the token plain would have said; a bias outside the vocabulary is a 400 naming it."""
     from edgespec import backend
 
     c = server.client()
     msgs = [{"role": "user", "content": "List the days of the week, twice."}]
-    kw = dict(model=MODEL, messages=msgs, max_tokens=48, temperature=0, frequency_penalty=0.8,
+    kw = dict(model=MODEL, messages=msgs, max_tokens=32, temperature=0, frequency_penalty=0.8,
               presence_penalty=0.4)
 
-    def say(mode: str, **extra) -> str:
-        return c.chat.completions.create(**{**kw, **extra}, extra_body={"edgespec": {"mode": mode}}) \
+    def say(mode: str, body: dict | None = None, **extra) -> str:
+        return c.chat.completions.create(**{**kw, **extra}, extra_body={"edgespec": {"mode": mode}, **(body or {})}) \
             .choices[0].message.content
 
     plain = say("plain")
     assert say("chain") == plain and say("tree") == plain
+    rep = {"repetition_penalty": 1.3}  # vLLM's extension field
+    assert say("tree", rep) == say("plain", rep) != plain
     assert say("plain", frequency_penalty=0, presence_penalty=0) != plain  # the penalties bite
     model = backend.Model(models_dir() / DEMO_TARGET)
     try:

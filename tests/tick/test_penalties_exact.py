@@ -32,7 +32,7 @@ PROMPTS = ((0, 5, 9), (0, 7, 21))
 BOOSTED = 46  # a token the bias makes likely after anything: its repeat is what the penalty moves
 TOKENS, TOP_K = 3, 3  # the first three tokens (the third is the first a depth-1 row can draw after
 # a drafted first-level token: the first comes from the prompt's step), 27 cells
-ADJUST = dict(presence_penalty=1.5, frequency_penalty=0.5, logit_bias={BOOSTED: 4.0, 3: -100.0})
+ADJUST = dict(presence_penalty=1.5, frequency_penalty=0.5, repetition_penalty=1.3, logit_bias={BOOSTED: 4.0, 3: -100.0})
 
 
 def _random_tree(rng, n_nodes: int) -> DraftTree:
@@ -44,20 +44,23 @@ def _random_tree(rng, n_nodes: int) -> DraftTree:
 
 def test_each_node_is_adjusted_as_plain_decoding_would_adjust_it():
     rng = np.random.default_rng(0)
-    s = SamplingParams(presence_penalty=0.7, frequency_penalty=-0.3, logit_bias={2: 1.25, 5: -3.0})
+    s = SamplingParams(presence_penalty=0.7, frequency_penalty=-0.3, repetition_penalty=1.7,
+                       logit_bias={2: 1.25, 5: -3.0})
     adj = Adjuster(s, VOCAB)
     for _ in range(20):
         tree = _random_tree(rng, 12)
         output = [int(t) for t in rng.integers(8, size=int(rng.integers(0, 6)))]
+        prompt = [int(t) for t in rng.integers(16, size=4)]
         rows = rng.normal(size=(len(tree), VOCAB)).astype(np.float32)
-        got = adj.rows(rows, tree, output)
+        got = adj.rows(rows, tree, output, prompt)
         for i in range(len(tree)):
             path, j = [], i
             while j > 0:
                 path.append(tree.tokens[j])
                 j = tree.parents[j]
-            plain = adj.rows(rows[i:i + 1], DraftTree.root(tree.tokens[i]), output + path[::-1])
+            plain = adj.rows(rows[i:i + 1], DraftTree.root(tree.tokens[i]), output + path[::-1], prompt)
             assert np.array_equal(got[i], plain[0]), i
+            assert np.array_equal(got[i], adj.row(rows[i], prompt, output + path[::-1]))  # the drafts' view
 
 
 def test_an_adjusted_row_follows_openais_definition():
@@ -65,6 +68,10 @@ def test_an_adjusted_row_follows_openais_definition():
     row = np.zeros((1, VOCAB), np.float32)
     out = Adjuster(s, VOCAB).rows(row, DraftTree.root(0), [4, 4, 4, 9])[0]
     assert out[7] == 2.0 and out[4] == -(0.5 + 3 * 0.25) and out[9] == -(0.5 + 0.25) and out[5] == 0.0
+    rep = Adjuster(SamplingParams(repetition_penalty=2.0), VOCAB)
+    row = np.array([[3.0, -3.0, 3.0, -3.0] + [1.0] * (VOCAB - 4)], np.float32)
+    out = rep.rows(row, DraftTree.root(0), [1], prompt=[0])[0]  # 0 in the prompt, 1 in the output
+    assert list(out[:4]) == [1.5, -6.0, 3.0, -3.0]
 
 
 @pytest.mark.parametrize(("value", "field"), [
@@ -92,7 +99,8 @@ def test_a_bias_outside_the_vocabulary_is_refused_by_the_engine():
 @pytest.mark.parametrize("mode", ["chain", "tree"])
 def test_greedy_speculation_with_penalties_equals_plain(mode):
     eng = fake_engine(parallel=2, draft_noise=0.5)
-    s = SamplingParams(max_tokens=40, presence_penalty=1.0, frequency_penalty=0.8, logit_bias={BOOSTED: 3.0})
+    s = SamplingParams(max_tokens=40, presence_penalty=1.0, frequency_penalty=0.8, repetition_penalty=1.4,
+                       logit_bias={BOOSTED: 3.0})
     for prompt in PROMPTS:
         plain = eng.generate(GenerationRequest(prompt, s, SpeculationParams(mode="plain"))).token_ids
         spec = eng.generate(GenerationRequest(prompt, s, SpeculationParams(mode=mode)))
@@ -104,8 +112,11 @@ def test_greedy_speculation_with_penalties_equals_plain(mode):
     assert free != eng.generate(GenerationRequest(PROMPTS[0], s, SpeculationParams(mode="plain"))).token_ids
 
 
-def _probs(logits: np.ndarray, counts: dict) -> np.ndarray:
+def _probs(logits: np.ndarray, counts: dict, seen: set) -> np.ndarray:
     x = logits.astype(np.float64).copy()
+    r = ADJUST["repetition_penalty"]
+    for t in seen:
+        x[t] = x[t] / r if x[t] > 0 else x[t] * r
     for t, b in ADJUST["logit_bias"].items():
         x[t] += b
     for t, c in counts.items():
@@ -125,7 +136,7 @@ def exact_joint(prompt) -> dict:
         counts: dict = {}
         for t in emitted:
             counts[t] = counts.get(t, 0) + 1
-        q = _probs(table[prev], counts)
+        q = _probs(table[prev], counts, set(prompt) | set(emitted))
         for t in np.flatnonzero(q):
             if t == EOS:
                 out[emitted] = out.get(emitted, 0.0) + p * q[t]
@@ -178,9 +189,9 @@ def test_adjusting_nodes_by_the_committed_output_only_is_rejected(monkeypatch):
     """The broken twin: every node's row adjusted as the root's (its path ignored)."""
     real = Adjuster.rows
 
-    def rootish(self, rows, tree, output):
-        return real(self, rows, DraftTree.root(tree.tokens[0]), output) if len(rows) == 1 else \
-            np.concatenate([real(self, rows[i:i + 1], DraftTree.root(tree.tokens[0]), output) for i in range(len(rows))])
+    def rootish(self, rows, tree, output, prompt=()):
+        root = DraftTree.root(tree.tokens[0])
+        return np.concatenate([real(self, rows[i:i + 1], root, output, prompt) for i in range(len(rows))])
 
     monkeypatch.setattr(Adjuster, "rows", rootish)
     assert min(p_values(sample(SAMPLES))) < ALPHA
