@@ -72,31 +72,40 @@ class Adjuster:
         return np.unique(np.fromiter((*prompt, *output), dtype=np.int64)) if self.repeating else np.empty(0, np.int64)
 
     def rows(self, rows: np.ndarray, tree: DraftTree, output: Sequence[int],
-             prompt: Sequence[int] = ()) -> np.ndarray:
+             prompt: Sequence[int] = (), *, inplace: bool = False) -> np.ndarray:
         """[n_nodes, n_vocab] the target's rows (node order) as plain decoding would sample from
         them at each node: the repetition penalty over prompt + output + the node's path, then
-        bias and presence / frequency penalties over output + path (a copy)."""
+        bias and presence / frequency penalties over output + path. Only the touched columns
+        change (a column nothing touches keeps its value; adding 0 would only turn -0 into +0);
+        `inplace`: in the caller's array (a float32 array it owns), else in a copy."""
         rows = np.asarray(rows, dtype=np.float32)
+        out = rows if inplace else rows.copy()
         base, counts = self.base(output)
         seen = self._seen(prompt, output)
-        pre = rows.copy()
-        if self.repeating and len(seen):
-            pre[:, seen] = self._repeat(rows[:, seen])
-        out = pre + base
-        if (not self.penalised and not self.repeating) or len(tree) == 1:
-            return out
         seen_set = set(seen.tolist())
-        path: list[dict[int, int]] = [{}] * len(tree)  # node -> its path's counts (root excluded)
-        for i in range(1, len(tree)):  # a child always comes after its parent
-            d = dict(path[tree.parents[i]])
-            t = tree.tokens[i]
-            d[t] = d.get(t, 0) + 1
-            path[i] = d
-            for tok, c in d.items():
-                x = rows[i, tok]
-                if self.repeating:
-                    x = self._repeat(x) if tok not in seen_set else pre[i, tok]
-                out[i, tok] = x + self._adj(tok, counts[tok] + c)
+        fixes: list[tuple[int, int, np.float32]] = []  # node, token, value: read before any write
+        if (self.penalised or self.repeating) and len(tree) > 1:
+            path: list[dict[int, int]] = [{}] * len(tree)  # node -> its path's counts (root excluded)
+            for i in range(1, len(tree)):  # a child always comes after its parent
+                d = dict(path[tree.parents[i]])
+                t = tree.tokens[i]
+                d[t] = d.get(t, 0) + 1
+                path[i] = d
+                for tok, c in d.items():
+                    x = rows[i, tok]
+                    if self.repeating:
+                        x = self._repeat(x)
+                    fixes.append((i, tok, x + self._adj(tok, counts[tok] + c)))
+        touched = sorted(set(self._bias) | set(counts) | seen_set)
+        if touched:
+            cols = np.asarray(touched, dtype=np.int64)
+            x = rows[:, cols]
+            if self.repeating:
+                rep = np.fromiter((t in seen_set for t in touched), dtype=bool, count=len(touched))
+                x[:, rep] = self._repeat(x[:, rep])
+            out[:, cols] = x + base[cols]
+        for i, tok, v in fixes:
+            out[i, tok] = v
         return out
 
     def row(self, logits: np.ndarray, prompt: Sequence[int], history: Sequence[int]) -> np.ndarray:

@@ -282,7 +282,9 @@ class Session:
         if st.order != list(range(len(tree))):
             rows = rows[np.argsort(st.order)]  # back to node order (a copy)
         if self.adjuster is not None:  # logit_bias and penalties, each node by its own path
-            rows = self.adjuster.rows(rows, tree, self.tokens[self.n_prompt:], self.tokens[:self.n_prompt])
+            # in place: the rows are this session's own (its slice of the tick's logits, or a copy)
+            rows = self.adjuster.rows(rows, tree, self.tokens[self.n_prompt:], self.tokens[:self.n_prompt],
+                                      inplace=rows.dtype == np.float32 and rows.flags.writeable)
         if self.matcher is not None:
             # the target's distribution masked by the grammar: row i by the state after node i's
             # path; the drafter drew from q masked alike, so q is verified as it was drawn

@@ -53,6 +53,7 @@ def test_each_node_is_adjusted_as_plain_decoding_would_adjust_it():
         prompt = [int(t) for t in rng.integers(16, size=4)]
         rows = rng.normal(size=(len(tree), VOCAB)).astype(np.float32)
         got = adj.rows(rows, tree, output, prompt)
+        assert np.array_equal(adj.rows(rows.copy(), tree, output, prompt, inplace=True), got)
         for i in range(len(tree)):
             path, j = [], i
             while j > 0:
@@ -189,7 +190,7 @@ def test_adjusting_nodes_by_the_committed_output_only_is_rejected(monkeypatch):
     """The broken twin: every node's row adjusted as the root's (its path ignored)."""
     real = Adjuster.rows
 
-    def rootish(self, rows, tree, output, prompt=()):
+    def rootish(self, rows, tree, output, prompt=(), inplace=False):
         root = DraftTree.root(tree.tokens[0])
         return np.concatenate([real(self, rows[i:i + 1], root, output, prompt) for i in range(len(rows))])
 
