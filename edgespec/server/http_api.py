@@ -19,6 +19,7 @@ configured (the gRPC token files).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import queue
 import socket
@@ -339,12 +340,14 @@ class HttpApi:
             piece = lambda t: pieces[t] if 0 <= t < len(pieces) else b""  # noqa: E731
         deadline = time.monotonic() + req.timeout_seconds if req.timeout_seconds else None
         tokens = await self._prompt_tokens(req)
+        rid_out = ("chatcmpl-" if chat else "cmpl-") + rid
+        created = int(time.time())
+        if req.n > 1:
+            return await self._choices(request, req, rid, rid_out, created, tokens, deadline, piece, hold, used)
         job = Job(request_id=rid, sampling=req.sampling, speculation=req.speculation, prompt=req.prompt,
                   messages=req.messages, prompt_tokens=tokens, logprobs=req.logprobs, constraint=req.constraint,
                   deadline=deadline, caller=structlog.contextvars.get_contextvars().get("caller", ""))
         self.loop.submit(job)
-        rid_out = ("chatcmpl-" if chat else "cmpl-") + rid
-        created = int(time.time())
         if req.stream:
             try:  # wait for the first events: an error the engine raises on admission is still a status code
                 first = await self._events(job)
@@ -361,6 +364,39 @@ class HttpApi:
         return JSONResponse(oa.completion_body(req, rid=rid_out, created=created, model=self.model_id, result=result,
                                                prompt_tokens=len(job.prompt_tokens or ()), timings=job.timings(),
                                                piece=piece or (lambda t: b"")), headers=warning)
+
+    async def _choices(self, request: Request, req: oa.CompletionRequest, rid: str, rid_out: str, created: int,
+                       tokens: tuple[int, ...] | None, deadline: float | None, piece: oa.Piece | None,
+                       hold: contextlib.ExitStack, used: Callable[[int], None]) -> Response:
+        """n > 1: n jobs of the one prompt, submitted together (each its own slot and its own place
+        in the caller's concurrency limit; with a seed, choice i samples with seed + i), one body."""
+        if self.callers is not None:
+            for _ in range(req.n - 1):
+                hold.enter_context(self.callers.admit(current_caller()))
+        caller = structlog.contextvars.get_contextvars().get("caller", "")
+        jobs: list[Job] = []
+        try:
+            for i in range(req.n):
+                s = req.sampling if req.sampling.seed is None else \
+                    dataclasses.replace(req.sampling, seed=(req.sampling.seed + i) % (1 << 63))
+                job = Job(request_id=f"{rid}.{i}" if i else rid, sampling=s, speculation=req.speculation,
+                          prompt=req.prompt, messages=req.messages, prompt_tokens=tokens, logprobs=req.logprobs,
+                          constraint=req.constraint, deadline=deadline, caller=caller)
+                self.loop.submit(job)
+                jobs.append(job)
+            results = [await self._unary(request, job) for job in jobs]
+        finally:
+            for job in jobs:
+                if job.finished is None:
+                    job.cancel()
+        n_prompt = len(jobs[0].prompt_tokens or ())
+        used(n_prompt + sum(len(r.token_ids) for r in results))
+        bodies = [oa.completion_body(req, rid=rid_out, created=created, model=self.model_id, result=r,
+                                     prompt_tokens=n_prompt, timings=j.timings(), piece=piece or (lambda t: b""))
+                  for r, j in zip(results, jobs)]
+        names = ", ".join(req.ignored).encode("ascii", "backslashreplace").decode()[:1000]
+        warning = {"x-edgespec-warning": f"ignored unknown fields: {names}"} if req.ignored else {}
+        return JSONResponse(oa.choices_body(bodies), headers=warning)
 
     async def _unary(self, request: Request, job: Job) -> GenerationResult:
         """Wait for the result; the client going away cancels the job."""

@@ -9,7 +9,7 @@ parallel_tool_calls (edgespec.tools), user (ignored), and the `edgespec` extensi
 draft_tokens, tree_nodes, tree_depth, ngram, timeout_seconds, constraint {kind, value}.
 presence_penalty, frequency_penalty and logit_bias (exact under speculation: edgespec.penalties).
 Refused with a 400 naming the field: functions, function_call, audio, modalities, prediction, suffix, echo,
-best_of > 1, non-text message parts, token-id prompts; unknown fields unless [http] strict is
+best_of > 1, n > 1 with stream, non-text message parts, token-id prompts; unknown fields unless [http] strict is
 false (then ignored, and named back to the caller).
 """
 
@@ -34,6 +34,7 @@ DEFAULT_LIMITS = LimitsConfig()
 # OpenAI's default temperature: a caller that leaves it out samples, as it would from OpenAI
 DEFAULT_TEMPERATURE = 1.0
 MAX_TIMEOUT_SECONDS = 24 * 3600.0
+MAX_CHOICES = 8  # n: each choice is a request of its own in the engine (a slot, a place in the caller's limit)
 TIMEOUT = Setting("edgespec", "timeout_seconds", (int, float), None, "the request's deadline",
                   lo=0, lo_open=True, hi=MAX_TIMEOUT_SECONDS)
 _MODES = {"auto": "auto", "off": "plain", "plain": "plain", "chain": "chain", "tree": "tree"}
@@ -66,6 +67,7 @@ class CompletionRequest:
     # tool_calls: tuple[ToolCall], a tool turn's tool_call_id); empty when no message has any
     extras: tuple[Mapping[str, Any], ...] = ()
     ignored: tuple[str, ...] = ()  # unknown fields ignored under [http] strict = false
+    n: int = 1  # choices: independent samples of one prompt (seed + i each when a seed is set)
 
     @property
     def parses_calls(self) -> bool:
@@ -261,10 +263,14 @@ def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str
             if body.get(k) is not None:
                 raise BadRequest(k, "is for chat completions (/v1/chat/completions)")
     n = body.get("n")
-    if n is not None and n != 1:
-        raise BadRequest("n", f"only n = 1 is supported, got {n!r}")
+    if n is None:
+        n = 1
+    if not _is_int(n) or not 1 <= n <= MAX_CHOICES:
+        raise BadRequest("n", f"must be an integer in [1, {MAX_CHOICES}], got {n!r}")
     sampling = _sampling(body, policy, limits)
     stream, include_usage = _stream(body)
+    if stream and n > 1:
+        raise BadRequest("n", "n > 1 is served without stream (one streamed choice per request)")
     logprobs = _logprobs(body, chat)
     ext = _extension(body.get("edgespec"))
     constraint = _constraint(body.get("response_format"), ext.get("constraint"))
@@ -279,7 +285,7 @@ def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str
     return CompletionRequest(chat=chat, model=model, prompt=prompt, messages=messages, sampling=sampling,
                              speculation=_speculation(ext, policy), stream=stream, include_usage=include_usage,
                              logprobs=logprobs, constraint=constraint, timeout_seconds=timeout, tools=tools,
-                             extras=extras, ignored=ignored)
+                             extras=extras, ignored=ignored, n=n)
 
 
 def _refuse_unsupported(body: Mapping, strict: bool = True) -> tuple[str, ...]:
@@ -447,6 +453,20 @@ def completion_body(req: CompletionRequest, *, rid: str, created: int, model: st
     return {"id": rid, "object": "chat.completion" if req.chat else "text_completion", "created": created,
             "model": model, "choices": [choice], "usage": usage(result, prompt_tokens),
             "edgespec": speculation_stats(result, timings)}
+
+
+def choices_body(bodies: Sequence[dict]) -> dict:
+    """n completion bodies (completion_body, choice 0 each) as one response: choice i at index i,
+    the prompt's tokens counted once, the choices' completion tokens summed; `edgespec` holds
+    the first choice's speculation figures and `choices` all of them."""
+    out = dict(bodies[0])
+    out["choices"] = [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]
+    u = dict(bodies[0]["usage"])
+    u["completion_tokens"] = sum(b["usage"]["completion_tokens"] for b in bodies)
+    u["total_tokens"] = u["prompt_tokens"] + u["completion_tokens"]
+    out["usage"] = u
+    out["edgespec"] = {**bodies[0]["edgespec"], "choices": [b["edgespec"] for b in bodies]}
+    return out
 
 
 def chunk_body(req: CompletionRequest, *, rid: str, created: int, model: str, text: str | None,

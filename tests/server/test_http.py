@@ -102,7 +102,7 @@ def test_speculation_options_and_stop_reach_the_engine(make_daemon):
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"n": 2}, "n"),
+    ({"n": 9}, "n"),
     ({"temperature": -1}, "temperature"),
     ({"top_p": 0}, "top_p"),
     ({"max_tokens": 0}, "max_tokens"),
@@ -138,7 +138,7 @@ def test_openai_client_sees_400_404_and_engine_side_errors(make_daemon):
     r = make_daemon(http=HTTP, n_ctx=64)
     c = client(r)
     with pytest.raises(openai.BadRequestError) as e:
-        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], n=3)
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], n=30)
     assert e.value.body["param"] == "n"
     with pytest.raises(openai.NotFoundError) as e:
         c.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "x"}])
@@ -356,3 +356,22 @@ def test_metrics_on_the_http_port_take_the_apis_auth_client_certificates_include
     assert resp.status == 200 and "# TYPE edgespec_requests_total counter" in text  # a certificate suffices
     conn.close()
     assert raw(make_daemon(http=HTTP), "GET", "/metrics")[0] == 404  # [metrics] off: not mounted
+
+
+def test_n_choices_are_independent_requests_in_one_body(make_daemon):
+    r = make_daemon(http=HTTP)
+    c = client(r)
+    msgs = [{"role": "user", "content": "Hello"}]
+    one = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=5, temperature=0)
+    three = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=5, temperature=0, n=3)
+    assert [ch.index for ch in three.choices] == [0, 1, 2]
+    assert all(ch.message.content == one.choices[0].message.content for ch in three.choices)  # greedy
+    assert three.usage.prompt_tokens == one.usage.prompt_tokens  # the prompt counted once
+    assert three.usage.completion_tokens == 3 * one.usage.completion_tokens
+    assert len(three.model_extra["edgespec"]["choices"]) == 3
+    text = c.completions.create(model=MODEL, prompt="x", max_tokens=3, temperature=0, n=2)
+    assert [ch.index for ch in text.choices] == [0, 1] and text.usage.completion_tokens == 6
+    for kwargs in ({"n": 9}, {"n": 0}, {"n": 2, "stream": True}):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2, **kwargs)
+        assert e.value.body["param"] == "n"

@@ -162,7 +162,7 @@ def test_penalties_and_logit_bias_are_exact_under_speculation(server):
 def test_bad_params_400_and_no_key_401(server):
     c = server.client()
     msgs = [{"role": "user", "content": "x"}]
-    for kwargs, param in (({"n": 2}, "n"), ({"temperature": -1}, "temperature"), ({"top_p": 1.5}, "top_p")):
+    for kwargs, param in (({"n": 9}, "n"), ({"temperature": -1}, "temperature"), ({"top_p": 1.5}, "top_p")):
         with pytest.raises(openai.BadRequestError) as e:
             c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2, **kwargs)
         assert e.value.body["param"] == param
