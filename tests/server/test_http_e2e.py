@@ -132,9 +132,9 @@ def test_penalties_and_logit_bias_are_exact_under_speculation(server):
     from edgespec import backend
 
     c = server.client()
-    msgs = [{"role": "user", "content": "List the days of the week, twice."}]
-    kw = dict(model=MODEL, messages=msgs, max_tokens=32, temperature=0, frequency_penalty=0.8,
-              presence_penalty=0.4)
+    msgs = [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]
+    kw = dict(model=MODEL, messages=msgs, max_tokens=32, temperature=0, frequency_penalty=1.5,
+              presence_penalty=1.0)
 
     def say(mode: str, body: dict | None = None, **extra) -> str:
         return c.chat.completions.create(**{**kw, **extra}, extra_body={"edgespec": {"mode": mode}, **(body or {})}) \
