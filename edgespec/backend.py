@@ -405,9 +405,8 @@ class Context(_Decoding):
         n = len(tokens)
         out = []
         start = 0
-        piece = self.n_batch
         while start < n:
-            m = min(piece, n - start)
+            m = min(self.n_batch, n - start)
             sl = slice(start, start + m)
             self.decode(tokens[sl], positions[sl], seq_ids[sl], logits[sl])
             k = int(sum(1 for x in logits[sl] if x))

@@ -41,13 +41,15 @@ class Adjuster:
     path (the repetition penalty) and its count in output + path: the same for plain decoding's
     row and a tree node's, so greedy speculation picks the same tokens bit for bit."""
 
-    def __init__(self, s: SamplingParams, n_vocab: int):
+    def __init__(self, s: SamplingParams, n_vocab: int, prompt: Sequence[int] = ()):
         self.s = s
         self.n_vocab = n_vocab
         self._bias = dict(s.logit_bias)
         self.penalised = s.presence_penalty != 0.0 or s.frequency_penalty != 0.0
         self.rep = np.float32(s.repetition_penalty)
         self.repeating = s.repetition_penalty != 1.0
+        # the prompt's tokens, which the repetition penalty counts: taken once per request
+        self._prompt_seen = frozenset(int(t) for t in prompt) if self.repeating else frozenset()
 
     def _adj(self, tok: int, count: int) -> np.float32:
         return np.float32(self._bias.get(tok, 0.0) - _penalty(self.s, count))
@@ -57,22 +59,8 @@ class Adjuster:
         it, negative ones multiplied."""
         return np.where(x > 0, x / self.rep, x * self.rep).astype(np.float32)
 
-    def base(self, output: Sequence[int]) -> tuple[np.ndarray, Counter]:
-        """[n_vocab] what every row of a step adds for the output so far (bias included), and
-        the output's counts."""
-        counts: Counter = Counter(output) if self.penalised else Counter()
-        row = np.zeros(self.n_vocab, dtype=np.float32)
-        for tok, b in self._bias.items():
-            row[tok] = np.float32(b)
-        for tok, c in counts.items():
-            row[tok] = self._adj(tok, c)
-        return row, counts
-
-    def _seen(self, prompt: Sequence[int], output: Sequence[int]) -> np.ndarray:
-        return np.unique(np.fromiter((*prompt, *output), dtype=np.int64)) if self.repeating else np.empty(0, np.int64)
-
-    def rows(self, rows: np.ndarray, tree: DraftTree, output: Sequence[int],
-             prompt: Sequence[int] = (), *, inplace: bool = False) -> np.ndarray:
+    def rows(self, rows: np.ndarray, tree: DraftTree, output: Sequence[int], *,
+             inplace: bool = False) -> np.ndarray:
         """[n_nodes, n_vocab] the target's rows (node order) as plain decoding would sample from
         them at each node: the repetition penalty over prompt + output + the node's path, then
         bias and presence / frequency penalties over output + path. Only the touched columns
@@ -80,9 +68,8 @@ class Adjuster:
         `inplace`: in the caller's array (a float32 array it owns), else in a copy."""
         rows = np.asarray(rows, dtype=np.float32)
         out = rows if inplace else rows.copy()
-        base, counts = self.base(output)
-        seen = self._seen(prompt, output)
-        seen_set = set(seen.tolist())
+        counts: Counter = Counter(output) if self.penalised else Counter()
+        seen = self._prompt_seen.union(output) if self.repeating else frozenset()
         fixes: list[tuple[int, int, np.float32]] = []  # node, token, value: read before any write
         if (self.penalised or self.repeating) and len(tree) > 1:
             path: list[dict[int, int]] = [{}] * len(tree)  # node -> its path's counts (root excluded)
@@ -96,25 +83,20 @@ class Adjuster:
                     if self.repeating:
                         x = self._repeat(x)
                     fixes.append((i, tok, x + self._adj(tok, counts[tok] + c)))
-        touched = sorted(set(self._bias) | set(counts) | seen_set)
+        touched = sorted(set(self._bias) | set(counts) | seen)
         if touched:
             cols = np.asarray(touched, dtype=np.int64)
             x = rows[:, cols]
             if self.repeating:
-                rep = np.fromiter((t in seen_set for t in touched), dtype=bool, count=len(touched))
+                rep = np.fromiter((t in seen for t in touched), dtype=bool, count=len(touched))
                 x[:, rep] = self._repeat(x[:, rep])
-            out[:, cols] = x + base[cols]
+            out[:, cols] = x + np.fromiter((self._adj(t, counts[t]) for t in touched), dtype=np.float32,
+                                           count=len(touched))
         for i, tok, v in fixes:
             out[i, tok] = v
         return out
 
-    def row(self, logits: np.ndarray, prompt: Sequence[int], history: Sequence[int]) -> np.ndarray:
-        """One row adjusted after `history` (output + drafted path) following `prompt`: for a
-        draft's proposals (their exactness does not depend on it; their acceptance does)."""
-        x = np.asarray(logits, dtype=np.float32)
-        if self.repeating:
-            seen = self._seen(prompt, history)
-            if len(seen):
-                x = x.copy()
-                x[seen] = self._repeat(x[seen])
-        return x + self.base(history)[0]
+    def row(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        """One row adjusted after `history` (output + drafted path): plain decoding's row there,
+        for a draft's proposals (their exactness does not depend on it; their acceptance does)."""
+        return self.rows(np.asarray(logits)[None, :], DraftTree.root(0), history)[0]

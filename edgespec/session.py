@@ -65,7 +65,7 @@ class Session:
         self.emitter = Emitter(self.sampling.max_tokens, self.sampling.stop, model.is_eog, model.piece)
         self.logprobs: list[TokenLogprob] = []
         # logit_bias and the penalties (edgespec/penalties.py): None when the request sets none
-        self.adjuster = Adjuster(self.sampling, model.n_vocab) if adjusts(self.sampling) else None
+        self.adjuster = Adjuster(self.sampling, model.n_vocab, req.prompt_tokens) if adjusts(self.sampling) else None
         self.check_kv = False  # tests turn this on: assert the KV invariants after every step
         self._closed_reason: FinishReason | None = None
         has_draft = slot.draft is not None
@@ -210,7 +210,7 @@ class Session:
 
     def _draft_adjust(self, logits: np.ndarray, path: list[int]) -> np.ndarray:
         """A draft row adjusted as the target's row at that node will be (penalties.py)."""
-        return self.adjuster.row(logits, self.tokens[:self.n_prompt], self.tokens[self.n_prompt:] + path)
+        return self.adjuster.row(logits, self.tokens[self.n_prompt:] + path)
 
     def _draft_mask(self, path: list[int]):
         """What the grammar allows after the committed text and `path` (drafted tokens): drafts
@@ -283,7 +283,7 @@ class Session:
             rows = rows[np.argsort(st.order)]  # back to node order (a copy)
         if self.adjuster is not None:  # logit_bias and penalties, each node by its own path
             # in place: the rows are this session's own (its slice of the tick's logits, or a copy)
-            rows = self.adjuster.rows(rows, tree, self.tokens[self.n_prompt:], self.tokens[:self.n_prompt],
+            rows = self.adjuster.rows(rows, tree, self.tokens[self.n_prompt:],
                                       inplace=rows.dtype == np.float32 and rows.flags.writeable)
         if self.matcher is not None:
             # the target's distribution masked by the grammar: row i by the state after node i's

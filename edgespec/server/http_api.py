@@ -117,6 +117,14 @@ def error_response(exc: BaseException, path: str = "") -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+def _warning_headers(req: oa.CompletionRequest) -> dict[str, str]:
+    """The header naming the unknown fields ignored under [http] strict = false (none: {})."""
+    if not req.ignored:
+        return {}
+    names = ", ".join(req.ignored).encode("ascii", "backslashreplace").decode()[:1000]
+    return {"x-edgespec-warning": f"ignored unknown fields: {names}"}
+
+
 def _sse(obj: Any) -> bytes:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
 
@@ -354,8 +362,7 @@ class HttpApi:
             except BaseException:
                 job.cancel()
                 raise
-        names = ", ".join(req.ignored).encode("ascii", "backslashreplace").decode()[:1000]
-        warning = {"x-edgespec-warning": f"ignored unknown fields: {names}"} if req.ignored else {}
+        warning = _warning_headers(req)
         if req.stream:
             return StreamingResponse(self._stream(req, job, first, rid_out, created, piece, hold, used),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache", **warning})
@@ -394,8 +401,7 @@ class HttpApi:
         bodies = [oa.completion_body(req, rid=rid_out, created=created, model=self.model_id, result=r,
                                      prompt_tokens=n_prompt, timings=j.timings(), piece=piece or (lambda t: b""))
                   for r, j in zip(results, jobs)]
-        names = ", ".join(req.ignored).encode("ascii", "backslashreplace").decode()[:1000]
-        warning = {"x-edgespec-warning": f"ignored unknown fields: {names}"} if req.ignored else {}
+        warning = _warning_headers(req)
         return JSONResponse(oa.choices_body(bodies), headers=warning)
 
     async def _unary(self, request: Request, job: Job) -> GenerationResult:

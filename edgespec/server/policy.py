@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from edgespec.errors import BadRequest
-from edgespec.sampling import SamplingParams, check_sampling, parse_logit_bias
+from edgespec.sampling import SamplingParams, check_sampling
 from edgespec.server.config import LimitsConfig, ServerConfig, SpeculationConfig
 from edgespec.settings import SPECULATION, check_fields, setting, settings_class
 from edgespec.types import SpeculationParams
@@ -60,8 +60,6 @@ def sampling_for(policy: Any, limits: LimitsConfig, values: Mapping[str, Any], *
     check_sampling(dict(values), prefix=prefix, max_tokens_limit=policy.max_tokens,
                    max_stop_strings=limits.max_stop_strings, max_stop_chars=limits.max_stop_chars)
     given = {k: (float(v) if k in _REAL else v) for k, v in values.items() if v is not None}
-    if "logit_bias" in given:
-        given["logit_bias"] = parse_logit_bias(given["logit_bias"], prefix=prefix)
     fallback = {"max_tokens": policy.default_max_tokens}
     if temperature is not None:
         fallback["temperature"] = temperature

@@ -46,22 +46,22 @@ def test_each_node_is_adjusted_as_plain_decoding_would_adjust_it():
     rng = np.random.default_rng(0)
     s = SamplingParams(presence_penalty=0.7, frequency_penalty=-0.3, repetition_penalty=1.7,
                        logit_bias={2: 1.25, 5: -3.0})
-    adj = Adjuster(s, VOCAB)
     for _ in range(20):
         tree = _random_tree(rng, 12)
         output = [int(t) for t in rng.integers(8, size=int(rng.integers(0, 6)))]
         prompt = [int(t) for t in rng.integers(16, size=4)]
+        adj = Adjuster(s, VOCAB, prompt)
         rows = rng.normal(size=(len(tree), VOCAB)).astype(np.float32)
-        got = adj.rows(rows, tree, output, prompt)
-        assert np.array_equal(adj.rows(rows.copy(), tree, output, prompt, inplace=True), got)
+        got = adj.rows(rows, tree, output)
+        assert np.array_equal(adj.rows(rows.copy(), tree, output, inplace=True), got)
         for i in range(len(tree)):
             path, j = [], i
             while j > 0:
                 path.append(tree.tokens[j])
                 j = tree.parents[j]
-            plain = adj.rows(rows[i:i + 1], DraftTree.root(tree.tokens[i]), output + path[::-1], prompt)
+            plain = adj.rows(rows[i:i + 1], DraftTree.root(tree.tokens[i]), output + path[::-1])
             assert np.array_equal(got[i], plain[0]), i
-            assert np.array_equal(got[i], adj.row(rows[i], prompt, output + path[::-1]))  # the drafts' view
+            assert np.array_equal(got[i], adj.row(rows[i], output + path[::-1]))  # the drafts' view
 
 
 def test_an_adjusted_row_follows_openais_definition():
@@ -69,9 +69,9 @@ def test_an_adjusted_row_follows_openais_definition():
     row = np.zeros((1, VOCAB), np.float32)
     out = Adjuster(s, VOCAB).rows(row, DraftTree.root(0), [4, 4, 4, 9])[0]
     assert out[7] == 2.0 and out[4] == -(0.5 + 3 * 0.25) and out[9] == -(0.5 + 0.25) and out[5] == 0.0
-    rep = Adjuster(SamplingParams(repetition_penalty=2.0), VOCAB)
+    rep = Adjuster(SamplingParams(repetition_penalty=2.0), VOCAB, prompt=[0])
     row = np.array([[3.0, -3.0, 3.0, -3.0] + [1.0] * (VOCAB - 4)], np.float32)
-    out = rep.rows(row, DraftTree.root(0), [1], prompt=[0])[0]  # 0 in the prompt, 1 in the output
+    out = rep.rows(row, DraftTree.root(0), [1])[0]  # 0 in the prompt, 1 in the output
     assert list(out[:4]) == [1.5, -6.0, 3.0, -3.0]
 
 
@@ -190,9 +190,9 @@ def test_adjusting_nodes_by_the_committed_output_only_is_rejected(monkeypatch):
     """The broken twin: every node's row adjusted as the root's (its path ignored)."""
     real = Adjuster.rows
 
-    def rootish(self, rows, tree, output, prompt=(), inplace=False):
+    def rootish(self, rows, tree, output, inplace=False):
         root = DraftTree.root(tree.tokens[0])
-        return np.concatenate([real(self, rows[i:i + 1], root, output, prompt) for i in range(len(rows))])
+        return np.concatenate([real(self, rows[i:i + 1], root, output) for i in range(len(rows))])
 
     monkeypatch.setattr(Adjuster, "rows", rootish)
     assert min(p_values(sample(SAMPLES))) < ALPHA
