@@ -3,11 +3,12 @@ OpenAI's `param`) and the response / stream-chunk bodies. Pure: no I/O, no serve
 
 Supported: model, messages (text content; an assistant turn's tool_calls, a tool turn's
 tool_call_id), prompt (one string), max_tokens / max_completion_tokens, temperature, top_p,
-top_k, min_p, seed, stop, n (1 only), stream, stream_options.include_usage, logprobs /
+top_k, min_p, seed, stop, n (1-8, without stream), stream, stream_options.include_usage, logprobs /
 top_logprobs, response_format (text, json_object, json_schema), tools / tool_choice /
 parallel_tool_calls (edgespec.tools), user (ignored), and the `edgespec` extension object: mode,
-draft_tokens, tree_nodes, tree_depth, ngram, timeout_seconds, constraint {kind, value}.
-presence_penalty, frequency_penalty and logit_bias (exact under speculation: edgespec.penalties).
+draft_tokens, tree_nodes, tree_depth, ngram, timeout_seconds, constraint {kind, value}; and
+presence_penalty, frequency_penalty, repetition_penalty and logit_bias (exact under speculation:
+edgespec.penalties).
 Refused with a 400 naming the field: functions, function_call, audio, modalities, prediction, suffix, echo,
 best_of > 1, n > 1 with stream, non-text message parts, token-id prompts; unknown fields unless [http] strict is
 false (then ignored, and named back to the caller).
