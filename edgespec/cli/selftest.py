@@ -5,12 +5,17 @@ their top tokens and renormalised) go through the production verifier for chains
 >= 100k trials each, chi-square goodness of fit at alpha = 1e-3 (edgespec.selftest). End-to-end
 check: greedy tree decoding reproduces plain decoding token for token. With `--addr`, the
 token-for-token checks run through a live daemon instead (edgespec.selftest_live): every mode,
-alone and several requests at once, against the daemon's own plain decoding.
+alone and several requests at once, against the daemon's own plain decoding, on built-in prompts
+or the site's own (`--suite FILE`), at the stream counts asked for, as many times as asked:
+
+    edgespec selftest --addr HOST:PORT --suite my-prompts.jsonl --concurrency 1,4,8 --repeat 2
 """
 
 from __future__ import annotations
 
 import json
+import sys
+from dataclasses import dataclass
 from typing import Annotated, Optional
 
 import numpy as np
@@ -59,11 +64,20 @@ def selftest(
     cert: Annotated[str, typer.Option("--cert", help="client certificate (PEM) for mutual TLS")] = "",
     key: Annotated[str, typer.Option("--key", help="client key (PEM) for mutual TLS")] = "",
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="tokens per live check")] = 48,
+    suite: Annotated[str, typer.Option("--suite", help="with --addr: the prompts, a shipped bench suite or a JSONL "
+                                       "file of {id, category, prompt} (default: six built-in prompts)")] = "",
+    limit: Annotated[Optional[int], typer.Option("--limit", help="with --suite: the first N prompts of each file")] = None,
+    concurrency: Annotated[str, typer.Option("--concurrency", help="with --addr: streams at once, comma-separated "
+                                             "(one at a time is always checked)")] = "4",
+    modes: Annotated[str, typer.Option("--modes", help="with --addr: speculative modes checked against plain")] =
+        "auto,chain,tree",
+    repeat: Annotated[int, typer.Option("--repeat", min=1, help="with --addr: every check this many times (the "
+                                        "daemon's history differs each time)")] = 1,
 ) -> None:
     """Run the exactness checks against the given models, or a running daemon (--addr); exit 1 if
     any fails."""
     if addr:
-        _live(addr, token, ca, cert, key, max_tokens, as_json)
+        _live(addr, token, ca, cert, key, as_json, _LiveRun.parse(max_tokens, suite, limit, concurrency, modes, repeat))
         return
     with user_errors():
         from edgespec.engine import Engine
@@ -87,22 +101,59 @@ def selftest(
         _report(checks, as_json, lambda c: f"p={c['p_value']:.4g}")
 
 
-def _live(addr: str, token: str, ca: str, cert: str, key: str, max_tokens: int, as_json: bool) -> None:
+@dataclass(frozen=True)
+class _LiveRun:
+    max_tokens: int
+    prompts: tuple[str, ...]
+    concurrency: tuple[int, ...]
+    modes: tuple[str, ...]
+    repeat: int
+
+    @staticmethod
+    def parse(max_tokens: int, suite: str, limit: int | None, concurrency: str, modes: str,
+              repeat: int) -> "_LiveRun":
+        """The options as a run, each bad one a usage error naming it."""
+        from edgespec.selftest_live import MODES, PROMPTS
+
+        with user_errors():
+            if suite:
+                from edgespec.bench.suite import load_suite
+                prompts = tuple(p.prompt for p in load_suite(suite, limit))
+            else:
+                prompts = PROMPTS
+        try:
+            levels = tuple(sorted({int(x) for x in concurrency.split(",") if x.strip()}))
+        except ValueError:
+            raise typer.BadParameter(f"not comma-separated integers: {concurrency!r}", param_hint="--concurrency")
+        if not levels or min(levels) < 1 or max(levels) > 64:
+            raise typer.BadParameter("levels from 1 to 64", param_hint="--concurrency")
+        picked = tuple(m.strip().upper() for m in modes.split(",") if m.strip())
+        if not picked or any(m not in MODES for m in picked):
+            raise typer.BadParameter(f"a comma-separated subset of {','.join(MODES).lower()}", param_hint="--modes")
+        return _LiveRun(max_tokens, prompts, levels, picked, repeat)
+
+
+def _live(addr: str, token: str, ca: str, cert: str, key: str, as_json: bool, run: _LiveRun) -> None:
     import grpc
+    from tqdm import tqdm
 
     from edgespec.cli.client import _options, _rpc_error
     from edgespec.proto.edgespec.v1 import inference_pb2_grpc
-    from edgespec.selftest_live import run_live_checks
+    from edgespec.selftest_live import live_requests, run_live_checks
     from edgespec.server.channel import open_channel
 
     opts = _options(addr, token, ca, cert, key, "")
-    with open_channel(opts) as channel:
+    total = live_requests(len(run.prompts), run.concurrency, run.modes, run.repeat)
+    with open_channel(opts) as channel, tqdm(total=total, desc="selftest", unit="req", file=sys.stderr,
+                                             dynamic_ncols=True, disable=None) as bar:
         try:
-            checks = run_live_checks(inference_pb2_grpc.InferenceStub(channel), opts.metadata, max_tokens=max_tokens)
+            checks = run_live_checks(inference_pb2_grpc.InferenceStub(channel), opts.metadata,
+                                     max_tokens=run.max_tokens, concurrency=run.concurrency, prompts=run.prompts,
+                                     modes=run.modes, repeat=run.repeat, progress=bar.update)
         except grpc.RpcError as exc:
             _rpc_error(exc, addr)  # exits with the CLI's code for the status
     _report([{"name": c.name, "passed": c.passed, "detail": c.detail} for c in checks], as_json,
-            lambda c: c["detail"], addr=addr)
+            lambda c: c["detail"], addr=addr, prompts=len(run.prompts), requests=total)
 
 
 def _report(checks: list[dict], as_json: bool, detail, **extra) -> None:  # noqa: ANN001
