@@ -387,7 +387,7 @@ class Daemon:
 
             self.http = HttpServer(self.cfg, self.loop, self.policy, lambda: self.auth,  # the tokens in force
                                    embedder=self.embedder, callers=self.callers,
-                                   metrics=self.metrics.render if self.cfg.metrics.enabled else None)
+                                   metrics=self.metrics.exposition if self.cfg.metrics.enabled else None)
             self.http.start()
             print(f"HTTP {self.http.scheme}://{http_address(self.cfg.http.host, self.http.port)}", flush=True)
         if self.cfg.metrics.enabled:

@@ -136,10 +136,11 @@ class HttpApi:
                  model_id: str, created: int, max_body_bytes: int, threads: int, n_ctx: int,
                  limits: LimitsConfig | None = None, chat_template: str = "",
                  embedder: emb.Embedder | None = None, strict: bool = True, callers: CallerLimits | None = None,
-                 metrics: Callable[[], str] | None = None):
+                 metrics: Callable[[str | None], tuple[bytes, str]] | None = None):
         self.loop = loop
         self.embedder = embedder
-        self.metrics = metrics  # the Prometheus text ([metrics] enabled), served at /metrics under the API's auth
+        # Accept header -> (exposition, content type) ([metrics] enabled), served at /metrics under the API's auth
+        self.metrics = metrics
         self.callers = callers  # per-caller limits and figures (shared with gRPC), None: no limits
         self.strict = strict  # [http] strict: unknown request fields refused (else ignored with a warning header)
         self.chat_template = chat_template  # [target] chat_template's text ("" = the GGUF's own)
@@ -495,7 +496,8 @@ class HttpApi:
 
     async def metrics_text(self, request: Request, rid: str) -> Response:
         assert self.metrics is not None
-        return Response(self.metrics(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        body, content_type = self.metrics(request.headers.get("accept"))
+        return Response(body, headers={"content-type": content_type})
 
     @property
     def embedding_model_id(self) -> str:
@@ -630,7 +632,8 @@ class HttpServer:
 
     def __init__(self, cfg: DaemonConfig, loop: EngineLoop, policy: Callable[[], Policy],
                  auth: Callable[[], TokenAuth], embedder: emb.Embedder | None = None,
-                 callers: CallerLimits | None = None, metrics: Callable[[], str] | None = None):
+                 callers: CallerLimits | None = None,
+                 metrics: Callable[[str | None], tuple[bytes, str]] | None = None):
         self.cfg = cfg
         s = cfg.server
         target = Path(cfg.engine.target.path)

@@ -1,12 +1,27 @@
-"""A tiny Prometheus text exposition (format 0.0.4) and the daemon's metrics. No dependency:
-counters, gauges and histograms with fixed buckets, rendered on GET /metrics by a stdlib HTTP
-server thread (loopback by default, off unless configured)."""
+"""The daemon's metrics, exported through prometheus_client (the maintained client library: its
+exposition escapes label values, negotiates OpenMetrics from the scraper's Accept header and
+writes histograms and counters by the conventions, which a hand-written text format kept
+re-deriving). Each Metrics owns a CollectorRegistry of its own, never the library's global one:
+several daemons run in one test process.
+
+Counters and histograms the daemon itself counts are the library's Counter and Histogram;
+values read from live state at scrape time (the engine loop's stats, per-caller figures, the
+breaker's state) come from one custom Collector. GET /metrics is served on the metrics port by a
+WSGI server thread (loopback by default, off unless configured) and, when the HTTP API is on, by
+its route; both take the daemon's token check."""
 
 from __future__ import annotations
 
-import http.server
+import socket
 import threading
-from collections.abc import Callable, Iterable
+import wsgiref.simple_server
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import prometheus_client
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder
+from prometheus_client.registry import Collector
 
 from edgespec.controller.breaker import CLOSED, HALF_OPEN, OPEN
 from edgespec.types import GenerationResult
@@ -15,106 +30,65 @@ BREAKER_STATES = (CLOSED, OPEN, HALF_OPEN)
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-
-def _labels(labels: dict[str, str]) -> str:
-    if not labels:
-        return ""
-    esc = lambda v: str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")  # noqa: E731
-    return "{" + ",".join(f'{k}="{esc(v)}"' for k, v in sorted(labels.items())) + "}"
-
-
-def _num(v: float) -> str:
-    v = float(v)
-    if v == float("inf"):
-        return "+Inf"
-    return str(int(v)) if v.is_integer() else repr(v)
 
 
 class Counter:
-    def __init__(self, name: str, doc: str, label: str | None = None):
-        self.name, self.doc, self.label = name, doc, label
-        self._values: dict[str, float] = {} if label else {"": 0.0}
-        self._lock = threading.Lock()
+    """A prometheus_client Counter in the daemon's registry with at most one label, read back
+    (Admin.Stats' totals) through the library's own samples."""
+
+    def __init__(self, registry: prometheus_client.CollectorRegistry, name: str, doc: str, label: str | None = None):
+        self.name, self.label = name, label
+        self._counter = prometheus_client.Counter(name, doc, [label] if label else [], registry=registry)
 
     def inc(self, amount: float = 1.0, label: str = "") -> None:
-        with self._lock:
-            self._values[label] = self._values.get(label, 0.0) + amount
-
-    def value(self, label: str = "") -> float:
-        with self._lock:
-            return self._values.get(label, 0.0)
+        (self._counter.labels(label) if self.label else self._counter).inc(amount)
 
     def values(self) -> dict[str, float]:
         """{label value: count} ({"": count} for an unlabelled counter)."""
-        with self._lock:
-            return dict(self._values)
+        return {(s.labels[self.label] if self.label else ""): s.value
+                for family in self._counter.collect() for s in family.samples if s.name.endswith("_total")}
 
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.doc}"
-        yield f"# TYPE {self.name} counter"
-        with self._lock:
-            items = sorted(self._values.items())
-        for label, v in items:
-            yield f"{self.name}{_labels({self.label: label} if self.label else {})} {_num(v)}"
+    def value(self, label: str = "") -> float:
+        return self.values().get(label, 0.0)
 
 
-class Gauge:
-    """Read at scrape time from a callback returning {label value: number} (or a number)."""
+class _Read:
+    """A family read at scrape time: `read()` returns a number, or {label value: number}."""
 
-    def __init__(self, name: str, doc: str, read: Callable[[], float | dict[str, float]], label: str | None = None):
-        self.name, self.doc, self.read, self.label = name, doc, read, label
+    def __init__(self, kind: type[Metric], name: str, doc: str, read: Callable[[], float | dict[str, float]],
+                 label: str | None = None):
+        self.kind, self.name, self.doc, self.read, self.label = kind, name, doc, read, label
 
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.doc}"
-        yield f"# TYPE {self.name} gauge"
-        v = self.read()
-        items = v.items() if isinstance(v, dict) else [("", v)]
-        for label, x in sorted(items):
-            yield f"{self.name}{_labels({self.label: label} if self.label else {})} {_num(x)}"
-
-
-class ReadCounter(Gauge):
-    """A counter read at scrape time (kept elsewhere), rendered as a counter."""
-
-    def render(self) -> Iterable[str]:
-        for line in super().render():
-            yield line.replace(" gauge", " counter", 1) if line.startswith("# TYPE") else line
+    def family(self, with_samples: bool = True) -> Metric:
+        fam = self.kind(self.name, self.doc, labels=[self.label] if self.label else [])
+        if with_samples:
+            v = self.read()
+            for label, x in sorted(v.items() if isinstance(v, dict) else [("", v)]):
+                fam.add_metric([label] if self.label else [], float(x))
+        return fam
 
 
-class Histogram:
-    def __init__(self, name: str, doc: str, buckets: tuple[float, ...]):
-        self.name, self.doc = name, doc
-        self.buckets = (*buckets, float("inf"))
-        self._counts = [0] * len(self.buckets)
-        self._sum = 0.0
-        self._lock = threading.Lock()
+def gauge(name: str, doc: str, read: Callable[[], Any], label: str | None = None) -> _Read:
+    return _Read(GaugeMetricFamily, name, doc, read, label)
 
-    def observe(self, v: float) -> None:
-        with self._lock:
-            self._sum += v
-            for i, b in enumerate(self.buckets):
-                if v <= b:
-                    self._counts[i] += 1
-                    break
 
-    @property
-    def count(self) -> int:
-        with self._lock:
-            return sum(self._counts)
+def read_counter(name: str, doc: str, read: Callable[[], Any], label: str | None = None) -> _Read:
+    """A counter kept elsewhere (the per-caller figures), exported as a counter."""
+    return _Read(CounterMetricFamily, name, doc, read, label)
 
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.doc}"
-        yield f"# TYPE {self.name} histogram"
-        with self._lock:
-            counts, total = list(self._counts), self._sum
-        acc = 0
-        for b, c in zip(self.buckets, counts):
-            acc += c
-            yield f'{self.name}_bucket{{le="{_num(b)}"}} {acc}'
-        yield f"{self.name}_sum {_num(total)}"
-        yield f"{self.name}_count {acc}"
+
+class _LiveCollector(Collector):
+    """The families read from live state when scraped."""
+
+    def __init__(self, families: list[_Read]):
+        self.families = families
+
+    def describe(self) -> Iterable[Metric]:  # the names, for the registry's duplicate check; reads nothing
+        return [f.family(with_samples=False) for f in self.families]
+
+    def collect(self) -> Iterator[Metric]:
+        for f in self.families:
+            yield f.family()
 
 
 class Metrics:
@@ -122,68 +96,74 @@ class Metrics:
     reads them through `totals()`. Gauges read live state through `state()` (set by the daemon)."""
 
     def __init__(self) -> None:
+        self.registry = prometheus_client.CollectorRegistry()  # this daemon's own
+        r = self.registry
         self.state: Callable[[], dict] = lambda: {}
         # per-caller figures (edgespec.server.callers.CallerLimits.snapshot): labels bounded by [limits] callers
         self.callers: Callable[[], dict[str, dict[str, int]]] = lambda: {}
-        self.ttft = Histogram("edgespec_time_to_first_token_seconds", "Time from admission to the first output token.", TTFT_BUCKETS)
-        self.tpot = Histogram("edgespec_time_per_output_token_seconds", "Mean time per output token after the first, per request.", TPOT_BUCKETS)
-        self.submitted = Counter("edgespec_submitted_requests_total", "Generation requests admitted to the queue.")
-        self.requests = Counter("edgespec_requests_total", "Finished generation requests by finish reason.", "finish_reason")
-        self.rejected = Counter("edgespec_rejected_requests_total", "Requests rejected before generation by reason.", "reason")
-        self.prompt_tokens = Counter("edgespec_prompt_tokens_total", "Prompt tokens processed.")
-        self.generated = Counter("edgespec_generated_tokens_total", "Output tokens generated.")
-        self.target_forwards = Counter("edgespec_target_forwards_total", "Target model forward passes (speculative steps).")
-        self.drafted = Counter("edgespec_drafted_tokens_total", "Draft tokens sent to the target for verification.")
-        self.accepted = Counter("edgespec_accepted_tokens_total", "Draft tokens accepted by verification.")
-        self.accepted_by_depth = Counter("edgespec_accepted_tokens_by_depth_total", "Accepted draft tokens by tree depth.", "depth")
-        self.steps_by_mode = Counter("edgespec_speculation_steps_total", "Engine steps by speculation mode.", "mode")
-        self.breaker = Counter("edgespec_breaker_transitions_total", "Speculation circuit-breaker transitions.")
-        self.shadow = Counter("edgespec_audit_shadow_checks_total",
+        self.ttft = prometheus_client.Histogram("edgespec_time_to_first_token_seconds",
+                                                "Time from admission to the first output token.", buckets=TTFT_BUCKETS,
+                                                registry=r)
+        self.tpot = prometheus_client.Histogram("edgespec_time_per_output_token_seconds",
+                                                "Mean time per output token after the first, per request.",
+                                                buckets=TPOT_BUCKETS, registry=r)
+        self.submitted = Counter(r, "edgespec_submitted_requests_total", "Generation requests admitted to the queue.")
+        self.requests = Counter(r, "edgespec_requests_total", "Finished generation requests by finish reason.", "finish_reason")
+        self.rejected = Counter(r, "edgespec_rejected_requests_total", "Requests rejected before generation by reason.", "reason")
+        self.prompt_tokens = Counter(r, "edgespec_prompt_tokens_total", "Prompt tokens processed.")
+        self.generated = Counter(r, "edgespec_generated_tokens_total", "Output tokens generated.")
+        self.target_forwards = Counter(r, "edgespec_target_forwards_total", "Target model forward passes (speculative steps).")
+        self.drafted = Counter(r, "edgespec_drafted_tokens_total", "Draft tokens sent to the target for verification.")
+        self.accepted = Counter(r, "edgespec_accepted_tokens_total", "Draft tokens accepted by verification.")
+        self.accepted_by_depth = Counter(r, "edgespec_accepted_tokens_by_depth_total", "Accepted draft tokens by tree depth.", "depth")
+        self.steps_by_mode = Counter(r, "edgespec_speculation_steps_total", "Engine steps by speculation mode.", "mode")
+        self.breaker = Counter(r, "edgespec_breaker_transitions_total", "Speculation circuit-breaker transitions.")
+        self.shadow = Counter(r, "edgespec_audit_shadow_checks_total",
                               "Shadow plain decodes of greedy speculative requests ([audit]) by result.", "result")
-        self.proposed_by_source = Counter("edgespec_draft_tokens_by_source_total",
+        self.proposed_by_source = Counter(r, "edgespec_draft_tokens_by_source_total",
                                           "Draft tokens sent for verification, by the source that proposed them "
                                           "(draft, head, prompt_lookup, suffix, forced).", "source")
-        self.accepted_by_source = Counter("edgespec_accepted_tokens_by_source_total",
+        self.accepted_by_source = Counter(r, "edgespec_accepted_tokens_by_source_total",
                                           "Draft tokens accepted by verification, by source.", "source")
-        self.forward_seconds = Counter("edgespec_forward_seconds_total",
+        self.forward_seconds = Counter(r, "edgespec_forward_seconds_total",
                                        "Seconds inside model forwards by model (target = verification).", "model")
-        gauge = lambda key, default=0: (lambda: self.state().get(key, default))  # noqa: E731
-        self.gauges = [
-            Gauge("edgespec_queue_depth", "Requests waiting for an engine slot.", gauge("queue_depth")),
-            Gauge("edgespec_active_requests", "Requests being decoded.", gauge("active_requests")),
-            Gauge("edgespec_ready", "1 when both models are loaded and warmed.", lambda: int(bool(self.state().get("ready")))),
-            Gauge("edgespec_draining", "1 while draining or shutting down.", lambda: int(bool(self.state().get("draining")))),
-            Gauge("edgespec_breaker_state", "Speculation breaker state of the last auto request (1 = current).",
+        state = lambda key, default=0: (lambda: self.state().get(key, default))  # noqa: E731
+        live = [  # read at scrape time
+            gauge("edgespec_queue_depth", "Requests waiting for an engine slot.", state("queue_depth")),
+            gauge("edgespec_active_requests", "Requests being decoded.", state("active_requests")),
+            gauge("edgespec_ready", "1 when both models are loaded and warmed.", lambda: int(bool(self.state().get("ready")))),
+            gauge("edgespec_draining", "1 while draining or shutting down.", lambda: int(bool(self.state().get("draining")))),
+            gauge("edgespec_breaker_state", "Speculation breaker state of the last auto request (1 = current).",
                   self._breaker_state, "state"),
-            Gauge("edgespec_caller_in_flight", "Requests running or queued per caller ([limits] callers, else other).",
+            gauge("edgespec_caller_in_flight", "Requests running or queued per caller ([limits] callers, else other).",
                   lambda: self._caller("in_flight"), "caller"),
-            Gauge("edgespec_goodput_fallback_levels", "Load levels where auto decodes plainly: speculating ticks "
+            gauge("edgespec_goodput_fallback_levels", "Load levels where auto decodes plainly: speculating ticks "
                   "measured fewer tokens per second than plain ones.", lambda: self._tick("goodput_fallback_levels")),
-            Gauge("edgespec_goodput_blocked_ticks", "Ticks the goodput guard turned plain since load.",
+            gauge("edgespec_goodput_blocked_ticks", "Ticks the goodput guard turned plain since load.",
                   lambda: self._tick("goodput_blocked_ticks")),
-            Gauge("edgespec_cost_host_factor", "Measured / calibrated forward seconds now, by model.",
+            gauge("edgespec_cost_host_factor", "Measured / calibrated forward seconds now, by model.",
                   lambda: {m: self._tick(f"cost_{m}_host_factor", 1.0) for m in ("target", "draft")}, "model"),
-            Gauge("edgespec_suffix_cache_bytes", "Accounted bytes the cross-request suffix cache holds.",
+            gauge("edgespec_suffix_cache_bytes", "Accounted bytes the cross-request suffix cache holds.",
                   lambda: self._suffix("bytes")),
-            Gauge("edgespec_suffix_cache_max_bytes", "The suffix cache's bound (speculation.suffix_cache_bytes).",
+            gauge("edgespec_suffix_cache_max_bytes", "The suffix cache's bound (speculation.suffix_cache_bytes).",
                   lambda: self._suffix("max_bytes")),
-            Gauge("edgespec_suffix_cache_documents", "Finished requests' replies the suffix cache holds.",
+            gauge("edgespec_suffix_cache_documents", "Finished requests' replies the suffix cache holds.",
                   lambda: self._suffix("documents")),
-            Gauge("edgespec_suffix_cache_lookups", "Suffix cache lookups since start (one per speculative step).",
+            gauge("edgespec_suffix_cache_lookups", "Suffix cache lookups since start (one per speculative step).",
                   lambda: self._suffix("lookups")),
-            Gauge("edgespec_suffix_cache_hits", "Suffix cache lookups since start that proposed a continuation.",
+            gauge("edgespec_suffix_cache_hits", "Suffix cache lookups since start that proposed a continuation.",
                   lambda: self._suffix("hits")),
-            Gauge("edgespec_suffix_cache_evictions", "Replies evicted from the suffix cache since start.",
+            gauge("edgespec_suffix_cache_evictions", "Replies evicted from the suffix cache since start.",
                   lambda: self._suffix("evicted")),
+            # counters the callers' limits keep
+            read_counter("edgespec_caller_requests_total", "Generation requests admitted per caller.",
+                         lambda: self._caller("requests"), "caller"),
+            read_counter("edgespec_caller_rejected_total", "Requests refused for being over the caller's own limits.",
+                         lambda: self._caller("rejected"), "caller"),
+            read_counter("edgespec_caller_tokens_total", "Prompt + completion tokens of finished requests per caller.",
+                         lambda: self._caller("tokens"), "caller"),
         ]
-        self.caller_counters = [
-            ReadCounter("edgespec_caller_requests_total", "Generation requests admitted per caller.",
-                        lambda: self._caller("requests"), "caller"),
-            ReadCounter("edgespec_caller_rejected_total", "Requests refused for being over the caller's own limits.",
-                        lambda: self._caller("rejected"), "caller"),
-            ReadCounter("edgespec_caller_tokens_total", "Prompt + completion tokens of finished requests per caller.",
-                        lambda: self._caller("tokens"), "caller"),
-        ]
+        r.register(_LiveCollector(live))
 
     def _caller(self, key: str) -> dict[str, float]:
         return {who: f[key] for who, f in self.callers().items()}
@@ -241,41 +221,41 @@ class Metrics:
         return {k: int(v) for k, v in out.items()}
 
     def render(self) -> str:
-        parts = [self.ttft, self.tpot, self.submitted, self.requests, self.rejected, self.prompt_tokens, self.generated,
-                 self.target_forwards, self.drafted, self.accepted, self.accepted_by_depth, self.steps_by_mode,
-                 self.proposed_by_source, self.accepted_by_source, self.breaker, self.forward_seconds, self.shadow,
-                 *self.gauges, *self.caller_counters]
-        return "\n".join(line for p in parts for line in p.render()) + "\n"
+        """The Prometheus text (format 0.0.4) of every family."""
+        return prometheus_client.generate_latest(self.registry).decode()
+
+    def exposition(self, accept: str | None) -> tuple[bytes, str]:
+        """(body, Content-Type) in the format the scraper's Accept header asks for: OpenMetrics
+        for `application/openmetrics-text`, else Prometheus text."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
+
+
+class _QuietHandler(wsgiref.simple_server.WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the access line is not logged
+        pass
 
 
 def serve_metrics(metrics: Metrics, host: str, port: int,
-                  authorize: Callable[[str | None], bool] | None = None) -> http.server.ThreadingHTTPServer:
-    """Start the /metrics HTTP server in a daemon thread; returns it (`.server_address`, `.shutdown()`).
+                  authorize: Callable[[str | None], bool] | None = None) -> ThreadingWSGIServer:
+    """Start the /metrics HTTP server (prometheus_client's WSGI app: OpenMetrics when asked, gzip
+    when accepted) in a daemon thread; returns it (`.server_address`, `.shutdown()`).
     `authorize(Authorization header)`: False answers 401 (the daemon passes its token check when
-    auth is configured; None = open)."""
+    auth is configured; None = open). Paths other than /metrics and / are 404."""
+    exporter = prometheus_client.make_wsgi_app(metrics.registry)
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            if self.path.split("?", 1)[0] not in ("/metrics", "/"):
-                self.send_error(404)
-                return
-            if authorize is not None and not authorize(self.headers.get("Authorization")):
-                self.send_response(401)
-                self.send_header("WWW-Authenticate", 'Bearer realm="edgespec"')
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            body = metrics.render().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", CONTENT_TYPE)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def app(environ: dict, start_response: Callable) -> list[bytes]:
+        if environ.get("PATH_INFO", "/") not in ("/metrics", "/"):
+            start_response("404 Not Found", [("Content-Length", "0")])
+            return [b""]
+        if authorize is not None and not authorize(environ.get("HTTP_AUTHORIZATION")):
+            start_response("401 Unauthorized", [("WWW-Authenticate", 'Bearer realm="edgespec"'), ("Content-Length", "0")])
+            return [b""]
+        return exporter(environ, start_response)
 
-        def log_message(self, *args: object) -> None:  # quiet
-            pass
+    class Server(ThreadingWSGIServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
-    srv = http.server.ThreadingHTTPServer((host, port), Handler)
-    srv.daemon_threads = True
+    srv = wsgiref.simple_server.make_server(host.strip("[]"), port, app, Server, handler_class=_QuietHandler)
     threading.Thread(target=srv.serve_forever, name="edgespec-metrics", daemon=True).start()
     return srv
