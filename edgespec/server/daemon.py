@@ -200,7 +200,7 @@ class Daemon:
         self.server: grpc.Server | None = None
         self.port = 0
         self._metrics_server = None
-        self.http = None  # edgespec.server.http_api.HttpServer when [http] enabled
+        self.http = None  # edgespec.server.http_server.HttpServer when [http] enabled
         self._stopped = threading.Event()
         self._interceptor: ServerInterceptor | None = None
         self._tls_lock = threading.Lock()
@@ -383,7 +383,7 @@ class Daemon:
         self.server = server
         log.info("listening", address=format_address(s.host, self.port), workers=workers)
         if self.cfg.http.enabled:
-            from edgespec.server.http_api import HttpServer, http_address
+            from edgespec.server.http_server import HttpServer, http_address
 
             self.http = HttpServer(self.cfg, self.loop, self.policy, lambda: self.auth,  # the tokens in force
                                    embedder=self.embedder, callers=self.callers,

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP API: a Starlette app served by uvicorn in a thread of the daemon.
+"""The OpenAI-compatible HTTP API: a Starlette app, served by uvicorn in a thread of the daemon
+(edgespec/server/http_server.py).
 
 Starlette + uvicorn rather than FastAPI: the routes validate their bodies themselves
 (openai_api.py) so that a bad field is a 400 naming it in OpenAI's error shape, not pydantic's
@@ -22,8 +23,6 @@ import contextlib
 import dataclasses
 import json
 import queue
-import socket
-import ssl
 import threading
 import time
 import uuid
@@ -33,13 +32,11 @@ from typing import Any
 
 import anyio
 import structlog
-import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from edgespec import chat as chat_encoding
 from edgespec import tools as tools_mod
@@ -49,7 +46,7 @@ from edgespec.server import openai_api as oa
 from edgespec.server import embeddings as emb
 from edgespec.server.auth import TokenAuth
 from edgespec.server.callers import CallerLimits, current_caller, retry_after_seconds
-from edgespec.server.config import DaemonConfig, LimitsConfig
+from edgespec.server.config import LimitsConfig
 from edgespec.server.convert import validate_request_id
 from edgespec.server.engine_loop import EngineLoop, Job
 from edgespec.server.policy import Policy
@@ -584,146 +581,10 @@ class HttpApi:
         return JSONResponse({"prompt": text})
 
 
-# RFC 4514 short names of the attributes a client certificate's subject usually carries
-_RDN = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU", "countryName": "C",
-        "stateOrProvinceName": "ST", "localityName": "L", "emailAddress": "emailAddress"}
-
-
-def cert_subject(peercert: dict | None) -> tuple[str, str] | None:
-    """(subject, common name) of a verified peer certificate (ssl's getpeercert() dict), the
-    subject written as gRPC writes it (most specific first: "CN=x,O=y"), or None."""
-    if not peercert or not peercert.get("subject"):
-        return None
-    pairs = [(k, v) for rdn in peercert["subject"] for k, v in rdn]
-    full = ",".join(f"{_RDN.get(k, k)}={v}" for k, v in reversed(pairs))
-    cn = next((v for k, v in pairs if k == "commonName"), "")
-    return full, cn
-
-
 def client_subject(scope: dict) -> tuple[str, str] | None:
-    """The verified client certificate's subject that _PeerCertProtocol put into the scope."""
+    """The verified client certificate's (subject, common name) from the ASGI TLS extension
+    (scope["extensions"]["tls"], filled by http_server.PeerCertificates under mutual TLS), or None."""
     return scope.get("extensions", {}).get("tls", {}).get("client_subject")
 
 
-class _PeerCertProtocol(H11Protocol):
-    """uvicorn's h11 protocol, handing each request of a mutual-TLS connection the verified client
-    certificate's subject (`scope["extensions"]["tls"]["client_subject"]`): uvicorn itself does not
-    pass the peer certificate on, and a certificate is an identity under mutual TLS, as for gRPC."""
-
-    def connection_made(self, transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        subject = cert_subject(transport.get_extra_info("peercert"))
-        if subject is None:
-            return
-        app = self.app
-
-        async def with_subject(scope, receive, send):
-            scope.setdefault("extensions", {})["tls"] = {"client_subject": subject}
-            await app(scope, receive, send)
-
-        self.app = with_subject
-
-
-class HttpServer:
-    """uvicorn serving HttpApi in its own thread; bound synchronously in start() (so a busy port
-    is a ConfigError at start-up), stopped with stop(grace): no new connections, in-flight
-    requests and streams get `grace` seconds, then their tasks are cancelled (which cancels the
-    jobs)."""
-
-    def __init__(self, cfg: DaemonConfig, loop: EngineLoop, policy: Callable[[], Policy],
-                 auth: Callable[[], TokenAuth], embedder: emb.Embedder | None = None,
-                 callers: CallerLimits | None = None,
-                 metrics: Callable[[str | None], tuple[bytes, str]] | None = None):
-        self.cfg = cfg
-        s = cfg.server
-        target = Path(cfg.engine.target.path)
-        try:
-            created = int(target.stat().st_mtime)
-        except OSError:
-            created = 0
-        workers = s.parallel + s.queue_size + 32  # as the gRPC server's handler threads
-        self.api = HttpApi(loop, policy, auth, model_id=target.name.removesuffix(".gguf"), created=created,
-                           max_body_bytes=s.max_message_bytes, threads=workers, n_ctx=cfg.engine.target.n_ctx,
-                           limits=cfg.limits, chat_template=cfg.chat_template, embedder=embedder,
-                           strict=cfg.http.strict, callers=callers, metrics=metrics)
-        self._workers = workers
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        self._sock: socket.socket | None = None
-        self.port = 0
-
-    @property
-    def scheme(self) -> str:
-        return "https" if self.cfg.tls.enabled else "http"
-
-    def start(self) -> int:
-        h, t = self.cfg.http, self.cfg.tls
-        family = socket.AF_INET6 if ":" in h.host else socket.AF_INET
-        # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that say so; without it the
-        # response's header and body writes met Nagle and delayed ACKs (+40 ms a request)
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            sock.bind((h.host.strip("[]"), h.port))
-        except OSError as exc:
-            sock.close()
-            raise ConfigError("http.port", f"cannot listen on {h.host}:{h.port}: {exc}") from None
-        sock.listen(128)
-        sock.set_inheritable(True)
-        self._sock = sock
-        self.port = sock.getsockname()[1]
-        tls: dict[str, Any] = {}
-        if t.enabled:
-            tls = {"ssl_certfile": str(Path(t.cert).expanduser()), "ssl_keyfile": str(Path(t.key).expanduser())}
-            if t.client_ca:
-                tls.update(ssl_ca_certs=str(Path(t.client_ca).expanduser()), ssl_cert_reqs=ssl.CERT_REQUIRED,
-                           http=_PeerCertProtocol)
-        config = uvicorn.Config(
-            self.api.app, log_config=None, access_log=False, lifespan="off", server_header=False,
-            limit_concurrency=self._workers, timeout_graceful_shutdown=self.cfg.server.grace_seconds,
-            timeout_keep_alive=5, **tls)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        name="edgespec-http", daemon=True)
-        self._thread.start()
-        log.info("http_listening", address=f"{self.scheme}://{format_host(h.host)}:{self.port}")
-        return self.port
-
-    def reload_tls(self, t: Any) -> None:
-        """SIGHUP: the HTTPS listener's certificate and key (and client CAs, added) re-read into
-        the SSL context uvicorn serves from: new handshakes get them, connections already open keep
-        theirs. ssl.SSLError / OSError for a bad pair (the daemon's reload then changes nothing)."""
-        ctx = getattr(self._server.config, "ssl", None) if self._server is not None else None
-        if ctx is None:
-            return
-        ctx.load_cert_chain(str(Path(t.cert).expanduser()), str(Path(t.key).expanduser()))
-        if t.client_ca:
-            ctx.load_verify_locations(cafile=str(Path(t.client_ca).expanduser()))
-
-    def stop(self, grace: float | None = None) -> None:
-        """Begin the graceful stop (returns at once); join() waits for it."""
-        if self._server is not None:
-            if grace is not None:
-                self._server.config.timeout_graceful_shutdown = grace
-            self._server.should_exit = True
-
-    def join(self, timeout: float | None = None) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive() and self._server is not None:
-                self._server.force_exit = True
-                self._thread.join(5)
-        if self._sock is not None:
-            self._sock.close()
-
-
-def format_host(host: str) -> str:
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
-
-
-def http_address(host: str, port: int) -> str:
-    return f"{format_host(host)}:{port}"
-
-
-__all__: Sequence[str] = ("HttpApi", "HttpServer", "STATUS", "error_response", "error_status")
+__all__: Sequence[str] = ("HttpApi", "STATUS", "client_subject", "error_response", "error_status")

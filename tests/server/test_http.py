@@ -292,7 +292,7 @@ def test_tls_and_mutual_tls_with_the_grpc_files(make_daemon, certs):
 
 
 def test_a_client_certificates_subject_is_written_as_grpc_writes_it():
-    from edgespec.server.http_api import cert_subject
+    from edgespec.server.http_server import cert_subject
 
     peer = {"subject": ((("countryName", "CN"),), (("organizationName", "Bank"),), (("commonName", "svc-a"),))}
     assert cert_subject(peer) == ("CN=svc-a,O=Bank,C=CN", "svc-a")
