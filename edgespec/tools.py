@@ -237,14 +237,21 @@ def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
-def _call(body: str) -> ToolCall | None:
+def _call(body: str, call_id: str | None = None) -> ToolCall | None:
+    """A call block's JSON as a ToolCall, or None when it is not {"name": <string>, "arguments": ...}.
+    Its arguments are the JSON text as the model wrote it (as CallReader reads it while it
+    streams), so that a streamed call's argument fragments concatenate to them."""
     try:
         obj = json.loads(body)
     except ValueError:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or "arguments" not in obj:
         return None
-    return ToolCall(new_call_id(), obj["name"], json.dumps(obj["arguments"], ensure_ascii=False))
+    reader = CallReader()
+    reader.feed(body)
+    args = reader.arguments if reader.arguments_done and not reader.broken else \
+        json.dumps(obj["arguments"], ensure_ascii=False)
+    return ToolCall(call_id or new_call_id(), obj["name"], args)
 
 
 def parse_answer(text: str, *, truncated: bool = False) -> tuple[str | None, tuple[ToolCall, ...]]:
@@ -269,20 +276,155 @@ def parse_answer(text: str, *, truncated: bool = False) -> tuple[str | None, tup
     return None, tuple(calls)
 
 
-class AnswerStream:
-    """The answer's text as it streams -> ("content", text) and ("call", ToolCall) events. Text
-    that might still become a call's opening tag is held back until it cannot."""
+_WS = " \t\n\r"  # JSON's whitespace
+
+
+class CallReader:
+    """One call block's JSON object ({"name": ..., "arguments": ...}) read as it streams, a
+    character at a time: `name` once its string is whole; `arguments` the arguments value's JSON
+    text so far, exactly as written (what is read later only extends it); `arguments_done` once
+    it is whole. `broken`: the text is not an object of that shape (nothing more is read); a
+    value's own validity is json.loads's to judge when the block is whole (_call)."""
 
     def __init__(self) -> None:
-        self._buf = ""
+        self.name: str | None = None
+        self.arguments = ""
+        self.arguments_done = False
+        self.broken = False
+        self.closed = False  # the object's closing brace was read
+        # open -> first (after "{") -> key -> colon -> value_start -> value -> after -> key_start ...
+        self._state = "open"
+        self._key = ""  # the key being read (its JSON text), then the key
+        self._keys: set[str] = set()
+        self._value = ""  # the name's JSON text while it is read
+        self._depth = 0  # brackets open inside the value
+        self._in_str = False
+        self._esc = False
+
+    def feed(self, text: str) -> None:
+        for ch in text:
+            if self.broken or self.closed:
+                return
+            self._step(ch)
+
+    def _step(self, ch: str) -> None:
+        st = self._state
+        if st == "value":
+            self._value_char(ch)
+        elif st == "key":
+            self._key += ch
+            if self._esc:
+                self._esc = False
+            elif ch == "\\":
+                self._esc = True
+            elif ch == '"':
+                try:
+                    key = json.loads(self._key)
+                except ValueError:
+                    self.broken = True
+                    return
+                if key in self._keys and key in ("name", "arguments"):
+                    self.broken = True  # a second name or arguments: json.loads would keep the last
+                self._keys.add(key)
+                self._key, self._state = key, "colon"
+        elif ch in _WS:
+            return
+        elif st == "value_start":
+            self._state, self._value, self._depth, self._in_str = "value", "", 0, False
+            self._value_char(ch)
+        elif (st, ch) in (("open", "{"), ("colon", ":"), ("after", ",")):
+            self._state = {"open": "first", "colon": "value_start", "after": "key_start"}[st]
+        elif st in ("first", "key_start") and ch == '"':
+            self._key, self._state, self._esc = '"', "key", False
+        elif st in ("first", "after") and ch == "}":
+            self.closed = True
+        else:
+            self.broken = True
+
+    def _take(self, ch: str) -> None:
+        if self._key == "arguments":
+            self.arguments += ch
+        elif self._key == "name":
+            self._value += ch
+
+    def _value_char(self, ch: str) -> None:
+        if self._in_str:
+            self._take(ch)
+            if self._esc:
+                self._esc = False
+            elif ch == "\\":
+                self._esc = True
+            elif ch == '"':
+                self._in_str = False
+                if self._depth == 0:
+                    self._end_value()
+        elif ch == '"':
+            self._take(ch)
+            self._in_str = True
+        elif ch in "{[":
+            self._take(ch)
+            self._depth += 1
+        elif ch in "}]" and self._depth > 0:
+            self._take(ch)
+            self._depth -= 1
+            if self._depth == 0:
+                self._end_value()
+        elif self._depth == 0 and (ch in ",}]" or ch in _WS):  # a number, true, false or null ended
+            self._end_value()
+            self._step(ch)
+        else:
+            self._take(ch)
+
+    def _end_value(self) -> None:
+        self._state = "after"
+        if self._key == "name":
+            try:
+                name = json.loads(self._value)
+            except ValueError:
+                name = None
+            if not isinstance(name, str):
+                self.broken = True
+                return
+            self.name = name
+        elif self._key == "arguments":
+            self.arguments_done = True
+
+
+@dataclass(frozen=True)
+class CallDelta:
+    """A piece of a streamed call: its header first (id and name set, no arguments), then
+    fragments of its arguments' JSON text (id and name None); `index`: the call's place."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+class AnswerStream:
+    """The answer's text as it streams -> ("content", text) and ("call", CallDelta) events.
+    Text that might still become a call's opening tag is held back until it cannot; a call's
+    header goes out as soon as its name is read, its arguments as they are written (only what
+    belongs to the arguments value: the closing brace and tag never). `calls`: the calls
+    completed so far (their arguments equal the concatenated fragments)."""
+
+    def __init__(self) -> None:
         self._mode = "undecided"  # -> text | calls
+        self._buf = ""  # undecided: the text so far; calls: text between blocks (a tag's beginning)
+        self._block: str | None = None  # the open block's text after "<tool_call>\n"; None: between blocks
+        self._reader = CallReader()
+        self._id = ""
+        self._head = False  # the open block's header was sent
+        self._sent = 0  # characters of its arguments sent
+        self._heads = 0  # headers sent (the next call's index)
+        self._held = ""  # the text while no call has been sent (content, should no call come of it)
         self.calls: list[ToolCall] = []
 
     def feed(self, text: str) -> list[tuple[str, Any]]:
         if self._mode == "text":
             return [("content", text)] if text else []
-        self._buf += text
         if self._mode == "undecided":
+            self._buf += text
             if OPEN.startswith(self._buf):
                 return []
             if not self._buf.startswith(OPEN):
@@ -290,22 +432,60 @@ class AnswerStream:
                 out, self._buf = self._buf, ""
                 return [("content", out)]
             self._mode = "calls"
+            text, self._buf = self._buf, ""
+        if not self._heads:
+            self._held += text
         out: list[tuple[str, Any]] = []
-        while True:
-            m = _BLOCK.search(self._buf)
-            if m is None:
-                return out
-            c = _call(m.group(1))
-            if c is not None:
-                self.calls.append(c)
-                out.append(("call", c))
-            self._buf = self._buf[m.end():]
+        while text:
+            if self._block is None:  # between blocks: look for the next opening tag
+                self._buf += text
+                i = self._buf.find(OPEN + "\n")
+                if i < 0:
+                    self._buf = self._buf[-len(OPEN):]
+                    break
+                text, self._buf = self._buf[i + len(OPEN) + 1:], ""
+                self._block, self._reader, self._id, self._head, self._sent = "", CallReader(), new_call_id(), False, 0
+                continue
+            start = len(self._block)
+            self._block += text
+            end = self._block.find("\n" + CLOSE, max(0, start - len(CLOSE)))
+            body = self._block if end < 0 else self._block[:end]
+            self._reader.feed(body[start:])
+            out += self._deltas()
+            if end < 0:
+                break
+            call = _call(body, self._id)
+            if call is not None:
+                if not self._head:  # read only whole (a shape the reader gave up on): sent whole
+                    out += [("call", CallDelta(self._heads, call.id, call.name)),
+                            ("call", CallDelta(self._heads, arguments=call.arguments))]
+                    self._heads += 1
+                self.calls.append(call)
+            text, self._block = self._block[end + len(CLOSE) + 1:], None
+        return out
+
+    def _deltas(self) -> list[tuple[str, Any]]:
+        r = self._reader
+        if r.broken or r.name is None:
+            return []
+        out: list[tuple[str, Any]] = []
+        if not self._head:
+            out.append(("call", CallDelta(self._heads, self._id, r.name)))
+            self._head = True
+            self._heads += 1
+            self._held = ""
+        if len(r.arguments) > self._sent:
+            out.append(("call", CallDelta(self._heads - 1, arguments=r.arguments[self._sent:])))
+            self._sent = len(r.arguments)
+        return out
 
     def finish(self) -> list[tuple[str, Any]]:
-        """What is left: held-back text (no call came of it) as content."""
-        rest, self._buf = self._buf, ""
+        """What is left: held-back text (no call came of it) as content. A call cut short (max_tokens)
+        keeps what was sent of it."""
         if self._mode == "calls":
-            return [("content", rest)] if rest.strip() and not self.calls else []
+            rest, self._held = self._held, ""
+            return [("content", rest)] if rest.strip() and not self._heads else []
+        rest, self._buf = self._buf, ""
         return [("content", rest)] if rest else []
 
 

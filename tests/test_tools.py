@@ -129,18 +129,99 @@ def test_parse_answer_whole_and_truncated():
     assert tools.parse_answer("<tool_call>\n{\"na", truncated=True)[1] == ()
 
 
-def test_answer_stream_holds_back_a_possible_tag_and_emits_calls_whole():
+# calls as a model may write them: the arguments' JSON text (as written) is what must stream
+ODD_ARGS = ('{"a":2,"b":3}', '{ "q" : "} ]\\" \\n</tool_call>", "n":[1,[2,{}]], "t":true }',
+            '{"city":"Z\\u00fcrich","x":-1.5e3,"y":null}', '{}')
+BLOCKS = [f'<tool_call>\n{{"name":"f{i}","arguments":{a}}}\n</tool_call>' for i, a in enumerate(ODD_ARGS)] + \
+    ['<tool_call>\n{ "arguments" : {"k":"v"} , "name" : "late" }\n</tool_call>']  # the name after
+
+
+def _stream(text: str, cuts: list[int]) -> tuple[list, tools.AnswerStream]:
     s = tools.AnswerStream()
-    text = W + "\n" + A
-    out = [e for i in range(0, len(text), 3) for e in s.feed(text[i:i + 3])] + s.finish()
-    assert [k for k, _ in out] == ["call", "call"]
-    assert [c.name for _, c in out] == ["get_weather", "add"]
+    bounds = [0, *cuts, len(text)]
+    out = [e for x, y in zip(bounds, bounds[1:]) for e in s.feed(text[x:y])]
+    return out + s.finish(), s
+
+
+def _assembled(events: list) -> tuple[str, list[dict]]:
+    """(content, calls) from stream events, as a client assembles them; each header must come
+    before its call's fragments."""
+    content, calls = "", []
+    for kind, v in events:
+        if kind == "content":
+            content += v
+            continue
+        if v.id is not None:
+            assert v.index == len(calls) and v.name and not v.arguments
+            calls.append({"id": v.id, "name": v.name, "arguments": "", "deltas": 0})
+        else:
+            assert v.index == len(calls) - 1 and v.arguments  # a fragment of the call last opened
+            calls[-1]["arguments"] += v.arguments
+            calls[-1]["deltas"] += 1
+    return content, calls
+
+
+def test_call_reader_reads_name_and_the_arguments_text_as_written():
+    for block in BLOCKS:
+        body = block[len("<tool_call>\n"):-len("\n</tool_call>")]
+        r = tools.CallReader()
+        r.feed(body)
+        obj = json.loads(body)
+        assert r.closed and not r.broken and r.arguments_done and r.name == obj["name"]
+        assert json.loads(r.arguments) == obj["arguments"] and r.arguments in body  # the text as written
+    for bad in ('["name"]', '{"name":3,"arguments":{}}', '{"name":"a","name":"b","arguments":{}}', '{"name" "a"}'):
+        r = tools.CallReader()
+        r.feed(bad)
+        assert r.broken, bad
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_answer_stream_sends_arguments_as_they_come_in_any_split(seed):
+    import random
+
+    rnd = random.Random(seed)
+    blocks = rnd.sample(BLOCKS, rnd.randint(1, len(BLOCKS)))
+    text = "\n".join(blocks) + rnd.choice(["", "\n"])
+    cuts = list(range(1, len(text))) if seed == 0 else sorted(rnd.sample(range(1, len(text)), rnd.randint(0, 12)))
+    events, s = _stream(text, cuts)
+    content, calls = _assembled(events)
+    content_u, calls_u = tools.parse_answer(text)
+    assert content == "" and content_u is None
+    assert [(c["name"], c["arguments"]) for c in calls] == [(c.name, c.arguments) for c in calls_u]  # == unary
+    assert [c["id"] for c in calls] == [c.id for c in s.calls]
+    assert [c.arguments for c in s.calls] == [c.arguments for c in calls_u]
+    for c, u in zip(calls, calls_u):
+        assert u.arguments in text  # the model's own text, not re-serialised
+    if seed == 0:  # one character at a time: each header as soon as its name is read, then many pieces
+        s, sent_at = tools.AnswerStream(), []
+        for i, ch in enumerate(text):
+            sent_at += [(i, e) for _, e in s.feed(ch)]
+        for index, c in enumerate(calls_u):  # the names are unique: they place each call in the text
+            (head,) = [i for i, e in sent_at if e.id is not None and e.index == index]
+            frags = [i for i, e in sent_at if e.id is None and e.index == index]
+            args_end = text.index(c.arguments) + len(c.arguments)
+            if c.name != "late":  # the header before the arguments begin, each character a fragment
+                assert head < text.index('"arguments"', text.index(f'"{c.name}"'))
+                assert len(frags) == len(c.arguments)
+            assert head <= min(frags) and max(frags) < args_end  # nothing held back to the closing tag
+
+
+def test_answer_stream_decides_content_or_calls():
+    for text in ("Hello there", "<today it rains", "<tool_call", "<tool_call>x", " <tool_call>\n{}"):
+        for cuts in ([], list(range(1, len(text)))):
+            events, s = _stream(text, cuts)
+            assert _assembled(events) == (text, []) and not s.calls, (text, cuts)
     s = tools.AnswerStream()
-    assert s.feed("<to") == []
+    assert s.feed("<to") == []  # might still open a call: held back
     assert s.feed("day it rains") == [("content", "<today it rains")]
     assert s.feed(" hard") == [("content", " hard")]
-    s = tools.AnswerStream()
-    assert s.feed("<tool") == [] and s.finish() == [("content", "<tool")]
+    # cut short in its arguments (max_tokens): the header and the arguments so far were sent, no content
+    events, s = _stream(BLOCKS[0][:40], list(range(1, 40)))
+    content, calls = _assembled(events)
+    assert content == "" and calls[0]["name"] == "f0" and '{"a":2,"b":3}'.startswith(calls[0]["arguments"])
+    assert not s.calls
+    # cut short before the name was read: nothing was sent as a call, so it is content
+    assert _assembled(_stream('<tool_call>\n{"na', [3, 9])[0]) == ('<tool_call>\n{"na', [])
 
 
 def test_edgespec_format_folds_tools_and_calls_into_contents():

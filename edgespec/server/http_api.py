@@ -126,6 +126,17 @@ def _sse(obj: Any) -> bytes:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
 
 
+class _Tagged:
+    """A streamed choice's event queue as its job sees it: each event goes, tagged with the
+    choice's index, onto the stream's one queue (one waiting thread for all n choices)."""
+
+    def __init__(self, shared: queue.SimpleQueue, index: int):
+        self.shared, self.index = shared, index
+
+    def put(self, event: tuple[str, Any]) -> None:
+        self.shared.put((*event, self.index))
+
+
 class HttpApi:
     """The routes, over the daemon's engine loop, policy and auth."""
 
@@ -267,13 +278,14 @@ class HttpApi:
                                                     req.extras, req.tools, self.chat_template,
                                                     limiter=self.limiter))
 
-    def _wait(self, job: Job, until_result: bool) -> list[tuple[str, Any]]:
-        """Blocking (run in a worker thread): the job's events queued now (at least one), or all of
-        them up to its result when `until_result`: one thread hop per batch, not per chunk."""
-        out: list[tuple[str, Any]] = []
+    def _wait(self, events: queue.SimpleQueue, until_result: bool) -> list[tuple]:
+        """Blocking (run in a worker thread): the events queued now (at least one), or all of them
+        up to a result when `until_result`: one thread hop per batch, not per chunk. `events`: a
+        job's own queue, or a stream's (its choices' events, tagged with their index)."""
+        out: list[tuple] = []
         while True:
             try:
-                event = job.events.get(timeout=POLL_SECONDS) if until_result or not out else job.events.get_nowait()
+                event = events.get(timeout=POLL_SECONDS) if until_result or not out else events.get_nowait()
             except queue.Empty:
                 if out and not until_result:
                     return out
@@ -286,10 +298,19 @@ class HttpApi:
 
     async def _events(self, job: Job, until_result: bool = False) -> list[tuple[str, Any]]:
         """The next batch of the job's events; raises its error (BadRequest from the engine, ...)."""
-        events = await anyio.to_thread.run_sync(self._wait, job, until_result, limiter=self.limiter)
+        events = await anyio.to_thread.run_sync(self._wait, job.events, until_result, limiter=self.limiter)
         if events[-1][0] == "error":
             raise events[-1][1]
         return events
+
+    async def _choice_events(self, events: queue.SimpleQueue) -> list[tuple[str, Any, int]]:
+        """The next batch of a stream's events, (kind, value, choice index) each; raises the first
+        error among them."""
+        batch = await anyio.to_thread.run_sync(self._wait, events, False, limiter=self.limiter)
+        for kind, value, _i in batch:
+            if kind == "error":
+                raise value
+        return batch
 
     @staticmethod
     def _check_end(result: GenerationResult) -> None:
@@ -348,47 +369,18 @@ class HttpApi:
         tokens = await self._prompt_tokens(req)
         rid_out = ("chatcmpl-" if chat else "cmpl-") + rid
         created = int(time.time())
-        if req.n > 1:
-            return await self._choices(request, req, rid, rid_out, created, tokens, deadline, piece, hold, used)
-        job = Job(request_id=rid, sampling=req.sampling, speculation=req.speculation, prompt=req.prompt,
-                  messages=req.messages, prompt_tokens=tokens, logprobs=req.logprobs, constraint=req.constraint,
-                  deadline=deadline, caller=structlog.contextvars.get_contextvars().get("caller", ""))
-        self.loop.submit(job)
-        if req.stream:
-            try:  # wait for the first events: an error the engine raises on admission is still a status code
-                first = await self._events(job)
-            except BaseException:
-                job.cancel()
-                raise
+        jobs, events = self._submit(req, rid, tokens, deadline, hold)
         warning = _warning_headers(req)
         if req.stream:
-            return StreamingResponse(self._stream(req, job, first, rid_out, created, piece, hold, used),
+            try:  # wait for the first events: an error the engine raises on admission is still a status code
+                first = await self._choice_events(events)
+            except BaseException:
+                for job in jobs:
+                    job.cancel()
+                raise
+            return StreamingResponse(self._stream(req, jobs, events, first, rid_out, created, piece, hold, used),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache", **warning})
-        result = await self._unary(request, job)
-        used(len(job.prompt_tokens or ()) + len(result.token_ids))
-        return JSONResponse(oa.completion_body(req, rid=rid_out, created=created, model=self.model_id, result=result,
-                                               prompt_tokens=len(job.prompt_tokens or ()), timings=job.timings(),
-                                               piece=piece or (lambda t: b"")), headers=warning)
-
-    async def _choices(self, request: Request, req: oa.CompletionRequest, rid: str, rid_out: str, created: int,
-                       tokens: tuple[int, ...] | None, deadline: float | None, piece: oa.Piece | None,
-                       hold: contextlib.ExitStack, used: Callable[[int], None]) -> Response:
-        """n > 1: n jobs of the one prompt, submitted together (each its own slot and its own place
-        in the caller's concurrency limit; with a seed, choice i samples with seed + i), one body."""
-        if self.callers is not None:
-            for _ in range(req.n - 1):
-                hold.enter_context(self.callers.admit(current_caller()))
-        caller = structlog.contextvars.get_contextvars().get("caller", "")
-        jobs: list[Job] = []
         try:
-            for i in range(req.n):
-                s = req.sampling if req.sampling.seed is None else \
-                    dataclasses.replace(req.sampling, seed=(req.sampling.seed + i) % (1 << 63))
-                job = Job(request_id=f"{rid}.{i}" if i else rid, sampling=s, speculation=req.speculation,
-                          prompt=req.prompt, messages=req.messages, prompt_tokens=tokens, logprobs=req.logprobs,
-                          constraint=req.constraint, deadline=deadline, caller=caller)
-                self.loop.submit(job)
-                jobs.append(job)
             results = [await self._unary(request, job) for job in jobs]
         finally:
             for job in jobs:
@@ -399,8 +391,36 @@ class HttpApi:
         bodies = [oa.completion_body(req, rid=rid_out, created=created, model=self.model_id, result=r,
                                      prompt_tokens=n_prompt, timings=j.timings(), piece=piece or (lambda t: b""))
                   for r, j in zip(results, jobs)]
-        warning = _warning_headers(req)
-        return JSONResponse(oa.choices_body(bodies), headers=warning)
+        return JSONResponse(bodies[0] if req.n == 1 else oa.choices_body(bodies), headers=warning)
+
+    def _submit(self, req: oa.CompletionRequest, rid: str, tokens: tuple[int, ...] | None, deadline: float | None,
+                hold: contextlib.ExitStack) -> tuple[list[Job], queue.SimpleQueue]:
+        """The request's n jobs of the one prompt, submitted together (each its own slot and its own
+        place in the caller's concurrency limit; with a seed, choice i samples with seed + i).
+        A stream's jobs put their events, tagged with the choice's index, on the one queue
+        returned (a unary request's jobs keep their own)."""
+        if self.callers is not None:
+            for _ in range(req.n - 1):
+                hold.enter_context(self.callers.admit(current_caller()))
+        caller = structlog.contextvars.get_contextvars().get("caller", "")
+        shared: queue.SimpleQueue = queue.SimpleQueue()
+        jobs: list[Job] = []
+        try:
+            for i in range(req.n):
+                s = req.sampling if req.sampling.seed is None else \
+                    dataclasses.replace(req.sampling, seed=(req.sampling.seed + i) % (1 << 63))
+                job = Job(request_id=f"{rid}.{i}" if i else rid, sampling=s, speculation=req.speculation,
+                          prompt=req.prompt, messages=req.messages, prompt_tokens=tokens, logprobs=req.logprobs,
+                          constraint=req.constraint, deadline=deadline, caller=caller)
+                if req.stream:
+                    job.events = _Tagged(shared, i)  # type: ignore[assignment]
+                self.loop.submit(job)
+                jobs.append(job)
+        except BaseException:
+            for job in jobs:
+                job.cancel()
+            raise
+        return jobs, shared
 
     async def _unary(self, request: Request, job: Job) -> GenerationResult:
         """Wait for the result; the client going away cancels the job."""
@@ -428,50 +448,62 @@ class HttpApi:
             if job.finished is None:
                 job.cancel()
 
-    async def _stream(self, req: oa.CompletionRequest, job: Job, first: list[tuple[str, Any]], rid: str,
-                      created: int, piece: oa.Piece | None, hold: contextlib.ExitStack | None = None,
+    async def _stream(self, req: oa.CompletionRequest, jobs: Sequence[Job], events: queue.SimpleQueue,
+                      first: list[tuple[str, Any, int]], rid: str, created: int, piece: oa.Piece | None,
+                      hold: contextlib.ExitStack | None = None,
                       used: Callable[[int], None] | None = None) -> AsyncIterator[bytes]:
+        """The choices' chunks interleaved as they come (choice i's at index i), each choice
+        ending with its own finish_reason chunk; then the usage (with include_usage) and [DONE]
+        once. A choice that fails ends the stream with the error event; the client going away,
+        or the stream breaking, cancels every choice's job."""
         kw = {"rid": rid, "created": created, "model": self.model_id}
+        n = len(jobs)
+        results: list[GenerationResult | None] = [None] * n
+        offsets = [0] * n
+        answers = [tools_mod.AnswerStream() if req.parses_calls else None for _ in jobs]
         done = False
-        offset = 0
-        answer = tools_mod.AnswerStream() if req.parses_calls else None
         try:
             if req.chat:
-                yield _sse(oa.chunk_body(req, text=None, role=True, **kw))
-            events = first
-            while not done:
-                for kind, value in events:
+                for i in range(n):
+                    yield _sse(oa.chunk_body(req, text=None, role=True, index=i, **kw))
+            batch = first
+            while True:
+                for kind, value, i in batch:
+                    answer = answers[i]
                     if kind == "chunk":
                         c: Chunk = value
-                        if answer is not None:  # text held back while it may open a call; calls whole
-                            for body in oa.tool_chunks(req, answer.feed(c.text), answer, **kw):
+                        if answer is not None:  # text held back while it may open a call; calls as they come
+                            for body in oa.tool_chunks(req, answer.feed(c.text), index=i, **kw):
                                 yield _sse(body)
-                            offset += len(c.text)
-                            continue
-                        if c.text or c.logprobs:
+                        elif c.text or c.logprobs:
                             yield _sse(oa.chunk_body(req, text=c.text, logprobs=c.logprobs, piece=piece,
-                                                     offset=offset, **kw))
-                            offset += len(c.text)
+                                                     offset=offsets[i], index=i, **kw))
+                        offsets[i] += len(c.text)
                         continue
                     result: GenerationResult = value
-                    done = True
-                    if used is not None:
-                        used(len(job.prompt_tokens or ()) + len(result.token_ids))
+                    first_end = all(r is None for r in results)
+                    results[i] = result
+                    if used is not None:  # the prompt counted once, with the first choice to end
+                        used(len(result.token_ids) + (len(jobs[i].prompt_tokens or ()) if first_end else 0))
                     self._check_end(result)
                     finish = result.finish_reason
                     if answer is not None:
-                        for body in oa.tool_chunks(req, answer.finish(), answer, **kw):
+                        for body in oa.tool_chunks(req, answer.finish(), index=i, **kw):
                             yield _sse(body)
                         if answer.calls and finish in ("stop", "eos"):
                             finish = "tool_calls"
-                    last = oa.chunk_body(req, text=None, finish=finish, **kw)
-                    last["edgespec"] = oa.speculation_stats(result, job.timings())
+                    last = oa.chunk_body(req, text=None, finish=finish, index=i, **kw)
+                    last["edgespec"] = oa.speculation_stats(result, jobs[i].timings())
                     yield _sse(last)
-                    if req.include_usage:
-                        yield _sse({"id": rid, "object": last["object"], "created": created, "model": self.model_id,
-                                    "choices": [], "usage": oa.usage(result, len(job.prompt_tokens or ()))})
-                if not done:
-                    events = await self._events(job)
+                if all(r is not None for r in results):
+                    break
+                batch = await self._choice_events(events)
+            done = True
+            if req.include_usage:
+                ended = [r for r in results if r is not None]
+                yield _sse({"id": rid, "object": "chat.completion.chunk" if req.chat else "text_completion",
+                            "created": created, "model": self.model_id, "choices": [],
+                            "usage": oa.choices_usage(ended, len(jobs[0].prompt_tokens or ()))})
         except Exception as exc:  # noqa: BLE001 - the status line is sent: the error goes in the stream
             done = True
             _status, body = error_status(exc)
@@ -479,10 +511,11 @@ class HttpApi:
                 log.error("http_stream_failed", error=repr(exc), exc_info=exc)
             yield _sse(body)
         finally:
-            if not done or job.finished is None:
-                job.cancel()  # the client went away (the generator was closed) or the stream broke
+            for job in jobs:
+                if not done or job.finished is None:
+                    job.cancel()  # the client went away (the generator was closed) or the stream broke
             if hold is not None:
-                hold.close()  # the caller's place
+                hold.close()  # the caller's places
         yield b"data: [DONE]\n\n"
 
     # ---- the rest ------------------------------------------------------------------------------

@@ -3,14 +3,14 @@ OpenAI's `param`) and the response / stream-chunk bodies. Pure: no I/O, no serve
 
 Supported: model, messages (text content; an assistant turn's tool_calls, a tool turn's
 tool_call_id), prompt (one string), max_tokens / max_completion_tokens, temperature, top_p,
-top_k, min_p, seed, stop, n (1-8, without stream), stream, stream_options.include_usage, logprobs /
-top_logprobs, response_format (text, json_object, json_schema), tools / tool_choice /
-parallel_tool_calls (edgespec.tools), user (ignored), and the `edgespec` extension object: mode,
+top_k, min_p, seed, stop, n (1-8; a stream interleaves the choices' chunks), stream,
+stream_options.include_usage, logprobs / top_logprobs, response_format (text, json_object,
+json_schema), tools / tool_choice / parallel_tool_calls (edgespec.tools), user (ignored), and the `edgespec` extension object: mode,
 draft_tokens, tree_nodes, tree_depth, ngram, timeout_seconds, constraint {kind, value}; and
 presence_penalty, frequency_penalty, repetition_penalty and logit_bias (exact under speculation:
 edgespec.penalties).
 Refused with a 400 naming the field: functions, function_call, audio, modalities, prediction, suffix, echo,
-best_of > 1, n > 1 with stream, non-text message parts, token-id prompts; unknown fields unless [http] strict is
+best_of > 1, non-text message parts, token-id prompts; unknown fields unless [http] strict is
 false (then ignored, and named back to the caller).
 """
 
@@ -270,8 +270,6 @@ def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str
         raise BadRequest("n", f"must be an integer in [1, {MAX_CHOICES}], got {n!r}")
     sampling = _sampling(body, policy, limits)
     stream, include_usage = _stream(body)
-    if stream and n > 1:
-        raise BadRequest("n", "n > 1 is served without stream (one streamed choice per request)")
     logprobs = _logprobs(body, chat)
     ext = _extension(body.get("edgespec"))
     constraint = _constraint(body.get("response_format"), ext.get("constraint"))
@@ -470,11 +468,19 @@ def choices_body(bodies: Sequence[dict]) -> dict:
     return out
 
 
+def choices_usage(results: Sequence[GenerationResult], prompt_tokens: int) -> dict:
+    """The usage of n choices of one prompt: the prompt counted once, the completions summed."""
+    u = usage(results[0], prompt_tokens)
+    u["completion_tokens"] = sum(len(r.token_ids) for r in results)
+    u["total_tokens"] = u["prompt_tokens"] + u["completion_tokens"]
+    return u
+
+
 def chunk_body(req: CompletionRequest, *, rid: str, created: int, model: str, text: str | None,
                finish: str | None = None, logprobs: Sequence[TokenLogprob] = (), piece: Piece | None = None,
-               role: bool = False, offset: int = 0) -> dict:
-    """One stream event's body (a delta, the role opener, or the finishing chunk)."""
-    choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(finish)}
+               role: bool = False, offset: int = 0, index: int = 0) -> dict:
+    """One stream event's body (a delta, the role opener, or the finishing chunk) of choice `index`."""
+    choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason(finish)}
     lp = None
     if req.logprobs is not None and logprobs and piece is not None:
         lp = chat_logprobs(logprobs, piece) if req.chat else completion_logprobs(logprobs, piece, offset)
@@ -490,23 +496,23 @@ def chunk_body(req: CompletionRequest, *, rid: str, created: int, model: str, te
             "model": model, "choices": [choice]}
 
 
-def tool_chunks(req: CompletionRequest, events: Sequence[tuple[str, Any]], answer: tools_mod.AnswerStream, *,
-                rid: str, created: int, model: str) -> list[dict]:
-    """Stream bodies for AnswerStream events: content deltas, and each call as two deltas in
-    OpenAI's shape (id, type and name with empty arguments; then the arguments) at its index."""
+def tool_chunks(req: CompletionRequest, events: Sequence[tuple[str, Any]], *, rid: str, created: int, model: str,
+                index: int = 0) -> list[dict]:
+    """Stream bodies for AnswerStream events of choice `index`: content deltas, and each call in
+    OpenAI's shape at its own index: a header as soon as its name is read (id, type, name, empty
+    arguments), then fragments of its arguments' JSON text as they are written."""
     out = []
     for kind, value in events:
         if kind == "content":
             if value:
-                out.append(chunk_body(req, rid=rid, created=created, model=model, text=value))
+                out.append(chunk_body(req, rid=rid, created=created, model=model, text=value, index=index))
             continue
-        index = answer.calls.index(value)
-        for delta in ({"index": index, "id": value.id, "type": "function",
-                       "function": {"name": value.name, "arguments": ""}},
-                      {"index": index, "function": {"arguments": value.arguments}}):
-            body = chunk_body(req, rid=rid, created=created, model=model, text=None)
-            body["choices"][0]["delta"] = {"tool_calls": [delta]}
-            out.append(body)
+        d: tools_mod.CallDelta = value
+        delta = {"index": d.index, "id": d.id, "type": "function", "function": {"name": d.name, "arguments": ""}} \
+            if d.id is not None else {"index": d.index, "function": {"arguments": d.arguments}}
+        body = chunk_body(req, rid=rid, created=created, model=model, text=None, index=index)
+        body["choices"][0]["delta"] = {"tool_calls": [delta]}
+        out.append(body)
     return out
 
 

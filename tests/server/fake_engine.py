@@ -25,6 +25,9 @@ class FakeSession:
         self.stats = SpecStats()
         self.closed = False
         self.logprobs: list[TokenLogprob] = []
+        seed = req.sampling.seed
+        # engine.seeded: a seed picks where in the words the answer starts and how long it is
+        self.shift = seed % len(engine.words) if engine.seeded and seed is not None else 0
 
     @property
     def done(self) -> bool:
@@ -38,7 +41,7 @@ class FakeSession:
         # a "tree" accepts two tokens on odd steps, one on even ones
         n = 2 if self.stats.target_forwards % 2 else 1
         n = min(n, self.req.sampling.max_tokens - len(self.out))
-        new = [(len(self.out) + i) % 4 + 10 for i in range(n)]
+        new = [(len(self.out) + i + self.shift) % len(self.engine.words) + 10 for i in range(n)]
         self.out += new
         piece = "".join(self.engine.words[t - 10] for t in new)
         self.text += piece
@@ -54,7 +57,7 @@ class FakeSession:
             self.stats.accepted_per_depth = [self.stats.accepted_tokens]
         if len(self.out) >= self.req.sampling.max_tokens:
             self.finish_reason = "length"
-        if self.engine.eos_after is not None and len(self.out) >= self.engine.eos_after:
+        if self.engine.eos_after is not None and len(self.out) >= self.engine.eos_after + self.shift:
             self.finish_reason = "eos"
         lps: tuple[TokenLogprob, ...] = ()
         if self.req.logprobs is not None:  # token t: logprob -t/100, alternatives 0..k-1 at -5 - j
@@ -117,7 +120,8 @@ class FakeEngine:
         self.fail_idle = False
         self.encoder = FakeEncoder()
         self.tick_totals: dict[str, float] = {}
-        self.words = WORDS  # what tokens 10..13 render as (a test may make them a tool call)
+        self.words = WORDS  # what tokens 10, 11, ... render as (a test may make them a tool call)
+        self.seeded = False  # a request's seed shifts its answer (see FakeSession)
         self.eos_after: int | None = None  # end of sequence after this many tokens
         time.sleep(load_seconds)
         self._touch()

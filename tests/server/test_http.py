@@ -371,7 +371,81 @@ def test_n_choices_are_independent_requests_in_one_body(make_daemon):
     assert len(three.model_extra["edgespec"]["choices"]) == 3
     text = c.completions.create(model=MODEL, prompt="x", max_tokens=3, temperature=0, n=2)
     assert [ch.index for ch in text.choices] == [0, 1] and text.usage.completion_tokens == 6
-    for kwargs in ({"n": 9}, {"n": 0}, {"n": 2, "stream": True}):
+    for kwargs in ({"n": 9}, {"n": 0}, {"n": True}):
         with pytest.raises(openai.BadRequestError) as e:
             c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2, **kwargs)
         assert e.value.body["param"] == "n"
+
+
+def _by_choice(chunks, chat: bool) -> dict[int, dict]:
+    """A stream's chunks assembled per choice index, as a client does."""
+    out: dict[int, dict] = {}
+    for ch in chunks:
+        for c in ch.choices:
+            o = out.setdefault(c.index, {"text": "", "finish": [], "roles": 0, "lp": []})
+            if chat:
+                o["text"] += c.delta.content or ""
+                o["roles"] += c.delta.role == "assistant"
+                o["lp"] += [(t.token, t.logprob) for t in (c.logprobs.content if c.logprobs else ())]
+            else:
+                o["text"] += c.text
+                o["lp"] += list(zip(c.logprobs.tokens, c.logprobs.token_logprobs)) if c.logprobs else []
+            if c.finish_reason:
+                o["finish"].append(c.finish_reason)
+    return out
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_n_choices_stream_interleaved_as_the_unary_answers(make_daemon, chat):
+    r = make_daemon(http=HTTP, server={"parallel": 4})
+    r.engine.seeded = True  # each choice's seed (seed + i) gives it its own text and length
+    r.engine.eos_after = 6
+    c = client(r)
+    kw = {"model": MODEL, "max_tokens": 20, "temperature": 0.8, "seed": 5, "n": 3}
+    if chat:
+        kw |= {"messages": [{"role": "user", "content": "Hello"}], "logprobs": True, "top_logprobs": 1}
+        create = c.chat.completions.create
+    else:
+        kw |= {"prompt": "Hello", "logprobs": 1}
+        create = c.completions.create
+    unary = create(**kw)
+    texts = [ch.message.content if chat else ch.text for ch in unary.choices]
+    lps = [[(t.token, t.logprob) for t in ch.logprobs.content] if chat else
+           list(zip(ch.logprobs.tokens, ch.logprobs.token_logprobs)) for ch in unary.choices]
+    assert len(set(texts)) == 3 and len({len(lp) for lp in lps}) > 1  # the choices differ (their seeds do)
+    chunks = list(create(**kw, stream=True, stream_options={"include_usage": True}))
+    got = _by_choice(chunks, chat)
+    assert sorted(got) == [0, 1, 2]
+    assert [got[i]["text"] for i in range(3)] == texts  # each index assembles to its unary answer
+    assert [got[i]["lp"] for i in range(3)] == lps  # and its own logprobs
+    assert all(got[i]["finish"] == ["stop"] for i in range(3))  # one finish_reason chunk per choice
+    if chat:
+        assert all(got[i]["roles"] == 1 for i in range(3))
+    order = [ch.choices[0].index for ch in chunks if ch.choices]
+    assert order != sorted(order)  # interleaved, not one choice after another
+    assert chunks[-1].choices == [] and sum(1 for ch in chunks if ch.usage) == 1
+    assert chunks[-1].usage.prompt_tokens == unary.usage.prompt_tokens  # the prompt counted once
+    assert chunks[-1].usage.completion_tokens == unary.usage.completion_tokens == sum(map(len, lps))
+    assert len({ch.id for ch in chunks}) == 1
+    assert wait_for(lambda: r.engine.busy == 0)
+
+
+def test_n_choices_stream_ends_once_and_a_disconnect_cancels_every_choice(make_daemon):
+    r = make_daemon(http=HTTP, step_seconds=0.01, server={"parallel": 3})
+    status, _, out = raw(r, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 5, "n": 2, "stream": True})
+    events = [ln[len("data: "):] for ln in out.decode().splitlines() if ln.startswith("data: ")]
+    assert status == 200 and events.count("[DONE]") == 1 and events[-1] == "[DONE]"
+    assert sorted(json.loads(e)["choices"][0]["index"] for e in events[:-1]
+                  if json.loads(e)["choices"][0]["finish_reason"]) == [0, 1]
+
+    conn = http.client.HTTPConnection("127.0.0.1", r.daemon.http_port, timeout=30)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 4000, "n": 3, "stream": True}),
+                 {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.readline().startswith(b"data: {")
+    assert r.engine.busy == 3  # every choice holds a slot
+    resp.close()
+    conn.close()  # the caller goes away mid-stream
+    assert wait_for(lambda: r.daemon.loop.stats().get("finished_cancelled", 0) == 3, timeout=10)
+    assert wait_for(lambda: r.engine.busy == 0 and r.daemon.loop.stats()["active_requests"] == 0)
+    assert r.engine.free_slots == 3

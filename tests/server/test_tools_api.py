@@ -45,6 +45,32 @@ def test_http_tool_call_unary_and_streamed(make_daemon):
         ["tool_calls"]
 
 
+# one call written over several tokens, as a model writes it
+PIECES = ("<tool_call>\n", '{"name":"add",', '"arguments":{"a"', ":1,", '"b":2', "}}", "\n</tool_call>", "\n")
+
+
+def test_http_streamed_arguments_come_in_pieces_per_choice(make_daemon):
+    r = make_daemon(http=HTTP, server={"parallel": 2})
+    r.engine.words, r.engine.eos_after = PIECES, 7
+    c = client(r)
+    kw = {"model": MODEL, "messages": [{"role": "user", "content": "1+2?"}], "tools": [ADD], "max_tokens": 20, "n": 2}
+    unary = c.chat.completions.create(**kw)
+    calls: dict[int, list] = {0: [], 1: []}
+    finishes: dict[int, list] = {0: [], 1: []}
+    for chunk in c.chat.completions.create(**kw, stream=True):
+        for ch in chunk.choices:
+            assert not ch.delta.content  # the tag and the JSON around the arguments are never text
+            calls[ch.index] += ch.delta.tool_calls or []
+            finishes[ch.index] += [ch.finish_reason] if ch.finish_reason else []
+    for i in (0, 1):
+        head, *frags = calls[i]
+        assert head.id.startswith("call_") and head.function.name == "add" and head.function.arguments == ""
+        assert len(frags) == 3 and all(d.index == 0 and d.id is None for d in frags)  # as the model wrote them
+        args = "".join(d.function.arguments for d in frags)
+        assert args == unary.choices[i].message.tool_calls[0].function.arguments == '{"a":1,"b":2}'
+        assert finishes[i] == ["tool_calls"]
+
+
 def test_http_tool_choice_none_answers_text_and_history_calls_are_accepted(make_daemon):
     r = make_daemon(http=HTTP)
     calling(r)
