@@ -288,7 +288,8 @@ class CallReader:
 
     def __init__(self) -> None:
         self.name: str | None = None
-        self.arguments = ""
+        self._arguments: list[str] = []  # the arguments' text, a character a piece
+        self._taken = 0  # pieces handed out by take()
         self.arguments_done = False
         self.broken = False
         self.closed = False  # the object's closing brace was read
@@ -300,6 +301,16 @@ class CallReader:
         self._depth = 0  # brackets open inside the value
         self._in_str = False
         self._esc = False
+
+    @property
+    def arguments(self) -> str:
+        return "".join(self._arguments)
+
+    def take(self) -> str:
+        """The arguments' text read since the last take()."""
+        out = "".join(self._arguments[self._taken:])
+        self._taken = len(self._arguments)
+        return out
 
     def feed(self, text: str) -> None:
         for ch in text:
@@ -343,7 +354,7 @@ class CallReader:
 
     def _take(self, ch: str) -> None:
         if self._key == "arguments":
-            self.arguments += ch
+            self._arguments.append(ch)
         elif self._key == "name":
             self._value += ch
 
@@ -411,13 +422,13 @@ class AnswerStream:
     def __init__(self) -> None:
         self._mode = "undecided"  # -> text | calls
         self._buf = ""  # undecided: the text so far; calls: text between blocks (a tag's beginning)
-        self._block: str | None = None  # the open block's text after "<tool_call>\n"; None: between blocks
+        self._block: list[str] | None = None  # the open block's text after "<tool_call>\n"; None: between blocks
+        self._tail = ""  # the open block's last characters (a closing tag may begin in them)
         self._reader = CallReader()
         self._id = ""
         self._head = False  # the open block's header was sent
-        self._sent = 0  # characters of its arguments sent
         self._heads = 0  # headers sent (the next call's index)
-        self._held = ""  # the text while no call has been sent (content, should no call come of it)
+        self._held: list[str] = []  # the text while no call has been sent (content, should no call come of it)
         self.calls: list[ToolCall] = []
 
     def feed(self, text: str) -> list[tuple[str, Any]]:
@@ -434,7 +445,7 @@ class AnswerStream:
             self._mode = "calls"
             text, self._buf = self._buf, ""
         if not self._heads:
-            self._held += text
+            self._held.append(text)
         out: list[tuple[str, Any]] = []
         while text:
             if self._block is None:  # between blocks: look for the next opening tag
@@ -444,16 +455,23 @@ class AnswerStream:
                     self._buf = self._buf[-len(OPEN):]
                     break
                 text, self._buf = self._buf[i + len(OPEN) + 1:], ""
-                self._block, self._reader, self._id, self._head, self._sent = "", CallReader(), new_call_id(), False, 0
+                self._block, self._tail, self._reader, self._id, self._head = [], "", CallReader(), new_call_id(), False
                 continue
-            start = len(self._block)
-            self._block += text
-            end = self._block.find("\n" + CLOSE, max(0, start - len(CLOSE)))
-            body = self._block if end < 0 else self._block[:end]
-            self._reader.feed(body[start:])
-            out += self._deltas()
-            if end < 0:
+            window = self._tail + text
+            j = window.find("\n" + CLOSE)
+            if j < 0:
+                self._block.append(text)
+                self._reader.feed(text)
+                self._tail = window[-len(CLOSE):]
+                out += self._deltas()
                 break
+            cut = j - len(self._tail)  # where the block ends in `text` (< 0: in what came before)
+            self._block.append(text[:max(cut, 0)])
+            self._reader.feed(text[:max(cut, 0)])
+            body = "".join(self._block)
+            body = body[:cut] if cut < 0 else body
+            out += self._deltas()
+            text = text[cut + len(CLOSE) + 1:]
             call = _call(body, self._id)
             if call is not None:
                 if not self._head:  # read only whole (a shape the reader gave up on): sent whole
@@ -461,7 +479,7 @@ class AnswerStream:
                             ("call", CallDelta(self._heads, arguments=call.arguments))]
                     self._heads += 1
                 self.calls.append(call)
-            text, self._block = self._block[end + len(CLOSE) + 1:], None
+            self._block = None
         return out
 
     def _deltas(self) -> list[tuple[str, Any]]:
@@ -473,17 +491,17 @@ class AnswerStream:
             out.append(("call", CallDelta(self._heads, self._id, r.name)))
             self._head = True
             self._heads += 1
-            self._held = ""
-        if len(r.arguments) > self._sent:
-            out.append(("call", CallDelta(self._heads - 1, arguments=r.arguments[self._sent:])))
-            self._sent = len(r.arguments)
+            self._held = []
+        fragment = r.take()
+        if fragment:
+            out.append(("call", CallDelta(self._heads - 1, arguments=fragment)))
         return out
 
     def finish(self) -> list[tuple[str, Any]]:
         """What is left: held-back text (no call came of it) as content. A call cut short (max_tokens)
         keeps what was sent of it."""
         if self._mode == "calls":
-            rest, self._held = self._held, ""
+            rest, self._held = "".join(self._held), []
             return [("content", rest)] if rest.strip() and not self._heads else []
         rest, self._buf = self._buf, ""
         return [("content", rest)] if rest else []
