@@ -148,8 +148,8 @@ def _caller_limits(v: list) -> str | None:
     for x in v:
         who, _, caps = str(x).rpartition("=")
         parts = caps.split("/")
-        if not who or len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-            return f"each must be IDENTITY=CONCURRENT/TOKENS_PER_MINUTE, got {x!r}"
+        if not who.strip() or len(parts) not in (2, 3) or not all(p.strip().isdigit() for p in parts):
+            return f"each must be IDENTITY=CONCURRENT/TOKENS_PER_MINUTE or IDENTITY=CONCURRENT/QUEUED/TOKENS_PER_MINUTE, got {x!r}"
     return None
 
 
@@ -174,7 +174,7 @@ CHECK_TEXT: dict[Any, str] = {  # how the docs write what an extra check allows
     check_host: "an IP address or host name",
     _file_or_empty: "an existing file, or empty",
     _strings: "non-empty strings",
-    _caller_limits: "IDENTITY=CONCURRENT/TOKENS_PER_MINUTE strings",
+    _caller_limits: "IDENTITY=CONCURRENT[/QUEUED]/TOKENS_PER_MINUTE strings",
     _endpoints: "host:port entries",
     _json_mode: "\"auto\", true or false",
 }
@@ -283,12 +283,16 @@ SETTINGS: tuple[Setting, ...] = (
     _limits("anonymous_rpcs", I, 8, "health calls without a valid token served at once (Watch streams "
             "included), on threads of their own; beyond: RESOURCE_EXHAUSTED", lo=1, hi=1024),
     _limits("caller_concurrent", I, 0, "requests one caller (token name, certificate subject, or anonymous) may "
-            "have running or queued at once; beyond: 429 / RESOURCE_EXHAUSTED with Retry-After / "
-            "grpc-retry-pushback-ms (0 = no cap)", lo=0, hi=1 << 20),
+            "have running in engine slots at once (an embedding counts while it runs); its further requests wait "
+            "in the queue, while other callers' go past them (0 = no cap)", lo=0, hi=1 << 20),
+    _limits("caller_queued", I, 0, "requests one caller may have waiting for a slot beyond its running ones; "
+            "beyond: 429 / RESOURCE_EXHAUSTED with Retry-After / grpc-retry-pushback-ms (0 = no cap: "
+            "server.queue_size bounds every caller's together)", lo=0, hi=1 << 20),
     _limits("caller_tokens_per_minute", I, 0, "prompt + completion tokens one caller may use in any 60 s; "
             "beyond: refused until the window has room (0 = no cap)", lo=0, hi=1 << 40),
-    _limits("callers", L, [], "per-caller overrides, \"IDENTITY=CONCURRENT/TOKENS_PER_MINUTE\" (e.g. "
-            "\"token:batch=2/20000\", \"anonymous=1/5000\"; 0 = no cap); the identities named here are the "
+    _limits("callers", L, [], "per-caller overrides, \"IDENTITY=CONCURRENT/QUEUED/TOKENS_PER_MINUTE\" or "
+            "\"IDENTITY=CONCURRENT/TOKENS_PER_MINUTE\" (queued: caller_queued) (e.g. \"token:batch=2/4/20000\", "
+            "\"anonymous=1/5000\"; 0 = no cap); the identities named here are the "
             "per-caller metrics' labels, every other caller is counted as `other`", check=_caller_limits),
     _auth("tokens_file", S, "", "sha256 hex hashes of bearer tokens, one per line, optionally named: name:hash "
           "(`edgespec config hash-token --name N`)", check=_file_or_empty),

@@ -42,6 +42,16 @@ class LoopSession(Protocol):
     def close(self, reason: str | None = None) -> None: ...
 
 
+class CallerPlace(Protocol):
+    """A request's place under its caller's limits (edgespec.server.callers.Place)."""
+
+    state: str  # "queued", "running" or "released"
+
+    def start(self) -> bool: ...  # queued -> running if the caller is under its concurrent limit
+
+    def release(self) -> None: ...  # the job left its slot or the queue
+
+
 class LoopEngine(Protocol):
     """What the loop needs of an engine (edgespec.engine.Engine; the tests' FakeEngine). All of
     it runs on the loop's thread, except `encoder`, which the handler threads use."""
@@ -68,6 +78,7 @@ class LoopEngine(Protocol):
     def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> str: ...
 
 HEARTBEAT_SECONDS = 1.0
+BLOCKED_SECONDS = 0.01  # idle with queued jobs whose callers are at their concurrent limit
 WATCH_SECONDS = 0.005  # how often the watch thread looks at a running tick's requests
 
 
@@ -97,6 +108,15 @@ class Job:
     _cancel: threading.Event = field(default_factory=threading.Event)
     # an [audit] shadow decode: (the audited request's id, its output token ids); None otherwise
     shadow_of: tuple[str, tuple[int, ...]] | None = None
+    # its place under the caller's limits ([limits] caller_*): started as the job gets a slot,
+    # released as it finishes; None: no per-caller limits
+    place: CallerPlace | None = None
+
+    def finish(self) -> None:
+        """The job is done in the engine (a result, an error, or it left the queue)."""
+        self.finished = time.monotonic()
+        if self.place is not None:
+            self.place.release()
 
     def cancel(self) -> None:
         """Thread-safe; the engine notices within one step."""
@@ -314,8 +334,7 @@ class EngineLoop:
                     if self._stopping:
                         break
                     self._expire_pending()
-                    while self._pending and len(active) + len(to_open) < self.parallel:
-                        to_open.append(self._pending.popleft())
+                    self._admit(len(active), to_open)
                     if not active and not to_open and not self._calls and self._shadows:
                         to_open.append(self._shadows.popleft())  # idle: one audit shadow decode
                     # jobs being opened hold their slot already: admission counts them
@@ -326,7 +345,9 @@ class EngineLoop:
                     waited = idle and not idle_left
                     self._idle_done = waited and not self._pending
                     if waited:
-                        self._wake.wait(HEARTBEAT_SECONDS)
+                        # queued jobs left while slots are free wait for their callers' places
+                        # (an embedding's, released off this thread): look again soon
+                        self._wake.wait(BLOCKED_SECONDS if self._pending else HEARTBEAT_SECONDS)
                 if not idle:
                     idle_left = True  # requests ran: they may leave a context to absorb
                 elif not waited:
@@ -385,6 +406,26 @@ class EngineLoop:
                 keep.append(job)
         self._pending = keep
 
+    def _admit(self, n_active: int, to_open: list[Job]) -> None:
+        """Free slots go to the queued jobs in order, each once its caller is under its
+        concurrent limit (`CallerPlace.start`): a job waiting for its own caller's slot does not
+        hold back another caller's. Under self._lock."""
+        if not self._pending or n_active >= self.parallel:
+            return
+        keep: collections.deque[Job] = collections.deque()
+        while self._pending:
+            job = self._pending.popleft()
+            if n_active + len(to_open) >= self.parallel:
+                keep.append(job)
+            elif job.place is None or job.place.start():
+                to_open.append(job)
+            elif job.place.state == "released":  # its handler gave up on it: it never runs
+                job.cancel()
+                self._finish_unstarted(job, "cancelled")
+            else:
+                keep.append(job)
+        self._pending = keep
+
     def _expire_active(self, active: list[_Active]) -> None:
         """Cancelled and expired sessions end before the next tick (a prefill in pieces too: a
         caller's deadline is honoured between pieces)."""
@@ -399,7 +440,7 @@ class EngineLoop:
         return "deadline" if job.expired(now) else "cancelled"
 
     def _finish_unstarted(self, job: Job, reason: str) -> None:
-        job.finished = time.monotonic()
+        job.finish()
         res = GenerationResult(text="", token_ids=[], finish_reason=reason, prompt_tokens=0, stats=SpecStats())
         self.metrics.requests.inc(label=reason)
         job.events.put(("result", res))
@@ -422,7 +463,7 @@ class EngineLoop:
             )
             session = engine.open_session(req)
         except BaseException as exc:  # noqa: BLE001 - BadRequest etc. go back to the caller
-            job.finished = time.monotonic()
+            job.finish()
             job.events.put(("error", exc))
             return
         fields = {"prompt": job.prompt} if self._log_text and job.prompt else {}
@@ -458,7 +499,7 @@ class EngineLoop:
                 except BaseException:  # noqa: BLE001
                     pass
                 active.remove(a)
-                a.job.finished = time.monotonic()
+                a.job.finish()
                 self.metrics.requests.inc(label="error")
                 a.job.events.put(("error", exc))
             return
@@ -498,7 +539,7 @@ class EngineLoop:
             result = GenerationResult("", [], close_reason or "error", len(job.prompt_tokens or ()), SpecStats())
         if close_reason is not None and result.finish_reason != close_reason:
             result.finish_reason = close_reason  # type: ignore[assignment]
-        job.finished = time.monotonic()
+        job.finish()
         if job.shadow_of is not None:
             self._shadow_done(job, result)
             return
@@ -552,7 +593,7 @@ class EngineLoop:
             calls, self._calls = list(self._calls), collections.deque()
             self._stopping = True
         for job in pending:
-            job.finished = time.monotonic()
+            job.finish()
             job.events.put(("error", NotReady("the server is shutting down")))
         for _fn, out in calls:
             out.put((False, NotReady("the server is shutting down")))

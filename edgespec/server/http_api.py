@@ -45,7 +45,7 @@ from edgespec.logs import bind_request_id, clear_request, get_logger
 from edgespec.server import openai_api as oa
 from edgespec.server import embeddings as emb
 from edgespec.server.auth import TokenAuth
-from edgespec.server.callers import CallerLimits, current_caller, retry_after_seconds
+from edgespec.server.callers import UNLIMITED, CallerLimits, Place, Unlimited, current_caller, retry_after_seconds
 from edgespec.server.config import LimitsConfig
 from edgespec.server.convert import validate_request_id
 from edgespec.server.engine_loop import EngineLoop, Job
@@ -333,11 +333,11 @@ class HttpApi:
         """Admitted under the caller's own limits ([limits] caller_*) for as long as it runs (a
         stream: until it ends)."""
         hold = contextlib.ExitStack()
-        used: Callable[[int], None] = lambda n: None  # noqa: E731
+        place: Place | Unlimited = UNLIMITED
         if self.callers is not None:
-            used = hold.enter_context(self.callers.admit(current_caller()))
+            place = hold.enter_context(self.callers.admit(current_caller()))
         try:
-            resp = await self._generate_admitted(request, rid, chat=chat, hold=hold, used=used)
+            resp = await self._generate_admitted(request, rid, chat=chat, hold=hold, place=place)
         except BaseException:
             hold.close()
             raise
@@ -346,7 +346,8 @@ class HttpApi:
         return resp
 
     async def _generate_admitted(self, request: Request, rid: str, *, chat: bool, hold: contextlib.ExitStack,
-                                 used: Callable[[int], None]) -> Response:
+                                 place: Place | Unlimited) -> Response:
+        used = place.used
         body = await self._json(request)
         try:
             req = oa.parse_request(body, chat=chat, policy=self.policy(), models=(self.model_id,), limits=self.limits,
@@ -369,7 +370,7 @@ class HttpApi:
         tokens = await self._prompt_tokens(req)
         rid_out = ("chatcmpl-" if chat else "cmpl-") + rid
         created = int(time.time())
-        jobs, events = self._submit(req, rid, tokens, deadline, hold)
+        jobs, events = self._submit(req, rid, tokens, deadline, hold, place)
         warning = _warning_headers(req)
         if req.stream:
             try:  # wait for the first events: an error the engine raises on admission is still a status code
@@ -394,14 +395,17 @@ class HttpApi:
         return JSONResponse(bodies[0] if req.n == 1 else oa.choices_body(bodies), headers=warning)
 
     def _submit(self, req: oa.CompletionRequest, rid: str, tokens: tuple[int, ...] | None, deadline: float | None,
-                hold: contextlib.ExitStack) -> tuple[list[Job], queue.SimpleQueue]:
+                hold: contextlib.ExitStack, place: Place | Unlimited) -> tuple[list[Job], queue.SimpleQueue]:
         """The request's n jobs of the one prompt, submitted together (each its own slot and its own
-        place in the caller's concurrency limit; with a seed, choice i samples with seed + i).
+        place under the caller's limits, `place` the first's; with a seed, choice i samples with
+        seed + i).
         A stream's jobs put their events, tagged with the choice's index, on the one queue
         returned (a unary request's jobs keep their own)."""
+        places = [place]
         if self.callers is not None:
-            for _ in range(req.n - 1):
-                hold.enter_context(self.callers.admit(current_caller()))
+            places += [hold.enter_context(self.callers.admit(current_caller())) for _ in range(req.n - 1)]
+        else:
+            places *= req.n
         caller = structlog.contextvars.get_contextvars().get("caller", "")
         shared: queue.SimpleQueue = queue.SimpleQueue()
         jobs: list[Job] = []
@@ -411,7 +415,7 @@ class HttpApi:
                     dataclasses.replace(req.sampling, seed=(req.sampling.seed + i) % (1 << 63))
                 job = Job(request_id=f"{rid}.{i}" if i else rid, sampling=s, speculation=req.speculation,
                           prompt=req.prompt, messages=req.messages, prompt_tokens=tokens, logprobs=req.logprobs,
-                          constraint=req.constraint, deadline=deadline, caller=caller)
+                          constraint=req.constraint, deadline=deadline, caller=caller, place=places[i])
                 if req.stream:
                     job.events = _Tagged(shared, i)  # type: ignore[assignment]
                 self.loop.submit(job)
@@ -546,10 +550,10 @@ class HttpApi:
             if exc.field == "model":
                 raise UnknownModel("model", str(exc).split(": ", 1)[-1]) from None
             raise
-        with self.callers.admit(current_caller()) if self.callers is not None else \
-                contextlib.nullcontext(lambda n: None) as used:
+        with self.callers.admit(current_caller(), queued=False) if self.callers is not None else \
+                contextlib.nullcontext(UNLIMITED) as place:  # runs at once, outside the engine's slots
             vectors, n = await anyio.to_thread.run_sync(self.embedder.embed, req.inputs, limiter=self.limiter)
-            used(n)
+            place.used(n)
         return JSONResponse(emb.response_body(vectors, model=self.embedding_model_id, prompt_tokens=n,
                                               encoding_format=req.encoding_format))
 

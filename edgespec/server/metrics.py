@@ -52,27 +52,32 @@ class Counter:
         return self.values().get(label, 0.0)
 
 
-class _Read:
-    """A family read at scrape time: `read()` returns a number, or {label value: number}."""
+Labels = str | tuple[str, ...] | None
 
-    def __init__(self, kind: type[Metric], name: str, doc: str, read: Callable[[], float | dict[str, float]],
-                 label: str | None = None):
-        self.kind, self.name, self.doc, self.read, self.label = kind, name, doc, read, label
+
+class _Read:
+    """A family read at scrape time: `read()` returns a number, or {label value: number}; with a
+    tuple of label names, {tuple of their values: number}."""
+
+    def __init__(self, kind: type[Metric], name: str, doc: str, read: Callable[[], float | dict],
+                 label: Labels = None):
+        self.kind, self.name, self.doc, self.read = kind, name, doc, read
+        self.labels = list(label) if isinstance(label, tuple) else [label] if label else []
 
     def family(self, with_samples: bool = True) -> Metric:
-        fam = self.kind(self.name, self.doc, labels=[self.label] if self.label else [])
+        fam = self.kind(self.name, self.doc, labels=self.labels)
         if with_samples:
             v = self.read()
-            for label, x in sorted(v.items() if isinstance(v, dict) else [("", v)]):
-                fam.add_metric([label] if self.label else [], float(x))
+            for key, x in sorted(v.items() if isinstance(v, dict) else [("", v)]):
+                fam.add_metric([] if not self.labels else list(key) if isinstance(key, tuple) else [key], float(x))
         return fam
 
 
-def gauge(name: str, doc: str, read: Callable[[], Any], label: str | None = None) -> _Read:
+def gauge(name: str, doc: str, read: Callable[[], Any], label: Labels = None) -> _Read:
     return _Read(GaugeMetricFamily, name, doc, read, label)
 
 
-def read_counter(name: str, doc: str, read: Callable[[], Any], label: str | None = None) -> _Read:
+def read_counter(name: str, doc: str, read: Callable[[], Any], label: Labels = None) -> _Read:
     """A counter kept elsewhere (the per-caller figures), exported as a counter."""
     return _Read(CounterMetricFamily, name, doc, read, label)
 
@@ -137,6 +142,10 @@ class Metrics:
                   self._breaker_state, "state"),
             gauge("edgespec_caller_in_flight", "Requests running or queued per caller ([limits] callers, else other).",
                   lambda: self._caller("in_flight"), "caller"),
+            gauge("edgespec_caller_running", "Requests in engine slots per caller (limits.caller_concurrent).",
+                  lambda: self._caller("running"), "caller"),
+            gauge("edgespec_caller_queued", "Requests waiting for a slot per caller (limits.caller_queued).",
+                  lambda: self._caller("queued"), "caller"),
             gauge("edgespec_goodput_fallback_levels", "Load levels where auto decodes plainly: speculating ticks "
                   "measured fewer tokens per second than plain ones.", lambda: self._tick("goodput_fallback_levels")),
             gauge("edgespec_goodput_blocked_ticks", "Ticks the goodput guard turned plain since load.",
@@ -158,8 +167,8 @@ class Metrics:
             # counters the callers' limits keep
             read_counter("edgespec_caller_requests_total", "Generation requests admitted per caller.",
                          lambda: self._caller("requests"), "caller"),
-            read_counter("edgespec_caller_rejected_total", "Requests refused for being over the caller's own limits.",
-                         lambda: self._caller("rejected"), "caller"),
+            read_counter("edgespec_caller_rejected_total", "Requests refused for being over the caller's own limits, "
+                         "by reason (concurrent, queued, tokens).", self._caller_rejected, ("caller", "reason")),
             read_counter("edgespec_caller_tokens_total", "Prompt + completion tokens of finished requests per caller.",
                          lambda: self._caller("tokens"), "caller"),
         ]
@@ -167,6 +176,9 @@ class Metrics:
 
     def _caller(self, key: str) -> dict[str, float]:
         return {who: f[key] for who, f in self.callers().items()}
+
+    def _caller_rejected(self) -> dict[tuple[str, str], float]:
+        return {(who, reason): n for who, f in self.callers().items() for reason, n in f["rejected_by_reason"].items()}
 
     def _tick(self, key: str, default: float = 0.0) -> float:
         return float((self.state().get("tick_totals") or {}).get(key, default))

@@ -18,7 +18,7 @@ from edgespec.errors import BadRequest, Cancelled, NotReady
 from edgespec.logs import bind_request_id
 from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2 as pb, inference_pb2_grpc
 from edgespec.server import convert
-from edgespec.server.callers import CallerLimits, current_caller
+from edgespec.server.callers import UNLIMITED, CallerLimits, Place, Unlimited, current_caller
 from edgespec.server.config import LimitsConfig
 from edgespec.server.engine_loop import EngineLoop, Job
 from edgespec.server.policy import Policy
@@ -66,7 +66,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             return None
         return tuple(encode_request(enc, prompt, messages, extras, spec, self.chat_template))
 
-    def _submit(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Job:
+    def _submit(self, request: pb.GenerateRequest, context: grpc.ServicerContext, place: Place | Unlimited) -> Job:
         rid = (convert.validate_request_id(request.request_id)
                or structlog.contextvars.get_contextvars().get("x_request_id") or uuid.uuid4().hex[:16])
         bind_request_id(request_id=rid)
@@ -88,7 +88,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         tokens = self._prompt_tokens(prompt, messages, extras, spec)
         job = Job(request_id=rid, sampling=sampling, speculation=speculation, prompt=prompt,
                   messages=messages, prompt_tokens=tokens, deadline=deadline, logprobs=logprobs,
-                  constraint=constraint, tools=spec, caller=structlog.contextvars.get_contextvars().get("caller", ""))
+                  constraint=constraint, tools=spec, caller=structlog.contextvars.get_contextvars().get("caller", ""),
+                  place=place)
         self.loop.submit(job)
         context.add_callback(job.cancel)  # client cancel / deadline / server stop -> engine stops within a step
         return job
@@ -117,19 +118,20 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     # ---- RPCs ----------------------------------------------------------------------------
 
-    def _admit(self) -> Any:
-        """The caller's own place for this request ([limits] caller_*); yields used(tokens)."""
+    def _admit(self, queued: bool = True) -> Any:
+        """The caller's own place for this request ([limits] caller_*): a callers.Place."""
         if self.callers is None:
-            return contextlib.nullcontext(lambda n: None)
-        return self.callers.admit(current_caller())
+            return contextlib.nullcontext(UNLIMITED)
+        return self.callers.admit(current_caller(), queued=queued)
 
     def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> pb.GenerateResponse:  # noqa: N802
-        with self._admit() as used:
-            return self._generate(request, context, used)
+        with self._admit() as place:
+            return self._generate(request, context, place)
 
     def _generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext,
-                  used: Callable[[int], None]) -> pb.GenerateResponse:
-        job = self._submit(request, context)
+                  place: Place | Unlimited) -> pb.GenerateResponse:
+        used = place.used
+        job = self._submit(request, context, place)
         for kind, value in self._events(job):
             if kind == "result":
                 used(len(job.prompt_tokens or ()) + len(value.token_ids))
@@ -142,12 +144,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         raise NotReady("the engine stopped")  # pragma: no cover
 
     def GenerateStream(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:  # noqa: N802
-        with self._admit() as used:
-            yield from self._generate_stream(request, context, used)
+        with self._admit() as place:
+            yield from self._generate_stream(request, context, place)
 
     def _generate_stream(self, request: pb.GenerateRequest, context: grpc.ServicerContext,
-                         used: Callable[[int], None]) -> Iterator[pb.GenerateResponse]:
-        job = self._submit(request, context)
+                         place: Place | Unlimited) -> Iterator[pb.GenerateResponse]:
+        used = place.used
+        job = self._submit(request, context, place)
         held = None  # the finishing chunk is merged into the final message
         for kind, value in self._events(job):
             if kind == "chunk":
@@ -198,9 +201,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             raise BadRequest("texts", "one of texts or token_inputs is required")
         req = emb.parse_request({"input": items}, models=(), max_inputs=self.embedder.cfg.max_inputs,
                                 max_bytes=self.limits.max_prompt_bytes)
-        with self._admit() as used:
+        with self._admit(queued=False) as place:  # runs at once, outside the engine's slots
             vectors, n = self.embedder.embed(req.inputs)
-            used(n)
+            place.used(n)
         name = self.embedder.cfg.path.rsplit("/", 1)[-1].removesuffix(".gguf") if self.embedder.cfg.path else ""
         return pb.EmbedResponse(embeddings=[pb.Embedding(values=v.tolist()) for v in vectors], prompt_tokens=n,
                                 model=name or "target")
@@ -271,8 +274,10 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             for key, value in (s.get(field) or {}).items():
                 getattr(out, field)[key] = int(value)
         for who, f in (self.callers.snapshot() if self.callers is not None else {}).items():
-            out.callers[who].CopyFrom(admin_pb2.CallerFigures(requests_total=f["requests"], rejected_total=f["rejected"],
-                                                              tokens_total=f["tokens"], in_flight=f["in_flight"]))
+            out.callers[who].CopyFrom(admin_pb2.CallerFigures(
+                requests_total=f["requests"], rejected_total=f["rejected"], tokens_total=f["tokens"],
+                in_flight=f["in_flight"], running=f["running"], queued=f["queued"],
+                rejected_by_reason=f["rejected_by_reason"]))
         return out
 
     def SetPolicy(self, request: admin_pb2.SetPolicyRequest, context: grpc.ServicerContext) -> admin_pb2.Policy:  # noqa: N802
