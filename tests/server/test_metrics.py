@@ -80,11 +80,13 @@ def test_label_values_are_escaped_so_that_they_parse_back():
     it come back exactly."""
     m = Metrics()
     who = 'cert:CN=a "quoted" \\ name\nO=x'
-    m.callers = lambda: {who: {"requests": 2, "rejected": 1, "tokens": 7, "in_flight": 1}}
+    m.callers = lambda: {who: {"requests": 2, "rejected": 1, "tokens": 7, "running": 1, "queued": 0, "in_flight": 1,
+                               "rejected_by_reason": {"queued": 1}}}
     m.on_finish(GenerationResult("hi", [1, 2, 3], "length", 4, SpecStats()), 0.02, 0.05)
     fams = samples(m.render())
     assert fams["edgespec_caller_requests"][("edgespec_caller_requests_total", (("caller", who),))] == 2
     assert fams["edgespec_caller_in_flight"][("edgespec_caller_in_flight", (("caller", who),))] == 1
+    assert fams["edgespec_caller_rejected"][("edgespec_caller_rejected_total", (("caller", who), ("reason", "queued")))] == 1
     fams = samples(m.exposition("application/openmetrics-text")[0].decode(), openmetrics_families)
     assert fams["edgespec_caller_tokens"][("edgespec_caller_tokens_total", (("caller", who),))] == 7
 
