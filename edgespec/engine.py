@@ -195,6 +195,15 @@ class Engine:
         """The drafter of one request on `slot` (drafters/base.py: Drafter)."""
         return drafter_class(self.draft_kind)(slot.draft, window=self.cfg.draft_window)
 
+    def new_controller(self, req: GenerationRequest, slot: Slot):
+        """The speculation controller of one auto request on `slot` (edgespec/controller/)."""
+        from edgespec.controller import Controller
+
+        spec = req.speculation
+        return Controller(self.controller_cfg, self.cost, self.prior, max_depth=spec.tree_depth,
+                          max_nodes=spec.tree_nodes, has_draft_model=slot.draft is not None,
+                          max_leaves=slot.target.n_seq_max, request_id=req.request_id, refine_costs=False)
+
     def new_suffix_drafter(self, req: GenerationRequest) -> SuffixDrafter | None:
         """A request's view of the suffix cache: None when the cache is off, or the request does
         not speculate (plain mode) or opts out; such a request does not feed the cache either."""

@@ -1,5 +1,7 @@
 """One request on one slot: its context, drafters, controller, and the per-step pieces the tick
-(edgespec/tick/) calls. Not thread-safe: driven by the engine thread.
+(edgespec/tick/) calls. Not thread-safe: driven by the engine thread. What a step does lives in
+the tick's modules: the step record and its stats (tick/step.py), grafts (tick/graft.py), the
+tree's KV layout and commit (tick/layout.py), verification (tick/verdict.py).
 
 A session's context is `tokens` = prompt + emitted. Invariant between ticks once the prefill is
 done: the slot's main sequence (local seq 0 of its range) holds exactly tokens[:-1]; tokens[-1]
@@ -14,7 +16,6 @@ import time
 
 import numpy as np
 
-from edgespec.controller.shapes import StepOutcome
 from edgespec.shape import PLAIN, Shape, chain, eagle
 from edgespec.drafters import NgramDrafter
 from edgespec.drafters.ngram import NGRAM_MAX  # noqa: F401 - re-exported (edgespec.engine)
@@ -23,11 +24,10 @@ from edgespec.errors import BadRequest
 from edgespec.logprobs import token_logprob
 from edgespec.logs import get_logger
 from edgespec.penalties import Adjuster, adjusts
-from edgespec.sampling import logits_to_probs
-from edgespec.tick import graft
+from edgespec.tick import graft, layout, verdict
+from edgespec.tick.step import StepRecord, count_verified, outcome
 from edgespec.tree import DraftTree
 from edgespec.types import Chunk, FinishReason, GenerationRequest, GenerationResult, SpecStats, TokenLogprob
-from edgespec.verify import VerifyResult, verify_greedy, verify_stochastic
 
 log = get_logger("edgespec.session")
 
@@ -49,8 +49,6 @@ class Session:
     def __init__(self, engine, slot, req: GenerationRequest, keep: int = 0):
         """`keep`: leading prompt positions whose KV the slot's main sequence already holds
         (the prompt cache); the rest of the prompt is prefilled by the ticks."""
-        from edgespec.controller import Controller
-
         self.engine = engine
         self.slot = slot
         self.req = req
@@ -75,12 +73,7 @@ class Session:
         # structured output: the grammar state of this request (edgespec/constraint.py); every
         # verified row is masked by the state after its node's path, drafts by their parent's
         self.matcher = engine.constraint_matcher(req.constraint) if req.constraint is not None else None
-        self.controller = None
-        if self.spec.mode == "auto":
-            self.controller = Controller(engine.controller_cfg, engine.cost, engine.prior,
-                                         max_depth=self.spec.tree_depth, max_nodes=self.spec.tree_nodes,
-                                         has_draft_model=has_draft, max_leaves=slot.target.n_seq_max,
-                                         request_id=req.request_id, refine_costs=False)
+        self.controller = engine.new_controller(req, slot) if self.spec.mode == "auto" else None
         if self.spec.mode in ("chain", "tree") and not has_draft and not self.ngram and not self.suffix:
             raise BadRequest("mode", f"{self.spec.mode} needs a draft model or n-gram drafting")
         self.stats.cached_prompt_tokens = keep
@@ -185,8 +178,7 @@ class Session:
         """`batch` (a tick of several sessions, schedule.Batch): prompt lookups are priced on the
         whole tick's verification, not on this step's alone."""
         self.consistent = False  # until the step's KV commit is done
-        st = StepRecord(shape, DraftTree.root(self.tokens[-1]), time.perf_counter())
-        st.batch = batch
+        st = StepRecord(shape, DraftTree.root(self.tokens[-1]), time.perf_counter(), batch=batch)
         if self.ngram is not None and self.remaining > 1:
             # prompt lookup costs no forward pass; every lookup is scored against what the target
             # then emits (shadow evaluation), which sizes the grafts
@@ -246,29 +238,10 @@ class Session:
 
     def target_batch(self) -> tuple[list[int], list[int], list[list[int]]]:
         """This session's part of the tick's target forward: [root] + tree as (tokens, positions,
-        global seq ids), in KV cell order. Node i carries the seq ids of every leaf below it, so
-        it attends exactly to its ancestors; leaf sequences get the context by a copy of the main
-        sequence (cells shared, not duplicated, in a unified cache)."""
+        global seq ids), in KV cell order (tick/layout.py)."""
         st = self.record
-        tree = st.tree
-        tgt = self.slot.target
-        leaves, below = tree.leaf_sets()
-        assert len(leaves) <= tgt.n_seq_max, f"tree has {len(leaves)} leaves > {tgt.n_seq_max} sequences"
-        spine = _spine(tree)
-        seq_of_leaf = _leaf_seqs(leaves, spine[-1])
-        for s in seq_of_leaf:
-            if s != 0:
-                tgt.seq_cp(0, s, -1, -1)
-        root_pos = self.n_past
-        # batch order = KV cell order: the root and the first-child spine first, so an accepted
-        # spine prefix sits in consecutive cells exactly as one-token decoding would place it;
-        # the other branches follow
-        on_spine = set(spine)
-        order = spine + [i for i in range(len(tree)) if i not in on_spine]  # the identity for a chain
-        base = tgt.base
-        seqs = [[base + seq_of_leaf[li] for li in below[i]] for i in range(len(tree))]
-        st.leaves, st.below, st.seq_of_leaf, st.order, st.root_pos = leaves, below, seq_of_leaf, order, root_pos
-        return ([tree.tokens[i] for i in order], [root_pos + tree.depths[i] for i in order], [seqs[i] for i in order])
+        st.layout, tokens, positions, seqs = layout.lay_out(st.tree, self.slot.target, self.n_past)
+        return tokens, positions, seqs
 
     def verified_features(self, features: np.ndarray) -> None:
         """The target's features of this step's batch entries (batch order), for finish_step."""
@@ -278,27 +251,11 @@ class Session:
         """Verify this session's tree against its rows of the target forward (batch order),
         commit the KV in its sequence range, emit."""
         st = self.record
-        tree = st.tree
-        if st.order != list(range(len(tree))):
-            rows = rows[np.argsort(st.order)]  # back to node order (a copy)
-        if self.adjuster is not None:  # logit_bias and penalties, each node by its own path
-            # in place: the rows are this session's own (its slice of the tick's logits, or a copy)
-            rows = self.adjuster.rows(rows, tree, self.tokens[self.n_prompt:],
-                                      inplace=rows.dtype == np.float32 and rows.flags.writeable)
-        if self.matcher is not None:
-            # the target's distribution masked by the grammar: row i by the state after node i's
-            # path; the drafter drew from q masked alike, so q is verified as it was drawn
-            from edgespec.constraint import masked_rows, verify_masked
-
-            masks = self.matcher.node_bits(tree)
-            res = verify_masked(tree, rows, masks, self.sampling, self.rng, q_masked=False)
-            if self.req.logprobs is not None:  # logprobs under the distribution sampled from
-                rows = masked_rows(rows, masks)
-        elif self.sampling.greedy:
-            res = verify_greedy(tree, np.argmax(rows, axis=1))
-        else:
-            res = verify_stochastic(tree, lambda i: logits_to_probs(rows[i], self.sampling), self.rng)
-        self._commit(tree, res, st)
+        tree, lay = st.tree, st.layout
+        if lay.order != list(range(len(tree))):
+            rows = rows[np.argsort(lay.order)]  # back to node order (a copy)
+        res, rows = verdict.verify(self, tree, rows)
+        self.n_past = layout.commit(self.slot.target, lay, res.accepted)
         new_tokens = [tree.tokens[i] for i in res.accepted] + [res.token]
         if self.matcher is not None:  # up to an end-of-generation token (it ends the request)
             eog = next((k for k, t in enumerate(new_tokens) if self.engine.target.is_eog(t)), len(new_tokens))
@@ -312,22 +269,12 @@ class Session:
             self.drafter.accept(tree, res.accepted, self.tokens)
         if st.features is not None and self.drafter is not None and self.drafter.features:
             # the context tokens this forward committed: the root and the accepted path
-            at = {node: j for j, node in enumerate(st.order)}
+            at = {node: j for j, node in enumerate(lay.order)}
             self.drafter.add_features(st.features[[at[i] for i in [0, *res.accepted]]])
         self.consistent = True
         if self.check_kv:
             self.assert_kv_invariants()
-        s = self.stats
-        s.target_forwards += 1
-        s.drafted_tokens += tree.n_draft
-        s.accepted_tokens += len(res.accepted)
-        _count_sources(s, st.sources, len(tree), res.accepted)
-        for d in range(len(res.accepted)):
-            if len(s.accepted_per_depth) <= d:
-                s.accepted_per_depth.append(0)
-            s.accepted_per_depth[d] += 1
-        kind = "ngram" if st.ngram_only else "forced" if st.forced and st.shape.mode == "plain" else st.shape.kind
-        s.steps_per_mode[kind] = s.steps_per_mode.get(kind, 0) + 1
+        count_verified(self.stats, st, res)
         taken, text = self.emitter.push(new_tokens)
         lps: tuple[TokenLogprob, ...] = ()
         if self.req.logprobs is not None and taken:
@@ -352,49 +299,17 @@ class Session:
         s.python_overhead_seconds += max(0.0, step_seconds - target_seconds - draft_seconds)
         s.seconds = time.perf_counter() - self._t_start
         if self.controller is not None:
-            res = st.result
-            self.controller.observe(StepOutcome(
-                shape=st.shape, accepted_ranks=tuple(res.ranks), offered=tuple(res.offered),
-                emitted=st.emitted, draft_seconds=draft_share, draft_batches=st.draft_batches,
-                verify_seconds=verify_share, verify_tokens=len(st.tree), depth_drafted=st.levels,
-                overhead_seconds=max(0.0, step_seconds - target_seconds - draft_seconds),
-                spine_probs=st.spine_probs, context=st.root_pos))
+            overhead = max(0.0, step_seconds - target_seconds - draft_seconds)
+            self.controller.observe(outcome(st, draft_share=draft_share, verify_share=verify_share,
+                                            overhead_seconds=overhead))
             s.breaker_transitions = len(self.controller.breaker.transitions)
         self.record = None
 
     # -- KV -----------------------------------------------------------------------------------
-    def _commit(self, tree: DraftTree, res: VerifyResult, st: StepRecord) -> None:
-        """Main sequence := context + accepted path; every other sequence of the range emptied
-        (rejected cells are gone)."""
-        below, seq_of_leaf, root_pos = st.below, st.seq_of_leaf, st.root_pos
-        last = res.accepted[-1] if res.accepted else 0
-        end = root_pos + 1 + len(res.accepted)  # cells to keep: [0, end)
-        src = seq_of_leaf[below[last][0]]
-        if 0 in (seq_of_leaf[li] for li in below[last]):
-            src = 0
-        self.slot.target.commit_branch(src, root_pos + 1, end, seq_of_leaf)
-        self.n_past = end
-
     def assert_kv_invariants(self) -> None:
-        """Main sequence = context minus the pending root, nothing else survives (target and draft).
-        Where the context can list a sequence's cells (the test double's `seq_cells`), per cell:
-        each position of the main sequence exactly once, holding the context's token there."""
-        tgt = self.slot.target
-        want = len(self.tokens) - 2
-        assert tgt.pos_min(0) in (0, -1) and tgt.pos_max(0) == want, \
-            f"target seq 0 holds [{tgt.pos_min(0)}, {tgt.pos_max(0)}], expected [0, {want}]"
-        for s in range(1, tgt.n_seq_max):
-            assert tgt.pos_max(s) == -1, f"target seq {s} still holds cells (up to pos {tgt.pos_max(s)})"
-        cells_of = getattr(tgt.ctx, "seq_cells", None)  # test contexts only: llama.cpp lists no cells
-        if cells_of is not None:
-            cells = cells_of(tgt.base)
-            positions = [p for p, _ in cells]
-            assert positions == list(range(want + 1)), \
-                f"target seq 0 positions are not 0..{want} once each: {_runs(positions)}"
-            bad = next((p for p, t in cells if t != self.tokens[p]), None)
-            assert bad is None, f"target seq 0 holds a cell at {bad} that is not the context's token"
-            for s in range(1, tgt.n_seq_max):
-                assert not cells_of(tgt.base + s), f"target seq {s} still holds cells"
+        """Main sequence = context minus the pending root, nothing else survives (target and
+        draft; tick/layout.py: check)."""
+        layout.check(self.slot.target, self.tokens)
         if self.drafter is not None:
             self.drafter.check_kv(self.tokens)
 
@@ -415,77 +330,3 @@ class Session:
         if self.emitter.finish_reason is None and self._closed_reason is None:
             self._closed_reason = reason or "cancelled"
         self.engine.release(self)
-
-
-class StepRecord:
-    """What one step carries from phase to phase (the tick's phases read it: `Session.record`)."""
-
-    __slots__ = ("shape", "tree", "t0", "lookup", "kind", "draft_batches", "levels", "spine_probs",
-                 "draft_ran", "ngram_only", "leaves", "below", "seq_of_leaf", "order", "root_pos",
-                 "result", "emitted", "batch", "features", "forced", "sources")
-
-    def __init__(self, shape: Shape, tree: DraftTree, t0: float):
-        self.shape, self.tree, self.t0 = shape, tree, t0
-        self.lookup: list[int] = []
-        self.kind = 0
-        self.draft_batches: tuple[int, ...] = ()
-        self.levels = 0
-        self.spine_probs: tuple[float, ...] = ()
-        self.draft_ran = False
-        self.ngram_only = False
-        self.forced = False  # grammar-forced tokens grafted (structured output)
-        self.result: VerifyResult | None = None
-        self.emitted = 0
-        self.batch = None
-        self.features: np.ndarray | None = None  # the target's features of the step's entries (a head's)
-        self.sources: list[tuple[int, str]] = []  # (first node, source) of the tree's nodes, in order
-
-
-def _runs(positions: list[int]) -> str:
-    """A short description of a list of positions: the duplicates and the gaps."""
-    seen, dup = set(), []
-    for p in positions:
-        if p in seen:
-            dup.append(p)
-        seen.add(p)
-    top = max(positions, default=-1)
-    gaps = [p for p in range(top + 1) if p not in seen]
-    return f"{len(positions)} cells, duplicated {dup[:8]}, missing {gaps[:8]}"
-
-
-def _spine(tree: DraftTree) -> list[int]:
-    """Root, its first child, that child's first child, ... down to a leaf (a chain: all)."""
-    children = tree.children()
-    spine, n = [0], 0
-    while children[n]:
-        n = children[n][0]
-        spine.append(n)
-    return spine
-
-
-def _leaf_seqs(leaves: list[int], spine_leaf: int) -> list[int]:
-    """Local seq id per leaf ordinal: the leaf on the first-child spine gets seq 0 (the common
-    case then commits without a copy), the others 1, 2, ..."""
-    out, nxt = [], 1
-    for leaf in leaves:
-        if leaf == spine_leaf:
-            out.append(0)
-        else:
-            out.append(nxt)
-            nxt += 1
-    return out
-
-
-def _count_sources(stats: SpecStats, sources: list[tuple[int, str]], n: int, accepted: list[int]) -> None:
-    """Proposed and accepted draft nodes per source: node i came from the last source whose
-    first node is <= i (sources graft one after the other)."""
-    if n <= 1:
-        return
-    bounds = [min(b, n) for b, _ in sources] + [n]
-    for j, (_, name) in enumerate(sources):
-        lo, hi = bounds[j], max(bounds[j], bounds[j + 1])
-        if hi > lo:
-            stats.proposed_by_source[name] = stats.proposed_by_source.get(name, 0) + hi - lo
-            got = sum(1 for i in accepted if lo <= i < hi)
-            if got:
-                stats.accepted_by_source[name] = stats.accepted_by_source.get(name, 0) + got

@@ -1,6 +1,7 @@
 """What a step speculates: `Shape` (plain, a chain, chain + runner-ups, an EAGLE-2 tree) and
-its constructors. Below every package that needs it: the controller chooses shapes, the
-schedule prices them, the drafters grow trees to them."""
+its constructors, and what came of it: `StepOutcome`. Below every package that needs them: the
+controller chooses shapes and learns from outcomes, the schedule prices shapes, the drafters grow
+trees to them, the tick reports the outcomes."""
 
 from __future__ import annotations
 
@@ -84,3 +85,30 @@ def runner_ups(depth: int, r: int, stop_prob: float = 0.0) -> Shape:
 
 def eagle(depth: int, width: int, expand: int, nodes: int, stop_prob: float = 0.0) -> Shape:
     return Shape("tree", depth=depth, width=width, nodes=nodes, runner_ups=0, expand=expand, stop_prob=stop_prob)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What happened in one engine step. Ranks are positions among the children offered at a node,
+    ordered by draft probability (0 = the draft's best)."""
+
+    shape: Shape
+    accepted_ranks: tuple[int, ...]  # [accepted depth] sibling rank of the accepted child at each depth
+    # [len(accepted_ranks) + 1] children offered at each node of the accepted path; the last entry is
+    # the node where verification stopped (0 = a leaf: the bonus token was taken)
+    offered: tuple[int, ...]
+    emitted: int  # tokens emitted (normally len(accepted_ranks) + 1)
+    draft_seconds: float
+    draft_batches: tuple[int, ...]  # [draft forwards] batch size of each draft forward this step
+    verify_seconds: float
+    verify_tokens: int  # target batch size (root + nodes)
+    depth_drafted: int  # levels actually drafted (< shape.depth when stop_prob cut it short)
+    overhead_seconds: float = 0.0  # optional: step time outside draft and target forwards
+    # the draft model's probability of its first-choice child at each level along the path of
+    # first choices from the root (what the confidence calibration learns from)
+    spine_probs: tuple[float, ...] = ()
+    context: int | None = None  # tokens cached before the verification forward (None: not known)
+
+    @property
+    def speculative(self) -> bool:
+        return self.shape.mode != "plain"

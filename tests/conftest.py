@@ -25,7 +25,7 @@ def engine(demo_pair: DemoPair):
         draft=ModelConfig(path=str(demo_pair.draft), n_ctx=2048),
         parallel=2,
         # the engine tests measure the draft model's acceptance and reproduce seeded runs; the
-        # suffix cache (which replays earlier answers) has its own tests (tests/test_suffix.py)
+        # suffix cache (which replays earlier answers) has its own tests (tests/drafters/test_suffix.py)
         suffix_cache=False,
     )
     eng = Engine.load(cfg)

@@ -22,9 +22,9 @@ one earlier occurrence predicts its continuation with 1/2, ten that agree with 1
 NODES_PER_MATCH nodes per matched token.
 
 Memory is bounded in bytes by an accounting of what each document, index key and occurrence
-holds (the constants below over-estimate CPython's allocations: tests/test_suffix.py measures
-them with tracemalloc); inserting beyond `max_bytes` evicts the least recently used documents
-(a document is used when it is inserted or one of its continuations is proposed).
+holds (the constants below over-estimate CPython's allocations: tests/drafters/test_suffix.py
+measures them with tracemalloc); inserting beyond `max_bytes` evicts the least recently used
+documents (a document is used when it is inserted or one of its continuations is proposed).
 
 Exactness: every proposal is a point draft, verified by the same verifier as any draft
 (edgespec/verify.py): the cache can change the speed, never the output.
@@ -53,7 +53,7 @@ ANCHOR = 8  # prompt tokens kept before a stored reply (what the reply's first t
 MIN_SCORE = 0.05  # nodes voted for by fewer are never proposed
 EWMA = 0.05  # calibration: how fast realized/predicted follows the shadow evaluation
 
-# accounting, bytes (over-estimates of CPython's allocations; measured in tests/test_suffix.py)
+# accounting, bytes (over-estimates of CPython's allocations; measured in tests/drafters/test_suffix.py)
 DOC_BYTES = 240  # a document's record and array header
 TOKEN_BYTES = 4  # a stored token (int32)
 KEY_BYTES = 240  # an index key: its dict slot, hash int and occurrence list

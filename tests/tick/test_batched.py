@@ -305,15 +305,15 @@ def test_verifying_with_a_flat_q_is_caught(far_engine, exact_dists, monkeypatch)
     distribution (accepting nearly every draft). The same test must reject it."""
     import dataclasses
 
-    import edgespec.session as session
+    import edgespec.tick.verdict as verdict
 
-    real = session.verify_stochastic
+    real = verdict.verify_stochastic
 
     def flat(tree, probs, rng):
         qs = [None if q is None else np.full(len(q), 1.0 / len(q)) for q in tree.q]
         return real(dataclasses.replace(tree, q=qs), probs, rng)
 
-    monkeypatch.setattr(session, "verify_stochastic", flat)
+    monkeypatch.setattr(verdict, "verify_stochastic", flat)
     prompts, exact = exact_dists
     counts = sample_batched(far_engine, prompts, N_SAMPLES // 4)  # a gross bias: fewer samples do
     assert min(gof(c, e) for c, e in zip(counts, exact)) < ALPHA

@@ -177,8 +177,8 @@ def flat_q(tree):
 
 
 def test_verifying_without_the_drafts_distribution_is_rejected(monkeypatch):
-    import edgespec.session as session
+    import edgespec.tick.verdict as verdict
 
-    real = session.verify_stochastic
-    monkeypatch.setattr(session, "verify_stochastic", lambda tree, probs, rng: real(flat_q(tree), probs, rng))
+    real = verdict.verify_stochastic
+    monkeypatch.setattr(verdict, "verify_stochastic", lambda tree, probs, rng: real(flat_q(tree), probs, rng))
     assert min(p_values(sample(SAMPLES))) < ALPHA
