@@ -45,5 +45,9 @@ class Cancelled(EdgespecError):
     """The request was cancelled by its caller."""
 
 
+class DeadlineExceeded(EdgespecError):
+    """The caller's deadline passed before generation finished."""
+
+
 class NotReady(EdgespecError):
     """The daemon is loading or draining."""

@@ -4,7 +4,6 @@ The servicers stay thin: they call these and the engine loop."""
 from __future__ import annotations
 
 import json
-import string
 from collections.abc import Sequence
 
 from edgespec.errors import BadRequest
@@ -26,7 +25,6 @@ _POLICY_IN = {admin_pb2.SPECULATION_POLICY_AUTO: "auto", admin_pb2.SPECULATION_P
 _POLICY_OUT = {v: k for k, v in _POLICY_IN.items()}
 
 
-REQUEST_ID_CHARS = frozenset(string.ascii_letters + string.digits + "-_.:")
 DEFAULT_LIMITS = LimitsConfig()
 
 
@@ -152,13 +150,6 @@ def prompt_from(req: pb.GenerateRequest, limits: LimitsConfig = DEFAULT_LIMITS) 
     if not req.prompt and not req.messages:
         raise BadRequest("prompt", "one of prompt or messages is required")
     return text_within(req.prompt, "prompt", limits), messages_from(req.messages, limits=limits)
-
-
-def validate_request_id(rid: str) -> str:
-    """ASCII only, as the message says (str.isalnum() also takes 请, ٣ and friends)."""
-    if len(rid) > 128 or not REQUEST_ID_CHARS.issuperset(rid):
-        raise BadRequest("request_id", "at most 128 characters of [A-Za-z0-9-_.:]")
-    return rid
 
 
 def response(result: GenerationResult | None, *, text: str, token_ids: list[int] | tuple[int, ...],

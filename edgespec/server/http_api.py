@@ -40,22 +40,22 @@ from starlette.routing import Route
 
 from edgespec import chat as chat_encoding
 from edgespec import tools as tools_mod
-from edgespec.errors import BadRequest, Cancelled, ConfigError, EdgespecError, ModelError, NotReady, Overloaded
+from edgespec.errors import (BadRequest, Cancelled, ConfigError, DeadlineExceeded, EdgespecError, NotReady,
+                             Overloaded)
 from edgespec.logs import bind_request_id, clear_request, get_logger
 from edgespec.server import openai_api as oa
 from edgespec.server import embeddings as emb
+from edgespec.server import pipe
 from edgespec.server.auth import TokenAuth
 from edgespec.server.callers import UNLIMITED, CallerLimits, Place, Unlimited, current_caller, retry_after_seconds
 from edgespec.server.config import LimitsConfig
-from edgespec.server.convert import validate_request_id
 from edgespec.server.engine_loop import EngineLoop, Job
 from edgespec.server.policy import Policy
-from edgespec.server.status import DeadlineExceeded
 from edgespec.types import Chunk, GenerationResult
 
 log = get_logger("edgespec.server.http_api")
 
-POLL_SECONDS = 0.25  # how often a waiting request looks whether the engine is still there
+POLL_SECONDS = pipe.POLL_SECONDS  # how often a waiting request looks whether the engine is still there
 RETRY_AFTER_SECONDS = 1
 AUTH_METHOD = "/edgespec.v1.Inference/HTTP"  # what TokenAuth.check sees for an HTTP route
 
@@ -193,11 +193,7 @@ class HttpApi:
                                           client_subject(request.scope))
             bind_request_id(caller=decision.identity)
             try:
-                try:  # as over gRPC: a malformed id is refused by name, not silently replaced
-                    caller_rid = validate_request_id(caller_rid)
-                except BadRequest:
-                    caller_rid = ""
-                    raise BadRequest("x-request-id", "at most 128 characters of [A-Za-z0-9-_.:]") from None
+                caller_rid = pipe.request_id(caller_rid, "x-request-id")  # as over gRPC: refused by name
                 if caller_rid:
                     rid = caller_rid  # the job takes the caller's id
                     bind_request_id(request_id=rid, x_request_id=caller_rid)
@@ -278,48 +274,24 @@ class HttpApi:
                                                     req.extras, req.tools, self.chat_template,
                                                     limiter=self.limiter))
 
-    def _wait(self, events: queue.SimpleQueue, until_result: bool) -> list[tuple]:
-        """Blocking (run in a worker thread): the events queued now (at least one), or all of them
-        up to a result when `until_result`: one thread hop per batch, not per chunk. `events`: a
-        job's own queue, or a stream's (its choices' events, tagged with their index)."""
-        out: list[tuple] = []
-        while True:
-            try:
-                event = events.get(timeout=POLL_SECONDS) if until_result or not out else events.get_nowait()
-            except queue.Empty:
-                if out and not until_result:
-                    return out
-                if self.loop.stopped:
-                    raise NotReady("the engine stopped") from None
-                continue
-            out.append(event)
-            if event[0] in ("result", "error"):
-                return out
-
     async def _events(self, job: Job, until_result: bool = False) -> list[tuple[str, Any]]:
-        """The next batch of the job's events; raises its error (BadRequest from the engine, ...)."""
-        events = await anyio.to_thread.run_sync(self._wait, job.events, until_result, limiter=self.limiter)
-        if events[-1][0] == "error":
-            raise events[-1][1]
-        return events
+        """The next batch of the job's events (pipe.next_events, in a worker thread: one thread hop
+        per batch, not per chunk); raises its error (BadRequest from the engine, ...)."""
+        return list(pipe.raise_error(await self._batch(job.events, until_result)))
 
     async def _choice_events(self, events: queue.SimpleQueue) -> list[tuple[str, Any, int]]:
         """The next batch of a stream's events, (kind, value, choice index) each; raises the first
         error among them."""
-        batch = await anyio.to_thread.run_sync(self._wait, events, False, limiter=self.limiter)
-        for kind, value, _i in batch:
-            if kind == "error":
-                raise value
-        return batch
+        return list(pipe.raise_error(await self._batch(events, False)))
+
+    async def _batch(self, events: queue.SimpleQueue, until_result: bool) -> list[tuple]:
+        return await anyio.to_thread.run_sync(lambda: pipe.next_events(
+            events, until_result=until_result, stopped=lambda: self.loop.stopped, poll=POLL_SECONDS),
+            limiter=self.limiter)
 
     @staticmethod
     def _check_end(result: GenerationResult) -> None:
-        if result.finish_reason == "deadline":
-            raise DeadlineExceeded(f"edgespec.timeout_seconds passed after {len(result.token_ids)} generated tokens")
-        if result.finish_reason == "cancelled":
-            raise Cancelled("the request was cancelled")
-        if result.finish_reason == "error":
-            raise ModelError("the engine failed on this request")
+        pipe.check_end(result, deadline="edgespec.timeout_seconds passed")
 
     # ---- generation ----------------------------------------------------------------------------
 

@@ -4,7 +4,6 @@ as domain exceptions and mapped to status codes by status.ServerInterceptor."""
 from __future__ import annotations
 
 import contextlib
-import queue
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -14,19 +13,18 @@ import grpc
 import structlog
 
 from edgespec import chat
-from edgespec.errors import BadRequest, Cancelled, NotReady
+from edgespec.errors import BadRequest, NotReady
 from edgespec.logs import bind_request_id
 from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2 as pb, inference_pb2_grpc
-from edgespec.server import convert
+from edgespec.server import convert, pipe
 from edgespec.server.callers import UNLIMITED, CallerLimits, Place, Unlimited, current_caller
 from edgespec.server.config import LimitsConfig
 from edgespec.server.engine_loop import EngineLoop, Job
 from edgespec.server.policy import Policy
-from edgespec.server.status import DeadlineExceeded
 from edgespec.tools import ToolSpec, encode_request, parse_answer
 from edgespec.types import GenerationResult
 
-POLL_SECONDS = 0.25
+POLL_SECONDS = pipe.POLL_SECONDS
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
@@ -67,7 +65,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         return tuple(encode_request(enc, prompt, messages, extras, spec, self.chat_template))
 
     def _submit(self, request: pb.GenerateRequest, context: grpc.ServicerContext, place: Place | Unlimited) -> Job:
-        rid = (convert.validate_request_id(request.request_id)
+        rid = (pipe.request_id(request.request_id, "request_id")
                or structlog.contextvars.get_contextvars().get("x_request_id") or uuid.uuid4().hex[:16])
         bind_request_id(request_id=rid)
         policy = self.policy()
@@ -95,26 +93,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         return job
 
     def _events(self, job: Job) -> Iterator[tuple[str, Any]]:
-        """Yield ("chunk", Chunk) until the job's result; raise its error."""
-        while True:
-            try:
-                kind, value = job.events.get(timeout=POLL_SECONDS)
-            except queue.Empty:
-                if self.loop.stopped:
-                    raise NotReady("the engine stopped") from None
-                continue
-            if kind == "error":
-                raise value
-            yield kind, value
-            if kind == "result":
-                return
+        """("chunk", Chunk) ... ("result", GenerationResult); raises the job's error (pipe.job_events)."""
+        return pipe.job_events(job.events, stopped=lambda: self.loop.stopped, poll=POLL_SECONDS)
 
     @staticmethod
-    def _check_end(result: GenerationResult, job: Job) -> None:
-        if result.finish_reason == "deadline":
-            raise DeadlineExceeded(f"deadline exceeded after {len(result.token_ids)} generated tokens")
-        if result.finish_reason == "cancelled":
-            raise Cancelled("the request was cancelled")
+    def _check_end(result: GenerationResult) -> None:
+        # an engine failure stays in the answer (FinishReason ERROR), as the API documents
+        pipe.check_end(result, deadline="deadline exceeded", failed=False)
 
     # ---- RPCs ----------------------------------------------------------------------------
 
@@ -135,7 +120,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         for kind, value in self._events(job):
             if kind == "result":
                 used(len(job.prompt_tokens or ()) + len(value.token_ids))
-                self._check_end(value, job)
+                self._check_end(value)
                 return convert.response(value, text=value.text, token_ids=value.token_ids,
                                         timings=job.timings(), request_id=job.request_id,
                                         prompt_tokens=len(job.prompt_tokens or ()),
@@ -161,7 +146,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                                            request_id=job.request_id, logprobs=value.logprobs)
             else:
                 used(len(job.prompt_tokens or ()) + len(value.token_ids))
-                self._check_end(value, job)
+                self._check_end(value)
                 yield convert.response(value, text=held.text if held else "", token_ids=held.token_ids if held else (),
                                        timings=job.timings(), request_id=job.request_id,
                                        prompt_tokens=len(job.prompt_tokens or ()), logprobs=held.logprobs if held else (),

@@ -37,16 +37,14 @@ from typing import Any
 import grpc
 import structlog
 
-from edgespec.errors import BadRequest, Cancelled, ConfigError, EdgespecError, ModelError, NotReady, Overloaded
+from edgespec.errors import (BadRequest, Cancelled, ConfigError, DeadlineExceeded, EdgespecError, ModelError,
+                             NotReady, Overloaded)
 from edgespec.logs import bind_request_id, clear_request, get_logger
+from edgespec.server import pipe
 from edgespec.server.auth import OPEN_SERVICES, Decision, TokenAuth
 from edgespec.server.wire import bad_utf8_field
 
 log = get_logger("edgespec.server")
-
-
-class DeadlineExceeded(EdgespecError):
-    """The caller's deadline passed before generation finished."""
 
 
 # most specific first
@@ -134,10 +132,7 @@ def _checked(request: Any) -> Any:
 
 def _caller_request_id(md: dict) -> str:
     """The caller's x-request-id, checked like GenerateRequest.request_id."""
-    rid = str(md.get("x-request-id") or "")
-    if len(rid) > 128 or any(not (c.isascii() and (c.isalnum() or c in "-_.:")) for c in rid):
-        raise BadRequest("x-request-id", "at most 128 characters of [A-Za-z0-9-_.:]")
-    return rid
+    return pipe.request_id(str(md.get("x-request-id") or ""), "x-request-id")
 
 
 def _subject(context: grpc.ServicerContext) -> tuple[str, str] | None:
