@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from edgespec import chat
 from edgespec.errors import ForwardAborted, NotReady, Overloaded
@@ -52,9 +52,12 @@ class CallerPlace(Protocol):
     def release(self) -> None: ...  # the job left its slot or the queue
 
 
+@runtime_checkable
 class LoopEngine(Protocol):
     """What the loop needs of an engine (edgespec.engine.Engine; the tests' FakeEngine). All of
-    it runs on the loop's thread, except `encoder`, which the handler threads use."""
+    it runs on the loop's thread, except `encoder`, which the handler threads use, and
+    `abort_forward`, which the abort watch calls. The optional capabilities are members too:
+    a method, or None on an engine without it (the loop asks nothing else of an engine)."""
 
     capabilities: frozenset[str]  # "constraint", "logprobs": what requests may ask of it
     tick_totals: Mapping[str, float]  # seconds per tick phase, ticks, ... since load
@@ -76,6 +79,16 @@ class LoopEngine(Protocol):
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
 
     def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> str: ...
+
+    # optional: stop the forward in progress at its next graph node, from any thread (the tick
+    # then raises ForwardAborted); None: a cancelled request waits for its tick's end
+    @property
+    def abort_forward(self) -> Callable[[], None] | None: ...
+
+    # optional: the suffix cache's figures, read after each tick and as a request closes
+    @property
+    def suffix_stats(self) -> Callable[[], dict[str, float]] | None: ...
+
 
 HEARTBEAT_SECONDS = 1.0
 BLOCKED_SECONDS = 0.01  # idle with queued jobs whose callers are at their concurrent limit
@@ -194,6 +207,7 @@ class EngineLoop:
         self._watch_jobs: list[Job] | None = None
         self._watch_wake = threading.Event()
         self._abort: Callable[[], None] | None = None
+        self._suffix_stats: Callable[[], dict[str, float]] | None = None  # the engine's, if it has them
         self.aborted_ticks = 0
         # [audit]: finished greedy speculative requests waiting for their plain shadow decode
         self.shadow_fraction = shadow_fraction
@@ -316,7 +330,7 @@ class EngineLoop:
             log.error("engine_load_failed", error=str(exc), exc_info=True)
             self._started.set()
             return
-        self._abort = getattr(engine, "abort_forward", None)
+        self._abort, self._suffix_stats = engine.abort_forward, engine.suffix_stats
         if self._abort is not None:
             threading.Thread(target=self._watch, name="edgespec-abort-watch", daemon=True).start()
         self._ready.set()
@@ -504,9 +518,8 @@ class EngineLoop:
                 a.job.events.put(("error", exc))
             return
         self.tick_totals = dict(engine.tick_totals)  # a snapshot for the handler threads
-        suffix_stats = getattr(engine, "suffix_stats", None)
-        if suffix_stats is not None:
-            self.suffix_cache = suffix_stats()
+        if self._suffix_stats is not None:
+            self.suffix_cache = self._suffix_stats()
         for sess, chunk in chunks.items():
             a = by_session[sess]
             job = a.job
@@ -532,9 +545,8 @@ class EngineLoop:
                 result = sess.result()
         except BaseException as exc:  # noqa: BLE001
             log.error("session_close_failed", request_id=job.request_id, error=str(exc), exc_info=True)
-        suffix_stats = getattr(getattr(sess, "engine", None), "suffix_stats", None)
-        if suffix_stats is not None:  # the request's reply went into the cache as it closed
-            self.suffix_cache = suffix_stats()
+        if self._suffix_stats is not None:  # the request's reply went into the cache as it closed
+            self.suffix_cache = self._suffix_stats()
         if result is None:
             result = GenerationResult("", [], close_reason or "error", len(job.prompt_tokens or ()), SpecStats())
         if close_reason is not None and result.finish_reason != close_reason:

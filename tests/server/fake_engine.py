@@ -102,6 +102,9 @@ class FakeEncoder:
 class FakeEngine:
     capabilities = frozenset({"constraint"})  # constraints are only recorded
     special_tokens: dict[str, int] = {}  # noqa: RUF012 - none (with tokenize and chat_prompt: a chat.ChatTokenizer)
+    # the optional capabilities of engine_loop.LoopEngine: neither (no forward to abort, no suffix cache)
+    abort_forward = None
+    suffix_stats = None
 
     def __init__(self, parallel: int = 2, n_ctx: int = 256, step_seconds: float = 0.01, load_seconds: float = 0.0):
         self.parallel = parallel
