@@ -103,6 +103,11 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = prometheus_client.CollectorRegistry()  # this daemon's own
         r = self.registry
+        # the process's own figures (process_cpu_seconds_total, process_resident_memory_bytes,
+        # open fds, start time; Linux /proc) and the Python runtime's (python_info, gc)
+        prometheus_client.ProcessCollector(registry=r)
+        prometheus_client.PlatformCollector(registry=r)
+        prometheus_client.GCCollector(registry=r)
         self.state: Callable[[], dict] = lambda: {}
         # per-caller figures (edgespec.server.callers.CallerLimits.snapshot): labels bounded by [limits] callers
         self.callers: Callable[[], dict[str, dict[str, int]]] = lambda: {}

@@ -117,3 +117,11 @@ def test_metrics_refuse_a_missing_token_when_tokens_are_configured(make_daemon, 
     with pytest.raises(urllib.error.HTTPError) as e:  # and an unknown path is not the exporter
         urllib.request.urlopen(f"http://127.0.0.1:{r.daemon.metrics_port}/other", timeout=5)
     assert e.value.code == 404
+
+
+def test_the_process_own_figures_are_exported():
+    """Resident memory and CPU time of the daemon's process, as prometheus-client collects them."""
+    fams = samples(Metrics().render())
+    assert fams["process_resident_memory_bytes"][("process_resident_memory_bytes", ())] > 10 << 20
+    assert fams["process_cpu_seconds"][("process_cpu_seconds_total", ())] > 0
+    assert ("python_info" in fams) and fams["python_gc_collections"]["type"] == "counter"
