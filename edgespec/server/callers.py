@@ -201,8 +201,8 @@ class CallerLimits:
         with self._lock:
             if p.state != "queued":
                 return p.state == "running"
-            n = self._counts[p.identity]
-            if self.caps(p.identity).concurrent and n.running >= self.caps(p.identity).concurrent:
+            n, cap = self._counts[p.identity], self.caps(p.identity).concurrent
+            if cap and n.running >= cap:
                 return False
             fig = self._fig(p.identity)
             n.queued -= 1

@@ -274,20 +274,13 @@ class HttpApi:
                                                     req.extras, req.tools, self.chat_template,
                                                     limiter=self.limiter))
 
-    async def _events(self, job: Job, until_result: bool = False) -> list[tuple[str, Any]]:
-        """The next batch of the job's events (pipe.next_events, in a worker thread: one thread hop
-        per batch, not per chunk); raises its error (BadRequest from the engine, ...)."""
-        return list(pipe.raise_error(await self._batch(job.events, until_result)))
-
-    async def _choice_events(self, events: queue.SimpleQueue) -> list[tuple[str, Any, int]]:
-        """The next batch of a stream's events, (kind, value, choice index) each; raises the first
-        error among them."""
-        return list(pipe.raise_error(await self._batch(events, False)))
-
-    async def _batch(self, events: queue.SimpleQueue, until_result: bool) -> list[tuple]:
-        return await anyio.to_thread.run_sync(lambda: pipe.next_events(
+    async def _events(self, events: queue.SimpleQueue, until_result: bool = False) -> list[tuple]:
+        """The next batch of events from a job's queue, or a stream's ((kind, value, choice index)
+        each): pipe.next_events in a worker thread, one thread hop per batch, not per chunk;
+        raises the batch's first error (BadRequest from the engine, ...)."""
+        return list(pipe.raise_error(await anyio.to_thread.run_sync(lambda: pipe.next_events(
             events, until_result=until_result, stopped=lambda: self.loop.stopped, poll=POLL_SECONDS),
-            limiter=self.limiter)
+            limiter=self.limiter)))
 
     @staticmethod
     def _check_end(result: GenerationResult) -> None:
@@ -346,7 +339,7 @@ class HttpApi:
         warning = _warning_headers(req)
         if req.stream:
             try:  # wait for the first events: an error the engine raises on admission is still a status code
-                first = await self._choice_events(events)
+                first = await self._events(events)
             except BaseException:
                 for job in jobs:
                     job.cancel()
@@ -412,7 +405,7 @@ class HttpApi:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(watch)
                 try:  # raised outside the task group, or it would come wrapped in an ExceptionGroup
-                    kind, value = (await self._events(job, until_result=True))[-1]
+                    kind, value = (await self._events(job.events, until_result=True))[-1]
                 except Exception as exc:  # noqa: BLE001 - re-raised below
                     failed = exc
                 tg.cancel_scope.cancel()
@@ -473,7 +466,7 @@ class HttpApi:
                     yield _sse(last)
                 if all(r is not None for r in results):
                     break
-                batch = await self._choice_events(events)
+                batch = await self._events(events)
             done = True
             if req.include_usage:
                 ended = [r for r in results if r is not None]
