@@ -1,17 +1,26 @@
 """GoodputGuard: auto is never slower than plain decoding, measured, not predicted.
 
 The controller's choices rest on models (acceptance, cost curves, the measured model bias);
-the guard checks the outcome. Per load level -- the number of sessions decoding in the tick and
-the host's speed (the cost model's host factor, in factor-of-2 steps) -- it keeps the realised
-tokens per second of the last `window` ticks that speculated with a drafter and of the last
-`window` that decoded plainly (ratio of sums: tokens emitted / tick wall seconds, prefill-free
-ticks only). When both hold `min_ticks` ticks and speculation's rate is below plain's by more
-than `margin`, the level falls back to plain: the schedule turns every auto session's shape
-plain there (prompt lookups still graft: they cost no draft forward). A fallen-back level
-re-probes: after `reprobe` plain ticks, `probe` ticks speculate again; a probe that still loses
-doubles the wait (up to `max_reprobe`), one that wins clears the fallback. While a level
-speculates it needs fresh plain ticks to compare with: when its plain window is short or older
-than `stale` ticks, one tick in `explore` is decoded plainly.
+the guard checks the outcome. It judges each tick's realised goodput in *plain-token units*:
+the tick's emitted tokens times the seconds a plain token costs at that many sessions by the
+online cost model (`unit`: the predicted plain forward of the tick's sessions over their
+number), over the tick's wall seconds. A plain tick scores about 1 whatever the number of
+sessions and however fast the host is this minute (the online curves follow it); a speculating
+tick scores above 1 when it pays. So plain evidence from any number of sessions can judge
+speculation at any other, and a level needs only its own speculating ticks.
+
+Levels are (sessions decoding, rounded up to a power of two; the host's load, the cost model's
+host factor in factor-of-2 steps). Per level the guard keeps the last `window` speculating
+ticks and the last `window` plain ones; plain's reference is the level's own plain window when
+it holds `min_ticks` recent ticks, else the pooled plain window of every level at that load.
+Prefill-free ticks only. When speculation's score is below plain's by more than `margin`, the
+level falls back to plain: the schedule turns every auto session's shape plain there (prompt
+lookups still graft: they cost no draft forward). A fallen-back level re-probes: after
+`reprobe` plain ticks, `probe` ticks speculate again; a probe that still loses doubles the wait
+(up to `max_reprobe`), one that wins clears the fallback. While a level speculates it needs
+fresh plain ticks to compare with: when no plain reference is recent (`stale` ticks), one tick
+in `explore` is decoded plainly, and one in `explore_first` until the load's first `min_ticks`
+plain ticks are in (a fresh process).
 
 One per engine, engine thread only. Pure Python.
 """
@@ -22,13 +31,13 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-Key = tuple[int, int]  # (sessions decoding, load level)
+Key = tuple[int, int]  # (sessions decoding, as a power of two; load level)
 
 
 @dataclass
 class _Level:
-    spec: deque = field(default_factory=deque)  # (tokens, seconds) of speculating ticks
-    plain: deque = field(default_factory=deque)  # (tokens, seconds) of plain ticks
+    spec: deque = field(default_factory=deque)  # (plain-token units, seconds) of speculating ticks
+    plain: deque = field(default_factory=deque)  # (plain-token units, seconds) of plain ticks
     plain_at: int = -(1 << 30)  # tick count of the last plain tick
     fallback: bool = False
     wait: int = 0  # plain ticks until the next probe (fallback)
@@ -39,6 +48,12 @@ class _Level:
     fallbacks: int = 0  # times the level fell back
 
 
+@dataclass
+class _Pool:
+    plain: deque = field(default_factory=deque)  # every level's plain ticks at one load
+    plain_at: int = -(1 << 30)
+
+
 def _rate(w: deque) -> float:
     s = sum(sec for _, sec in w)
     return sum(t for t, _ in w) / s if s > 0 else 0.0
@@ -46,27 +61,45 @@ def _rate(w: deque) -> float:
 
 class GoodputGuard:
     def __init__(self, margin: float = 0.03, window: int = 16, min_ticks: int = 4, reprobe: int = 64,
-                 max_reprobe: int = 1024, probe: int = 4, explore: int = 32, stale: int = 512,
-                 enabled: bool = True):
+                 max_reprobe: int = 1024, probe: int = 4, explore: int = 32, explore_first: int = 4,
+                 stale: int = 512, enabled: bool = True):
         self.enabled = enabled  # False: allow() always, nothing recorded (tests on wall-clock-free fakes)
         self.margin, self.window, self.min_ticks = margin, window, min_ticks
         self.reprobe, self.max_reprobe, self.probe = reprobe, max_reprobe, probe
-        self.explore, self.stale = explore, stale
+        self.explore, self.explore_first, self.stale = explore, explore_first, stale
         self.levels: dict[Key, _Level] = {}
+        self.pools: dict[int, _Pool] = {}
         self.ticks = 0
 
     @staticmethod
     def key(decoding: int, host_factor: float) -> Key:
-        # factor-of-2 steps: finer ones split a busy host's evidence over many levels (its host
-        # factor swings from tick to tick)
+        # sessions in power-of-two buckets and the load in factor-of-2 steps: finer ones split the
+        # evidence over many levels (at 8 streams the decoding count moves from tick to tick as
+        # requests end and prompts prefill; a busy host's factor swings)
+        sessions = 1 << max(0, math.ceil(math.log2(max(1, decoding))))
         load = int(round(math.log2(max(1e-3, host_factor))))
-        return (decoding, max(-2, min(5, load)))
+        return (sessions, max(-2, min(5, load)))
 
     def _level(self, key: Key) -> _Level:
         lv = self.levels.get(key)
         if lv is None:
             lv = self.levels[key] = _Level(deque(maxlen=self.window), deque(maxlen=self.window))
         return lv
+
+    def _pool(self, key: Key) -> _Pool:
+        pool = self.pools.get(key[1])
+        if pool is None:
+            pool = self.pools[key[1]] = _Pool(deque(maxlen=2 * self.window))
+        return pool
+
+    def _plain_ref(self, key: Key, lv: _Level) -> deque | None:
+        """Plain's recent ticks to judge this level by: its own, else its load's pool."""
+        if len(lv.plain) >= self.min_ticks and self.ticks - lv.plain_at < self.stale:
+            return lv.plain
+        pool = self._pool(key)
+        if len(pool.plain) >= self.min_ticks and self.ticks - pool.plain_at < self.stale:
+            return pool.plain
+        return None
 
     def allow(self, key: Key) -> bool:
         """May this tick speculate at `key`? (False: decode every auto session plainly.)"""
@@ -83,48 +116,56 @@ class GoodputGuard:
             lv.wait -= 1
             lv.blocked += 1
             return False
-        fresh = len(lv.plain) >= self.min_ticks and self.ticks - lv.plain_at < self.stale
-        if not fresh and lv.since_plain >= self.explore:
-            lv.blocked += 1
-            return False
+        if self._plain_ref(key, lv) is None:
+            first = len(self._pool(key).plain) < self.min_ticks
+            if lv.since_plain >= (self.explore_first if first else self.explore):
+                lv.blocked += 1
+                return False
         return True
 
-    def record(self, key: Key, speculated: bool, tokens: int, seconds: float) -> None:
-        """One prefill-free tick at `key`: whether a drafter ran, tokens emitted, wall seconds."""
+    def record(self, key: Key, speculated: bool, tokens: int, seconds: float, unit: float = 1.0) -> None:
+        """One prefill-free tick at `key`: whether a drafter ran, tokens emitted, wall seconds, and
+        the cost model's seconds per plain token at this many sessions (1.0: score raw tokens/s)."""
         self.ticks += 1
-        if not self.enabled or tokens <= 0 or not seconds > 0:
+        if not self.enabled or tokens <= 0 or not seconds > 0 or not unit > 0:
             return
         lv = self._level(key)
+        sample = (tokens * unit, seconds)
         if not speculated:
-            lv.plain.append((tokens, seconds))
+            lv.plain.append(sample)
             lv.plain_at = self.ticks
             lv.since_plain = 0
+            pool = self._pool(key)
+            pool.plain.append(sample)
+            pool.plain_at = self.ticks
             return
-        lv.spec.append((tokens, seconds))
+        lv.spec.append(sample)
         lv.since_plain += 1
         if lv.fallback and lv.probe_left > 0:
             lv.probe_left -= 1
             if lv.probe_left == 0:
-                if self._loses(lv) is False:
+                if self._loses(key, lv) is False:
                     lv.fallback = False
                 else:
                     lv.backoff = lv.wait = min(self.max_reprobe, 2 * lv.backoff)
             return
-        if not lv.fallback and self._loses(lv):
+        if not lv.fallback and self._loses(key, lv):
             lv.fallback = True
             lv.fallbacks += 1
             lv.backoff = lv.wait = self.reprobe
 
-    def _loses(self, lv: _Level) -> bool | None:
-        """Speculation's realised rate below plain's by more than the margin (None: too few ticks)."""
-        if len(lv.spec) < min(self.min_ticks, self.probe) or len(lv.plain) < self.min_ticks:
+    def _loses(self, key: Key, lv: _Level) -> bool | None:
+        """Speculation's realised score below plain's by more than the margin (None: too few ticks)."""
+        ref = self._plain_ref(key, lv)
+        if len(lv.spec) < min(self.min_ticks, self.probe) or ref is None:
             return None
-        return _rate(lv.spec) < (1.0 - self.margin) * _rate(lv.plain)
+        return _rate(lv.spec) < (1.0 - self.margin) * _rate(ref)
 
     # -- reporting --------------------------------------------------------------------------------
     def flat(self) -> dict[str, float]:
         """For Admin.Stats' tick_totals: levels falling back now, ticks turned plain, and per
-        level (goodput_<sessions>_<load>_...) both rates and the fallback flag."""
+        level (goodput_<sessions>_<load>_...) both scores (plain-token units per second: 1 is
+        the cost model's plain rate) and the fallback flag."""
         out: dict[str, float] = {
             "goodput_fallback_levels": float(sum(lv.fallback for lv in self.levels.values())),
             "goodput_blocked_ticks": float(sum(lv.blocked for lv in self.levels.values())),
@@ -132,7 +173,7 @@ class GoodputGuard:
         }
         for (n, load), lv in sorted(self.levels.items()):
             p = f"goodput_{n}_{load}_"
-            out[p + "spec_tokens_per_second"] = _rate(lv.spec)
-            out[p + "plain_tokens_per_second"] = _rate(lv.plain)
+            out[p + "spec_score"] = _rate(lv.spec)
+            out[p + "plain_score"] = _rate(lv.plain)
             out[p + "fallback"] = float(lv.fallback)
         return out

@@ -40,7 +40,7 @@ def observe(engine, plan, drafts, fwd, *, phases: tuple, t_start: float) -> None
     if plan.guard_key is not None and not plan.prefill and not plan.absorb:
         # realised goodput of the tick, for the guard: speculating (a drafter ran) or plain
         engine.goodput.record(plan.guard_key, bool(drafts.sessions),
-                              sum(s.record.emitted for s in plan.decoding), now - t_start)
+                              sum(s.record.emitted for s in plan.decoding), now - t_start, plan.guard_unit)
     for s in plan.decoding:
         v, d = plan.predicted[s]
         drafted = s in drafts.sessions

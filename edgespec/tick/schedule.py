@@ -54,6 +54,7 @@ class Plan:
     context: int = 0  # positions cached by all sessions (attention reads them all)
     batch: Batch = field(default_factory=Batch)
     guard_key: tuple | None = None  # the goodput guard's load level of this tick
+    guard_unit: float = 0.0  # the cost model's seconds per plain token at this many sessions
 
 
 @dataclass
@@ -74,7 +75,7 @@ def schedule(engine, sessions: list) -> Plan:
     if len(decoding) > 1:
         shapes = _joint(decoding, shapes, cost)
     if decoding:
-        shapes = _guard(engine, plan, decoding, shapes)
+        shapes = _guard(engine, plan, decoding, shapes, cost)
     decode_seconds = 0.0
     if decoding:
         rungs = [_rung_of(s, shapes[s], cost) for s in decoding]
@@ -106,11 +107,12 @@ def schedule(engine, sessions: list) -> Plan:
     return plan
 
 
-def _guard(engine, plan: Plan, decoding: list, shapes: dict) -> dict:
+def _guard(engine, plan: Plan, decoding: list, shapes: dict, cost) -> dict:
     """The goodput guard (controller/goodput.py): where speculation has measured slower than
     plain decoding at this load level, every auto session decodes plainly this tick."""
     guard = engine.goodput
     plan.guard_key = key = guard.key(len(decoding), engine.cost.host_factor("target"))
+    plan.guard_unit = cost.verify_seconds(len(decoding)) / len(decoding)
     auto = [s for s in decoding if s.controller is not None and shapes[s].mode != "plain"]
     if not auto or guard.allow(key):
         return shapes

@@ -4,6 +4,8 @@ wait, comes back when speculation wins again, and explores plain ticks to stay i
 
 from __future__ import annotations
 
+import pytest
+
 from edgespec.controller.goodput import GoodputGuard
 
 KEY = GoodputGuard.key(1, 1.0)
@@ -32,7 +34,7 @@ def test_losing_speculation_falls_back_and_reprobes_rarely():
     assert sum(did) < 0.025 * len(did)
     flat = g.flat()
     assert flat["goodput_fallback_levels"] == 1 and flat[f"goodput_1_0_fallback"] == 1.0
-    assert flat["goodput_1_0_plain_tokens_per_second"] == 100.0
+    assert flat["goodput_1_0_plain_score"] == 100.0
 
 
 def test_speculation_that_wins_is_left_alone_and_comes_back_after_a_fallback():
@@ -62,3 +64,114 @@ def test_levels_are_separate():
 def test_a_disabled_guard_always_allows():
     g = GoodputGuard(enabled=False)
     assert all(drive(g, 100, spec_rate=1.0, plain_rate=100.0))
+
+
+def drive_mixed(g: GoodputGuard, ticks: int, gain: float, seed: int = 0, sessions=(5, 6, 7, 8),
+                host=lambda t: 1.0, t0: int = 0) -> list[bool]:
+    """Ticks at a decoding count that moves (requests end, prompts prefill) on a host whose speed
+    changes: a plain token costs `unit` seconds at n sessions (a CPU verify curve, 1 ms per token
+    plus 4 ms a forward, times the host's slowness, which the online cost model follows);
+    speculating emits `gain` times plain's tokens per second. Returns what each tick did."""
+    import random
+
+    rng = random.Random(seed)
+    did = []
+    for t in range(t0, t0 + ticks):
+        n = rng.choice(sessions)
+        unit = host(t) * (0.004 + 0.001 * n) / n
+        key = g.key(n, host(t))
+        spec = g.allow(key)
+        plain_secs = n * unit * rng.uniform(0.95, 1.05)
+        tokens = 3 * n if spec else n
+        secs = tokens * plain_secs / n / gain if spec else plain_secs
+        g.record(key, spec, tokens, secs, unit)
+        did.append(spec)
+    return did
+
+
+def test_a_moving_session_count_still_gets_judged(cls=GoodputGuard):
+    """At 8 streams the decoding count moves between 5 and 8 from tick to tick: all of it is one
+    level, and a loss of 10 % falls back within a few dozen ticks of a fresh process."""
+    g = cls()
+    did = drive_mixed(g, 60, gain=0.90)
+    assert g.levels[g.key(8, 1.0)].fallback
+    assert sum(did) < 30
+    assert g.key(5, 1.0) == g.key(8, 1.0) != g.key(4, 1.0)
+
+
+def test_plain_ticks_at_another_session_count_are_the_reference(cls=GoodputGuard):
+    """Scored in plain-token units, plain ticks at one stream judge speculation at eight: the
+    eight-stream level falls back on its own speculating ticks alone, and one that wins stays."""
+    for gain, falls in ((0.85, True), (1.3, False)):
+        g = cls()
+        drive_mixed(g, 8, gain=1.0, sessions=(1,))
+        for _ in range(8):  # plain only at one stream
+            g.record(g.key(1, 1.0), False, 1, 0.005, 0.005)
+        drive_mixed(g, 12, gain=gain, sessions=(8,))
+        lv = g.levels[g.key(8, 1.0)]
+        assert lv.fallback is falls
+        if not falls:
+            assert not lv.plain  # judged with no plain tick of its own
+
+
+def test_a_host_that_slows_down_is_not_a_loss(cls=GoodputGuard):
+    """The host runs 40 % slower for the speculating ticks after plain was measured fast: the
+    cost model's unit follows the host, so a speculation that still wins 30 % is left alone, and
+    one that loses 10 % still falls back."""
+    slow = lambda t: 1.0 if t < 40 else 1.4  # noqa: E731 (not a factor-of-2 step: the same level)
+    for gain, falls in ((1.3, False), (0.9, True)):
+        g = cls()
+        drive_mixed(g, 40, gain=1.0, sessions=(4,), host=slow)
+        drive_mixed(g, 200, gain=gain, sessions=(4,), host=slow, t0=40)
+        lv = g.levels[g.key(4, 1.0)]
+        assert lv.fallback is falls and lv.fallbacks == int(falls)  # a win never fell back at all
+
+
+def test_a_fresh_process_explores_plain_early(cls=GoodputGuard):
+    """No plain evidence yet: one tick in explore_first is plain until min_ticks are in, then one
+    in explore while the reference is fresh enough (here: never stale)."""
+    g = cls()
+    did = drive_mixed(g, 400, gain=2.0, sessions=(2,))
+    assert did[:4] == [True] * 4 and not did[4]
+    plain_first = [i for i, d in enumerate(did) if not d][:4]
+    assert plain_first[-1] < 4 * (g.explore_first + 1)
+    assert sum(did) > 0.97 * len(did)
+
+
+class RawRate(GoodputGuard):
+    """Broken twin: scores raw tokens per second (the cost model's unit ignored)."""
+
+    def record(self, key, speculated, tokens, seconds, unit=1.0):  # noqa: ANN001
+        super().record(key, speculated, tokens, seconds, 1.0)
+
+
+class ExactCount(GoodputGuard):
+    """Broken twin: a level per exact session count, judged by its own plain ticks only."""
+
+    @staticmethod
+    def key(decoding, host_factor):  # noqa: ANN001
+        return (decoding, GoodputGuard.key(1, host_factor)[1])
+
+    def _plain_ref(self, key, lv):  # noqa: ANN001
+        fresh = len(lv.plain) >= self.min_ticks and self.ticks - lv.plain_at < self.stale
+        return lv.plain if fresh else None
+
+
+class LateExplorer(GoodputGuard):
+    """Broken twin: a fresh process explores plain only one tick in `explore`."""
+
+    def __init__(self):
+        super().__init__(explore_first=32)
+
+
+@pytest.mark.parametrize(("twin", "scenario"), [
+    (RawRate, test_plain_ticks_at_another_session_count_are_the_reference),
+    (RawRate, test_a_host_that_slows_down_is_not_a_loss),
+    (ExactCount, test_a_moving_session_count_still_gets_judged),
+    (ExactCount, test_plain_ticks_at_another_session_count_are_the_reference),
+    (LateExplorer, test_a_fresh_process_explores_plain_early),
+    (LateExplorer, test_a_moving_session_count_still_gets_judged),
+])
+def test_the_scenarios_reject_broken_guards(twin, scenario):  # noqa: ANN001
+    with pytest.raises(AssertionError):
+        scenario(twin)
