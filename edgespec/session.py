@@ -224,10 +224,12 @@ class Session:
             st.draft_ran = bool(report.batches) and report.levels > 0
             self.stats.draft_forwards += len(report.batches)
         st.sources = [(1, "head" if self.engine.draft_kind == "eagle3" else "draft"), (len(st.tree), "prompt_lookup")]
-        graft.lookup(self, st)
+        if not st.bare:
+            graft.lookup(self, st)
         st.sources.append((len(st.tree), "suffix"))
-        if self.suffix is not None:
+        if self.suffix is not None and not st.bare:
             graft.suffix(self, st)
+        st.guessed = len(st.tree) - 1
         st.sources.append((len(st.tree), "forced"))
         if self.matcher is not None and self.spec.mode != "plain" and self.remaining > 1:
             graft.forced(self, st)

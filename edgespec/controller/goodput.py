@@ -14,8 +14,9 @@ host factor in factor-of-2 steps). Per level the guard keeps the last `window` s
 ticks and the last `window` plain ones; plain's reference is the level's own plain window when
 it holds `min_ticks` recent ticks, else the pooled plain window of every level at that load.
 Prefill-free ticks only. When speculation's score is below plain's by more than `margin`, the
-level falls back to plain: the schedule turns every auto session's shape plain there (prompt
-lookups still graft: they cost no draft forward). A fallen-back level re-probes: after
+level falls back to plain: the schedule turns every auto session's shape plain there, bare (no
+prompt-lookup or suffix-cache grafts: their tokens cost verification, so a tick that grafts
+them counts as speculating). A fallen-back level re-probes: after
 `reprobe` plain ticks, `probe` ticks speculate again; a probe that still loses doubles the wait
 (up to `max_reprobe`), one that wins clears the fallback. While a level speculates it needs
 fresh plain ticks to compare with: when no plain reference is recent (`stale` ticks), one tick
@@ -124,7 +125,7 @@ class GoodputGuard:
         return True
 
     def record(self, key: Key, speculated: bool, tokens: int, seconds: float, unit: float = 1.0) -> None:
-        """One prefill-free tick at `key`: whether a drafter ran, tokens emitted, wall seconds, and
+        """One prefill-free tick at `key`: whether it speculated (a drafter ran or grafts), tokens emitted, wall seconds, and
         the cost model's seconds per plain token at this many sessions (1.0: score raw tokens/s)."""
         self.ticks += 1
         if not self.enabled or tokens <= 0 or not seconds > 0 or not unit > 0:

@@ -38,8 +38,10 @@ def observe(engine, plan, drafts, fwd, *, phases: tuple, t_start: float) -> None
     scale = (fwd.seconds + drafts.seconds) / (pred_v + pred_d) if pred_v + pred_d > 0 else 1.0
     now = time.perf_counter()
     if plan.guard_key is not None and not plan.prefill and not plan.absorb:
-        # realised goodput of the tick, for the guard: speculating (a drafter ran) or plain
-        engine.goodput.record(plan.guard_key, bool(drafts.sessions),
+        # realised goodput of the tick, for the guard: speculating (a drafter ran, or prompt
+        # lookups or the suffix cache grafted) or plain
+        guessed = bool(drafts.sessions) or any(s.record.guessed for s in plan.decoding)
+        engine.goodput.record(plan.guard_key, guessed,
                               sum(s.record.emitted for s in plan.decoding), now - t_start, plan.guard_unit)
     for s in plan.decoding:
         v, d = plan.predicted[s]

@@ -55,6 +55,7 @@ class Plan:
     batch: Batch = field(default_factory=Batch)
     guard_key: tuple | None = None  # the goodput guard's load level of this tick
     guard_unit: float = 0.0  # the cost model's seconds per plain token at this many sessions
+    bare: set = field(default_factory=set)  # auto sessions the guard turned plain, grafts and all
 
 
 @dataclass
@@ -93,6 +94,7 @@ def schedule(engine, sessions: list) -> Plan:
         if s.controller is not None:
             s.controller.overridden(shape)
         s.begin_step(shape, plan.batch if len(decoding) > 1 else None)
+        s.record.bare = s in plan.bare
         plan.decoding.append(s)
     budget = piece
     for s in prefilling:  # the oldest prompts first, while the tick's prefill budget lasts
@@ -109,16 +111,19 @@ def schedule(engine, sessions: list) -> Plan:
 
 def _guard(engine, plan: Plan, decoding: list, shapes: dict, cost) -> dict:
     """The goodput guard (controller/goodput.py): where speculation has measured slower than
-    plain decoding at this load level, every auto session decodes plainly this tick."""
+    plain decoding at this load level, every auto session decodes plainly this tick, without the
+    prompt lookups' and the suffix cache's grafts too (they are speculation: their tokens cost
+    verification). The same for the guard's own plain ticks, so that plain is measured bare."""
     guard = engine.goodput
     plan.guard_key = key = guard.key(len(decoding), engine.cost.host_factor("target"))
     plan.guard_unit = cost.verify_seconds(len(decoding)) / len(decoding)
-    auto = [s for s in decoding if s.controller is not None and shapes[s].mode != "plain"]
+    auto = [s for s in decoding if s.controller is not None]
     if not auto or guard.allow(key):
         return shapes
     out = dict(shapes)
     for s in auto:
         out[s] = PLAIN
+        plan.bare.add(s)
     return out
 
 

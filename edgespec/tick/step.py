@@ -29,6 +29,8 @@ class StepRecord:
     draft_ran: bool = False
     ngram_only: bool = False  # a plain step whose tree is grafts alone (lookup, suffix)
     forced: bool = False  # grammar-forced tokens grafted (structured output)
+    bare: bool = False  # the goodput guard's plain step: no prompt-lookup or suffix grafts either
+    guessed: int = 0  # nodes the drafter, the prompt lookup and the suffix cache put in the tree
     sources: list[tuple[int, str]] = field(default_factory=list)  # (first node, source) in node order
     batch: Any = None  # the tick's schedule.Batch (several sessions), None alone
     layout: Layout | None = None  # where the tree sits in the slot's range (tick/layout.py)

@@ -44,3 +44,16 @@ def test_greedy_output_is_unchanged_by_the_guard():
     eng = fake_engine(parallel=1)
     eng.goodput = fallen_back()
     assert eng.generate(req("auto")).token_ids == ref
+
+
+def test_a_fallen_back_level_grafts_no_prompt_lookups_either():
+    """Prompt lookups are speculation too (their tokens cost verification): where the guard fell
+    back, an auto request's steps are bare plain ones."""
+    looped = GenerationRequest((0, 5, 9, 14) * 6, SamplingParams(max_tokens=30),
+                               SpeculationParams(mode="auto", ngram=True, suffix=False))
+    eng = fake_engine(parallel=1)
+    assert eng.generate(looped).stats.proposed_by_source.get("prompt_lookup", 0) > 0  # they graft unguarded
+    eng.goodput = fallen_back()
+    res = eng.generate(looped)
+    assert res.stats.proposed_by_source.get("prompt_lookup", 0) == 0 and res.stats.draft_forwards == 0
+    assert set(res.stats.steps_per_mode) == {"plain"}
