@@ -72,11 +72,13 @@ def schedule(engine, sessions: list) -> Plan:
     decoding = [s for s in sessions if not s.prefilling and not s.done]
     prefilling = [s for s in sessions if s.prefilling and not s.done]
     cost = engine.cost.at(plan.context)
-    shapes = {s: _suffix_first(s, s.choose_shape(), cost) for s in decoding}
-    if len(decoding) > 1:
-        shapes = _joint(decoding, shapes, cost)
     if decoding:
-        shapes = _guard(engine, plan, decoding, shapes, cost)
+        _guard(engine, plan, decoding, cost)
+    # a session the guard turned plain asks its controller nothing (the search is most of a
+    # tick's Python time at 8 streams)
+    shapes = {s: PLAIN if s in plan.bare else _suffix_first(s, s.choose_shape(), cost) for s in decoding}
+    if len(decoding) > 1 and not plan.bare:
+        shapes = _joint(decoding, shapes, cost)
     decode_seconds = 0.0
     if decoding:
         rungs = [_rung_of(s, shapes[s], cost) for s in decoding]
@@ -109,22 +111,18 @@ def schedule(engine, sessions: list) -> Plan:
     return plan
 
 
-def _guard(engine, plan: Plan, decoding: list, shapes: dict, cost) -> dict:
+def _guard(engine, plan: Plan, decoding: list, cost) -> None:
     """The goodput guard (controller/goodput.py): where speculation has measured slower than
-    plain decoding at this load level, every auto session decodes plainly this tick, without the
-    prompt lookups' and the suffix cache's grafts too (they are speculation: their tokens cost
-    verification). The same for the guard's own plain ticks, so that plain is measured bare."""
+    plain decoding at this load level, every auto session decodes plainly this tick (plan.bare),
+    without the prompt lookups' and the suffix cache's grafts too (they are speculation: their
+    tokens cost verification). The same for the guard's own plain ticks, so that plain is
+    measured bare."""
     guard = engine.goodput
     plan.guard_key = key = guard.key(len(decoding), engine.cost.host_factor("target"))
     plan.guard_unit = cost.verify_seconds(len(decoding)) / len(decoding)
     auto = [s for s in decoding if s.controller is not None]
-    if not auto or guard.allow(key):
-        return shapes
-    out = dict(shapes)
-    for s in auto:
-        out[s] = PLAIN
-        plan.bare.add(s)
-    return out
+    if auto and not guard.allow(key):
+        plan.bare.update(auto)
 
 
 def _piece(engine, cost, decode_seconds: float | None) -> int:
