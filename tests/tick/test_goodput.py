@@ -57,3 +57,18 @@ def test_a_fallen_back_level_grafts_no_prompt_lookups_either():
     res = eng.generate(looped)
     assert res.stats.proposed_by_source.get("prompt_lookup", 0) == 0 and res.stats.draft_forwards == 0
     assert set(res.stats.steps_per_mode) == {"plain"}
+
+
+def test_sessions_the_guard_turned_plain_skip_the_controllers_search(monkeypatch):
+    """The guard decides before the controllers: a blocked tick spends no time on shape search."""
+    from edgespec.controller.controller import Controller
+    calls = []
+    real = Controller.choose
+    monkeypatch.setattr(Controller, "choose", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    eng = fake_engine(parallel=1)
+    eng.generate(req("auto"))
+    assert calls  # unguarded, every step asks
+    calls.clear()
+    eng.goodput = fallen_back()
+    eng.generate(req("auto"))
+    assert not calls
