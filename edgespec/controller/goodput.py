@@ -125,8 +125,9 @@ class GoodputGuard:
         return True
 
     def record(self, key: Key, speculated: bool, tokens: int, seconds: float, unit: float = 1.0) -> None:
-        """One prefill-free tick at `key`: whether it speculated (a drafter ran or grafts), tokens emitted, wall seconds, and
-        the cost model's seconds per plain token at this many sessions (1.0: score raw tokens/s)."""
+        """One prefill-free tick at `key`: whether it speculated (a drafter ran, or lookups or the
+        suffix cache grafted), tokens emitted, wall seconds, and the cost model's seconds per
+        plain token at this many sessions (1.0: score raw tokens/s)."""
         self.ticks += 1
         if not self.enabled or tokens <= 0 or not seconds > 0 or not unit > 0:
             return
