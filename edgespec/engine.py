@@ -25,6 +25,7 @@ from edgespec.config import EngineConfig, shared_cells
 from edgespec.drafters import ModelDrafter, draft_kind, drafter_class
 from edgespec.drafters.base import decode_batch
 from edgespec.drafters.model import DraftCache
+from edgespec.drafters.ngram import ReachPriors
 from edgespec.drafters.suffix import SuffixCache, SuffixDrafter
 from edgespec.errors import BadRequest, ForwardAborted, Overloaded
 from edgespec.kv import SeqRange
@@ -125,6 +126,9 @@ class Engine:
         self.suffix_cache = SuffixCache(cfg.suffix_cache_bytes, cfg.suffix_cache_store,
                                         pooled=cfg.suffix_cache_scope == "pooled")
         self.suffix_enabled = cfg.suffix_cache
+        # what prompt lookups achieved in recent requests, per caller like the suffix cache: the
+        # reach each new request's lookups start from (drafters/ngram.py)
+        self.lookup_priors = ReachPriors(pooled=cfg.suffix_cache_scope == "pooled")
 
     # -- lifecycle ----------------------------------------------------------------------------
     @classmethod
@@ -218,6 +222,8 @@ class Engine:
             self.suffix_enabled = bool(enabled)
         if clear or not self.suffix_enabled:
             self.suffix_cache.clear()
+        if clear:
+            self.lookup_priors.clear()
         return self.suffix_stats()
 
     def suffix_stats(self) -> dict:

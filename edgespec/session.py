@@ -68,7 +68,8 @@ class Session:
         self._closed_reason: FinishReason | None = None
         has_draft = slot.draft is not None
         self.drafter = engine.new_drafter(slot) if has_draft else None  # drafters/base.py: Drafter
-        self.ngram = NgramDrafter() if self.spec.ngram else None  # its lookups and their learnt reach
+        # its prompt lookups and their learnt reach, starting from what recent requests' achieved
+        self.ngram = NgramDrafter(prior=engine.lookup_priors.reach(req.caller)) if self.spec.ngram else None
         self.suffix = engine.new_suffix_drafter(req)  # the cross-request suffix cache (None: off)
         # structured output: the grammar state of this request (edgespec/constraint.py); every
         # verified row is masked by the state after its node's path, drafts by their parent's

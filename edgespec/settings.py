@@ -268,7 +268,8 @@ SETTINGS: tuple[Setting, ...] = (
     _spec("suffix_cache_scope", S, "caller", "caller: one partition per identity (a token's name, a certificate's "
           "subject; anonymous callers share one), so no caller's drafts come from another's text; pooled: one "
           "for all callers, which lets a caller time whether another's text continues its own "
-          "(docs/appliance.md, threat model; restart to change)", choices=SUFFIX_SCOPES),
+          "(docs/appliance.md, threat model; restart to change). The prompt lookups' learnt reach is "
+          "partitioned alike", choices=SUFFIX_SCOPES),
     _spec("suffix_cache_persist", B, False, "write the suffix cache to the state directory at drain and stop "
           "and load it at start (bounded, checksummed); it holds callers' text on disk"),
     _spec("max_draft_tokens", I, MAX_DRAFT_TOKENS, "largest draft_tokens a request may ask for",

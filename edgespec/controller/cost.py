@@ -214,6 +214,9 @@ class _AtContext:
     def verify_seconds(self, n: int) -> float:
         return self._m.verify_seconds(n) + self._m.ctx.extra(n, self._d)
 
+    def extra_seconds(self, base: int, k: int) -> float:
+        return self._m.extra_seconds(base, k) + self._m.ctx.extra(base + k, self._d) - self._m.ctx.extra(base, self._d)
+
     def curve(self, kind: str) -> Callable[[int], float]:
         if kind == "target":
             return self.verify_seconds
@@ -288,6 +291,18 @@ class CostModel:
     def verify_seconds(self, n: int) -> float:
         """Seconds of one target forward over n tokens (n = nodes + 1)."""
         return self._curves["target"](n)
+
+    def extra_seconds(self, base: int, k: int) -> float:
+        """What k more tokens add to a target forward over `base`: the online curve's difference,
+        but never less than the start-up calibration's difference times the host factor. Each
+        size's online level is a median of its own forwards, so a level measured high at a small
+        size (forwards at longer contexts, a slow minute) flattens the non-decreasing curve above
+        it, and tokens there would look free; calibration timed every size alike, in isolation."""
+        if k <= 0:
+            return 0.0
+        online = self._online["target"]
+        floor = (online.calib(base + k) - online.calib(base)) * online.host_factor
+        return max(self.verify_seconds(base + k) - self.verify_seconds(base), floor)
 
     def draft_seconds(self, n: int) -> float:
         """Seconds of one draft forward over n tokens with the last one's logits (a catch-up)."""

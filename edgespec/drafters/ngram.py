@@ -5,6 +5,8 @@ any tree: a point candidate is exact under recursive rejection sampling."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 
 from edgespec.shape import Shape
@@ -15,6 +17,56 @@ from edgespec.tree import DraftTree
 # a request's prompt lookup: at most this many tokens, reach learnt with this EWMA weight
 NGRAM_MAX = 8
 NGRAM_EWMA = 0.15
+# the daemon's pooled reach (ReachPriors): learnt from every request's lookups at this weight,
+# for at most this many partitions (callers; least recently used first out)
+PRIOR_EWMA = 0.02
+PRIOR_PARTITIONS = 1024
+
+
+def default_reach() -> list[list[float]]:
+    """The reach a lookup starts from with nothing learnt: [0] n-gram matches, [1] one-token ones."""
+    return [[0.5 * 0.8 ** j for j in range(NGRAM_MAX)], [0.2 * 0.5 ** j for j in range(NGRAM_MAX)]]
+
+
+class ReachPriors:
+    """What prompt lookups achieved in recent requests, per partition: the reach a new request's
+    NgramDrafter starts from. A request's own reach learns fast (NGRAM_EWMA) but a short request
+    ends before it has learnt much; without a pooled prior every request would graft lookups at
+    the optimistic default until its own misses taught it otherwise, and on traffic the lookups
+    do not fit that costs verification in every tick. Every settled lookup of every request
+    also updates its partition's reach at PRIOR_EWMA (about the last 50 lookups).
+
+    Partitioned like the suffix cache (by caller unless pooled): acceptance changes latency, so
+    a prior shared across callers would let one caller learn how often another's text repeats
+    itself. Engine thread only."""
+
+    def __init__(self, pooled: bool = False, max_partitions: int = PRIOR_PARTITIONS):
+        self.pooled = pooled
+        self.max_partitions = max_partitions
+        self._reach: OrderedDict[str, list[list[float]]] = OrderedDict()
+
+    def reach(self, caller: str) -> list[list[float]]:
+        """The partition's pooled reach (live: `learn` updates it), made on first use."""
+        key = "" if self.pooled else caller
+        r = self._reach.get(key)
+        if r is None:
+            r = self._reach[key] = default_reach()
+            while len(self._reach) > self.max_partitions:
+                self._reach.popitem(last=False)
+        else:
+            self._reach.move_to_end(key)
+        return r
+
+    def clear(self) -> None:
+        self._reach.clear()
+
+    def flat(self) -> dict[str, float]:
+        """For Admin.Stats: partitions held, and the mean first-token reach per kind."""
+        n = len(self._reach)
+        out = {"lookup_prior_partitions": float(n)}
+        for kind in (0, 1):
+            out[f"lookup_prior_reach_{kind}"] = sum(r[kind][0] for r in self._reach.values()) / n if n else 0.0
+        return out
 
 
 def lookup_all(tokens: list[int], max_len: int, n_max: int = 4, n_min: int = 2,
@@ -58,14 +110,17 @@ class NgramDrafter:
 
     name = "ngram"
 
-    def __init__(self, max_tokens: int = 8, n_max: int = 4, n_min: int = 2, branches: int = 2):
+    def __init__(self, max_tokens: int = 8, n_max: int = 4, n_min: int = 2, branches: int = 2,
+                 prior: list[list[float]] | None = None):
         self.max_tokens = max_tokens
         self.branches = branches  # continuations proposed at once (distinct first tokens)
         self.n_max = n_max
         self.n_min = n_min
         # P(target accepts > j lookup tokens), learnt per kind of lookup: [0] the context's last
-        # n >= n_min tokens occurred before, [1] only its last token did
-        self.reach = [[0.5 * 0.8 ** j for j in range(NGRAM_MAX)], [0.2 * 0.5 ** j for j in range(NGRAM_MAX)]]
+        # n >= n_min tokens occurred before, [1] only its last token did; it starts from the
+        # pooled reach of recent requests (`prior`, ReachPriors.reach, which it also updates)
+        self._prior = prior
+        self.reach = [list(r) for r in prior] if prior is not None else default_reach()
         self._pending: list[tuple[int, list[int], int]] = []  # (position, lookup, kind) awaiting their fate
 
     def look(self, tokens: list[int]) -> tuple[list[int], int]:
@@ -89,24 +144,26 @@ class NgramDrafter:
                 match += 1
             if match < len(got) or len(got) == len(prop):  # resolved: a mismatch seen, or all matched
                 reach = self.reach[kind]
+                pooled = self._prior[kind] if self._prior is not None else None
                 for j in range(NGRAM_MAX):
                     hit = 1.0 if match > j else 0.0
                     reach[j] += NGRAM_EWMA * (hit - reach[j])
+                    if pooled is not None:
+                        pooled[j] += PRIOR_EWMA * (hit - pooled[j])
             else:
                 keep.append((start, prop, kind))
         self._pending = keep
 
     def budget(self, kind: int, cost, base: int, unit: float) -> int:  # noqa: ANN001 - a CostModel
         """Lookup tokens of this kind worth adding to a verification of `base` tokens: the
-        k <= NGRAM_MAX maximising E[min(L, k)] - (verify(base + k) - verify(base)) / unit, i.e.
+        k <= NGRAM_MAX maximising E[min(L, k)] - extra(base, k) / unit, i.e.
         expected extra tokens minus the extra verification time priced in `unit` seconds per
         token (0 if no k gains). L is how many lookup tokens the target would accept (`reach`)."""
-        v0 = cost.verify_seconds(base)
         best, best_gain = 0, 0.02
         expected = 0.0
         for k in range(1, NGRAM_MAX + 1):
             expected += self.reach[kind][k - 1]
-            gain = expected - (cost.verify_seconds(base + k) - v0) / unit
+            gain = expected - cost.extra_seconds(base, k) / unit
             if gain > best_gain:
                 best, best_gain = k, gain
         return best

@@ -399,11 +399,10 @@ class SuffixDrafter:
 
     def budget(self, prop: Proposal, cost, base: int, unit: float, room: int | None = None) -> int:  # noqa: ANN001
         """Nodes of `prop` worth adding to a verification of `base` tokens: the k maximising
-        E[accepted of the first k] - (verify(base + k) - verify(base)) / unit, i.e. expected
+        E[accepted of the first k] - extra(base, k) / unit, i.e. expected
         extra tokens minus the extra verification priced in `unit` seconds per token (0 if no
         k gains). `room`: the deepest path the context still has room for."""
         calib = self.cache.calibration(self.caller)
-        v0 = cost.verify_seconds(base)
         best, best_gain, expected = 0, 0.02, 0.0
         depth: list[int] = []
         for k in range(1, len(prop) + 1):
@@ -412,7 +411,7 @@ class SuffixDrafter:
             if room is not None and depth[-1] > room:
                 break
             expected += calib * prop.scores[k - 1]
-            gain = expected - (cost.verify_seconds(base + k) - v0) / unit
+            gain = expected - cost.extra_seconds(base, k) / unit
             if gain > best_gain:
                 best, best_gain = k, gain
         return best

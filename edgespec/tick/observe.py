@@ -65,4 +65,5 @@ def observe(engine, plan, drafts, fwd, *, phases: tuple, t_start: float) -> None
     totals["session_steps"] = totals.get("session_steps", 0) + len(plan.decoding)
     totals.update(cost.flat())  # the online cost curves beside the start-up calibration
     totals.update(engine.goodput.flat())
+    totals.update(engine.lookup_priors.flat())
     totals.update(engine.threads.as_dict())

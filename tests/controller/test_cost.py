@@ -28,6 +28,26 @@ def test_lookups_are_monotone_in_batch():
     assert m.verify_seconds(3) >= m.verify_seconds(2)
 
 
+def test_extra_tokens_never_look_cheaper_than_calibration_says():
+    """The online curve is calibration times a level per size; a level measured high at a small
+    size (its forwards ran at longer contexts, or in a slow minute) flattens the non-decreasing
+    curve above it. Priced on that curve, tokens grafted there would look free; `extra_seconds`
+    keeps calibration's difference (times the host factor) as the floor."""
+    m = CostModel.from_tables({1: 0.020, 2: 0.022, 4: 0.030, 8: 0.046}, {1: 0.005})
+    for _ in range(5):
+        m.observe("target", 2, 0.044)  # size 2 timed at twice its calibration
+        m.observe("target", 4, 0.030)
+        m.observe("target", 8, 0.046)
+    assert m.verify_seconds(4) - m.verify_seconds(2) == pytest.approx(0.0)  # the flattened curve
+    host = m.host_factor()
+    assert m.extra_seconds(2, 2) == pytest.approx((0.030 - 0.022) * host)
+    assert m.extra_seconds(4, 4) == pytest.approx(0.016)  # where the curve is right, its own difference
+    assert m.extra_seconds(4, 0) == 0.0
+    m.ctx.one, m.ctx.each = 1e-6, 1e-6  # at a long context each extra token adds its attention too
+    at = m.at(1032)
+    assert at.extra_seconds(2, 2) == pytest.approx(m.extra_seconds(2, 2) + 1032 * 2e-6)
+
+
 def test_online_refinement_moves_estimates():
     m = CostModel.from_tables({1: 0.010, 8: 0.020}, {1: 0.005})
     for _ in range(3):

@@ -6,7 +6,7 @@ import numpy as np
 
 from edgespec.shape import PLAIN
 from edgespec.tick import graft
-from edgespec.drafters.ngram import NgramDrafter, lookup, lookup_all
+from edgespec.drafters.ngram import NgramDrafter, ReachPriors, default_reach, lookup, lookup_all
 from edgespec.sampling import SamplingParams
 from edgespec.tree import DraftTree
 
@@ -65,3 +65,47 @@ def test_graft_budget_prices_extra_verification_in_plain_tokens():
     # weak guess that pays on the flat curve near the calibration context does not at 8000 tokens
     flat.ctx.one, flat.ctx.each = 2.0e-6, 0.8e-6
     assert budget(flat, weak, context=100) == 1 and budget(flat, weak, context=8000) == 0
+
+
+def test_a_new_request_starts_from_what_recent_requests_lookups_achieved():
+    """Lookups that keep missing teach the caller's pooled reach; the next request's drafter
+    starts there and grafts nothing on a curve where the optimistic default would graft."""
+    from types import SimpleNamespace
+
+    from edgespec.controller.cost import CostModel
+
+    cost = CostModel.from_tables({1: 0.020, 2: 0.024, 4: 0.032, 8: 0.048}, {1: 0.005})
+    priors = ReachPriors()
+
+    def budget(ngram):
+        return graft.budget(SimpleNamespace(engine=SimpleNamespace(cost=cost), ngram=ngram, n_past=0), 1)
+
+    assert budget(NgramDrafter(prior=priors.reach("alice"))) >= 1  # the default reach: 0.5
+    toks = [1, 2, 3, 4, 1, 2, 3]  # "1 2 3" occurred before: a lookup of 4 ...
+    for _ in range(100):  # ... which the target never takes, over many short requests
+        ng = NgramDrafter(prior=priors.reach("alice"))
+        assert ng.look(toks)[0] == [4, 1, 2, 3]
+        ng.score(toks + [9])
+    assert priors.reach("alice")[0][0] < 0.1
+    assert budget(NgramDrafter(prior=priors.reach("alice"))) == 0
+    # callers are isolated (acceptance is latency: a shared prior would leak how another's text
+    # repeats itself), unless the daemon pools its caches
+    assert priors.reach("bob") == default_reach()
+    assert budget(NgramDrafter(prior=priors.reach("bob"))) >= 1
+    pooled = ReachPriors(pooled=True)
+    pooled.reach("alice")[0][0] = 0.1
+    assert pooled.reach("bob")[0][0] == 0.1
+    assert priors.flat()["lookup_prior_partitions"] == 2.0
+    priors.clear()
+    assert priors.reach("alice") == default_reach()
+
+
+def test_reach_priors_hold_a_bounded_number_of_partitions():
+    priors = ReachPriors(max_partitions=3)
+    for c in ("a", "b", "c"):
+        priors.reach(c)[0][0] = 0.1
+    priors.reach("a")  # used: kept
+    priors.reach("d")  # the least recently used ("b") leaves
+    assert priors.flat()["lookup_prior_partitions"] == 3.0
+    assert priors.reach("a")[0][0] == 0.1 and priors.reach("c")[0][0] == 0.1
+    assert priors.reach("b") == default_reach()

@@ -145,6 +145,9 @@ def test_budget_prices_nodes_on_the_marginal_verification_cost():
         def verify_seconds(self, n):
             return 1.0 + self.step * (n - 1)
 
+        def extra_seconds(self, base, k):
+            return self.verify_seconds(base + k) - self.verify_seconds(base)
+
     c = SuffixCache(1 << 20)
     d = SuffixDrafter(c)
     prop = Proposal(tokens=[1, 2, 3, 4], parents=[-1, 0, 1, 2], scores=[1.0, 0.9, 0.2, 0.1], match=8)
