@@ -38,6 +38,9 @@ log = get_logger("edgespec.engine")
 
 # llama.cpp's limit on sequence ids in one context (LLAMA_MAX_SEQ)
 MAX_SEQ = 256
+# calibration times every size up to this one whatever its budget: a tick of 8 sessions verifies
+# 8 to 40 tokens, and a curve extrapolated from sizes 1-4 priced each of them at the 3-to-4 slope
+CALIBRATE_AT_LEAST = 16
 
 
 def seqs_per_slot(parallel: int, max_tree_leaves: int) -> int:
@@ -270,8 +273,8 @@ class Engine:
     def calibrate(self, sizes: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64), repeats: int = 3,
                   budget_seconds: float = 0.25) -> None:
         """Time target and draft forwards per batch size on slot 0, so the controller's cost model
-        describes this machine. The sizes are those whose first timing, in increasing order, fits
-        in `budget_seconds` per model; then `repeats - 1`
+        describes this machine. The sizes are those up to CALIBRATE_AT_LEAST, then those whose
+        first timing, in increasing order, fits in `budget_seconds` per model; then `repeats - 1`
         more rounds over all of them, and each size keeps its fastest. Rounds, not repeats in a
         row: a slow moment (another tenant, the page cache still filling after load) then
         inflates one timing of every size instead of every timing of the first sizes. A batched
@@ -308,7 +311,7 @@ class Engine:
                 measure(ctx, 4)  # warm-up: the first decodes allocate buffers and fault pages in
             spent, table[kind] = 0.0, {}
             for n in (s for s in sizes if s <= self.cfg.target.n_batch):
-                if spent > budget_seconds and len(table[kind]) >= 4:
+                if spent > budget_seconds and max(table[kind], default=0) >= CALIBRATE_AT_LEAST:
                     break  # the cost model extrapolates linearly beyond the last size
                 table[kind][n] = measure(ctx, n)
                 spent += table[kind][n]

@@ -14,11 +14,17 @@ size cost): timing noise only ever adds, and one forward slowed by another tenan
 must not make every larger batch look that slow too.
 
 Context: a target forward at a longer context than calibration's costs more, because attention
-reads every cached token for every query token (both the one-token cost and the cost of each extra
-verified token grow with the context length). The curves
+reads every cached token of a query's sequence for every query token (both the one-token cost and
+the cost of each extra verified token grow with the context length). The curves
 describe the calibration context; `ContextFit` adds d * (per_context + per_context_each * (n - 1))
 for d tokens of context beyond it, both rates fitted online from the timed forwards (least squares
 over EWMA statistics). `at(context)` is the model as seen from one request's current context.
+A tick of S sessions holds S sequences in one forward: ggml's attention skips the cells a query's
+mask hides, so each query reads its own sequence's cells, not all S sequences' (ggml-cpu's flash
+attention `continue`s on a -inf mask entry). With d the context of all S together beyond
+calibration's and the n tokens spread evenly, the extra is d * (per_context + per_context_each *
+(n - S) / S): a plain tick (n = S) pays each sequence's one-token cost once; `at(context,
+sessions)`.
 
 One per engine, shared by its requests, confined to the engine thread.
 """
@@ -174,15 +180,19 @@ class ContextFit:
         self.each = 0.0  # seconds per context token, per extra query token
         self.observations = 0
 
-    def extra(self, n: int, d: int) -> float:
-        return d * (self.one + self.each * (n - 1)) if d > 0 else 0.0
+    def extra(self, n: int, d: int, sessions: int = 1) -> float:
+        """Seconds d tokens of context beyond calibration's add to a forward of n tokens spread
+        over `sessions` sequences (d: all of theirs together)."""
+        s = max(1, sessions)
+        return d * (self.one + self.each * max(0, n - s) / s) if d > 0 else 0.0
 
-    def observe(self, n: int, d: int, residual: float) -> None:
-        if d < self.MIN_D:
+    def observe(self, n: int, d: int, residual: float, sessions: int = 1) -> None:
+        s = max(1, sessions)
+        if d < self.MIN_D * s:  # the context's share dominates only where each sequence is long
             return
         if self.observations >= 8:  # one slowed forward (another tenant, a page fault) is not a rate
-            residual = min(residual, 3.0 * self.extra(n, d) + 0.002)
-        x = (float(d), float(d * (n - 1)))
+            residual = min(residual, 3.0 * self.extra(n, d, s) + 0.002)
+        x = (float(d), float(d * max(0, n - s) / s))
         a = self.alpha if self.observations else 1.0
         for i in range(2):
             self.sxr[i] += a * (x[i] * residual - self.sxr[i])
@@ -205,17 +215,18 @@ class ContextFit:
 
 
 class _AtContext:
-    """A CostModel's lookups at one context length (target forwards only: the draft works on a
-    bounded window)."""
+    """A CostModel's lookups at one context length, of one sequence or of `sessions` together
+    (target forwards only: the draft works on a bounded window)."""
 
-    def __init__(self, model: "CostModel", d: int):
-        self._m, self._d = model, d
+    def __init__(self, model: "CostModel", d: int, sessions: int = 1):
+        self._m, self._d, self._s = model, d, sessions
 
     def verify_seconds(self, n: int) -> float:
-        return self._m.verify_seconds(n) + self._m.ctx.extra(n, self._d)
+        return self._m.verify_seconds(n) + self._m.ctx.extra(n, self._d, self._s)
 
     def extra_seconds(self, base: int, k: int) -> float:
-        return self._m.extra_seconds(base, k) + self._m.ctx.extra(base + k, self._d) - self._m.ctx.extra(base, self._d)
+        ctx = self._m.ctx
+        return self._m.extra_seconds(base, k) + ctx.extra(base + k, self._d, self._s) - ctx.extra(base, self._d, self._s)
 
     def curve(self, kind: str) -> Callable[[int], float]:
         if kind == "target":
@@ -248,12 +259,13 @@ class CostModel:
         self.calib_context = 0  # tokens of context the curves were measured at
         self.ctx = ContextFit(alpha)
 
-    def at(self, context: int) -> "CostModel":
-        """The model for a forward whose batch follows `context` cached tokens."""
-        d = context - self.calib_context
+    def at(self, context: int, sessions: int = 1) -> "CostModel":
+        """The model for a forward whose batch follows `context` cached tokens: those of one
+        sequence, or of `sessions` sequences together (a tick's)."""
+        d = context - max(1, sessions) * self.calib_context
         if d <= 0 or (self.ctx.one == 0.0 and self.ctx.each == 0.0):
             return self
-        return _AtContext(self, d)  # type: ignore[return-value]
+        return _AtContext(self, d, max(1, sessions))  # type: ignore[return-value]
 
     @classmethod
     def from_tables(cls, target: dict[int, float], draft: dict[int, float], alpha: float = 0.1) -> "CostModel":
@@ -323,24 +335,26 @@ class CostModel:
         """The start-up calibration's seconds for a forward of n tokens (before online refinement)."""
         return self._online[kind].calib(n)
 
-    def observe(self, kind: str, n: int, seconds: float, context: int | None = None) -> None:
+    def observe(self, kind: str, n: int, seconds: float, context: int | None = None, sessions: int = 1) -> None:
         """Online refinement from one timed forward of batch n (OnlineCurve; alpha 0 turns it
-        off). A target forward at a `context` well beyond calibration's refines the context fit
-        instead (with alpha, its EWMA weight)."""
+        off). A target forward whose sequences (`sessions` of them, `context` cached tokens
+        together) reach well beyond calibration's context refines the context fit instead
+        (with alpha, its EWMA weight)."""
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         if n < 1 or not seconds > 0 or self.alpha == 0.0:
             return
         if kind == "target" and context is not None:
-            d = context - self.calib_context
-            if d >= ContextFit.MIN_D:
+            s = max(1, sessions)
+            d = context - s * self.calib_context
+            if d >= ContextFit.MIN_D * s:
                 # a long context teaches the fit only: refining the curve from it too would let
                 # the curve absorb what the context costs (both would learn from one residual)
-                self.ctx.observe(n, d, seconds - self._curves[kind](n))
+                self.ctx.observe(n, d, seconds - self._curves[kind](n), s)
                 self.observations[kind] += 1
                 self.version += 1
                 return
-            seconds = max(seconds - self.ctx.extra(n, d), 0.5 * seconds)
+            seconds = max(seconds - self.ctx.extra(n, d, s), 0.5 * seconds)
         online = self._online[kind]
         online.observe(n, seconds)
         self._curves[kind] = online.curve

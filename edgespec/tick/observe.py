@@ -27,15 +27,23 @@ class TickRecord:
 def observe(engine, plan, drafts, fwd, *, phases: tuple, t_start: float) -> None:
     t0 = time.perf_counter()
     cost = engine.cost
-    if fwd.tokens:
-        cost.observe("target", fwd.tokens, fwd.seconds, plan.context)
+    verify_seconds = fwd.seconds
+    if fwd.tokens and fwd.prefill_tokens:
+        # prefill pieces rode in the verification's forward: its time is not that of a forward of
+        # fwd.tokens tokens (filed as one, it inflated the small sizes' levels several-fold at 8
+        # streams). The curves and the thread governor learn from pure verifications only; the
+        # sessions are told the verification's share, as the model prices the two parts.
+        at = cost.at(plan.context, plan.sequences)
+        verify_seconds *= at.verify_seconds(fwd.tokens) / at.verify_seconds(fwd.tokens + fwd.prefill_tokens)
+    elif fwd.tokens:
+        cost.observe("target", fwd.tokens, fwd.seconds, plan.context, plan.sequences)
         engine.threads.record(engine.threads_now, fwd.seconds, cost.calibrated_seconds("target", fwd.tokens))
     for n, rows, secs in drafts.rounds:
         cost.observe("draft", n, max(secs - max(0, rows - 1) * cost.draft_row, 0.5 * secs))
     pred_v = sum(v for v, _ in plan.predicted.values())
     pred_d = sum(d for s, (_, d) in plan.predicted.items() if s in drafts.sessions)
     alone = len(plan.decoding) == 1
-    scale = (fwd.seconds + drafts.seconds) / (pred_v + pred_d) if pred_v + pred_d > 0 else 1.0
+    scale = (verify_seconds + drafts.seconds) / (pred_v + pred_d) if pred_v + pred_d > 0 else 1.0
     now = time.perf_counter()
     if plan.guard_key is not None and not plan.prefill and not plan.absorb:
         # realised goodput of the tick, for the guard: speculating (a drafter ran, or prompt
@@ -47,7 +55,7 @@ def observe(engine, plan, drafts, fwd, *, phases: tuple, t_start: float) -> None
         v, d = plan.predicted[s]
         drafted = s in drafts.sessions
         s.observe(target_seconds=fwd.seconds, draft_seconds=drafts.seconds if drafted else 0.0,
-                  verify_share=fwd.seconds if alone else v * scale,
+                  verify_share=verify_seconds if alone else v * scale,
                   draft_share=(drafts.seconds if alone else d * scale) if drafted else 0.0,
                   step_seconds=now - t_start)
     secs = dict(zip(PHASES, phases + (time.perf_counter() - t0,)))

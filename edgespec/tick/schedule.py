@@ -51,7 +51,8 @@ class Plan:
     prefill: list = field(default_factory=list)  # (session, tokens, start position)
     absorb: dict = field(default_factory=dict)  # session -> draft tokens to absorb (plain step)
     predicted: dict = field(default_factory=dict)  # session -> (verify, draft) seconds alone
-    context: int = 0  # positions cached by all sessions (attention reads them all)
+    context: int = 0  # positions cached by the tick's sessions together
+    sequences: int = 1  # the tick's sessions (each query's attention reads its own sequence's cells)
     batch: Batch = field(default_factory=Batch)
     guard_key: tuple | None = None  # the goodput guard's load level of this tick
     guard_unit: float = 0.0  # the cost model's seconds per plain token at this many sessions
@@ -68,10 +69,11 @@ class _Rung:
 
 def schedule(engine, sessions: list) -> Plan:
     plan = Plan()
-    plan.context = sum(s.context for s in sessions)
     decoding = [s for s in sessions if not s.prefilling and not s.done]
     prefilling = [s for s in sessions if s.prefilling and not s.done]
-    cost = engine.cost.at(plan.context)
+    plan.sequences = len(decoding) + len(prefilling)
+    plan.context = sum(s.context for s in decoding) + sum(s.context for s in prefilling)
+    cost = engine.cost.at(plan.context, plan.sequences)
     if decoding:
         _guard(engine, plan, decoding, cost)
     # a session the guard turned plain asks its controller nothing (the search is most of a

@@ -216,6 +216,52 @@ def test_context_fit_is_not_thrown_by_one_slowed_forward():
     assert m.at(8000).verify_seconds(1) < 1.3 * _true_seconds(1, 8000)
 
 
+def _tick_seconds(per_session):
+    """A tick's true seconds: the weights' cost of all its tokens, and each query attending only
+    over its own sequence's cells (ggml skips the masked ones). per_session: [(tokens, context)]."""
+    n = sum(k for k, _ in per_session)
+    return _true_seconds(n, 32) + sum(max(0, c - 32) * (2.0e-6 + 0.8e-6 * (k - 1)) for k, c in per_session)
+
+
+def test_a_tick_of_several_sessions_pays_each_ones_own_context_not_their_sum():
+    """Eight sessions at 400 tokens each in one forward: the context costs what each sequence's
+    400 cost, not what one 3,200-token context would. Learnt from single long requests and from
+    batched ticks alike, the fit prices both."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    m = _calibrated()
+    for i in range(300):
+        if i % 2:
+            n, ctx = (1, 5)[i % 4 // 2], int(rng.integers(600, 8000))
+            m.observe("target", n, _true_seconds(n, ctx), context=ctx)
+        else:
+            s = int(rng.integers(2, 9))
+            per = [(int(rng.integers(1, 6)), int(rng.integers(600, 3000))) for _ in range(s)]
+            m.observe("target", sum(k for k, _ in per), _tick_seconds(per), context=sum(c for _, c in per),
+                      sessions=s)
+    assert m.ctx.one == pytest.approx(2.0e-6, rel=0.1) and m.ctx.each == pytest.approx(0.8e-6, rel=0.15)
+    plain8 = [(1, 400)] * 8
+    at = m.at(3200, sessions=8)
+    assert at.verify_seconds(8) == pytest.approx(_tick_seconds(plain8), rel=0.05)
+    # priced as one 3,200-token sequence, the same tick would cost far more than it does
+    assert m.at(3200).verify_seconds(8) > 1.3 * _tick_seconds(plain8)
+    # four more tokens, one per session for four of them
+    more = [(2, 400)] * 4 + [(1, 400)] * 4
+    assert at.extra_seconds(8, 4) == pytest.approx(_tick_seconds(more) - _tick_seconds(plain8), rel=0.1)
+
+
+def test_many_short_sequences_refine_the_curves_not_the_context_fit():
+    """Eight sessions of 200 tokens hold 1,600 together, but each query reads 200 cells: the
+    forward teaches the batch-size curve, net of the fit's small estimate, as a lone 200-token
+    request's would."""
+    m = _calibrated()
+    for _ in range(10):
+        m.observe("target", 8, 1.5 * _tick_seconds([(1, 200)] * 8), context=1600, sessions=8)
+    assert m.ctx.observations == 0
+    assert m.verify_seconds(8) > 1.3 * _true_seconds(8, 32)
+
+
 def test_flat_curves_for_admin_stats():
     m = CostModel.from_tables({1: 0.010, 8: 0.020}, {1: 0.005})
     for _ in range(5):

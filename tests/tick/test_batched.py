@@ -160,7 +160,7 @@ def test_load_shrinks_speculation(batched):
         for s in sess:  # schedule began a step: finish it
             s.cancel_step()
         joint = [plan.shapes[s] for s in sess]
-        cost = eng.cost.at(plan.context)
+        cost = eng.cost.at(plan.context, plan.sequences)
 
         def rate(shapes):
             rungs = [_rung_of(s, sh, cost) for s, sh in zip(sess, shapes)]

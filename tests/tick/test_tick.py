@@ -246,3 +246,30 @@ def test_a_busy_slots_prefill_is_shared_with_another_slot():
     assert list(b.out) == ref
     a.close()
     b.close()
+
+
+def test_a_forward_with_prefill_riders_does_not_teach_the_cost_curves():
+    """Prefill pieces riding in a verification's forward make it a forward of more tokens than
+    its verification's: its time must not be filed as a forward of the verified tokens alone
+    (that inflated the small sizes' levels at 8 streams). Pure verifications still teach."""
+    eng = fake_engine(parallel=2, n_ctx=512)
+    eng.cost.alpha = 0.1
+    targets = []
+    real = eng.cost.observe
+    eng.cost.observe = lambda kind, n, *a, **k: (targets.append(n) if kind == "target" else None,
+                                                 real(kind, n, *a, **k))
+    a = eng.open_session(req(PROMPTS[0], "plain", max_tokens=300))
+    while a.prefilling:
+        eng.tick([a])
+    b = eng.open_session(req([0] + [4 + i % 50 for i in range(400)], "plain", max_tokens=4))
+    mixed = 0
+    targets.clear()
+    while b.prefilling:
+        eng.tick([a, b])
+        mixed += eng.last_tick.prefill_tokens > 0 and eng.last_tick.verify_tokens > 0
+    assert mixed > 2 and targets == []
+    b.close()
+    for _ in range(3):
+        eng.tick([a])
+    assert targets == [1, 1, 1]
+    a.close()
