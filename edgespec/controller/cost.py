@@ -128,6 +128,7 @@ class OnlineCurve:
         self.curve = calib
         self._levels = [1.0] * len(calib.sizes)
         self._recent = 1.0
+        self._host = 1.0
 
     def _nearest(self, n: int) -> int:
         sz = self.calib.sizes
@@ -141,8 +142,7 @@ class OnlineCurve:
     @property
     def host_factor(self) -> float:
         """Measured / calibrated seconds right now (the usual level times the recent deviation)."""
-        base = _median(self.long) if len(self.long) >= self.MIN_OBS else 1.0
-        return base * self._recent
+        return self._host
 
     def observe(self, n: int, seconds: float) -> None:
         r = seconds / self.calib(n)
@@ -155,6 +155,7 @@ class OnlineCurve:
         usual = _median(self.long) if len(self.long) >= k else 1.0
         self._levels = [_median(w) if len(w) >= k else usual for w in self.per_size]
         self._recent = _median([x / self._levels[i] for i, x in self.recent]) if len(self.recent) >= k else 1.0
+        self._host = usual * self._recent
         self.curve = _Curve({size: sec * lv * self._recent
                              for size, sec, lv in zip(self.calib.sizes, self.calib.secs, self._levels)})
 
