@@ -129,9 +129,9 @@ class Engine:
         self.suffix_cache = SuffixCache(cfg.suffix_cache_bytes, cfg.suffix_cache_store,
                                         pooled=cfg.suffix_cache_scope == "pooled")
         self.suffix_enabled = cfg.suffix_cache
-        # what prompt lookups achieved in recent requests, per caller like the suffix cache: the
+        # what prompt lookups achieved in recent requests, in the suffix cache's partitions: the
         # reach each new request's lookups start from (drafters/ngram.py)
-        self.lookup_priors = ReachPriors(pooled=cfg.suffix_cache_scope == "pooled")
+        self.lookup_priors = ReachPriors()
 
     # -- lifecycle ----------------------------------------------------------------------------
     @classmethod

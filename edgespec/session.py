@@ -69,7 +69,10 @@ class Session:
         has_draft = slot.draft is not None
         self.drafter = engine.new_drafter(slot) if has_draft else None  # drafters/base.py: Drafter
         # its prompt lookups and their learnt reach, starting from what recent requests' achieved
-        self.ngram = NgramDrafter(prior=engine.lookup_priors.reach(req.caller)) if self.spec.ngram else None
+        # in its caller's partition (the suffix cache's)
+        self.ngram = None
+        if self.spec.ngram:
+            self.ngram = NgramDrafter(prior=engine.lookup_priors.reach(engine.suffix_cache.partition_of(req.caller)))
         self.suffix = engine.new_suffix_drafter(req)  # the cross-request suffix cache (None: off)
         # structured output: the grammar state of this request (edgespec/constraint.py); every
         # verified row is masked by the state after its node's path, drafts by their parent's

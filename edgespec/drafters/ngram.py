@@ -18,7 +18,7 @@ from edgespec.tree import DraftTree
 NGRAM_MAX = 8
 NGRAM_EWMA = 0.15
 # the daemon's pooled reach (ReachPriors): learnt from every request's lookups at this weight,
-# for at most this many partitions (callers; least recently used first out)
+# for at most this many partitions (the suffix cache's; least recently used first out)
 PRIOR_EWMA = 0.02
 PRIOR_PARTITIONS = 1024
 
@@ -36,25 +36,23 @@ class ReachPriors:
     do not fit that costs verification in every tick. Every settled lookup of every request
     also updates its partition's reach at PRIOR_EWMA (about the last 50 lookups).
 
-    Partitioned like the suffix cache (by caller unless pooled): acceptance changes latency, so
-    a prior shared across callers would let one caller learn how often another's text repeats
-    itself. Engine thread only."""
+    Keyed by the suffix cache's partition (SuffixCache.partition_of: by caller unless pooled):
+    acceptance changes latency, so a prior shared across callers would let one caller learn how
+    often another's text repeats itself. Engine thread only."""
 
-    def __init__(self, pooled: bool = False, max_partitions: int = PRIOR_PARTITIONS):
-        self.pooled = pooled
+    def __init__(self, max_partitions: int = PRIOR_PARTITIONS):
         self.max_partitions = max_partitions
         self._reach: OrderedDict[str, list[list[float]]] = OrderedDict()
 
-    def reach(self, caller: str) -> list[list[float]]:
-        """The partition's pooled reach (live: `learn` updates it), made on first use."""
-        key = "" if self.pooled else caller
-        r = self._reach.get(key)
+    def reach(self, partition: str) -> list[list[float]]:
+        """The partition's pooled reach (live: NgramDrafter.score updates it), made on first use."""
+        r = self._reach.get(partition)
         if r is None:
-            r = self._reach[key] = default_reach()
+            r = self._reach[partition] = default_reach()
             while len(self._reach) > self.max_partitions:
                 self._reach.popitem(last=False)
         else:
-            self._reach.move_to_end(key)
+            self._reach.move_to_end(partition)
         return r
 
     def clear(self) -> None:

@@ -71,8 +71,9 @@ def schedule(engine, sessions: list) -> Plan:
     plan = Plan()
     decoding = [s for s in sessions if not s.prefilling and not s.done]
     prefilling = [s for s in sessions if s.prefilling and not s.done]
-    plan.sequences = len(decoding) + len(prefilling)
-    plan.context = sum(s.context for s in decoding) + sum(s.context for s in prefilling)
+    active = decoding + prefilling
+    plan.sequences = len(active)
+    plan.context = sum(s.context for s in active)
     cost = engine.cost.at(plan.context, plan.sequences)
     if decoding:
         _guard(engine, plan, decoding, cost)

@@ -92,9 +92,19 @@ def test_a_new_request_starts_from_what_recent_requests_lookups_achieved():
     # repeats itself), unless the daemon pools its caches
     assert priors.reach("bob") == default_reach()
     assert budget(NgramDrafter(prior=priors.reach("bob"))) >= 1
-    pooled = ReachPriors(pooled=True)
-    pooled.reach("alice")[0][0] = 0.1
-    assert pooled.reach("bob")[0][0] == 0.1
+    # the engine keys them by the suffix cache's partition: pooled, every caller's requests start
+    # from one reach
+    from edgespec.sampling import SamplingParams
+    from edgespec.types import GenerationRequest, SpeculationParams
+    from tests.fake_backend import fake_engine
+
+    for scope, shared in (("pooled", True), ("caller", False)):
+        eng = fake_engine(parallel=1, suffix_cache_scope=scope)
+        eng.lookup_priors.reach(eng.suffix_cache.partition_of("alice"))[0][0] = 0.1
+        s = eng.open_session(GenerationRequest((0, 5, 9), SamplingParams(max_tokens=4),
+                                               SpeculationParams(mode="auto"), caller="bob"))
+        assert (s.ngram.reach[0][0] == 0.1) == shared, scope
+        s.close()
     assert priors.flat()["lookup_prior_partitions"] == 2.0
     priors.clear()
     assert priors.reach("alice") == default_reach()
