@@ -223,6 +223,30 @@ def test_abort_stops_a_forward_and_the_context_stays_usable(target_ctx):
         ctx.clear()
 
 
+def test_a_lone_token_deep_in_a_long_context_is_its_batched_row(target_ctx):
+    """Plain decoding's forward (one token, one sequence) shares its attention out over the
+    threads by cells and by V's columns (the patch's edgespec_fa_lone), where a batch takes work
+    units of GQA groups: 700 positions deep, a lone token's logits are the bits of its row in a
+    batched forward, on two threads and on one."""
+    model, ctx = target_ctx
+    toks = (model.tokenize(TEXT * 16))[:705]
+    assert len(toks) == 705
+    p = 700
+    ctx.clear()
+    ctx.decode_seq(toks[:p], 0, last_logits=False)
+    ctx.decode(toks[p:], range(p, 705), [[0]] * 5, [True] * 5)
+    batched = ctx.logits_rows(5).copy()
+    for threads in (2, 1):
+        ctx.set_threads(threads)
+        try:
+            ctx.seq_rm(0, p, -1)
+            single = one_by_one(ctx, toks[p:], p)
+        finally:
+            ctx.set_threads(2)
+        diff = float(np.abs(batched - single).max())
+        assert np.array_equal(batched, single), f"{threads} thread(s): max |logit diff| {diff:.3g}"
+
+
 def test_the_thread_count_changes_no_bit(target_ctx):
     """The thread governor (controller/threads.py) may run a forward on one thread or two: every
     element's reduction order is the same either way."""

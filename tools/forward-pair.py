@@ -2,6 +2,7 @@
 """Two llama.cpp builds, forward for forward: the cost of one target forward of W tokens.
 
     tools/forward-pair.py LIB_A LIB_B [--widths 1,2,4,16] [--rounds 60] [--threads 2]
+    tools/forward-pair.py LIB_A LIB_B --prompt 2800 [--rounds 8]
 
 LIB_A and LIB_B are folders holding a build's libllama.so / libggml*.so (a wheel's
 `llama_cpp/lib`, or a build tree's `bin`). Each runs in its own resident process with the demo F32
@@ -9,6 +10,10 @@ target loaded and a 200-token context; the two take turns, one forward each (A B
 the host's minute-to-minute speed falls on both alike. Prints, per width, each side's median ms
 and the median of the per-pair ratios B/A with its quartiles: only the ratio means anything.
 An A/A run (the same folder twice) shows the host's noise floor.
+
+`--prompt N` times prompt reading instead: each turn clears the cache and reads an N-token
+prompt in whole `n_batch` (512) pieces, as the engine does for a lone request (time to first
+token, less the one-token forward and the client).
 """
 
 from __future__ import annotations
@@ -22,6 +27,24 @@ import time
 from pathlib import Path
 
 MODEL = Path.home() / ".local/share/edgespec/models/SmolLM2-135M-Instruct.F32.gguf"
+
+
+def prompt_worker(model: str, threads: int, n: int) -> None:
+    from edgespec import backend
+    from edgespec.config import ModelConfig
+
+    m = backend.Model(model)
+    ctx = backend.Context(m, ModelConfig(model, n_ctx=n + 64, n_batch=512, threads=threads))
+    text = "Section 4.2. The supplier shall keep every record of the audit for seven years. " * (n // 8)
+    prompt = m.tokenize(text)[:n]
+    if len(prompt) < n:
+        raise SystemExit(f"the prompt text gives {len(prompt)} tokens, not {n}")
+    print("ready", flush=True)
+    for _line in sys.stdin:
+        ctx.clear()
+        t0 = time.perf_counter()
+        ctx.decode_rows(prompt, list(range(n)), [[0]] * n, [False] * (n - 1) + [True])
+        print(f"{(time.perf_counter() - t0) * 1e3:.4f}", flush=True)
 
 
 def worker(model: str, threads: int, context: int) -> None:
@@ -53,13 +76,18 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--context", type=int, default=200)
     ap.add_argument("--model", default=str(MODEL))
+    ap.add_argument("--prompt", type=int, default=0, metavar="N",
+                    help="time reading an N-token prompt (whole n_batch pieces) instead of forwards at --widths")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker(args.model, args.threads, args.context)
+        if args.prompt:
+            prompt_worker(args.model, args.threads, args.prompt)
+        else:
+            worker(args.model, args.threads, args.context)
         return 0
-    widths = [int(w) for w in args.widths.split(",")]
-    if max(widths) + args.context > 1024:
+    widths = [args.prompt] if args.prompt else [int(w) for w in args.widths.split(",")]
+    if not args.prompt and max(widths) + args.context > 1024:
         ap.error("--context plus the widest forward must fit the 1024-cell context")
 
     def spawn(lib: str) -> subprocess.Popen:
@@ -67,7 +95,7 @@ def main() -> int:
         # LD_LIBRARY_PATH too: a build tree's libllama has a RUNPATH to its own ggml libraries
         env = dict(os.environ, LLAMA_CPP_LIB_PATH=lib, LD_LIBRARY_PATH=lib)
         p = subprocess.Popen([sys.executable, __file__, "--worker", "--model", args.model, "--threads",
-                              str(args.threads), "--context", str(args.context), lib, lib],
+                              str(args.threads), "--context", str(args.context), "--prompt", str(args.prompt), lib, lib],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         if p.stdout.readline().strip() != "ready":
             raise SystemExit(f"the worker on {lib} did not start")
