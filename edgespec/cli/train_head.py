@@ -13,6 +13,7 @@ from edgespec.cli.common import fail, user_errors
 
 def register(models_app: typer.Typer) -> None:
     models_app.command("train-head")(train_head)
+    models_app.command("eval-head")(eval_head)
     models_app.command("head-cost")(head_cost)
 
 
@@ -41,6 +42,15 @@ def train_head(
     hf_dir: Annotated[Optional[Path], typer.Option(help="also export the public EAGLE-3 HF layout here")] = None,
     threads: Annotated[int, typer.Option(help="llama.cpp threads (0: all cores)")] = 0,
     seed: int = 0,
+    features: Annotated[str, typer.Option(help="who runs the target to build the data: llama (llama.cpp, the CPU) or jax "
+                                          "(edgespec/heads/target_jax.py: a GPU when jax has one)")] = "llama",
+    sampled: Annotated[int, typer.Option(help="extra answers per training prompt, sampled (the labels stay the target's "
+                                         "greedy tokens); --features jax")] = 0,
+    sample_temperature: Annotated[float, typer.Option(help="temperature of the --sampled answers")] = 0.8,
+    max_sampled: Annotated[int, typer.Option(help="at most this many --sampled answers in all, shortest prompts "
+                                             "first (0: every round whole)")] = 0,
+    data_minutes: Annotated[float, typer.Option(help="--features jax: start no new batch of answers after this "
+                                                "many minutes (0: no limit)")] = 0.0,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Train an EAGLE-3 head on the target's own answers and package text; write a GGUF that
@@ -56,14 +66,24 @@ def train_head(
             target = default_pair().target
         if not target.is_file():
             fail(f"target model not found: {target}")
+        if features not in ("llama", "jax"):
+            fail(f"--features must be llama or jax, got {features!r}")
+        if sampled and features != "jax":
+            fail("--sampled needs --features jax")
         if minutes <= 0 and epochs <= 0:
             fail(f"--minutes must be > 0 (or --epochs > 0), got {minutes}")
         spec = TrainSpec(target=target, out=out, work_dir=work_dir or Path(str(out) + ".work"), minutes=minutes,
                          epochs=epochs, distill_prompts=distill_prompts, max_new=max_new, text_windows=text_windows,
                          heldout_prompts=heldout_prompts, window=window, max_windows=max_windows,
                          draft_vocab=draft_vocab, coverage=coverage, ttt_steps=ttt_steps, batch=batch, lr=lr,
-                         n_ff=n_ff, hf_dir=hf_dir, threads=threads, seed=seed, streams=streams, eval_s=eval_s)
+                         n_ff=n_ff, hf_dir=hf_dir, threads=threads, seed=seed, streams=streams, eval_s=eval_s,
+                         features=features, sampled=sampled, sample_temperature=sample_temperature,
+                         max_sampled=max_sampled, data_minutes=data_minutes)
         rep = train(spec)
+        if rep["acceptance_by_depth"] is None:  # no llama.cpp here: the card waits for `models eval-head`
+            typer.echo(json.dumps(rep) if as_json else f"head: {rep['head']}; held-out acceptance not measured (no "
+                       f"llama.cpp here): edgespec models eval-head {spec.out} --work-dir {spec.work_dir}")
+            return
         _write_card(spec, rep)
         if as_json:
             typer.echo(json.dumps(rep))
@@ -74,6 +94,49 @@ def train_head(
             typer.echo(f"trained {rep['train_minutes']:.1f} min, {rep['epochs']:.1f} epochs over {rep['train_tokens']} tokens")
             typer.echo("held-out acceptance (greedy chain, through llama.cpp): "
                        + ", ".join(f"depth {d + 1}: {a:.3f}" for d, a in enumerate(acc)))
+
+
+def eval_head(
+    head: Annotated[Path, typer.Argument(help="a head GGUF written by train-head")],
+    work_dir: Annotated[Path, typer.Option(help="the training's work directory (its report.json and heldout.json)")],
+    target: Annotated[Optional[Path], typer.Option(help="target GGUF (default: the demo target)")] = None,
+    threads: Annotated[int, typer.Option(help="llama.cpp threads (0: all cores)")] = 0,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Measure a trained head's held-out acceptance through llama.cpp on the real target (for a
+    head trained where llama.cpp is not installed, e.g. `train-head --features jax` on a GPU
+    box), then write its card beside it."""
+    with user_errors():
+        from edgespec.backend import Model, check_head
+        from edgespec.heads.evaluate import acceptance
+        from edgespec.heads.train import TrainSpec
+
+        if target is None:
+            from edgespec.models import default_pair
+
+            target = default_pair().target
+        for p in (head, target, work_dir / "report.json", work_dir / "heldout.json"):
+            if not p.is_file():
+                fail(f"not found: {p}")
+        rep = json.loads((work_dir / "report.json").read_text())
+        held = json.loads((work_dir / "heldout.json").read_text())
+        t, h = Model(target), Model(head)
+        check_head(t, h)
+        acc = acceptance(t, h, held["sequences"], held["prompt_len"], depth=3, threads=threads)
+        rep.update(head=str(head), head_bytes=h.size_bytes, target_bytes=t.size_bytes,
+                   head_fraction_of_target=h.size_bytes / t.size_bytes, heldout_positions=acc.positions,
+                   acceptance_by_depth=acc.rates, chain3_tau=acc.tau)
+        (work_dir / "report.json").write_text(json.dumps(rep, indent=2))
+        fields = TrainSpec.__dataclass_fields__
+        conv = {"target": Path, "out": Path, "work_dir": Path, "hf_dir": lambda v: None if v == "None" else Path(v)}
+        kw = {k: conv.get(k, type(fields[k].default))(v) for k, v in rep["spec"].items() if k in fields}
+        spec = TrainSpec(**{**kw, "out": head, "target": target, "work_dir": work_dir})
+        _write_card(spec, rep)
+        if as_json:
+            typer.echo(json.dumps(rep))
+        else:
+            typer.echo("held-out acceptance (greedy chain, through llama.cpp): "
+                       + ", ".join(f"depth {d + 1}: {a:.3f}" for d, a in enumerate(acc.rates)))
 
 
 def _write_card(spec, rep: dict) -> None:  # noqa: ANN001
@@ -88,8 +151,9 @@ def _write_card(spec, rep: dict) -> None:  # noqa: ANN001
     card = {
         "head": spec.out.name, "sha256": sha256_file(spec.out), "size": spec.out.stat().st_size,
         "target": spec.target.name, "target_sha256": sha256_file(spec.target),
-        "command": shlex.join(["edgespec", "models", "train-head", *sys.argv[sys.argv.index("train-head") + 1:]])
-        if "train-head" in sys.argv else None,
+        "command": rep.get("command") or (shlex.join(["edgespec", "models", "train-head",
+                                                      *sys.argv[sys.argv.index("train-head") + 1:]])
+                                           if "train-head" in sys.argv else None),
         "seed": spec.seed,
         "data": {"distill_prompts": spec.distill_prompts, "heldout_prompts": spec.heldout_prompts, "max_new": spec.max_new,
                  "text_windows": spec.text_windows, "train_tokens": rep["train_tokens"],

@@ -49,6 +49,11 @@ class TrainSpec:
     checkpoint_s: float = 60.0
     streams: int = 48  # sequences generated per target forward
     eval_s: float = 120.0  # seconds of training between held-out depth-1 checks
+    features: str = "llama"  # who runs the target for the data: "llama" (llama.cpp) or "jax" (target_jax: a GPU)
+    sampled: int = 0  # extra answers per training prompt sampled at `sample_temperature` (labels stay greedy)
+    sample_temperature: float = 0.8
+    max_sampled: int = 0  # --features jax: at most this many sampled answers in all (0: every round whole)
+    data_minutes: float = 0.0  # --features jax: stop starting new batches of answers after this (0: no limit)
 
 
 def _log(msg: str) -> None:
@@ -197,22 +202,31 @@ def train(spec: TrainSpec, log: Callable[[str], None] = _log) -> dict:
     acceptance through llama.cpp; the report is also written to work_dir."""
     if spec.threads == 1 and "XLA_FLAGS" not in os.environ:  # before jax starts its CPU client
         os.environ["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-    from edgespec.backend import Model
     from edgespec.heads.data import Sequences, pack
 
     t_start = time.time()
-    target = Model(spec.target)
     probe = config_for_target(spec.target, 1, n_ff=spec.n_ff)
-    data, held = build_sequences(spec, target, probe.layers, log)
-    text = scored_text(spec, target, probe.layers)
+    if spec.features == "jax":
+        from edgespec.heads.target_jax import build_sequences_jax
+
+        target = None
+        data, held, n_vocab = build_sequences_jax(spec, probe.layers, log)
+        text = None
+    else:
+        from edgespec.backend import Model
+
+        target = Model(spec.target)
+        n_vocab = target.n_vocab
+        data, held = build_sequences(spec, target, probe.layers, log)
+        text = scored_text(spec, target, probe.layers)
     t_data = time.time() - t_start
-    d2t, cov_table = choose_vocab_measured(data, target.n_vocab, spec.draft_vocab, spec.coverage, spec.seed)
+    d2t, cov_table = choose_vocab_measured(data, n_vocab, spec.draft_vocab, spec.coverage, spec.seed)
     log("draft vocabulary coverage of the target's greedy tokens (measured on sequences it was not chosen from): "
         + ", ".join(f"{v}: {c:.3f}" for v, c in cov_table) + f" -> {len(d2t)}")
     if text is not None:
         data = Sequences.concat([data, text])
     cfg = config_for_target(spec.target, len(d2t), n_ff=spec.n_ff)
-    t2d = np.full(target.n_vocab, -1, np.int32)
+    t2d = np.full(n_vocab, -1, np.int32)
     t2d[d2t] = np.arange(len(d2t))
     embed = target_embeddings(spec.target)
     head = HeadWeights.init(cfg, d2t, np.random.default_rng(spec.seed), embed=embed)
@@ -225,31 +239,59 @@ def train(spec: TrainSpec, log: Callable[[str], None] = _log) -> dict:
     if spec.hf_dir is not None:
         from edgespec.heads.hf import write_hf
 
-        write_hf(head, spec.hf_dir, target.n_vocab)
-    from edgespec.heads.evaluate import acceptance
-
-    hm = Model(spec.out)  # llama.cpp's eagle3 loader accepts it (or this raises)
+        write_hf(head, spec.hf_dir, n_vocab)
     n_held = len(held.starts) - 1
     held_seqs = [held.sequence(i) for i in range(n_held)]
     held_starts = [int(x) for x in held.prompt_len]
-    with tqdm(total=n_held, desc="held-out acceptance", unit="prompt") as bar2:
-        acc = acceptance(target, hm, held_seqs, held_starts, depth=3, threads=spec.threads, progress=bar2.update)
+    (spec.work_dir / "heldout.json").write_text(json.dumps({"sequences": held_seqs, "prompt_len": held_starts}))
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:  # an accelerator box without llama.cpp: measure later (`edgespec models eval-head`)
+        hm, acc = None, None
+    else:
+        from edgespec.backend import Model
+        from edgespec.heads.evaluate import acceptance
+
+        target = target or Model(spec.target)
+        hm = Model(spec.out)  # llama.cpp's eagle3 loader accepts it (or this raises)
+        with tqdm(total=n_held, desc="held-out acceptance", unit="prompt") as bar2:
+            acc = acceptance(target, hm, held_seqs, held_starts, depth=3, threads=spec.threads, progress=bar2.update)
     n = len(rows)
+    head_bytes, target_bytes = spec.out.stat().st_size, spec.target.stat().st_size
     report = {
-        "head": str(spec.out), "head_bytes": hm.size_bytes, "target_bytes": target.size_bytes,
-        "head_fraction_of_target": hm.size_bytes / target.size_bytes,
+        "head": str(spec.out), "head_bytes": head_bytes, "target_bytes": target_bytes,
+        "head_fraction_of_target": head_bytes / target_bytes,
         "head_params": head.n_params, "draft_vocab": len(d2t), "coverage": cov_table,
         "train_windows": int(n), "train_tokens": int((lab >= 0).sum()), "window": spec.window,
         "train_sequences": int(len(data.starts) - 1), "steps": fit.steps, "epochs": fit.steps * spec.batch / max(1, n),
         "train_minutes": fit.trained_s / 60, "data_minutes": t_data / 60, "final_loss": fit.loss,
         "train_tokens_per_s": fit.tokens_per_s, "train_acc_by_step": [float(a) for a in fit.accs],
         "best_step": fit.best_step, "heldout_curve": fit.curve,
-        "heldout_positions": acc.positions, "acceptance_by_depth": acc.rates, "chain3_tau": acc.tau,
+        "heldout_positions": acc.positions if acc else None, "acceptance_by_depth": acc.rates if acc else None,
+        "chain3_tau": acc.tau if acc else None, "data_rows": int(len(data.tokens)),
+        "device": _device_kind(), "command": _command_line(),
         "spec": {k: str(v) for k, v in asdict(spec).items()},
     }
     (spec.work_dir / "report.json").write_text(json.dumps(report, indent=2))
-    hm.close()
+    if hm is not None:
+        hm.close()
     return report
+
+
+def _device_kind() -> str:
+    import jax
+
+    d = jax.devices()[0]
+    return f"{d.platform}: {getattr(d, 'device_kind', '')} x{len(jax.devices())}"
+
+
+def _command_line() -> str | None:
+    import shlex
+    import sys
+
+    if "train-head" not in sys.argv:
+        return None
+    return shlex.join(["edgespec", "models", "train-head", *sys.argv[sys.argv.index("train-head") + 1:]])
 
 
 def _heldout_batch(held, t2d: np.ndarray):  # noqa: ANN001, ANN202
@@ -305,6 +347,10 @@ def _fit(spec: TrainSpec, head: HeadWeights, embed: np.ndarray, feats: np.ndarra
     budget = spec.minutes * 60.0
     hf, hrows, hinp, hlab, hscored = heldout
     hf_j = jnp.asarray(hf[hrows].astype(np.float32))
+    # on an accelerator the features live in its memory, gathered there each step; on a CPU the
+    # host gather is the same memory
+    feats_dev = jax.device_put(feats) if jax.default_backend() != "cpu" else None
+    gather = jax.jit(lambda f, r: f[r].astype(jnp.float32))
     hinp_j, hlab_j, hsc_j = jnp.asarray(hinp), jnp.asarray(hlab), jnp.asarray(hscored)
 
     @jax.jit
@@ -346,8 +392,8 @@ def _fit(spec: TrainSpec, head: HeadWeights, embed: np.ndarray, feats: np.ndarra
         idx = np.sort(perm[(step_i % steps_per_epoch) * spec.batch:][:spec.batch])
         frac = (step_i / max_steps) if max_steps else (trained_s / budget)
         lr = spec.lr * min(1.0, (step_i + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * min(1.0, frac))))
-        f = feats[rows[idx]].astype(np.float32)
-        params, opt, loss_j, accs_j = train_step(params, opt, embed_j, jnp.asarray(f), jnp.asarray(inp[idx]),
+        f = gather(feats_dev, jnp.asarray(rows[idx])) if feats_dev is not None else jnp.asarray(feats[rows[idx]].astype(np.float32))
+        params, opt, loss_j, accs_j = train_step(params, opt, embed_j, f, jnp.asarray(inp[idx]),
                                                  jnp.asarray(lab[idx]), jnp.float32(lr), jnp.asarray(seg[idx]))
         loss, accs = float(loss_j), np.asarray(accs_j)
         step_i += 1
