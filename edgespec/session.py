@@ -65,6 +65,7 @@ class Session:
         # logit_bias and the penalties (edgespec/penalties.py): None when the request sets none
         self.adjuster = Adjuster(self.sampling, model.n_vocab, req.prompt_tokens) if adjusts(self.sampling) else None
         self.check_kv = False  # tests turn this on: assert the KV invariants after every step
+        self.guard_seen = False  # the goodput guard has seen this request decode (tick/schedule.py)
         self._closed_reason: FinishReason | None = None
         has_draft = slot.draft is not None
         self.drafter = engine.new_drafter(slot) if has_draft else None  # drafters/base.py: Drafter

@@ -13,15 +13,21 @@ Levels are (sessions decoding, rounded up to a power of two; the host's load, th
 host factor in factor-of-2 steps). Per level the guard keeps the last `window` speculating
 ticks and the last `window` plain ones; plain's reference is the level's own plain window when
 it holds `min_ticks` recent ticks, else the pooled plain window of every level at that load.
-Prefill-free ticks only. When speculation's score is below plain's by more than `margin`, the
-level falls back to plain: the schedule turns every auto session's shape plain there, bare (no
+Prefill-free ticks only. When speculation's score is below plain's by more than `margin`, and by
+more than `z` standard errors of the two windows' scores (speculating ticks emit 1 to 17 tokens,
+so one window of them scatters widely: without the evidence test a level that wins on average
+fell back on an unlucky run of ticks, several times a minute), the level falls back to plain: the schedule turns every auto session's shape plain there, bare (no
 prompt-lookup or suffix-cache grafts: their tokens cost verification, so a tick that grafts
 them counts as speculating). A fallen-back level re-probes: after
 `reprobe` plain ticks, `probe` ticks speculate again; a probe that still loses doubles the wait
 (up to `max_reprobe`), one that wins clears the fallback. While a level speculates it needs
 fresh plain ticks to compare with: when no plain reference is recent (`stale` ticks), one tick
 in `explore` is decoded plainly, and one in `explore_first` until the load's first `min_ticks`
-plain ticks are in (a fresh process).
+plain ticks are in (a fresh process). A tick whose drafter first catches up on more than
+`max_catchup` tokens (a request's prompt, or what was decoded while the level was held plain)
+is not scored, and a request that starts decoding alone probes a fallen-back level at once
+(`new_request`) (tick/observe.py): it pays a one-off debt, not the rate speculation runs at, and a
+probe scored on it lost for the fallback's own sake.
 
 One per engine, engine thread only. Pure Python.
 """
@@ -60,11 +66,26 @@ def _rate(w: deque) -> float:
     return sum(t for t, _ in w) / s if s > 0 else 0.0
 
 
+def _se(w: deque) -> float:
+    """Standard error of `_rate(w)`, a ratio estimator (sum of units / sum of seconds): the
+    ticks' residuals from the pooled rate, weighted by their seconds."""
+    n = len(w)
+    s = sum(sec for _, sec in w)
+    if n < 2 or s <= 0:
+        return 0.0
+    r = sum(t for t, _ in w) / s
+    return math.sqrt(sum((t - r * sec) ** 2 for t, sec in w) * n / (n - 1)) / s
+
+
 class GoodputGuard:
-    def __init__(self, margin: float = 0.03, window: int = 16, min_ticks: int = 4, reprobe: int = 64,
+    def __init__(self, margin: float = 0.03, window: int = 32, min_ticks: int = 4, reprobe: int = 64,
                  max_reprobe: int = 1024, probe: int = 4, explore: int = 32, explore_first: int = 4,
-                 stale: int = 512, enabled: bool = True):
-        self.enabled = enabled  # False: allow() always, nothing recorded (tests on wall-clock-free fakes)
+                 stale: int = 512, max_catchup: int = 32, z: float = 1.0, probe_new: bool = True,
+                 enabled: bool = True):
+        self.enabled = enabled
+        self.probe_new = probe_new  # a request that starts alone probes a fallen-back level at once
+        self.z = z  # standard errors the shortfall must exceed (0: the margin alone decides)
+        self.max_catchup = max_catchup  # longer draft catch-ups: the tick is not scored  # False: allow() always, nothing recorded (tests on wall-clock-free fakes)
         self.margin, self.window, self.min_ticks = margin, window, min_ticks
         self.reprobe, self.max_reprobe, self.probe = reprobe, max_reprobe, probe
         self.explore, self.explore_first, self.stale = explore, explore_first, stale
@@ -124,6 +145,15 @@ class GoodputGuard:
                 return False
         return True
 
+    def new_request(self, key: Key) -> None:
+        """A request starts decoding alone at `key`. At one stream the level's evidence is the
+        previous request's text (a draft that failed on one request's Chinese says little about
+        the next one's JSON), so a fallen-back level probes this request at once; the backoff is
+        kept, so a probe that loses still doubles the next wait."""
+        lv = self.levels.get(key)
+        if self.enabled and self.probe_new and lv is not None and lv.fallback and lv.probe_left == 0:
+            lv.wait = 0
+
     def record(self, key: Key, speculated: bool, tokens: int, seconds: float, unit: float = 1.0) -> None:
         """One prefill-free tick at `key`: whether it speculated (a drafter ran, or lookups or the
         suffix cache grafted), tokens emitted, wall seconds, and the cost model's seconds per
@@ -157,11 +187,13 @@ class GoodputGuard:
             lv.backoff = lv.wait = self.reprobe
 
     def _loses(self, key: Key, lv: _Level) -> bool | None:
-        """Speculation's realised score below plain's by more than the margin (None: too few ticks)."""
+        """Speculation's realised score below plain's by more than the margin and by more than `z`
+        standard errors (None: too few ticks)."""
         ref = self._plain_ref(key, lv)
         if len(lv.spec) < min(self.min_ticks, self.probe) or ref is None:
             return None
-        return _rate(lv.spec) < (1.0 - self.margin) * _rate(ref)
+        shortfall = (1.0 - self.margin) * _rate(ref) - _rate(lv.spec)
+        return shortfall > 0 and shortfall > self.z * math.hypot(_se(lv.spec), _se(ref))
 
     # -- reporting --------------------------------------------------------------------------------
     def flat(self) -> dict[str, float]:

@@ -45,9 +45,13 @@ def observe(engine, plan, drafts, fwd, *, phases: tuple, t_start: float) -> None
     alone = len(plan.decoding) == 1
     scale = (verify_seconds + drafts.seconds) / (pred_v + pred_d) if pred_v + pred_d > 0 else 1.0
     now = time.perf_counter()
-    if plan.guard_key is not None and not plan.prefill and not plan.absorb:
+    if (plan.guard_key is not None and not plan.prefill and not plan.absorb
+            and plan.catchup <= engine.goodput.max_catchup):
         # realised goodput of the tick, for the guard: speculating (a drafter ran, or prompt
-        # lookups or the suffix cache grafted) or plain
+        # lookups or the suffix cache grafted) or plain. Not a tick whose drafter first read a
+        # long backlog (a request's prompt, or the tokens decoded while the guard held the level
+        # plain): that debt is paid once, and scoring it sank the very probes that could end a
+        # fallback, each lost probe doubling the next wait
         guessed = bool(drafts.sessions) or any(s.record.guessed for s in plan.decoding)
         engine.goodput.record(plan.guard_key, guessed,
                               sum(s.record.emitted for s in plan.decoding), now - t_start, plan.guard_unit)

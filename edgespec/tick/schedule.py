@@ -57,6 +57,7 @@ class Plan:
     guard_key: tuple | None = None  # the goodput guard's load level of this tick
     guard_unit: float = 0.0  # the cost model's seconds per plain token at this many sessions
     bare: set = field(default_factory=set)  # auto sessions the guard turned plain, grafts and all
+    catchup: int = 0  # the longest draft catch-up a speculating session carries this tick
 
 
 @dataclass
@@ -96,6 +97,8 @@ def schedule(engine, sessions: list) -> Plan:
             plan.absorb[s] = piece
             shape = PLAIN
         plan.shapes[s] = shape
+        if shape.mode != "plain":
+            plan.catchup = max(plan.catchup, backlog)
         if s.controller is not None:
             s.controller.overridden(shape)
         s.begin_step(shape, plan.batch if len(decoding) > 1 else None)
@@ -124,6 +127,10 @@ def _guard(engine, plan: Plan, decoding: list, cost) -> None:
     plan.guard_key = key = guard.key(len(decoding), engine.cost.host_factor("target"))
     plan.guard_unit = cost.verify_seconds(len(decoding)) / len(decoding)
     auto = [s for s in decoding if s.controller is not None]
+    if len(decoding) == 1 and not decoding[0].guard_seen:  # a request alone: its own evidence
+        guard.new_request(key)
+    for s in decoding:
+        s.guard_seen = True
     if auto and not guard.allow(key):
         plan.bare.update(auto)
 

@@ -30,11 +30,11 @@ def test_losing_speculation_falls_back_and_reprobes_rarely():
     did = drive(g, 2000, spec_rate=80.0, plain_rate=100.0)
     assert g.levels[KEY].fallback
     assert sum(did[:10]) <= g.min_ticks + 1  # it fell back within a few ticks
-    # re-probes: 4 ticks each, waits 64, 128, 256, 512, 1024, 1024: ~30 speculating ticks in 2000
+    # re-probes: a few ticks each, waits 64, 128, 256, 512, 1024: ~40 speculating ticks in 2000
     assert sum(did) < 0.025 * len(did)
     flat = g.flat()
     assert flat["goodput_fallback_levels"] == 1 and flat[f"goodput_1_0_fallback"] == 1.0
-    assert flat["goodput_1_0_plain_score"] == 100.0
+    assert flat["goodput_1_0_plain_score"] == pytest.approx(100.0)
 
 
 def test_speculation_that_wins_is_left_alone_and_comes_back_after_a_fallback():
@@ -47,6 +47,19 @@ def test_speculation_that_wins_is_left_alone_and_comes_back_after_a_fallback():
     assert g.levels[KEY].fallback
     did = drive(g, 300, spec_rate=150.0, plain_rate=100.0)  # and agrees again: the next probe sees it
     assert not g.levels[KEY].fallback and sum(did[-100:]) > 90
+
+
+def test_a_new_request_alone_probes_at_once_and_a_lost_probe_still_backs_off():
+    g = GoodputGuard()
+    drive(g, 6, 0, 100.0, wants=False)
+    drive(g, 40, spec_rate=60.0, plain_rate=100.0)
+    lv = g.levels[KEY]
+    assert lv.fallback and not g.allow(KEY)  # held plain, waiting out its backoff
+    backoff = lv.backoff
+    g.new_request(KEY)
+    did = drive(g, g.probe, spec_rate=60.0, plain_rate=100.0)
+    assert all(did) and lv.fallback and lv.backoff == 2 * backoff
+    GoodputGuard.new_request(g, GoodputGuard.key(2, 1.0))  # a level never seen: nothing happens
 
 
 def test_levels_are_separate():
@@ -138,6 +151,38 @@ def test_a_fresh_process_explores_plain_early(cls=GoodputGuard):
     assert sum(did) > 0.97 * len(did)
 
 
+def drive_scattered(g: GoodputGuard, ticks: int, gain: float, seed: int = 0) -> list[bool]:
+    """One stream, plain ticks 1 token in 20 ms; a speculating tick emits 1, 2, 3 or 5 tokens
+    (p .4, .2, .2, .2: 2.4 on average, what a draft that is often right but not always gives) in
+    a fixed time, set so that speculation makes `gain` times plain's tokens per second."""
+    import random
+
+    rng = random.Random(seed)
+    did = []
+    for _ in range(ticks):
+        spec = g.allow(KEY)
+        if spec:
+            tokens = rng.choices((1, 2, 3, 5), (0.4, 0.2, 0.2, 0.2))[0]
+            secs = 2.4 * 0.020 / gain * rng.uniform(0.97, 1.03)
+        else:
+            tokens, secs = 1, 0.020 * rng.uniform(0.97, 1.03)
+        g.record(KEY, spec, tokens, secs, 0.020)
+        did.append(spec)
+    return did
+
+
+def test_speculation_that_wins_on_average_is_not_dropped_for_an_unlucky_run(cls=GoodputGuard):
+    """Speculating ticks scatter (1 to 5 tokens a tick): a 25 % average gain stays speculating
+    over 3,000 ticks, where a guard judging the bare window means spent most of them plain;
+    a 40 % loss with the same scatter still falls back."""
+    g = cls()
+    did = drive_scattered(g, 3000, gain=1.25)
+    assert g.levels[KEY].fallbacks <= 2 and sum(did) > 0.9 * len(did)
+    g = cls()
+    did = drive_scattered(g, 3000, gain=0.6)
+    assert g.levels[KEY].fallback and sum(did) < 0.1 * len(did)
+
+
 class RawRate(GoodputGuard):
     """Broken twin: scores raw tokens per second (the cost model's unit ignored)."""
 
@@ -164,7 +209,15 @@ class LateExplorer(GoodputGuard):
         super().__init__(explore_first=32)
 
 
+class BareMeans(GoodputGuard):
+    """Broken twin: the window means alone decide (no evidence test), as the guard first did."""
+
+    def __init__(self):
+        super().__init__(z=0.0, window=16)
+
+
 @pytest.mark.parametrize(("twin", "scenario"), [
+    (BareMeans, test_speculation_that_wins_on_average_is_not_dropped_for_an_unlucky_run),
     (RawRate, test_plain_ticks_at_another_session_count_are_the_reference),
     (RawRate, test_a_host_that_slows_down_is_not_a_loss),
     (ExactCount, test_a_moving_session_count_still_gets_judged),

@@ -13,7 +13,7 @@ KEY = (1, 0)
 
 
 def fallen_back() -> GoodputGuard:
-    g = GoodputGuard(reprobe=10_000)
+    g = GoodputGuard(reprobe=10_000, probe_new=False)
     g.key = lambda decoding, host_factor: KEY  # one level whatever the fake's timings
     for _ in range(6):
         g.record(KEY, False, 1, 0.010)  # plain: 100 tokens/s
@@ -72,3 +72,42 @@ def test_sessions_the_guard_turned_plain_skip_the_controllers_search(monkeypatch
     eng.goodput = fallen_back()
     eng.generate(req("auto"))
     assert not calls
+
+
+def test_a_tick_whose_drafter_first_reads_a_long_backlog_is_not_scored(monkeypatch):
+    """The draft's catch-up on a request's prompt (or on what was decoded while the guard held the
+    level plain) is a one-off debt: the guard scores the ticks after it, not that tick, so a probe
+    is not sunk by the fallback's own backlog."""
+    import edgespec.tick as tick_pkg
+
+    eng = fake_engine(parallel=1)
+    catchups, scored = [], []
+    real_schedule, real_record = tick_pkg.schedule, eng.goodput.record
+
+    def schedule(engine, sessions):
+        plan = real_schedule(engine, sessions)
+        if plan.decoding and not plan.prefill:
+            catchups.append(plan.catchup)
+        return plan
+
+    monkeypatch.setattr(tick_pkg, "schedule", schedule)
+    eng.goodput.record = lambda key, speculated, *a, **k: (scored.append(speculated), real_record(key, speculated, *a, **k))
+    prompt = tuple((7 * i + 3) % 64 for i in range(eng.goodput.max_catchup + 8))  # longer than max_catchup
+    eng.generate(GenerationRequest(prompt, SamplingParams(max_tokens=30),
+                                   SpeculationParams(mode="auto", ngram=False, suffix=False)))
+    long = sum(c > eng.goodput.max_catchup for c in catchups)
+    assert long >= 1  # the first speculating tick read the prompt
+    assert 0 < len(scored) == len(catchups) - long  # every other prefill-free tick was scored
+
+
+def test_a_request_that_starts_alone_probes_a_fallen_back_level_at_once():
+    """At one stream a level's evidence is the previous request's text: the next request probes
+    at once (a few speculating ticks), where a guard that waits out its backoff decodes it all
+    plainly; a probe that loses falls back again with the backoff kept."""
+    eng = fake_engine(parallel=1)
+    eng.goodput = fallen_back()
+    eng.goodput.probe_new = True
+    res = eng.generate(req("auto"))
+    assert res.stats.draft_forwards > 0
+    lv = eng.goodput.levels[KEY]
+    assert lv.fallbacks == 1 and lv.backoff >= 10_000
