@@ -75,6 +75,10 @@ def to_markdown(report: dict[str, Any]) -> str:
                        f"{_ms(md.get('window_itl_p50_s'))} | {_ms(md.get('window_itl_p99_s'))} | "
                        f"{_ms(md.get('window_itl_max_s'))} | {_ms(md.get('before_itl_p50_s'))} | "
                        f"{_ms(md.get('before_itl_p99_s'))} | {_f(md.get('streams_decoding_throughout'), '.0f')} |")
+    drafts = [f"N={lv['concurrency']}: {lv['daemon']['draft']}" for lv in report["levels"]
+              if (lv.get("daemon") or {}).get("draft")]
+    if drafts:
+        out += ["", "The daemon's draft: " + ", ".join(drafts) + "."]
     cmds = report.get("commands") or {}
     if cmds:
         out += ["", "Servers:", ""] + [f"- {k}: `{v}`" for k, v in cmds.items() if isinstance(v, str)]

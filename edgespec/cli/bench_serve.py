@@ -59,7 +59,9 @@ def bench_serve(
     rounds: int = typer.Option(2, help="interleaved rounds the requests are split into (systems rotate)"),
     max_tokens: int = typer.Option(128, "--max-tokens", help="max tokens per request (EOS ends earlier)"),
     target: Optional[str] = typer.Option(None, help="target GGUF (default: the demo F32 target)"),
-    draft: Optional[str] = typer.Option(None, help="draft GGUF (default: the demo Q8_0 draft)"),
+    draft: Optional[str] = typer.Option(None, help="draft GGUF (default: what the daemon drafts with when "
+                                        "[draft] path is unset: the demo's EAGLE-3 head where its card measured it "
+                                        "faster at that parallelism, else the Q8_0 draft; llama-server gets the Q8_0)"),
     threads: int = typer.Option(0, help="CPU threads of every server (0 = all cores)"),
     n_ctx: int = typer.Option(DEFAULT_N_CTX, "--n-ctx", help="context per request (edgespec n_ctx per slot; "
                               "llama-server -c = N x this)"),
@@ -107,7 +109,8 @@ def _bench_serve(a: SimpleNamespace) -> None:
     target_path, draft_path = _models(a.target, a.draft)
     t = default_threads(a.threads)
     commands: dict[str, str] = {}
-    starter = _Starter(addr=a.addr, target=target_path, draft=draft_path, threads=t, n_gpu_layers=a.n_gpu_layers,
+    starter = _Starter(addr=a.addr, target=target_path, draft=draft_path, daemon_default_draft=a.draft is None,
+                       threads=t, n_gpu_layers=a.n_gpu_layers,
                        max_tokens=max(a.max_tokens, a.scenario_stream_tokens), systems=systems,
                        llama_bin=a.llama_server_bin, draft_max=a.draft_max, workdir=a.workdir or workdir_default(),
                        commands=commands, suffix_cache=a.suffix_cache)
@@ -186,6 +189,17 @@ class _Starter:
     workdir: Path
     commands: dict = field(default_factory=dict)  # what the report lists under "commands"
     suffix_cache: bool = False  # the daemon's speculation.suffix_cache
+    daemon_default_draft: bool = False  # the daemon drafts with its own default at each level (no --draft)
+
+    def daemon_draft(self, n: int) -> str:
+        """The daemon's draft at `n` streams: --draft, else the daemon's own default there (the
+        shipped head where its card measured it faster, edgespec.models.choose_default_draft)."""
+        if not self.daemon_default_draft:
+            return self.draft
+        from edgespec.models import choose_default_draft
+
+        head = choose_default_draft(self.target, n)
+        return str(Path(self.target).parent / head) if head else self.draft
 
     def start(self, n: int, ctx: int, prompts, max_tokens: int, long_tokens: int | None = None):  # noqa: ANN001, ANN201
         from edgespec.bench import serve_systems as ss
@@ -207,7 +221,7 @@ class _Starter:
         try:
             addr = self.addr
             if addr is None:
-                sections = ss.daemon_sections(target=self.target, draft=self.draft, parallel=n, n_ctx=ctx,
+                sections = ss.daemon_sections(target=self.target, draft=self.daemon_draft(n), parallel=n, n_ctx=ctx,
                                               threads=self.threads, max_tokens=self.max_tokens,
                                               n_gpu_layers=self.n_gpu_layers, suffix_cache=self.suffix_cache)
                 d = ss.start_daemon(self.workdir, sections)
@@ -219,6 +233,8 @@ class _Starter:
             tok = EdgespecClient(addr, "auto")
             clients["_tokenizer"] = tok
             info["daemon"] = {k: v for k, v in tok.model_info().items() if k in ("parallel", "n_ctx", "backend")}
+            if self.addr is None:
+                info["daemon"]["draft"] = Path(self.daemon_draft(n)).name
             prompts = list(prompts)
             if long_tokens is not None:
                 lp = long_prompt(tok.chat_tokens, load_suite("long"), long_tokens)

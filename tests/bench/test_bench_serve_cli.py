@@ -36,3 +36,17 @@ def test_bad_arguments(invoke, args, needle):
 def test_llama_server_bin_needs_the_binary(invoke, tmp_path):
     res = invoke("--llama-server-bin", str(tmp_path))
     assert res.exit_code == 2 and "llama-server not found" in res.output and "tools/llama-anchor.sh build" in res.output
+
+
+def test_without_draft_the_daemon_drafts_with_its_own_default_at_each_level(monkeypatch, tmp_path):
+    """No --draft: each level's daemon gets what the daemon would pick with [draft] path unset
+    (the shipped head where its card measured it faster at that parallelism); --draft wins."""
+    import edgespec.models as M
+    from edgespec.cli.bench_serve import _Starter
+
+    monkeypatch.setattr(M, "choose_default_draft", lambda target, n, directory=None: M.HEAD_NAME if n == 1 else None)
+    common = dict(addr=None, target=str(tmp_path / "t.gguf"), draft=str(tmp_path / "d.gguf"), threads=2,
+                  n_gpu_layers=0, max_tokens=16, systems=["edgespec-auto"], llama_bin=None, draft_max=4, workdir=tmp_path)
+    s = _Starter(**common, daemon_default_draft=True)
+    assert s.daemon_draft(1) == str(tmp_path / M.HEAD_NAME) and s.daemon_draft(4) == str(tmp_path / "d.gguf")
+    assert _Starter(**common).daemon_draft(1) == str(tmp_path / "d.gguf")
