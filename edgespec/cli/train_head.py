@@ -18,6 +18,7 @@ def register(models_app: typer.Typer) -> None:
 
 
 def train_head(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Argument(help="the head GGUF to write")],
     target: Annotated[Optional[Path], typer.Option(help="target GGUF (default: the demo target)")] = None,
     work_dir: Annotated[Optional[Path], typer.Option(help="data shards and checkpoints (default: OUT + '.work')")] = None,
@@ -79,7 +80,7 @@ def train_head(
                          n_ff=n_ff, hf_dir=hf_dir, threads=threads, seed=seed, streams=streams, eval_s=eval_s,
                          features=features, sampled=sampled, sample_temperature=sample_temperature,
                          max_sampled=max_sampled, data_minutes=data_minutes)
-        rep = train(spec)
+        rep = train(spec, command=_command(ctx))
         if rep["acceptance_by_depth"] is None:  # no llama.cpp here: the card waits for `models eval-head`
             typer.echo(json.dumps(rep) if as_json else f"head: {rep['head']}; held-out acceptance not measured (no "
                        f"llama.cpp here): edgespec models eval-head {spec.out} --work-dir {spec.work_dir}")
@@ -94,6 +95,21 @@ def train_head(
             typer.echo(f"trained {rep['train_minutes']:.1f} min, {rep['epochs']:.1f} epochs over {rep['train_tokens']} tokens")
             typer.echo("held-out acceptance (greedy chain, through llama.cpp): "
                        + ", ".join(f"depth {d + 1}: {a:.3f}" for d, a in enumerate(acc)))
+
+
+def _command(ctx: typer.Context) -> str:
+    """The train-head command line of this run: OUT, then every option away from its default
+    (output switches left out), in declaration order; what the card records."""
+    import shlex
+
+    args: list[str] = []
+    for p in ctx.command.params:
+        v = ctx.params.get(p.name)
+        if p.param_type_name == "argument":
+            args.append(str(v))
+        elif p.name != "as_json" and v is not None and v != p.default:
+            args += [p.opts[0], str(v)]
+    return shlex.join(["edgespec", "models", "train-head", *args])
 
 
 def eval_head(
@@ -142,18 +158,13 @@ def eval_head(
 def _write_card(spec, rep: dict) -> None:  # noqa: ANN001
     """OUT.json beside the head: how it was trained (the command line), its data seed, the
     held-out figures and its SHA-256 (the file `edgespec models` checks a shipped head against)."""
-    import shlex
-    import sys
-
     from edgespec.models import sha256_file
 
     acc = rep["acceptance_by_depth"]
     card = {
         "head": spec.out.name, "sha256": sha256_file(spec.out), "size": spec.out.stat().st_size,
         "target": spec.target.name, "target_sha256": sha256_file(spec.target),
-        "command": rep.get("command") or (shlex.join(["edgespec", "models", "train-head",
-                                                      *sys.argv[sys.argv.index("train-head") + 1:]])
-                                           if "train-head" in sys.argv else None),
+        "command": rep.get("command"),  # the train-head command line (edgespec.heads.train)
         "seed": spec.seed,
         "data": {"distill_prompts": spec.distill_prompts, "heldout_prompts": spec.heldout_prompts, "max_new": spec.max_new,
                  "text_windows": spec.text_windows, "train_tokens": rep["train_tokens"],

@@ -208,7 +208,8 @@ def generate(cfg: TargetConfig, w: dict, prompts: Sequence[Sequence[int]], max_n
         col = P + i
         p1 = (col - pad)[:, None].astype(np.int32)
         m1 = ((cols[None, :] <= col) & (cols[None, :] >= pad[:, None]))[:, None, :]
-        logits, f, kc, vc = fwd(w, jnp.asarray(c[:, None].astype(np.int32)), jnp.asarray(p1), kc, vc, col, jnp.asarray(m1))
+        logits, f, kc, vc = fwd(w, jnp.asarray(c[:, None].astype(np.int32)), jnp.asarray(p1), kc, vc, col,
+                                jnp.asarray(m1))
         feats.append(np.asarray(f))
     G = np.stack(greedy_cols, axis=1)  # [B, n]: greedy after prompt + i answer tokens
     C = np.stack(chosen_cols, axis=1)
@@ -274,7 +275,8 @@ def prompt_tokens(spec, log) -> dict:  # noqa: ANN001
                            "with --epochs 0 --minutes 0 ... or copy the work directory)") from e
     target = Model(spec.target)
     pairs = category_prompts(spec.heldout_prompts + spec.distill_prompts, spec.seed)
-    toks = [list(target.tokenize(target.chat_prompt([("user", p)]), add_special=True, parse_special=True)) for _, p in pairs]
+    toks = [list(target.tokenize(target.chat_prompt([("user", p)]), add_special=True, parse_special=True))
+            for _, p in pairs]
     eog = sorted({t for t in range(target.n_vocab) if target.is_eog(t)})
     out = {"held": toks[:spec.heldout_prompts], "train": toks[spec.heldout_prompts:], "eog": eog,
            "train_categories": [c for c, _ in pairs[spec.heldout_prompts:]]}
@@ -328,7 +330,8 @@ def build_sequences_jax(spec, layers, log):  # noqa: ANN001, ANN201
         parts = []
         for s in range(0, len(padded), B):
             with _highest_precision():  # llama.cpp's float32, not TF32
-                g = generate(cfg, w, padded[s:s + B], spec.max_new, layers, eog, temperature, seed + s, fwd, cache=width)
+                g = generate(cfg, w, padded[s:s + B], spec.max_new, layers, eog, temperature, seed + s, fwd,
+                             cache=width)
             keep = min(B, len(prompts) - s)
             parts.append(to_sequences(Generated(g.tokens[:keep], g.greedy[:keep], g.features[:keep])))
             bar.update(keep)
@@ -363,8 +366,8 @@ def build_sequences_jax(spec, layers, log):  # noqa: ANN001, ANN201
                     log(f"data budget of {spec.data_minutes} min spent: round {r} stops at {c} of {len(order)} answers")
                     break
                 chunk = [train_tok[i] for i in order[c:c + per]]
-                parts.append(run(chunk, temp, spec.seed * 1000 + r * 100_003 + c, d / f"train-{tag}-r{r}-{c // per:04d}.npz",
-                                 bar))
+                path = d / f"train-{tag}-r{r}-{c // per:04d}.npz"
+                parts.append(run(chunk, temp, spec.seed * 1000 + r * 100_003 + c, path, bar))
     data = Sequences.concat(parts)
     log(f"{len(data.starts) - 1} sequences, {len(data.tokens)} rows, {int((data.labels >= 0).sum())} labelled, "
         f"in {time.time() - t0:.0f} s ({jax.default_backend()})")

@@ -196,10 +196,11 @@ def choose_vocab_measured(data: Sequences, n_vocab: int, size: int, coverage: fl
     return d2t, table
 
 
-def train(spec: TrainSpec, log: Callable[[str], None] = _log) -> dict:
+def train(spec: TrainSpec, log: Callable[[str], None] = _log, command: str | None = None) -> dict:
     """Build the data, fit the head (resuming from its checkpoint), write its GGUF (and the HF
     layout when asked) from the checkpoint of best held-out depth-1 agreement, measure held-out
-    acceptance through llama.cpp; the report is also written to work_dir."""
+    acceptance through llama.cpp; the report is also written to work_dir (with `command`, the
+    command line that ran it, for the card)."""
     if spec.threads == 1 and "XLA_FLAGS" not in os.environ:  # before jax starts its CPU client
         os.environ["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
     from edgespec.heads.data import Sequences, pack
@@ -257,7 +258,10 @@ def train(spec: TrainSpec, log: Callable[[str], None] = _log) -> dict:
         with tqdm(total=n_held, desc="held-out acceptance", unit="prompt") as bar2:
             acc = acceptance(target, hm, held_seqs, held_starts, depth=3, threads=spec.threads, progress=bar2.update)
     n = len(rows)
-    head_bytes, target_bytes = spec.out.stat().st_size, spec.target.stat().st_size
+    if hm is not None:  # the tensors' bytes, as llama.cpp loads them
+        head_bytes, target_bytes = hm.size_bytes, target.size_bytes
+    else:  # the files' (eval-head puts llama.cpp's in)
+        head_bytes, target_bytes = spec.out.stat().st_size, spec.target.stat().st_size
     report = {
         "head": str(spec.out), "head_bytes": head_bytes, "target_bytes": target_bytes,
         "head_fraction_of_target": head_bytes / target_bytes,
@@ -269,7 +273,7 @@ def train(spec: TrainSpec, log: Callable[[str], None] = _log) -> dict:
         "best_step": fit.best_step, "heldout_curve": fit.curve,
         "heldout_positions": acc.positions if acc else None, "acceptance_by_depth": acc.rates if acc else None,
         "chain3_tau": acc.tau if acc else None, "data_rows": int(len(data.tokens)),
-        "device": _device_kind(), "command": _command_line(),
+        "device": _device_kind(), "command": command,
         "spec": {k: str(v) for k, v in asdict(spec).items()},
     }
     (spec.work_dir / "report.json").write_text(json.dumps(report, indent=2))
@@ -283,15 +287,6 @@ def _device_kind() -> str:
 
     d = jax.devices()[0]
     return f"{d.platform}: {getattr(d, 'device_kind', '')} x{len(jax.devices())}"
-
-
-def _command_line() -> str | None:
-    import shlex
-    import sys
-
-    if "train-head" not in sys.argv:
-        return None
-    return shlex.join(["edgespec", "models", "train-head", *sys.argv[sys.argv.index("train-head") + 1:]])
 
 
 def _heldout_batch(held, t2d: np.ndarray):  # noqa: ANN001, ANN202
@@ -392,7 +387,10 @@ def _fit(spec: TrainSpec, head: HeadWeights, embed: np.ndarray, feats: np.ndarra
         idx = np.sort(perm[(step_i % steps_per_epoch) * spec.batch:][:spec.batch])
         frac = (step_i / max_steps) if max_steps else (trained_s / budget)
         lr = spec.lr * min(1.0, (step_i + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * min(1.0, frac))))
-        f = gather(feats_dev, jnp.asarray(rows[idx])) if feats_dev is not None else jnp.asarray(feats[rows[idx]].astype(np.float32))
+        if feats_dev is not None:
+            f = gather(feats_dev, jnp.asarray(rows[idx]))
+        else:
+            f = jnp.asarray(feats[rows[idx]].astype(np.float32))
         params, opt, loss_j, accs_j = train_step(params, opt, embed_j, f, jnp.asarray(inp[idx]),
                                                  jnp.asarray(lab[idx]), jnp.float32(lr), jnp.asarray(seg[idx]))
         loss, accs = float(loss_j), np.asarray(accs_j)

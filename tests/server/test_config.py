@@ -177,3 +177,18 @@ def asdict_(obj: object) -> dict:
     from dataclasses import asdict
 
     return asdict(obj)
+
+
+def test_the_default_draft_follows_the_prompt_cache(monkeypatch):
+    """[draft] path unset: the daemon asks for its default draft at its parallelism and prompt
+    cache setting (a head keeps no prefill, so the prompt cache keeps the Q8_0 draft)."""
+    import edgespec.models as M
+
+    asked = []
+    monkeypatch.setattr(M, "choose_default_draft",
+                        lambda target, parallel, directory=None, prompt_cache=False:
+                        asked.append((parallel, prompt_cache)) or (None if prompt_cache else M.HEAD_NAME))
+    off = load(None, env={}, overrides={"server": {"parallel": 1, "prompt_cache": False}})
+    on = load(None, env={}, overrides={"server": {"parallel": 1}})
+    assert off.engine.draft.path.endswith(M.HEAD_NAME) and on.engine.draft.path.endswith("Q8_0.gguf")
+    assert asked == [(1, False), (1, True)]
