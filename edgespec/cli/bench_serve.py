@@ -198,7 +198,7 @@ class _Starter:
             return self.draft
         from edgespec.models import choose_default_draft
 
-        head = choose_default_draft(self.target, n)
+        head = choose_default_draft(self.target, n, prompt_cache=False)  # as daemon_sections runs it
         return str(Path(self.target).parent / head) if head else self.draft
 
     def start(self, n: int, ctx: int, prompts, max_tokens: int, long_tokens: int | None = None):  # noqa: ANN001, ANN201
@@ -221,7 +221,9 @@ class _Starter:
         try:
             addr = self.addr
             if addr is None:
-                sections = ss.daemon_sections(target=self.target, draft=self.daemon_draft(n), parallel=n, n_ctx=ctx,
+                draft = self.daemon_draft(n)
+                info["daemon_draft"] = Path(draft).name
+                sections = ss.daemon_sections(target=self.target, draft=draft, parallel=n, n_ctx=ctx,
                                               threads=self.threads, max_tokens=self.max_tokens,
                                               n_gpu_layers=self.n_gpu_layers, suffix_cache=self.suffix_cache)
                 d = ss.start_daemon(self.workdir, sections)
@@ -233,8 +235,8 @@ class _Starter:
             tok = EdgespecClient(addr, "auto")
             clients["_tokenizer"] = tok
             info["daemon"] = {k: v for k, v in tok.model_info().items() if k in ("parallel", "n_ctx", "backend")}
-            if self.addr is None:
-                info["daemon"]["draft"] = Path(self.daemon_draft(n)).name
+            if "daemon_draft" in info:
+                info["daemon"]["draft"] = info.pop("daemon_draft")
             prompts = list(prompts)
             if long_tokens is not None:
                 lp = long_prompt(tok.chat_tokens, load_suite("long"), long_tokens)

@@ -25,9 +25,9 @@ fresh plain ticks to compare with: when no plain reference is recent (`stale` ti
 in `explore` is decoded plainly, and one in `explore_first` until the load's first `min_ticks`
 plain ticks are in (a fresh process). A tick whose drafter first catches up on more than
 `max_catchup` tokens (a request's prompt, or what was decoded while the level was held plain)
-is not scored, and a request that starts decoding alone probes a fallen-back level at once
-(`new_request`) (tick/observe.py): it pays a one-off debt, not the rate speculation runs at, and a
-probe scored on it lost for the fallback's own sake.
+is not scored (tick/observe.py): it pays a one-off debt, not the rate speculation runs at, and a
+probe scored on it lost for the fallback's own sake. A request that starts decoding alone probes
+a fallen-back level at once (`new_request`).
 
 One per engine, engine thread only. Pure Python.
 """
@@ -82,10 +82,10 @@ class GoodputGuard:
                  max_reprobe: int = 1024, probe: int = 4, explore: int = 32, explore_first: int = 4,
                  stale: int = 512, max_catchup: int = 32, z: float = 1.0, probe_new: bool = True,
                  enabled: bool = True):
-        self.enabled = enabled
+        self.enabled = enabled  # False: allow() always, nothing recorded (tests on wall-clock-free fakes)
         self.probe_new = probe_new  # a request that starts alone probes a fallen-back level at once
         self.z = z  # standard errors the shortfall must exceed (0: the margin alone decides)
-        self.max_catchup = max_catchup  # longer draft catch-ups: the tick is not scored  # False: allow() always, nothing recorded (tests on wall-clock-free fakes)
+        self.max_catchup = max_catchup  # longer draft catch-ups: the tick is not scored
         self.margin, self.window, self.min_ticks = margin, window, min_ticks
         self.reprobe, self.max_reprobe, self.probe = reprobe, max_reprobe, probe
         self.explore, self.explore_first, self.stale = explore, explore_first, stale

@@ -15,7 +15,7 @@ rope position is the column less its padding.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,7 +156,7 @@ class Generated:
     """One batch's sequences: tokens[i] (prompt + answer, the answer ending at its first
     end-of-generation token or at max_new), greedy[i] the target's greedy token after each
     position (what a head is trained on; equal to the next token where the answer was greedy),
-    features[i] [len(tokens[i]), 3e] float16."""
+    features[i] [len(tokens[i]) - 1, 3e] float16 (the last token is never decoded)."""
 
     tokens: list[np.ndarray]
     greedy: list[np.ndarray]
@@ -165,7 +165,7 @@ class Generated:
 
 def generate(cfg: TargetConfig, w: dict, prompts: Sequence[Sequence[int]], max_new: int, feature_layers: Sequence[int],
              eog: Sequence[int], temperature: float = 0.0, seed: int = 0, forward=None,  # noqa: ANN001
-             cache: int = 0, progress: Callable[[int], None] | None = None) -> Generated:
+             cache: int = 0) -> Generated:
     """Answers to a batch of tokenized prompts: greedy at temperature 0, else sampled at that
     temperature (the greedy token is still recorded at every position). `cache`: the KV cache's
     columns (0: just enough; one width for every batch compiles the decode step once)."""
@@ -201,8 +201,6 @@ def generate(cfg: TargetConfig, w: dict, prompts: Sequence[Sequence[int]], max_n
         greedy_cols.append(g)
         chosen_cols.append(c)
         done |= np.isin(c, eog_a)
-        if progress is not None:
-            progress(1)
         if done.all() or i == max_new - 1:
             break
         col = P + i
@@ -240,7 +238,7 @@ def to_sequences(gen: Generated):  # noqa: ANN201
         n = len(t) - 1
         toks.append(t[:-1])
         labs.append(g[:-1])
-        feats.append(f[:n])
+        feats.append(f)
         st.append(st[-1] + n)
         plen.append(int(np.argmax(g >= 0)) + 1)
     return Sequences(np.concatenate(toks), np.concatenate(labs), np.concatenate(feats), np.asarray(st, np.int64),
