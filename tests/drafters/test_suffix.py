@@ -42,9 +42,13 @@ def test_proposal_scores_are_the_share_of_matches_that_continued_so():
     first = sorted((prop.scores[i], prop.tokens[i]) for i, p in enumerate(prop.parents) if p < 0)
     assert first[-1] == (4 / 11, 200) and set(first[:-1]) <= {(3 / 11, 201), (3 / 11, 202)}
     assert len(prop) == int(sfx.NODES_PER_MATCH * 3)  # sized by the match length
-    # best first: every node after its parent, scores non-increasing
+    # best first: every node after its parent, learnt probabilities non-increasing (untrained:
+    # the prior's 1/2 per node along a path), ties in order of votes
     assert all(p < i for i, p in enumerate(prop.parents))
-    assert prop.scores == sorted(prop.scores, reverse=True)
+    assert prop.probs == sorted(prop.probs, reverse=True)
+    assert prop.probs[0] == pytest.approx(0.5) and prop.tokens[0] == 200
+    for a, b in zip(range(len(prop)), range(1, len(prop))):
+        assert prop.probs[a] > prop.probs[b] or prop.scores[a] >= prop.scores[b]
 
 
 def test_the_reply_start_is_found_from_the_prompt_anchor():
@@ -137,26 +141,87 @@ def test_snapshot_round_trip_and_checksum(tmp_path):
         SuffixCache(1 << 20).load(path)
 
 
+class LinearCost:
+    """Verification seconds 1 + step * (n - 1): each extra token costs `step`."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def verify_seconds(self, n):
+        return 1.0 + self.step * (n - 1)
+
+    def extra_seconds(self, base, k):
+        return self.verify_seconds(base + k) - self.verify_seconds(base)
+
+
 def test_budget_prices_nodes_on_the_marginal_verification_cost():
-    class Cost:
-        def __init__(self, step):
-            self.step = step
+    prop = Proposal(tokens=[1, 2, 3, 4], parents=[-1, 0, 1, 2], scores=[0.5] * 4, probs=[1.0, 0.9, 0.2, 0.1], match=8)
+    budget = SuffixDrafter.budget
+    assert budget(prop, LinearCost(0.0), 1, 1.0) == 4  # free verification: all of it
+    assert budget(prop, LinearCost(0.3), 1, 1.0) == 2  # 0.2 < 0.3: the third node does not pay
+    assert budget(prop, LinearCost(2.0), 1, 1.0) == 0
+    assert budget(prop, LinearCost(0.0), 1, 1.0, room=2) == 2
+    assert SuffixDrafter.expected(prop, 2) == pytest.approx(1.9)
 
-        def verify_seconds(self, n):
-            return 1.0 + self.step * (n - 1)
 
-        def extra_seconds(self, base, k):
-            return self.verify_seconds(base + k) - self.verify_seconds(base)
+def emit_stream(cache, replies, prompt, caller=""):
+    """Requests whose target emits `replies` one after the other: each step proposes from the
+    cache, the target emits one token (the shadow evaluation then learns), the reply is stored."""
+    for out in replies:
+        d = SuffixDrafter(cache, caller)
+        for pos in range(len(out)):
+            d.look(prompt + out[:pos])
+            d.score(prompt + out[:pos + 1])
+        cache.insert(caller, prompt, out)
 
+
+def test_acceptance_is_learnt_from_what_the_target_then_emitted():
+    rng = np.random.default_rng(0)
+    # a template whose one field is new in every reply (an invoice number): after the field the
+    # template continues as every earlier reply did; at the field each earlier reply votes for
+    # its own value, one voter each, and the target emits none of them
+    replies = [[10, 11, 12, int(rng.integers(300, 900)), 13, 14, 15, 16, 17, 18, 19, 20, 21] for _ in range(40)]
     c = SuffixCache(1 << 20)
-    d = SuffixDrafter(c)
-    prop = Proposal(tokens=[1, 2, 3, 4], parents=[-1, 0, 1, 2], scores=[1.0, 0.9, 0.2, 0.1], match=8)
-    calib = c.calibration("")
-    assert d.budget(prop, Cost(0.0), 1, 1.0) == 4  # free verification: all of it
-    assert d.budget(prop, Cost(0.3), 1, 1.0) == 2  # 0.2 * calib < 0.3: the third node does not pay
-    assert d.budget(prop, Cost(2.0), 1, 1.0) == 0
-    assert d.budget(prop, Cost(0.0), 1, 1.0, room=2) == 2
-    assert calib == pytest.approx(0.7)
+    emit_stream(c, replies, TEMPLATE)
+    acc = c.acceptance("")
+    template = c.propose("", TEMPLATE[-5:] + [10, 11, 12, 777, 13, 14, 15])  # after a new field value
+    assert template.tokens[:6] == [16, 17, 18, 19, 20, 21]
+    assert template.probs[0] > 0.9 and acc.p(template.features[0]) > 0.9
+    field = c.propose("", TEMPLATE + [10, 11, 12])  # before the field
+    assert field.voters > 1 and field.probs[0] < 0.2  # split votes that never came true
+    # priced at 0.3 a token, the template's run is grafted and the field is not
+    assert SuffixDrafter.budget(template, LinearCost(0.3), 1, 1.0) == 6
+    assert SuffixDrafter.budget(field, LinearCost(0.3), 1, 1.0) == 0
+
+
+def test_learning_is_per_partition():
+    replies = [[10, 11, 12, 100 + i, 13, 14, 15, 16] for i in range(20)]
+    c = SuffixCache(1 << 20)
+    emit_stream(c, replies, TEMPLATE, caller="token:alice")
+    c.insert("token:bob", TEMPLATE, replies[0])
+    alice, bob = c.acceptance("token:alice"), c.acceptance("token:bob")
+    assert not np.allclose(alice.accepted / alice.trials, sfx.PRIOR_ACCEPT / (sfx.PRIOR_ACCEPT + sfx.PRIOR_REJECT))
+    assert np.allclose(bob.accepted / bob.trials, sfx.PRIOR_ACCEPT / (sfx.PRIOR_ACCEPT + sfx.PRIOR_REJECT))
+
+
+def test_a_proposal_is_learnt_from_only_once_the_emitted_tokens_decide_it():
+    prop = Proposal(tokens=[1, 2, 9], parents=[-1, 0, -1], scores=[0.5, 0.5, 0.3], probs=[0.5, 0.25, 0.3],
+                    features=[0, 1, 2])
+    assert sfx.trials(prop, []) is None  # nothing emitted yet
+    assert sfx.trials(prop, [1]) is None  # on the path, its next node undecided
+    assert sorted(sfx.trials(prop, [1, 2])) == [(0, True), (1, True), (2, False)]  # the deepest reached
+    assert sorted(sfx.trials(prop, [1, 5])) == [(0, True), (1, False), (2, False)]
+    assert sorted(sfx.trials(prop, [4])) == [(0, False), (2, False)]  # the children of a missed node: no trial
+
+
+def test_forgetting_keeps_a_feature_recent():
+    a = sfx.Acceptance()
+    for _ in range(2000):
+        a.update(3, True)
+    assert a.p(3) > 0.99 and a.trials[3] < sfx.FORGET
+    for _ in range(int(sfx.FORGET)):
+        a.update(3, False)
+    assert a.p(3) < 0.4  # the last FORGET trials outweigh the 2000 before them
 
 
 def test_graft_follows_existing_children_and_adds_point_nodes():
