@@ -56,6 +56,15 @@ def to_markdown(report: dict[str, Any]) -> str:
                 cells.append("–" if r is None else f"{_f(r['median'], '.2f')} "
                              f"({', '.join(_f(x, '.2f') for x in r['rounds'])})")
             out.append(f"| {lv['concurrency']} | " + " | ".join(cells) + " |")
+    curves = [(lv["concurrency"], k, pts) for lv in report["levels"] for k, pts in (lv.get("warmup_curve") or {}).items()]
+    if curves:
+        after = list(dict.fromkeys(n for _, _, pts in curves for n in pts))
+        out += ["", "Warm-up curve: aggregate tokens/s ratio over the rounds that start after N requests of the "
+                "stream (their tokens over their wall time):", "",
+                "| N streams | ratio | " + " | ".join(f"after {n}" for n in after) + " |",
+                "|---|---|" + "---|" * len(after)]
+        for conc, k, pts in curves:
+            out.append(f"| {conc} | {k} | " + " | ".join(_f(pts.get(n), ".2f") for n in after) + " |")
     sc = report.get("scenario")
     if sc:
         ss = sc.get("settings", {})

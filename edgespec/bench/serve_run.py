@@ -34,6 +34,7 @@ RATIO_PAIRS = (("edgespec-auto", "edgespec-plain"), ("edgespec-plain", "llama-se
 EDGESPEC_SYSTEMS = ("edgespec-auto", "edgespec-plain")
 LLAMA_SYSTEMS = ("llama-server", "llama-server-draft")
 WARMUP_TOKENS = 8
+WARMUP_AFTER = (0, 10, 30, 100)  # the warm-up curve's points: requests of the stream before
 
 # the scenario's decoding streams: requests that answer at length
 STREAM_PROMPTS = (
@@ -190,17 +191,19 @@ def run_levels(start_level: Callable[[int], Level], systems: Sequence[str], prom
                     start += count
             finally:
                 level.stop()
-            levels.append(summarize_level(n, cells, level.info))
+            levels.append(summarize_level(n, cells, level.info, per_round))
     finally:
         if bar is not None:
             bar.close()
     return levels
 
 
-def summarize_level(n: int, cells: dict[str, list[tuple[list[Trace], float]]], info: dict[str, Any]) -> dict[str, Any]:
+def summarize_level(n: int, cells: dict[str, list[tuple[list[Trace], float]]], info: dict[str, Any],
+                    per_round: Sequence[int] = ()) -> dict[str, Any]:
     """Per system: the median round throughput, each round's, the pooled cell (all its
     requests, all its wall time: the latency percentiles) and every request; ratios are the
-    median of per-round ratios (the same round's requests, back to back)."""
+    median of per-round ratios (the same round's requests, back to back). With `per_round`
+    (requests in each round) also the warm-up curve (`warmup_curve`)."""
     rounds = {name: [cell_metrics(traces, wall) for traces, wall in batches] for name, batches in cells.items()}
     systems: dict[str, Any] = {}
     for name, batches in cells.items():
@@ -215,7 +218,35 @@ def summarize_level(n: int, cells: dict[str, list[tuple[list[Trace], float]]], i
         if a in rounds and b in rounds:
             per = [ratio(x["tokens_per_second"], y["tokens_per_second"]) for x, y in zip(rounds[a], rounds[b])]
             ratios[f"{a} / {b}"] = {"median": median(per), "rounds": per}
-    return {"concurrency": n, "systems": systems, "ratios": ratios, **_public(info)}
+    out = {"concurrency": n, "systems": systems, "ratios": ratios, **_public(info)}
+    if len(per_round) > 1 and ratios:
+        out["warmup_curve"] = warmup_curve(cells, per_round)
+    return out
+
+
+def warmup_curve(cells: dict[str, list[tuple[list[Trace], float]]], per_round: Sequence[int],
+                 after: Sequence[int] = WARMUP_AFTER) -> dict[str, dict[str, float]]:
+    """Each ratio pair over the rounds that start after N earlier requests of the stream (a
+    repetitive suite with the suffix cache: what the cache gives once it has seen N requests),
+    for each N of `after` that some round starts at or beyond: aggregate tokens/s of those
+    rounds pooled (their tokens over their wall time), numerator over denominator."""
+    starts = [sum(per_round[:r]) for r in range(len(per_round))]
+    curve: dict[str, dict[str, float]] = {}
+    for a, b in RATIO_PAIRS:
+        if a not in cells or b not in cells:
+            continue
+        points = {}
+        for n in after:
+            rounds = [r for r, st in enumerate(starts) if st >= n]
+            if not rounds:
+                continue
+
+            def rate(name: str, rounds: list[int] = rounds) -> float:
+                return cell_metrics([t for r in rounds for t in cells[name][r][0]],
+                                    sum(cells[name][r][1] for r in rounds))["tokens_per_second"]
+            points[str(n)] = ratio(rate(a), rate(b))
+        curve[f"{a} / {b}"] = points
+    return curve
 
 
 def _public(info: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from edgespec.bench.serve_report import to_markdown
-from edgespec.bench.serve_run import Level, long_prompt, run_batch, run_levels, run_scenario
+from edgespec.bench.serve_run import Level, long_prompt, run_batch, run_levels, run_scenario, warmup_curve
 from edgespec.bench.serve_stats import Trace
 from edgespec.bench.serve_systems import daemon_sections, llama_server_cmd, toml_config
 from edgespec.bench.suite import Prompt
@@ -83,6 +83,31 @@ def test_run_levels_rotates_systems_and_reports_ratios():
                                                     "suite": "s", "prompts": 3, "n_ctx": 512},
                       "machine": {}, "levels": levels})
     assert "| 2 | edgespec-plain |" in md and "edgespec-auto / edgespec-plain" in md
+    assert set(lv["warmup_curve"]["edgespec-auto / edgespec-plain"]) == {"0"}  # 2 rounds of 2 requests
+    assert "Warm-up curve" in md and "after 0" in md
+
+
+def trace(system, tokens, t0=0.0, t1=1.0):
+    tr = Trace(system, "p", t0)
+    tr.arrivals = [(t0 + 0.01, 1), (t1, tokens - 1)]
+    return tr
+
+
+def test_the_warm_up_curve_pools_the_rounds_after_n_requests():
+    # four rounds of 10 requests; plain makes 100 tokens a second throughout, auto 100, 150,
+    # 200, 300 (a cache warming up): after 0 requests all rounds, after 10 the last three, after
+    # 30 the last one
+    def rounds(rates):
+        return [([trace("x", 10) for _ in range(10)], 10 * 10 / r) for r in rates]
+
+    cells = {"edgespec-auto": rounds([100, 150, 200, 300]), "edgespec-plain": rounds([100] * 4)}
+    curve = warmup_curve(cells, [10, 10, 10, 10])
+    pts = curve["edgespec-auto / edgespec-plain"]
+    assert set(pts) == {"0", "10", "30"}  # no round starts after 100 requests
+    assert pts["30"] == pytest.approx(3.0)
+    assert pts["10"] == pytest.approx(300 / (1 / 1.5 + 1 / 2 + 1 / 3) / 100)  # tokens over wall, not a mean of ratios
+    assert pts["0"] == pytest.approx(400 / (1 + 1 / 1.5 + 1 / 2 + 1 / 3) / 100)
+    assert list(curve) == ["edgespec-auto / edgespec-plain"]  # only the pairs that ran
 
 
 def test_rounds_must_fit_the_requests():
