@@ -24,6 +24,7 @@ from edgespec import backend, chat
 from edgespec.config import EngineConfig, shared_cells
 from edgespec.drafters import ModelDrafter, draft_kind, drafter_class
 from edgespec.drafters.base import decode_batch
+from edgespec.drafters.eagle3 import reusable as head_reusable
 from edgespec.drafters.model import DraftCache
 from edgespec.drafters.ngram import ReachPriors
 from edgespec.drafters.suffix import SuffixCache, SuffixDrafter
@@ -194,9 +195,11 @@ class Engine:
 
     @property
     def prompt_cache(self) -> bool:
-        """Slots keep prefills for the next request. Not with a head: it needs the target's
-        features of every context token, and a kept prefill's are gone."""
-        return self.cfg.prompt_cache and not self.features
+        """Slots keep prefills for the next request. With a head the slot keeps the head's
+        positions too, and a request keeps no more of the target's prefill than of the head's:
+        the head needs the target's features of every context token it has not absorbed, and a
+        kept prefill's are not computed again (drafters/eagle3.py)."""
+        return self.cfg.prompt_cache
 
     def new_drafter(self, slot: Slot):
         """The drafter of one request on `slot` (drafters/base.py: Drafter)."""
@@ -458,11 +461,11 @@ class Engine:
         chunk = self.reuse_chunk
         slot = free[0]
         if self.prompt_cache and len(free) > 1:  # the free slot whose cache this prompt can reuse most
-            slot = max(free, key=lambda s: (reusable_prefix(s.prefill, req.prompt_tokens, chunk),
+            slot = max(free, key=lambda s: (self._keepable(s, req),
                                             s.draft_cache.reusable(req.prompt_tokens) if s.draft_cache else 0))
-        keep = reusable_prefix(slot.prefill, req.prompt_tokens, chunk) if self.prompt_cache else 0
+        keep = self._keepable(slot, req) if self.prompt_cache else 0
         donor = None
-        if self.prompt_cache:
+        if self.prompt_cache and not self.features:
             # another slot's kept (or completed) prefill may share more: its cells are shared by a
             # copy in the unified cache, nothing is recomputed
             for other in self.slots:
@@ -488,6 +491,18 @@ class Engine:
         except BaseException:
             slot.busy = False
             raise
+
+    def _keepable(self, slot: Slot, req: GenerationRequest) -> int:
+        """Prompt positions whose target KV `slot` may keep for `req`: its kept prefill's
+        reusable prefix, and with a head, for a request that may draft, no more than the head
+        positions the slot keeps (their target features are not computed again), cut to whole
+        reuse chunks."""
+        chunk = self.reuse_chunk
+        prompt = req.prompt_tokens
+        keep = reusable_prefix(slot.prefill, prompt, chunk)
+        if self.features and keep and req.speculation.mode != "plain":
+            keep = min(keep, head_reusable(slot.draft_cache, list(prompt))) // chunk * chunk
+        return keep
 
     def release(self, sess: Session) -> None:
         """A session ends: its slot keeps what is reusable (the prompt prefill's chunks, the draft's

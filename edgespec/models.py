@@ -100,15 +100,12 @@ def installed_head(target: Path | str, directory: Path | None = None) -> Path | 
     return p
 
 
-def choose_default_draft(target: Path | str, parallel: int, directory: Path | None = None,
-                         prompt_cache: bool = False) -> str | None:
+def choose_default_draft(target: Path | str, parallel: int, directory: Path | None = None) -> str | None:
     """The installed head's file name when it is the better draft for `target` at `parallel`
     streams by the figures measured for it (its card's `bench`: auto vs plain with the head and
-    with the Q8_0 draft, at 1 and 4 streams, one interleaved run, prompt caches off); None: use
-    the Q8_0 draft. With the prompt cache on, the Q8_0 draft: a head needs the target's features
-    of every context token, so a daemon drafting with one keeps no prefill between requests."""
-    if prompt_cache:
-        return None
+    with the Q8_0 draft, at 1 and 4 streams, one interleaved run, prompt caches off, so that
+    both are compared on decoding); None: use the Q8_0 draft. Either keeps its cells with the
+    prompt cache (drafters/eagle3.py, drafters/model.py)."""
     head = installed_head(target, directory)
     shipped = shipped_head()
     if head is None or shipped is None:

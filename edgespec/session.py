@@ -85,7 +85,7 @@ class Session:
         if self.drafter is not None:
             kept = slot.draft_cache if engine.prompt_cache else None
             slot.draft_cache = None  # nothing reusable until this request has ended cleanly
-            self.stats.draft_cached_tokens = self.drafter.begin(self.tokens, kept)
+            self.stats.draft_cached_tokens = self.drafter.begin(self.tokens, kept, features_from=keep)
         self.prefill_pos = keep
         self.prefill_tokens = tuple(self.tokens[:-1])  # what the prompt's prefill leaves in seq 0
         self.consistent = True  # the caches are as the invariants say (false while a step runs)

@@ -58,7 +58,6 @@ def test_the_head_is_the_default_draft_only_where_it_measured_faster(shipped):
     M._install_head(d, M._read_manifest(d), target, lambda s: None)
     assert M.choose_default_draft(target, 1, d) == M.HEAD_NAME  # 1.6x vs 1.3x at 1 stream
     assert M.choose_default_draft(target, 4, d) is None  # 1.1x vs 1.2x at 4 streams: the Q8_0 draft
-    assert M.choose_default_draft(target, 1, d, prompt_cache=True) is None  # a head keeps no prefill
     assert M.installed_head(d / "other.gguf", d) is None  # another target: never its head
     card["bench"] = {}
     assert M.choose_default_draft(target, 1, d) is None  # nothing measured: the Q8_0 draft
@@ -83,7 +82,7 @@ def test_the_daemon_config_drafts_with_the_head_when_draft_path_is_unset(shipped
     one = C.load(env={}, overrides={"server": {"parallel": 1, "prompt_cache": False}})
     assert Path(one.engine.draft.path) == d / M.HEAD_NAME
     cached = C.load(env={}, overrides={"server": {"parallel": 1}})  # the prompt cache on (the default)
-    assert Path(cached.engine.draft.path).name == C.DEMO_DRAFT
+    assert Path(cached.engine.draft.path) == d / M.HEAD_NAME
     four = C.load(env={}, overrides={"server": {"parallel": 4}})
     assert Path(four.engine.draft.path).name == C.DEMO_DRAFT
     explicit = C.load(env={}, overrides={"server": {"parallel": 1}, "draft": {"path": str(target)}})

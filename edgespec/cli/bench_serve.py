@@ -198,7 +198,7 @@ class _Starter:
             return self.draft
         from edgespec.models import choose_default_draft
 
-        head = choose_default_draft(self.target, n, prompt_cache=False)  # as daemon_sections runs it
+        head = choose_default_draft(self.target, n)
         return str(Path(self.target).parent / head) if head else self.draft
 
     def start(self, n: int, ctx: int, prompts, max_tokens: int, long_tokens: int | None = None):  # noqa: ANN001, ANN201

@@ -73,10 +73,12 @@ class Drafter(Protocol):
     features: bool  # reads the target's features (add_features after every target forward)
     ctx: object  # its slot's range of the shared draft context
 
-    def begin(self, tokens: list[int], kept=None) -> int:  # noqa: ANN001
+    def begin(self, tokens: list[int], kept=None, features_from: int = 0) -> int:  # noqa: ANN001
         """A new request whose context (prompt) is `tokens`; the last one is the tree's root.
         `kept`: what an earlier request left on this range (`keep`); returns the context tokens
-        that saved."""
+        that saved. `features_from`: the first context index whose target features will come
+        (the target's prompt cache kept the KV before it; a drafter with `features` must then
+        keep at least that many positions: `reusable`)."""
 
     def backlog(self, tokens: list[int]) -> int:
         """Entries the next proposal decodes before drafting (its first level's catch-up)."""

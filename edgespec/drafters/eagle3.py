@@ -23,8 +23,12 @@ replacement from the head's distribution (Gumbel-top-k), in draw order, no re-ra
 parent's pre-norm output.
 
 The head reads the whole context: there is no draft window (the target's features of tokens
-the head skipped cannot be had again without a target forward), and a request on a head starts
-from an empty head range (Engine: no prompt cache).
+the head skipped cannot be had again without a target forward). With the prompt cache a finished
+request leaves its head positions in seq 0 (`keep`): the next request on the slot keeps those
+whose tokens it shares (`reusable`: position P needs tokens 0..P+1 alike), and the engine keeps
+no more of the target's prefill than that, since the target's features of a kept prefill are
+not computed again; the features of the positions between the target's kept prefix and the
+head's arrive with the prefill and are dropped (`begin(..., features_from)`).
 
 KV: seq 0 = committed head positions 0..n_past-1; a decoded node's cells live in its branch's
 seq (the first expanded child of a node inherits its parent's seq, later ones get a copy); after
@@ -39,6 +43,7 @@ import numpy as np
 
 from edgespec.shape import Shape
 from edgespec.drafters.base import DraftBatch, DraftReport, run_alone
+from edgespec.drafters.model import DraftCache
 from edgespec.drafters.grow import Growth, grow_steps
 from edgespec.sampling import SamplingParams
 from edgespec.tree import DraftTree
@@ -59,29 +64,56 @@ class Eagle3Drafter:
         self._g: list[np.ndarray] = []  # g rows for head positions n_past, n_past + 1, ...
         self._root: tuple[int, np.ndarray, np.ndarray] | None = None  # (position, logits, hidden) of the last committed position
         self._used_seqs: set[int] = set()
+        self._skip = 0  # feature rows still to drop: positions the head kept beyond the target's kept prefix
+        self._blind = False  # the target kept more of this request's prompt than the head: no features (begin)
 
     @property
     def n_features(self) -> int:
         """Context indices whose target features the head has (n_past + pending)."""
         return self.n_past + sum(len(g) for g in self._g)
 
-    def begin(self, tokens: list[int], kept=None) -> int:  # noqa: ANN001
-        self.ctx.clear()
-        self.n_past = 0
+    def begin(self, tokens: list[int], kept: DraftCache | None = None, features_from: int = 0) -> int:
+        """Start on context `tokens`, keeping the head positions of `kept` it shares
+        (`reusable`); the target's features come from context index `features_from` on, which
+        must not lie beyond the positions kept. Returns the positions kept."""
+        keep = reusable(kept, tokens)
         self._g = []
         self._root = None
         self._used_seqs = set()
-        return 0
+        # a request that never drafts (plain) may keep more of the target's prefill than the head
+        # holds: then the head cannot catch up on this context and takes no features at all
+        self._blind = features_from > keep
+        if self._blind:
+            keep = 0
+        self._skip = max(0, keep - features_from)
+        self.n_past = keep
+        if keep:
+            self.ctx.seq_rm(0, keep, -1)
+            for s in range(1, self.n_seq):  # empty after every step; an assertion that costs nothing
+                self.ctx.seq_rm(s, -1, -1)
+        else:
+            self.ctx.clear()
+        return keep
 
     def backlog(self, tokens: list[int]) -> int:
         return max(0, len(tokens) - 1 - self.n_past)
 
-    def keep(self, tokens: list[int]) -> None:
-        return None
+    def keep(self, tokens: list[int]) -> DraftCache | None:
+        """What seq 0 holds after the request's last step: head positions 0..n_past-1, each
+        made from tokens[P + 1] and the target's features at P (None: nothing, or mid-step)."""
+        if self._used_seqs or self.n_past <= 0 or self._blind:
+            return None
+        return DraftCache(0, tuple(tokens[:self.n_past + 1]))
 
     def add_features(self, features: np.ndarray) -> None:
         """[n, 3 * target n_embd] target features of the next n context indices (rows of the
-        target forward that decoded them: FeatureContext.features(rows) / collected())."""
+        target forward that decoded them: FeatureContext.features(rows) / collected()); the
+        first rows of a prefill that starts before the head's kept positions are dropped."""
+        if self._blind:
+            return
+        if self._skip:
+            drop = min(self._skip, len(features))
+            features, self._skip = features[drop:], self._skip - drop
         if len(features):
             self._g.append(self.head.encode(features))
 
@@ -167,3 +199,12 @@ class Eagle3Drafter:
 
     def end(self) -> None:
         self.begin([])
+
+
+def reusable(kept: DraftCache | None, tokens: list[int]) -> int:
+    """Head positions of `kept` a request on context `tokens` may keep: position P holds
+    (tokens[P + 1], the features at P), so it needs tokens 0..P+1 alike; at least the root's
+    parent position is left to decode (its output gives the root's children)."""
+    if kept is None:
+        return 0
+    return max(0, min(kept.reusable(tokens), len(tokens) - 1) - 1)

@@ -84,7 +84,7 @@ class ModelDrafter:
         self._used_seqs: set[int] = set()
         self._root_pos = 0
 
-    def begin(self, tokens: list[int], kept: DraftCache | None = None) -> int:
+    def begin(self, tokens: list[int], kept: DraftCache | None = None, features_from: int = 0) -> int:
         """Start a request on `tokens`. With `kept` (what an earlier request on this context left in
         seq 0, `DraftCache`), the cells of the prefix the two share stay and only the rest is
         absorbed; returns how many context tokens that saves. Not when the kept cells alone exceed

@@ -199,14 +199,13 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _default_draft(target: str, parallel: int, prompt_cache: bool) -> str:
+def _default_draft(target: str, parallel: int) -> str:
     """The draft when [draft] path is unset: the installed EAGLE-3 head trained for this target
     when its card's measured speed-up (auto vs plain, at 1 stream or at 4) beats the Q8_0 demo
-    draft's at this load and the prompt cache is off (a head keeps no prefill), else the Q8_0
-    demo draft (edgespec.models.choose_default_draft)."""
+    draft's at this load, else the Q8_0 demo draft (edgespec.models.choose_default_draft)."""
     from edgespec.models import choose_default_draft
 
-    return choose_default_draft(target, parallel, prompt_cache=prompt_cache) or DEMO_DRAFT
+    return choose_default_draft(target, parallel) or DEMO_DRAFT
 
 
 def _model(values: dict[str, Any], demo_name: str) -> ModelConfig:
@@ -334,8 +333,7 @@ def _engine(values: dict[str, dict[str, Any]], check_models: bool, problems: lis
     """The engine's section, from [server], [target] and [draft]; with `check_models`, the model
     files must exist and the memory plan must fit this box (appends to `problems`)."""
     target = _model(values["target"], DEMO_TARGET)
-    draft = _model(values["draft"], _default_draft(target.path, values["server"]["parallel"],
-                                                   values["server"]["prompt_cache"])) \
+    draft = _model(values["draft"], _default_draft(target.path, values["server"]["parallel"])) \
         if values["draft"]["enabled"] else None
     if check_models:
         for name, m in (("target", target), ("draft", draft)):

@@ -44,7 +44,7 @@ def test_without_draft_the_daemon_drafts_with_its_own_default_at_each_level(monk
     import edgespec.models as M
     from edgespec.cli.bench_serve import _Starter
 
-    monkeypatch.setattr(M, "choose_default_draft", lambda target, n, directory=None, prompt_cache=False: M.HEAD_NAME if n == 1 else None)
+    monkeypatch.setattr(M, "choose_default_draft", lambda target, n, directory=None: M.HEAD_NAME if n == 1 else None)
     common = dict(addr=None, target=str(tmp_path / "t.gguf"), draft=str(tmp_path / "d.gguf"), threads=2,
                   n_gpu_layers=0, max_tokens=16, systems=["edgespec-auto"], llama_bin=None, draft_max=4, workdir=tmp_path)
     s = _Starter(**common, daemon_default_draft=True)

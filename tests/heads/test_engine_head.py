@@ -66,7 +66,7 @@ def run(eng, toks, mode: str, n: int = N_TOKENS):
 
 def test_the_engine_detects_the_head(head_engine):
     eng = head_engine
-    assert eng.draft_kind == "eagle3" and eng.features and not eng.prompt_cache
+    assert eng.draft_kind == "eagle3" and eng.features and eng.prompt_cache  # the head keeps its cells too
     assert isinstance(eng.target_ctx, backend.FeatureContext)
     assert isinstance(eng.draft_ctx, backend.HeadContext)
     assert eng.slots[1].draft.ctx is eng.draft_ctx and eng.slots[1].draft.base == eng.slots[1].target.base
@@ -173,6 +173,36 @@ def test_acceptance_depends_on_the_features_of_the_committed_rows(head_engine, m
     monkeypatch.setattr(Session, "verified_features", shifted)
     off = rate()
     assert right > 1.5 and right > 1.5 * off, (right, off)
+
+
+def test_the_prompt_cache_keeps_the_heads_positions_with_the_targets_prefill(demo_pair, tiny_head):
+    """A request whose prompt continues the last one's context (a chat's next turn) keeps the
+    target's prefill and the head's positions alike: nothing of either is computed again, the
+    output is plain greedy's, the KV invariants hold, and the head drafts as well as it did on a
+    fresh context. A plain request between leaves no head positions: the next request then keeps
+    no target prefill either (the head could not catch up without its features) and is still exact."""
+    eng = load(demo_pair, tiny_head, parallel=1)
+    try:
+        assert eng.prompt_cache
+        first, second = prompts(eng)[:2]
+        a = run(eng, first, "chain")
+        turn = first + a.token_ids + eng.encode_chat([("user", "And again?")])[1:]
+        b = run(eng, turn, "chain")
+        assert b.stats.cached_prompt_tokens > len(first) // 2
+        assert b.stats.draft_cached_tokens >= b.stats.cached_prompt_tokens  # the head kept at least as much
+        fresh = load(demo_pair, tiny_head, parallel=1)
+        try:
+            alone = run(fresh, turn, "chain")
+        finally:
+            fresh.close()
+        assert alone.stats.cached_prompt_tokens == 0 and b.token_ids == alone.token_ids
+        assert b.stats.accepted_tokens >= 0.8 * alone.stats.accepted_tokens  # the kept positions are the right ones
+        run(eng, second, "plain")
+        c = run(eng, second, "chain")
+        assert c.stats.cached_prompt_tokens == 0 and c.stats.draft_cached_tokens == 0
+        assert c.token_ids == run(eng, second, "plain").token_ids
+    finally:
+        eng.close()
 
 
 # -- temperature 1: the head's trees sample the target's distribution -----------------------------

@@ -179,16 +179,18 @@ def asdict_(obj: object) -> dict:
     return asdict(obj)
 
 
-def test_the_default_draft_follows_the_prompt_cache(monkeypatch):
-    """[draft] path unset: the daemon asks for its default draft at its parallelism and prompt
-    cache setting (a head keeps no prefill, so the prompt cache keeps the Q8_0 draft)."""
+def test_the_default_draft_follows_the_parallelism_not_the_prompt_cache(monkeypatch):
+    """[draft] path unset: the daemon asks for its default draft at its parallelism; a head
+    keeps its cells with the prompt cache as the Q8_0 draft does, so that setting plays no part."""
     import edgespec.models as M
 
     asked = []
     monkeypatch.setattr(M, "choose_default_draft",
-                        lambda target, parallel, directory=None, prompt_cache=False:
-                        asked.append((parallel, prompt_cache)) or (None if prompt_cache else M.HEAD_NAME))
+                        lambda target, parallel, directory=None: asked.append(parallel) or
+                        (M.HEAD_NAME if parallel == 1 else None))
     off = load(None, env={}, overrides={"server": {"parallel": 1, "prompt_cache": False}})
     on = load(None, env={}, overrides={"server": {"parallel": 1}})
-    assert off.engine.draft.path.endswith(M.HEAD_NAME) and on.engine.draft.path.endswith("Q8_0.gguf")
-    assert asked == [(1, False), (1, True)]
+    four = load(None, env={}, overrides={"server": {"parallel": 4}})
+    assert off.engine.draft.path.endswith(M.HEAD_NAME) and on.engine.draft.path.endswith(M.HEAD_NAME)
+    assert four.engine.draft.path.endswith("Q8_0.gguf")
+    assert asked == [1, 1, 4]
