@@ -24,7 +24,7 @@ from edgespec import backend, chat
 from edgespec.config import EngineConfig, shared_cells
 from edgespec.drafters import ModelDrafter, draft_kind, drafter_class
 from edgespec.drafters.base import decode_batch
-from edgespec.drafters.eagle3 import reusable as head_reusable
+from edgespec.drafters.eagle3 import HeadCache, reusable as head_reusable
 from edgespec.drafters.model import DraftCache
 from edgespec.drafters.ngram import ReachPriors
 from edgespec.drafters.suffix import SuffixCache, SuffixDrafter
@@ -60,8 +60,8 @@ class Slot:
     # target's sequence 0; () when the cache holds nothing reusable
     prefill: tuple[int, ...] = ()
     # what the last request left in the draft's sequence 0 (any shared prefix is reusable there:
-    # the draft needs no bit-exactness); None when nothing
-    draft_cache: DraftCache | None = None
+    # the draft needs no bit-exactness), or a head's positions and unabsorbed features; None when nothing
+    draft_cache: DraftCache | HeadCache | None = None
     # the whole context (prompt and reply) of the last request that ended cleanly: what idle time
     # may bring the draft cache up to (Engine.idle_work)
     last_context: tuple[int, ...] = ()

@@ -227,7 +227,8 @@ SETTINGS: tuple[Setting, ...] = (
     _server("prompt_cache", B, True, "a slot keeps its last prompt's prefill: a request sharing a prefix "
             "prefills only what follows it (on a CPU with the patched ggml at any length; elsewhere from the "
             "last whole n_batch chunk they share); its draft keeps (and absorbs while idle) the last context, "
-            "reusable up to any shared prefix"),
+            "reusable up to any shared prefix; an EAGLE-3 head keeps its positions and unabsorbed features, "
+            "and a request keeps no more of the prefill than the head has"),
     *_model("target"),
     Setting("target", "rpc_servers", L, [], "llama.cpp rpc-servers (host:port) that hold part of the target's "
             "layers, for a target larger than one box; needs a wheel built with RPC=1 and n_gpu_layers != 0",

@@ -56,6 +56,16 @@ class EdgespecClient:
         r = self.stub.ModelInfo(pb.ModelInfoRequest(), timeout=30, metadata=self.options.metadata)
         return MessageToDict(r, preserving_proto_field_name=True)
 
+    def draft_stats(self) -> dict[str, Any]:
+        """What the daemon's drafts did so far (Admin.Stats): tokens proposed and accepted by
+        source, and the suffix cache's figures."""
+        from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc
+
+        r = admin_pb2_grpc.AdminStub(self.channel).Stats(admin_pb2.StatsRequest(), timeout=30,
+                                                         metadata=self.options.metadata)
+        return {"proposed_by_source": dict(r.proposed_by_source), "accepted_by_source": dict(r.accepted_by_source),
+                "suffix_cache": dict(r.suffix_cache)}
+
     def chat_tokens(self, prompt: str) -> list[int]:
         """The prompt as the daemon tokenizes a user chat message (template applied)."""
         from edgespec.proto.edgespec.v1 import inference_pb2 as pb

@@ -65,6 +65,18 @@ def to_markdown(report: dict[str, Any]) -> str:
                 "|---|---|" + "---|" * len(after)]
         for conc, k, pts in curves:
             out.append(f"| {conc} | {k} | " + " | ".join(_f(pts.get(n), ".2f") for n in after) + " |")
+    drafts = [(lv["concurrency"], lv["drafts"]) for lv in report["levels"] if (lv.get("drafts") or {}).get("by_source")]
+    if drafts:
+        out += ["", "The daemon's drafts by source (tokens verified, accepted):", "",
+                "| N | source | proposed | accepted | acceptance |", "|---|---|---|---|---|"]
+        for conc, d in drafts:
+            for src, f in sorted(d["by_source"].items()):
+                out.append(f"| {conc} | {src} | {f['proposed']} | {f['accepted']} | {100 * f['acceptance']:.0f} % |")
+            sc = d.get("suffix_cache") or {}
+            if sc.get("enabled"):
+                out.append(f"| {conc} | suffix cache | {int(sc.get('documents', 0))} replies, "
+                           f"{int(sc.get('bytes', 0)) >> 10} KiB | {int(sc.get('hits', 0))} hits | "
+                           f"of {int(sc.get('lookups', 0))} lookups |")
     sc = report.get("scenario")
     if sc:
         ss = sc.get("settings", {})

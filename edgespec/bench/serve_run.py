@@ -63,6 +63,8 @@ class Level:
     clients: dict[str, Client]
     stop: Callable[[], None]
     info: dict[str, Any] = field(default_factory=dict)  # commands, daemon model info
+    # what the daemon's drafts did over the level (drafts by source, the suffix cache), read before stop
+    draft_stats: Callable[[], dict[str, Any]] | None = None
 
 
 def run_batch(client: Client, prompts: Sequence[Prompt], start: int, count: int, concurrency: int,
@@ -189,6 +191,11 @@ def run_levels(start_level: Callable[[int], Level], systems: Sequence[str], prom
                         cells[name].append(run_batch(level.clients[name], prompts, start, count, n, max_tokens,
                                                      tokens, done))
                     start += count
+                if level.draft_stats is not None:
+                    try:
+                        level.info["drafts"] = level.draft_stats()
+                    except Exception as exc:  # a figure for the report; never lose the run over it
+                        level.info["drafts"] = {"error": str(exc)}
             finally:
                 level.stop()
             levels.append(summarize_level(n, cells, level.info, per_round))
@@ -247,6 +254,19 @@ def warmup_curve(cells: dict[str, list[tuple[list[Trace], float]]], per_round: S
             points[str(n)] = ratio(rate(a), rate(b))
         curve[f"{a} / {b}"] = points
     return curve
+
+
+def drafts_since(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """The daemon's draft figures over a level: tokens proposed and accepted by source since
+    `before` (Admin.Stats counts from the daemon's start), with each source's acceptance, and
+    the suffix cache's figures now."""
+    out: dict[str, Any] = {"by_source": {}, "suffix_cache": dict(now.get("suffix_cache", {}))}
+    for src, n in now.get("proposed_by_source", {}).items():
+        proposed = n - before.get("proposed_by_source", {}).get(src, 0)
+        accepted = now.get("accepted_by_source", {}).get(src, 0) - before.get("accepted_by_source", {}).get(src, 0)
+        if proposed > 0:
+            out["by_source"][src] = {"proposed": proposed, "accepted": accepted, "acceptance": accepted / proposed}
+    return out
 
 
 def _public(info: dict[str, Any]) -> dict[str, Any]:

@@ -204,7 +204,7 @@ class _Starter:
     def start(self, n: int, ctx: int, prompts, max_tokens: int, long_tokens: int | None = None):  # noqa: ANN001, ANN201
         from edgespec.bench import serve_systems as ss
         from edgespec.bench.serve_clients import EdgespecClient, LlamaServerClient
-        from edgespec.bench.serve_run import Level, check_fits, long_prompt
+        from edgespec.bench.serve_run import Level, check_fits, drafts_since, long_prompt
         from edgespec.bench.suite import load_suite
         from edgespec.types import SpeculationParams
 
@@ -261,7 +261,8 @@ class _Starter:
         except BaseException:
             stop()
             raise
-        return Level(clients=clients, stop=stop, info=info)
+        base = tok.draft_stats()
+        return Level(clients=clients, stop=stop, info=info, draft_stats=lambda: drafts_since(tok.draft_stats(), base))
 
 
 def _models(target: Optional[str], draft: Optional[str]) -> tuple[str, str]:

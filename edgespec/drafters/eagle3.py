@@ -24,11 +24,13 @@ parent's pre-norm output.
 
 The head reads the whole context: there is no draft window (the target's features of tokens
 the head skipped cannot be had again without a target forward). With the prompt cache a finished
-request leaves its head positions in seq 0 (`keep`): the next request on the slot keeps those
-whose tokens it shares (`reusable`: position P needs tokens 0..P+1 alike), and the engine keeps
-no more of the target's prefill than that, since the target's features of a kept prefill are
-not computed again; the features of the positions between the target's kept prefix and the
-head's arrive with the prefill and are dropped (`begin(..., features_from)`).
+request leaves what the head has of its context (`keep`, a `HeadCache`): the positions in seq 0
+and the encoded features of those it has not absorbed yet (a request that decoded plainly
+absorbed none). The next request on the slot keeps both as far as its tokens agree (`reusable`:
+index P needs tokens 0..P+1 alike), and the engine keeps no more of the target's prefill than
+that, since the target's features of a kept prefill are not computed again; the features of the
+indices between the target's kept prefix and the head's arrive with the prefill and are dropped
+(`begin(..., features_from)`).
 
 KV: seq 0 = committed head positions 0..n_past-1; a decoded node's cells live in its branch's
 seq (the first expanded child of a node inherits its parent's seq, later ones get a copy); after
@@ -43,10 +45,42 @@ import numpy as np
 
 from edgespec.shape import Shape
 from edgespec.drafters.base import DraftBatch, DraftReport, run_alone
-from edgespec.drafters.model import DraftCache
+from dataclasses import dataclass
+from collections.abc import Sequence
 from edgespec.drafters.grow import Growth, grow_steps
 from edgespec.sampling import SamplingParams
 from edgespec.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class HeadCache:
+    """What a finished request left of its context in the head: positions 0..n_past-1 in seq 0
+    and `g`, the encoded target features of context indices n_past.. it had not absorbed.
+    `tokens`: the context tokens they were made from (index P also read tokens[P + 1])."""
+
+    tokens: tuple[int, ...]
+    n_past: int
+    g: np.ndarray | None  # [indices n_past.., head n_embd]
+
+    @property
+    def n_features(self) -> int:
+        return self.n_past + (len(self.g) if self.g is not None else 0)
+
+    def reusable(self, prompt: Sequence[int]) -> int:
+        """Context indices of `prompt` whose head position or features stay: index P needs
+        tokens 0..P+1 alike. The root's parent (index len(prompt) - 2) is decoded again (its
+        output gives the root's children): from its kept features if the head had not absorbed
+        it, else from the target's."""
+        n = min(len(self.tokens), len(prompt))
+        if n <= 1:
+            return 0
+        a, b = np.asarray(self.tokens[:n]), np.asarray(prompt[:n])
+        diff = np.flatnonzero(a != b)
+        common = int(diff[0]) if len(diff) else n
+        keep = min(common - 1, self.n_features)
+        if keep >= len(prompt) - 1 and self.n_past > len(prompt) - 2:
+            keep = len(prompt) - 2
+        return max(0, keep)
 
 
 class Eagle3Drafter:
@@ -72,23 +106,24 @@ class Eagle3Drafter:
         """Context indices whose target features the head has (n_past + pending)."""
         return self.n_past + sum(len(g) for g in self._g)
 
-    def begin(self, tokens: list[int], kept: DraftCache | None = None, features_from: int = 0) -> int:
-        """Start on context `tokens`, keeping the head positions of `kept` it shares
-        (`reusable`); the target's features come from context index `features_from` on, which
-        must not lie beyond the positions kept. Returns the positions kept."""
+    def begin(self, tokens: list[int], kept: HeadCache | None = None, features_from: int = 0) -> int:
+        """Start on context `tokens`, keeping what `kept` has of it (`reusable`): its positions
+        and its encoded features; the target's features come from context index `features_from`
+        on. Returns the indices kept."""
         keep = reusable(kept, tokens)
-        self._g = []
         self._root = None
         self._used_seqs = set()
         # a request that never drafts (plain) may keep more of the target's prefill than the head
-        # holds: then the head cannot catch up on this context and takes no features at all
+        # has: then the head cannot catch up on this context and takes no features at all
         self._blind = features_from > keep
         if self._blind:
             keep = 0
         self._skip = max(0, keep - features_from)
-        self.n_past = keep
-        if keep:
-            self.ctx.seq_rm(0, keep, -1)
+        self.n_past = min(keep, kept.n_past) if kept is not None else 0
+        rows = keep - self.n_past
+        self._g = [kept.g[:rows]] if rows > 0 else []
+        if self.n_past:
+            self.ctx.seq_rm(0, self.n_past, -1)
             for s in range(1, self.n_seq):  # empty after every step; an assertion that costs nothing
                 self.ctx.seq_rm(s, -1, -1)
         else:
@@ -98,12 +133,13 @@ class Eagle3Drafter:
     def backlog(self, tokens: list[int]) -> int:
         return max(0, len(tokens) - 1 - self.n_past)
 
-    def keep(self, tokens: list[int]) -> DraftCache | None:
-        """What seq 0 holds after the request's last step: head positions 0..n_past-1, each
-        made from tokens[P + 1] and the target's features at P (None: nothing, or mid-step)."""
-        if self._used_seqs or self.n_past <= 0 or self._blind:
+    def keep(self, tokens: list[int]) -> HeadCache | None:
+        """What the head has of the context after the request's last step: its positions and
+        the features it has not absorbed (None: nothing, mid-step, or blind)."""
+        if self._used_seqs or self.n_features <= 0 or self._blind:
             return None
-        return DraftCache(0, tuple(tokens[:self.n_past + 1]))
+        g = np.concatenate(self._g) if self._g else None
+        return HeadCache(tuple(tokens[:self.n_features + 1]), self.n_past, g)
 
     def add_features(self, features: np.ndarray) -> None:
         """[n, 3 * target n_embd] target features of the next n context indices (rows of the
@@ -201,10 +237,7 @@ class Eagle3Drafter:
         self.begin([])
 
 
-def reusable(kept: DraftCache | None, tokens: list[int]) -> int:
-    """Head positions of `kept` a request on context `tokens` may keep: position P holds
-    (tokens[P + 1], the features at P), so it needs tokens 0..P+1 alike; at least the root's
-    parent position is left to decode (its output gives the root's children)."""
-    if kept is None:
-        return 0
-    return max(0, min(kept.reusable(tokens), len(tokens) - 1) - 1)
+def reusable(kept: HeadCache | None, tokens: list[int]) -> int:
+    """Context indices whose head position or features a request on `tokens` may keep from
+    `kept` (HeadCache.reusable; 0 without one)."""
+    return kept.reusable(tokens) if kept is not None else 0

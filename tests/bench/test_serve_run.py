@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from edgespec.bench.serve_report import to_markdown
-from edgespec.bench.serve_run import Level, long_prompt, run_batch, run_levels, run_scenario, warmup_curve
+from edgespec.bench.serve_run import (Level, drafts_since, long_prompt, run_batch, run_levels, run_scenario,
+                                      warmup_curve)
 from edgespec.bench.serve_stats import Trace
 from edgespec.bench.serve_systems import daemon_sections, llama_server_cmd, toml_config
 from edgespec.bench.suite import Prompt
@@ -108,6 +109,26 @@ def test_the_warm_up_curve_pools_the_rounds_after_n_requests():
     assert pts["10"] == pytest.approx(300 / (1 / 1.5 + 1 / 2 + 1 / 3) / 100)  # tokens over wall, not a mean of ratios
     assert pts["0"] == pytest.approx(400 / (1 + 1 / 1.5 + 1 / 2 + 1 / 3) / 100)
     assert list(curve) == ["edgespec-auto / edgespec-plain"]  # only the pairs that ran
+
+
+def test_the_drafts_by_source_are_the_levels_own_and_reach_the_report():
+    before = {"proposed_by_source": {"suffix": 10, "draft": 5}, "accepted_by_source": {"suffix": 4, "draft": 5}}
+    now = {"proposed_by_source": {"suffix": 110, "draft": 5, "prompt_lookup": 50},
+           "accepted_by_source": {"suffix": 64, "draft": 5, "prompt_lookup": 10},
+           "suffix_cache": {"enabled": 1.0, "documents": 40.0, "bytes": 4096.0, "hits": 30.0, "lookups": 90.0}}
+    d = drafts_since(now, before)
+    assert d["by_source"] == {"suffix": {"proposed": 100, "accepted": 60, "acceptance": 0.6},
+                              "prompt_lookup": {"proposed": 50, "accepted": 10, "acceptance": 0.2}}  # draft: none since
+    calls = []
+    level = Level(clients={"edgespec-auto": FakeClient("edgespec-auto", calls)}, stop=lambda: None,
+                  draft_stats=lambda: d)
+    levels = run_levels(lambda n: level, ["edgespec-auto"], PROMPTS, [1], requests=2, rounds=1, max_tokens=4,
+                        progress=False)
+    assert levels[0]["drafts"] == d
+    md = to_markdown({"command": "x", "settings": {"max_tokens": 4, "requests": 2, "rounds": 1, "threads": 1,
+                                                    "suite": "s", "prompts": 3, "n_ctx": 512},
+                      "machine": {}, "levels": levels})
+    assert "| 1 | suffix | 100 | 60 | 60 % |" in md and "40 replies, 4 KiB" in md
 
 
 def test_rounds_must_fit_the_requests():
