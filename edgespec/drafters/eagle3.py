@@ -40,13 +40,13 @@ seq (the first expanded child of a node inherits its parent's seq, later ones ge
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from edgespec.shape import Shape
 from edgespec.drafters.base import DraftBatch, DraftReport, run_alone
-from dataclasses import dataclass
-from collections.abc import Sequence
 from edgespec.drafters.grow import Growth, grow_steps
 from edgespec.sampling import SamplingParams
 from edgespec.tree import DraftTree
