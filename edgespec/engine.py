@@ -501,7 +501,7 @@ class Engine:
         prompt = req.prompt_tokens
         keep = reusable_prefix(slot.prefill, prompt, chunk)
         if self.features and keep and req.speculation.mode != "plain":
-            keep = min(keep, head_reusable(slot.draft_cache, list(prompt))) // chunk * chunk
+            keep = min(keep, head_reusable(slot.draft_cache, prompt)) // chunk * chunk
         return keep
 
     def release(self, sess: Session) -> None:

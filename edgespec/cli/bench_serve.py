@@ -258,11 +258,18 @@ class _Starter:
                     procs.append(p)
                     self.commands.setdefault(name, shlex.join(p.command))
                     clients[name] = LlamaServerClient(int(p.addr.rsplit(":", 1)[1]), name)
+            try:  # what the daemon's drafts did before the level (an attached daemon's history)
+                base = tok.draft_stats()
+            except Exception:  # Admin.Stats refused (an attached daemon's admin auth): no drafts figures
+                base = None
         except BaseException:
             stop()
             raise
-        base = tok.draft_stats()
-        return Level(clients=clients, stop=stop, info=info, draft_stats=lambda: drafts_since(tok.draft_stats(), base))
+
+        def draft_stats() -> dict:
+            return drafts_since(tok.draft_stats(), base)
+
+        return Level(clients=clients, stop=stop, info=info, draft_stats=draft_stats if base is not None else None)
 
 
 def _models(target: Optional[str], draft: Optional[str]) -> tuple[str, str]:

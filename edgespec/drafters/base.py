@@ -77,8 +77,8 @@ class Drafter(Protocol):
         """A new request whose context (prompt) is `tokens`; the last one is the tree's root.
         `kept`: what an earlier request left on this range (`keep`); returns the context tokens
         that saved. `features_from`: the first context index whose target features will come
-        (the target's prompt cache kept the KV before it; a drafter with `features` must then
-        keep at least that many positions: `reusable`)."""
+        (the target's prompt cache kept the KV before it; a drafter with `features` that keeps
+        fewer indices than that cannot draft this request and takes no features)."""
 
     def backlog(self, tokens: list[int]) -> int:
         """Entries the next proposal decodes before drafting (its first level's catch-up)."""

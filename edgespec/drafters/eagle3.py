@@ -237,7 +237,7 @@ class Eagle3Drafter:
         self.begin([])
 
 
-def reusable(kept: HeadCache | None, tokens: list[int]) -> int:
+def reusable(kept: HeadCache | None, tokens: Sequence[int]) -> int:
     """Context indices whose head position or features a request on `tokens` may keep from
     `kept` (HeadCache.reusable; 0 without one)."""
     return kept.reusable(tokens) if kept is not None else 0
