@@ -4,8 +4,8 @@
 - edgespec: the daemon's gRPC `GenerateStream`, the prompt sent as a chat message (the daemon
   applies the target's chat template), speculation mode AUTO or OFF (plain decoding).
 - llama-server: its HTTP `/completion` with `stream: true`, the prompt sent as the very token ids
-  the edgespec daemon's `Tokenize` gives for that chat message, `cache_prompt: false`,
-  temperature 0, `n_predict` = max tokens; EOS ends both.
+  the edgespec daemon's `Tokenize` gives for that chat message, `cache_prompt` as the run's
+  prompt cache (false unless `--prompt-cache`), temperature 0, `n_predict` = max tokens; EOS ends both.
 
 Both read their stream on the calling thread; one client object serves many threads.
 """
@@ -111,10 +111,13 @@ class EdgespecClient:
 class LlamaServerClient:
     """Streams from llama.cpp's llama-server at http://127.0.0.1:`port`."""
 
-    def __init__(self, port: int, system: str, *, timeout: float = 600.0):
+    def __init__(self, port: int, system: str, *, timeout: float = 600.0, cache_prompt: bool = False):
         self.port = port
         self.system = system
         self.timeout = timeout
+        # llama-server reuses the prefix its slot already holds (`cache_prompt`), as the daemon's
+        # prompt cache does
+        self.cache_prompt = cache_prompt
 
     def close(self) -> None:
         pass
@@ -134,7 +137,8 @@ class LlamaServerClient:
                on_chunk: OnChunk | None = None) -> Trace:
         if not tokens:
             raise ValueError("llama-server requests take the prompt as token ids (the edgespec daemon's Tokenize)")
-        body = json.dumps({"prompt": list(tokens), "n_predict": max_tokens, "stream": True, "cache_prompt": False,
+        body = json.dumps({"prompt": list(tokens), "n_predict": max_tokens, "stream": True,
+                           "cache_prompt": self.cache_prompt,
                            "temperature": 0.0, "seed": 0}).encode()
         tr = Trace(system=self.system, prompt_id=prompt_id, submitted=time.perf_counter(), prompt_tokens=len(tokens))
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)

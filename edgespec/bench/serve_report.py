@@ -14,6 +14,19 @@ def _f(x: float | None, spec: str = ".1f") -> str:
     return "–" if x is None else format(x, spec)
 
 
+def _caches(s: dict[str, Any]) -> str:
+    """What the servers reuse across requests (settings of older reports lack the keys)."""
+    pc, sc = s.get("prompt_cache", False), s.get("suffix_cache", False)
+    if isinstance(pc, str):
+        prompt = f"Prompt cache {pc}"
+    elif pc:
+        prompt = "Prompt cache on (the daemon's slots keep their prefill; llama-server `cache_prompt: true`)"
+    else:
+        prompt = "No prompt cache (every request prefilled in full, llama-server `cache_prompt: false`)"
+    suffix = f"suffix cache {sc}" if isinstance(sc, str) else f"suffix cache {'on' if sc else 'off'}"
+    return f"{prompt}; {suffix}."
+
+
 def to_markdown(report: dict[str, Any]) -> str:
     s, m = report["settings"], report["machine"]
     out = [
@@ -24,7 +37,8 @@ def to_markdown(report: dict[str, Any]) -> str:
         f"Machine: {m.get('cpu')} ({m.get('cores')} cores), GPU: {m.get('gpu') or 'none'}; llama-cpp-python "
         f"{m.get('llama_cpp_python')}. Greedy, max {s['max_tokens']} tokens per request (EOS ends earlier), "
         f"{s['requests']} requests per cell in {s['rounds']} interleaved rounds, {s['threads']} threads, "
-        f"suite `{s['suite']}` ({s['prompts']} prompts), per-request context {s['n_ctx']}.",
+        f"suite `{s['suite']}` ({s['prompts']} prompts), per-request context {s['n_ctx']}. "
+        f"{_caches(s)}",
         "",
         "Aggregate = all completion tokens / wall time of the round, median over rounds. Per request: "
         "(tokens - 1) / (last token - first token), median. TTFT from submission. ITL per token: a chunk's "

@@ -1,5 +1,5 @@
 """The serving benchmark's servers, as real processes on loopback: `edgespec serve` with a
-temporary config (parallel = N, the given models, port 0, no prompt cache) and llama.cpp's
+temporary config (parallel = N, the given models, port 0, the prompt cache as asked) and llama.cpp's
 llama-server (-np N, -c N x the per-request context, the same threads; with or without the
 draft). Each is started, waited for, and stopped by its own handle."""
 
@@ -46,16 +46,18 @@ def _toml_str(s: str) -> str:
 
 
 def daemon_sections(*, target: str, draft: str | None, parallel: int, n_ctx: int, threads: int,
-                    max_tokens: int, n_gpu_layers: int = 0, suffix_cache: bool = False) -> dict[str, dict[str, Any]]:
-    """The daemon's config for one concurrency level. No prompt cache: llama-server gets
-    `cache_prompt: false`, so both prefill every request in full. No suffix cache unless asked
+                    max_tokens: int, n_gpu_layers: int = 0, suffix_cache: bool = False,
+                    prompt_cache: bool = False) -> dict[str, dict[str, Any]]:
+    """The daemon's config for one concurrency level. No prompt cache unless asked
+    (`prompt_cache`; llama-server then gets `cache_prompt: true`, else false), so by default both
+    prefill every request in full. No suffix cache unless asked
     (`suffix_cache`): the rounds repeat the same prompts, and the cache would hand the later
     rounds the earlier rounds' replies."""
     model = {"n_ctx": n_ctx, "threads": threads, "n_gpu_layers": n_gpu_layers}
     return {
         "server": {"host": LOOPBACK, "port": 0, "parallel": parallel, "queue_size": max(16, 2 * parallel),
                    "max_tokens": max(max_tokens, 16), "default_max_tokens": max(min(max_tokens, 256), 1),
-                   "prompt_cache": False, "grace_seconds": 5.0},
+                   "prompt_cache": prompt_cache, "grace_seconds": 5.0},
         "target": {"path": target, **model},
         "draft": {"path": draft or "", "enabled": draft is not None, **model},
         "speculation": {"suffix_cache": suffix_cache},

@@ -86,6 +86,10 @@ def bench_serve(
                                       "suffix cache too (auto requests read and feed it): with a repetitive suite "
                                       "and many rounds, each round's edgespec-auto / edgespec-plain ratio is the "
                                       "warm-up curve"),
+    prompt_cache: bool = typer.Option(False, "--prompt-cache", help="the daemon keeps each slot's last prefill "
+                                      "(its [server] prompt_cache, on by default in a deployment) and llama-server "
+                                      "reuses its slot's prefix (cache_prompt: true): a prompt sharing a prefix "
+                                      "with an earlier one prefills only what follows it, in both"),
     progress: bool = typer.Option(True, help="progress bar on stderr"),
 ) -> None:
     """Serving benchmark: tokens/s, TTFT and inter-token latency at N concurrent streams, edgespec's
@@ -113,7 +117,7 @@ def _bench_serve(a: SimpleNamespace) -> None:
                        threads=t, n_gpu_layers=a.n_gpu_layers,
                        max_tokens=max(a.max_tokens, a.scenario_stream_tokens), systems=systems,
                        llama_bin=a.llama_server_bin, draft_max=a.draft_max, workdir=a.workdir or workdir_default(),
-                       commands=commands, suffix_cache=a.suffix_cache)
+                       commands=commands, suffix_cache=a.suffix_cache, prompt_cache=a.prompt_cache)
     level_results = run_levels(lambda n: starter.start(n, a.n_ctx, prompts, a.max_tokens), systems, prompts, levels,
                                requests=a.requests, rounds=a.rounds, max_tokens=a.max_tokens, progress=a.progress,
                                log=_log)
@@ -124,7 +128,7 @@ def _bench_serve(a: SimpleNamespace) -> None:
                      "requests": a.requests, "rounds": a.rounds, "max_tokens": a.max_tokens, "temperature": 0.0,
                      "threads": t, "n_ctx": a.n_ctx, "n_gpu_layers": a.n_gpu_layers, "target": target_path,
                      "draft": draft_path, "draft_max": a.draft_max, "addr": a.addr,
-                     "prompt_cache": False if a.addr is None else "as the attached daemon",
+                     "prompt_cache": a.prompt_cache if a.addr is None else "as the attached daemon",
                      "suffix_cache": a.suffix_cache if a.addr is None else "as the attached daemon"},
         "machine": machine_info(),
         "commands": commands,
@@ -189,6 +193,7 @@ class _Starter:
     workdir: Path
     commands: dict = field(default_factory=dict)  # what the report lists under "commands"
     suffix_cache: bool = False  # the daemon's speculation.suffix_cache
+    prompt_cache: bool = False  # the daemon's server.prompt_cache and llama-server's cache_prompt
     daemon_default_draft: bool = False  # the daemon drafts with its own default at each level (no --draft)
 
     def daemon_draft(self, n: int) -> str:
@@ -225,7 +230,8 @@ class _Starter:
                 info["daemon_draft"] = Path(draft).name
                 sections = ss.daemon_sections(target=self.target, draft=draft, parallel=n, n_ctx=ctx,
                                               threads=self.threads, max_tokens=self.max_tokens,
-                                              n_gpu_layers=self.n_gpu_layers, suffix_cache=self.suffix_cache)
+                                              n_gpu_layers=self.n_gpu_layers, suffix_cache=self.suffix_cache,
+                                              prompt_cache=self.prompt_cache)
                 d = ss.start_daemon(self.workdir, sections)
                 procs.append(d)
                 addr = d.addr
@@ -257,7 +263,8 @@ class _Starter:
                                               n_gpu_layers=self.n_gpu_layers)
                     procs.append(p)
                     self.commands.setdefault(name, shlex.join(p.command))
-                    clients[name] = LlamaServerClient(int(p.addr.rsplit(":", 1)[1]), name)
+                    clients[name] = LlamaServerClient(int(p.addr.rsplit(":", 1)[1]), name,
+                                                      cache_prompt=self.prompt_cache)
             try:  # what the daemon's drafts did before the level (an attached daemon's history)
                 base = tok.draft_stats()
             except Exception:  # Admin.Stats refused (an attached daemon's admin auth): no drafts figures

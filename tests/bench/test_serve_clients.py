@@ -69,6 +69,12 @@ def test_stream_is_read_token_by_token(server):
     assert body["temperature"] == 0.0 and body["n_predict"] == 2
 
 
+def test_the_prompt_cache_is_asked_for_when_the_run_has_one(server):
+    c = LlamaServerClient(server, "llama-server", cache_prompt=True)
+    assert c.stream("p", "", 2, tokens=[1, 2, 3]).error is None
+    assert Handler.bodies[-1]["cache_prompt"] is True
+
+
 def test_eos_is_no_completion_token(server, monkeypatch):
     # llama-server streams the EOS token and counts it; edgespec does neither
     events = EVENTS[:3] + [{"content": "", "tokens": [2], "stop": False},

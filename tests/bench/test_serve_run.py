@@ -169,6 +169,19 @@ def test_daemon_config_is_valid_toml_the_daemon_accepts(tmp_path: Path):
     cfg = load(tmp_path / "c.toml", env={})
     assert cfg.server.parallel == 3 and cfg.server.host == "127.0.0.1" and not cfg.server.prompt_cache
     assert cfg.engine.target.n_ctx == 1024 and cfg.engine.draft is not None
+    cached = daemon_sections(target=str(tmp_path / "t.gguf"), draft=None, parallel=2, n_ctx=1024, threads=1,
+                             max_tokens=64, prompt_cache=True)
+    (tmp_path / "p.toml").write_text(toml_config(cached))
+    assert load(tmp_path / "p.toml", env={}).server.prompt_cache
+
+
+def test_the_report_says_what_the_servers_reuse():
+    from edgespec.bench.serve_report import _caches
+
+    assert _caches({}).startswith("No prompt cache")
+    on = _caches({"prompt_cache": True, "suffix_cache": True})
+    assert "Prompt cache on" in on and "cache_prompt: true" in on and "suffix cache on" in on
+    assert _caches({"prompt_cache": "as the attached daemon"}).startswith("Prompt cache as the attached daemon")
 
 
 def test_llama_server_command():
