@@ -187,8 +187,14 @@ class Session:
         if self.ngram is not None and self.remaining > 1:
             # prompt lookup costs no forward pass; every lookup is scored against what the target
             # then emits (shadow evaluation), which sizes the grafts
-            st.lookup, st.kind = self.ngram.look(self.tokens)
+            st.lookup, st.kind = self.ngram.look(self.tokens, self._suffix_firsts if self.suffix is not None else None)
         self.record = st
+
+    def _suffix_firsts(self) -> set[int]:
+        """The first tokens of the suffix cache's proposal for the context now (SuffixDrafter.look
+        computes it once per context length; grafting reuses it)."""
+        prop = self.suffix.look(self.tokens)
+        return {t for t, parent in zip(prop.tokens, prop.parents) if parent < 0}
 
     def cancel_step(self) -> None:
         """Drop a step begun but never verified (a schedule computed only to be inspected)."""

@@ -7,6 +7,7 @@ point draft: the verifier decides, so exactness is untouched.
 from __future__ import annotations
 
 from edgespec.drafters import NgramDrafter
+from edgespec.drafters.ngram import is_ngram
 from edgespec.tree import DraftTree
 
 FORCED_MAX = 16  # grammar-forced tokens grafted into one step at most
@@ -36,7 +37,7 @@ def lookup(sess, st) -> None:  # noqa: ANN001
         return
     room = sess.room()
     if st.shape.mode != "plain" and sess.remaining > 1:
-        if sess.drafter is None and st.kind == 0:  # n-gram-only speculation: its own tree
+        if sess.drafter is None and is_ngram(st.kind):  # n-gram-only speculation: its own tree
             sess.ngram.propose(tree, sess.tokens, st.shape, sess.sampling, sess.rng,
                                limit=None if room >= sess.ngram.max_tokens else max(0, room))
             cap_leaves(tree, sess.slot.target.n_seq_max)

@@ -119,3 +119,73 @@ def test_reach_priors_hold_a_bounded_number_of_partitions():
     assert priors.flat()["lookup_prior_partitions"] == 3.0
     assert priors.reach("a")[0][0] == 0.1 and priors.reach("c")[0][0] == 0.1
     assert priors.reach("b") == default_reach()
+
+
+def test_a_lookup_is_keyed_by_how_it_stands_to_the_suffix_cache():
+    """A lookup's kind says how it matched and whether the suffix cache's proposal at that step
+    agrees with its first token, contradicts it, or is absent; each kind learns its own reach,
+    so lookups that keep contradicting the cache stop being grafted while the others still are."""
+    from edgespec.drafters.ngram import AGREES, DISAGREES, NGRAM, NO_SUFFIX, ONE_TOKEN, is_ngram, kind_of, relation
+
+    assert relation(5, None) == relation(5, set()) == NO_SUFFIX
+    assert relation(5, {5, 7}) == AGREES and relation(5, {7}) == DISAGREES
+    toks = [1, 2, 3, 4, 9, 1, 2, 3]  # "1 2 3" occurred before, followed by 4
+    ng = NgramDrafter()
+    assert ng.look(toks) == ([4, 9, 1, 2, 3], kind_of(NGRAM))
+    assert ng.look(toks, lambda: {4})[1] == kind_of(NGRAM, AGREES)
+    assert ng.look(toks, lambda: {8})[1] == kind_of(NGRAM, DISAGREES)
+    one = [7, 4, 1, 3, 7]  # only the last token occurred before
+    assert ng.look(one, lambda: {8})[1] == kind_of(ONE_TOKEN, DISAGREES)
+    assert is_ngram(kind_of(NGRAM, DISAGREES)) and not is_ngram(kind_of(ONE_TOKEN, AGREES))
+    asked = []
+    NgramDrafter().look([7, 8, 9], lambda: asked.append(1) or {1})
+    assert not asked  # no lookup: the suffix cache is not consulted
+
+    from edgespec.controller.cost import CostModel
+
+    cost = CostModel.from_tables({1: 0.012, 2: 0.016, 4: 0.020, 8: 0.028, 16: 0.044}, {1: 0.005})
+    ng = NgramDrafter()
+    against, alone = kind_of(NGRAM, DISAGREES), kind_of(NGRAM)
+    ng.reach[against] = list(ng.reach[alone])  # start both alike: the evidence must separate them
+    for step in range(40):  # contradicting lookups miss, the others are taken whole
+        ctx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3]
+        ng._pending = []
+        ng.look(ctx, lambda: {99})
+        ng.score(ctx + [77] * 8)
+        ng.look(ctx)
+        ng.score(ctx + [4, 5, 6, 7, 8, 9, 10, 1])
+    assert ng.reach[against][0] < 0.05 < 0.9 < ng.reach[alone][0]
+    assert ng.budget(against, cost, 1, cost.verify_seconds(1)) == 0
+    assert ng.budget(alone, cost, 1, cost.verify_seconds(1)) >= 4
+
+
+def test_default_reach_distrusts_a_lookup_against_the_suffix_cache():
+    from edgespec.drafters.ngram import AGREES, DISAGREES, N_KINDS, NGRAM, ONE_TOKEN, kind_of
+
+    r = default_reach()
+    assert len(r) == N_KINDS
+    for match in (NGRAM, ONE_TOKEN):
+        assert r[kind_of(match, AGREES)] == r[kind_of(match)]
+        assert all(a < b for a, b in zip(r[kind_of(match, DISAGREES)], r[kind_of(match)]))
+
+
+def test_a_session_keys_its_lookup_by_the_suffix_cache_proposal_of_that_step():
+    from edgespec.drafters.ngram import DISAGREES, NGRAM, kind_of
+    from edgespec.sampling import SamplingParams
+    from edgespec.types import GenerationRequest, SpeculationParams
+    from tests.fake_backend import fake_engine
+
+    prompt = (10, 1, 2, 3, 4, 9, 1, 2, 3)  # the prompt's own "1 2 3" was followed by 4
+    for cached, kind in (([30, 31, 1, 2, 3, 5, 6, 7, 8], kind_of(NGRAM, DISAGREES)),  # a reply went 1 2 3 5
+                         ([30, 31, 1, 2, 3, 4, 9, 7, 8], kind_of(NGRAM, 1)),  # ... or 1 2 3 4: agrees
+                         (None, kind_of(NGRAM))):
+        eng = fake_engine(parallel=1, suffix_cache=True)
+        if cached:
+            eng.suffix_cache.insert("", (20, 21), cached)
+        s = eng.open_session(GenerationRequest(prompt, SamplingParams(max_tokens=8), SpeculationParams(mode="auto")))
+        while s.prefilling:
+            eng.tick([s])
+        s.begin_step(PLAIN)
+        assert s.record.lookup[0] == 4 and s.record.kind == kind, cached
+        s.cancel_step()
+        s.close()
