@@ -26,8 +26,10 @@
 #   2. serve-head, serve-q8: edgespec bench-serve at 4 streams, HELDOUT12, auto vs plain, --draft
 #                    the head / the Q8_0 draft
 #      serve-repetitive: bench-serve at 4 streams, the repetitive suite, suffix cache on
-#   3. repetitive:   edgespec bench, 1 stream, repetitive suite, plain / auto / auto+suffix
-#   4. serve1-head, serve1-q8: bench-serve at 1 stream (if time is left)
+#   3. repetitive:   edgespec bench, 1 stream, repetitive suite, plain / auto / auto+suffix,
+#                    without CUDA graphs (GGML_CUDA_DISABLE_GRAPHS=1: with them a plain decode of
+#                    this suite stops at an illegal instruction in a replayed graph)
+#   4. serve1-head, serve1-q8: bench-serve at 1 stream; heldout-nographs: step 1 without CUDA graphs
 # env: GPU_BUDGET_S (540), GPU_ONLY (space-separated step names), GPU_PER_CATEGORY (2),
 #      GPU_MAX_TOKENS (64), GPU_SERVE_REQUESTS (48), GPU_SERVE_ROUNDS (8), GPU_REP_LIMIT (60),
 #      GPU_REP_MAX_TOKENS (96), GPU_REP_REQUESTS (120), GPU_REP_ROUNDS (12), GPU_FLASH_ATTN (0),
@@ -147,14 +149,17 @@ PY
   MT=${GPU_MAX_TOKENS:-64}
   REQ=${GPU_SERVE_REQUESTS:-48}
   ROUNDS=${GPU_SERVE_ROUNDS:-8}
-  # step NAME MIN_SECONDS ARGS...: edgespec ARGS, cut to what is left, reports into $R
+  # step NAME MIN_SECONDS [VAR=VALUE ...] ARGS...: edgespec ARGS (with those variables set), cut
+  # to what is left, reports into $R
   step() {
     local name=$1 need=$2; shift 2
+    local vars=()
+    while [[ "${1:-}" =~ ^[A-Z_]+= ]]; do vars+=("$1"); shift; done
     if [[ -n "${GPU_ONLY:-}" && " $GPU_ONLY " != *" $name "* ]]; then return; fi
     if (( $(left) < need )); then echo "SKIP $name: $(left) s left, it needs ~$need"; return; fi
-    say "$name ($(left) s left)"
+    say "$name ($(left) s left) ${vars[*]}"
     local t=$SECONDS
-    timeout -k 5 $(( $(left) - 8 )) "${LAUNCH[@]}" "$@" --json "$R/$name.json" --markdown "$R/$name.md" --no-progress
+    env "${vars[@]}" timeout -k 5 $(( $(left) - 8 )) "${LAUNCH[@]}" "$@" --json "$R/$name.json" --markdown "$R/$name.md" --no-progress
     echo "$name: exit $?, $((SECONDS - t)) s"
     [[ -f "$R/$name.md" ]] && cat "$R/$name.md"
     pack
@@ -167,10 +172,16 @@ PY
   step serve-repetitive 60 bench-serve --concurrency 4 --modes auto,plain --suite repetitive \
     --requests "${GPU_REP_REQUESTS:-120}" --rounds "${GPU_REP_ROUNDS:-12}" --max-tokens "${GPU_REP_MAX_TOKENS:-96}" \
     --suffix-cache --no-scenario "${GPU[@]}" --workdir "$R/serve-repetitive"
-  step repetitive 60 bench --suite repetitive --modes plain,auto,auto+suffix --max-tokens "${GPU_REP_MAX_TOKENS:-96}" \
+  # llama.cpp's CUDA graphs: a plain decode of this suite stops at an illegal instruction in a
+  # replayed graph ("CUDA error: an illegal instruction was encountered" at the stream's
+  # synchronize, after "CUDA graph warmup complete"); every mode of this step runs without them
+  step repetitive 60 GGML_CUDA_DISABLE_GRAPHS=1 bench --suite repetitive --modes plain,auto,auto+suffix --max-tokens "${GPU_REP_MAX_TOKENS:-96}" \
     --limit "${GPU_REP_LIMIT:-60}" "${GPU[@]}"
   step serve1-head 40 "${SERVE[@]}" --concurrency 1 --draft "$HEAD" --workdir "$R/serve1-head"
   step serve1-q8 40 "${SERVE[@]}" --concurrency 1 --draft "$DRAFT" --workdir "$R/serve1-q8"
+  # step 1 again without CUDA graphs: what they do to the cost curve and to the ratios
+  step heldout-nographs 30 GGML_CUDA_DISABLE_GRAPHS=1 bench --suite "$HELD" --modes plain,auto --head "$HEAD" \
+    --draft "$DRAFT" --max-tokens "$MT" "${GPU[@]}"
   grep -E "^build: " "$S/build.log" 2>/dev/null
   pack
   ls -la "$R" "$OUT"
@@ -275,6 +286,9 @@ export CMAKE_ARGS CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
 echo "CMAKE_ARGS=$CMAKE_ARGS"
 "$BUILD_PY" -m pip install --no-index --no-deps --no-build-isolation --no-compile --target "$BUILD_LLAMA" -v "$BUILD_SRC"
 rc=$?
+# the C++ runtime the build was compiled against (the GPU image's g++ is /opt/gcc's, newer than
+# the system libstdc++ python3 loads: without this, llama.cpp's tokenizer regex segfaults at load)
+echo "export LD_PRELOAD=$("${CXX:-g++}" -print-file-name=libstdc++.so.6)" >> "$BUILD_S/build.env"
 echo "build: $((SECONDS - t)) s, exit $rc"
 echo $rc > "$BUILD_S/build.rc"
 EOF
