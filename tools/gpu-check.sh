@@ -7,8 +7,11 @@
 # Phases (each timed, whole run budgeted to GPU_BUDGET_S, default 540 s):
 #   1. environment: nvidia-smi, nvcc, python
 #   2. build: llama-cpp-python from the carried sdist with -DGGML_CUDA=on for sm_90 only
-#      (flash-attention kernels off unless GPU_FA=1: they double the build; the engine does not
-#      use flash attention by default), installed with the carried wheels into /tmp/es-site
+#      (flash-attention kernels off unless GPU_FA=1: they double the build; without them the bench
+#      runs every model with flash_attn = false through tools/gpu-bench-launch.py), installed with
+#      the carried wheels into /tmp/es-site; the build compiler's libstdc++ is preloaded (the GPU
+#      image's g++ is newer than the libstdc++ python3 loads, and llama.cpp's tokenizer segfaulted
+#      at model load without it)
 #   3. check: llama.cpp reports GPU offload; a 16-token generation with every layer on the GPU
 #   4. bench: `edgespec bench --suite structured --modes plain,chain,tree,auto --max-tokens 64
 #      --n-gpu-layers -1` on .gpu-carry/models/{target,draft}.gguf (skipped if none were carried),
@@ -66,6 +69,11 @@ else
 fi
 echo "build: $((SECONDS - t)) s"
 export PYTHONPATH="$ROOT:$SITE"
+if [[ "$DRY" != "1" ]]; then
+  LD_PRELOAD=$("${CXX:-g++}" -print-file-name=libstdc++.so.6)
+  export LD_PRELOAD
+fi
+export GPU_FLASH_ATTN=${GPU_FA:-0}
 
 phase "3/4 GPU offload check"
 "$PY" - "$DRY" "$SITE" <<'PY' || fail "GPU offload check"
@@ -101,7 +109,7 @@ if [[ ! -f "$MODELS/target.gguf" ]]; then
 else
   DRAFT="$MODELS/draft.gguf"; [[ -f "$DRAFT" ]] || DRAFT=none
   t=$SECONDS
-  timeout "$(( $(left) - 10 ))" "$PY" -m edgespec.bench --suite "$SUITE" --modes plain,chain,tree,auto \
+  timeout "$(( $(left) - 10 ))" "$PY" tools/gpu-bench-launch.py bench --suite "$SUITE" --modes plain,chain,tree,auto \
     --max-tokens "$MAX_TOKENS" --n-gpu-layers -1 --target "$MODELS/target.gguf" --draft "$DRAFT" \
     --json "$OUT/gpu-bench.json" --markdown "$OUT/gpu-bench.md" --plot "$OUT/gpu-bench.png" --no-progress \
     ${GPU_LIMIT:+--limit "$GPU_LIMIT"} \

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = ["tools/llama-anchor.sh", "tools/gpu-prep.sh", "tools/gpu-check.sh", "tools/run-serve-benchmarks.sh"]
+SCRIPTS = ["tools/llama-anchor.sh", "tools/gpu-prep.sh", "tools/gpu-check.sh", "tools/gpu-bench.sh", "tools/run-serve-benchmarks.sh"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -20,7 +20,7 @@ def test_script_parses_and_is_executable(script):
 
 def test_gpu_check_bench_flags_exist():
     text = (ROOT / "tools/gpu-check.sh").read_text()
-    call = text[text.index("-m edgespec.bench"):]
+    call = text[text.index("tools/gpu-bench-launch.py bench"):]
     call = call[: call.index("|| fail")]
     flags = set(re.findall(r"(--[a-z][a-z-]+)", call))
     help_text = subprocess.run([sys.executable, "-m", "edgespec.bench", "--help"], capture_output=True, text=True,
