@@ -179,12 +179,14 @@ class Session:
                                           context=self.n_past, emitted=len(self.out))
         return fixed_shape(self.spec.mode, self.spec.draft_tokens, self.spec.tree_nodes, self.spec.tree_depth)
 
-    def begin_step(self, shape: Shape, batch=None) -> None:
+    def begin_step(self, shape: Shape, batch=None, bare: bool = False) -> None:
         """`batch` (a tick of several sessions, schedule.Batch): prompt lookups are priced on the
-        whole tick's verification, not on this step's alone."""
+        whole tick's verification, not on this step's alone. `bare`: the goodput guard holds this
+        auto step plain, grafts and all; it looks nothing up either (a lookup, and the suffix
+        cache's proposal it is keyed by, cost Python time that matters beside a fast forward)."""
         self.consistent = False  # until the step's KV commit is done
-        st = StepRecord(shape, DraftTree.root(self.tokens[-1]), time.perf_counter(), batch=batch)
-        if self.ngram is not None and self.remaining > 1:
+        st = StepRecord(shape, DraftTree.root(self.tokens[-1]), time.perf_counter(), batch=batch, bare=bare)
+        if self.ngram is not None and self.remaining > 1 and not bare:
             # prompt lookup costs no forward pass; every lookup is scored against what the target
             # then emits (shadow evaluation), which sizes the grafts
             st.lookup, st.kind = self.ngram.look(self.tokens, self._suffix_firsts if self.suffix is not None else None)

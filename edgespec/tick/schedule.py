@@ -101,8 +101,7 @@ def schedule(engine, sessions: list) -> Plan:
             plan.catchup = max(plan.catchup, backlog)
         if s.controller is not None:
             s.controller.overridden(shape)
-        s.begin_step(shape, plan.batch if len(decoding) > 1 else None)
-        s.record.bare = s in plan.bare
+        s.begin_step(shape, plan.batch if len(decoding) > 1 else None, bare=s in plan.bare)
         plan.decoding.append(s)
     budget = piece
     for s in prefilling:  # the oldest prompts first, while the tick's prefill budget lasts

@@ -189,3 +189,28 @@ def test_a_session_keys_its_lookup_by_the_suffix_cache_proposal_of_that_step():
         assert s.record.lookup[0] == 4 and s.record.kind == kind, cached
         s.cancel_step()
         s.close()
+
+
+def test_a_step_the_guard_holds_bare_looks_nothing_up():
+    """The goodput guard's bare steps graft nothing, so they skip the lookup and the suffix
+    cache's proposal too (Python time that a fast forward would feel)."""
+    from edgespec.sampling import SamplingParams
+    from edgespec.types import GenerationRequest, SpeculationParams
+    from tests.fake_backend import fake_engine
+
+    eng = fake_engine(parallel=1, suffix_cache=True)
+    eng.suffix_cache.insert("", (20, 21), [30, 31, 1, 2, 3, 5, 6, 7, 8])
+    s = eng.open_session(GenerationRequest((10, 1, 2, 3, 4, 9, 1, 2, 3), SamplingParams(max_tokens=8),
+                                           SpeculationParams(mode="auto")))
+    while s.prefilling:
+        eng.tick([s])
+    looked = []
+    look = s.suffix.look
+    s.suffix.look = lambda toks, *a, **k: looked.append(1) or look(toks, *a, **k)
+    s.begin_step(PLAIN, bare=True)
+    assert s.record.bare and not s.record.lookup and not looked
+    s.cancel_step()
+    s.begin_step(PLAIN)
+    assert s.record.lookup and looked
+    s.cancel_step()
+    s.close()
