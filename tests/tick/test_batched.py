@@ -106,7 +106,7 @@ def test_concurrent_greedy_equals_each_request_alone(batched):
 def test_tick_verifies_every_decoding_session_in_one_target_forward(batched):
     eng = batched
     toks = [eng.encode_chat([("user", p)]) for p, _ in PROMPTS[:4]]
-    sess = [eng.open_session(GenerationRequest(tuple(t), SamplingParams(max_tokens=32),
+    sess = [eng.open_session(GenerationRequest(tuple(t), SamplingParams(max_tokens=128),
                                                SpeculationParams(mode=m))) for t, (_, m) in zip(toks, PROMPTS)]
     try:
         calls = []
@@ -121,9 +121,13 @@ def test_tick_verifies_every_decoding_session_in_one_target_forward(batched):
         while any(s.prefilling for s in sess):
             eng.tick(sess)
         calls.clear()
+        # a session that drafts from the engine's history (this module's earlier replies in its
+        # suffix cache) may have finished while the others prefilled
+        live = [s for s in sess if not s.done]
         eng.tick(sess)
         rec = eng.last_tick
-        assert rec.decoding == 4 and len(calls) == 1 and calls[0] == rec.verify_tokens >= 4
+        assert len(live) >= 2
+        assert rec.decoding == len(live) and len(calls) == 1 and calls[0] == rec.verify_tokens >= len(live)
         assert rec.draft_forwards <= max(s.spec.tree_depth for s in sess) + 1
     finally:
         ctx.decode_rows = real
