@@ -105,10 +105,18 @@ class EngineConfig:
     suffix_cache_bytes: int = setting("speculation", "suffix_cache_bytes").default
     suffix_cache_store: str = setting("speculation", "suffix_cache_store").default
     suffix_cache_scope: str = setting("speculation", "suffix_cache_scope").default
+    # an EAGLE-3 head loaded beside the draft model (`[draft] head`): each request then drafts with
+    # the one the measured costs and acceptances favour at the load it meets (Engine.choose_drafter);
+    # its context takes the [draft] section's settings. None: one drafter (`draft`, a model or a head)
+    head: ModelConfig | None = None
 
     def validate(self) -> None:
         """Raise ConfigError naming the TOML key (`server.parallel`, `draft.window`, ...)."""
         self.target.validate("target")
         if self.draft is not None:
             self.draft.validate("draft")
+        if self.head is not None:
+            if self.draft is None:
+                raise ConfigError("draft.head", "needs a draft model beside it (draft.enabled = true)")
+            self.head.validate("draft")
         _check(self, ENGINE_KEYS)

@@ -10,6 +10,11 @@ The draft is a draft model or an EAGLE-3 head (a `[draft] path` whose GGUF archi
 `eagle3`, detected at load): then the target context is a FeatureContext (its features go to
 each session's head drafter after every target forward) and the shared draft context is the
 head's (backend.HeadContext), with the same slot ranges.
+
+Both at once (`EngineConfig.head` beside a draft model): the engine holds the draft model's context
+and the head's, each slot a range in both, and each request drafts with the one the measured
+costs and acceptances favour at the load it meets (`choose_drafter`,
+edgespec/controller/drafter_choice.py); each drafter keeps its own acceptance prior and cost curve.
 """
 
 from __future__ import annotations
@@ -55,7 +60,12 @@ class Slot:
     index: int
     target: SeqRange  # this slot's sequence range of the shared target context
     draft: SeqRange | None
+    # with a head beside the draft model (EngineConfig.head): this slot's range of the head's
+    # context and what the last request that drafted with the head left there
+    head: SeqRange | None = None
+    head_cache: HeadCache | None = None
     busy: bool = False
+    drafting: str | None = None  # the drafter kind of the request on this slot
     # the prompt tokens (all but the last) whose KV a finished request's prefill left in the
     # target's sequence 0; () when the cache holds nothing reusable
     prefill: tuple[int, ...] = ()
@@ -67,13 +77,28 @@ class Slot:
     last_context: tuple[int, ...] = ()
 
     def reset(self) -> None:
-        """Empty both caches; nothing is reusable."""
+        """Empty every cache; nothing is reusable."""
         self.target.clear()
-        if self.draft is not None:
-            self.draft.clear()
+        for rng in (self.draft, self.head):
+            if rng is not None:
+                rng.clear()
         self.prefill = ()
-        self.draft_cache = None
+        self.draft_cache = self.head_cache = None
         self.last_context = ()
+
+    def drafter_range(self, kind: str) -> SeqRange | None:
+        """The range drafter `kind` ("model", "eagle3") drafts in: the head's when a head sits
+        beside the draft model, else the slot's one draft range."""
+        return self.head if kind == "eagle3" and self.head is not None else self.draft
+
+    def cache_of(self, kind: str):  # noqa: ANN201
+        return self.head_cache if kind == "eagle3" and self.head is not None else self.draft_cache
+
+    def set_cache(self, kind: str, cache) -> None:  # noqa: ANN001
+        if kind == "eagle3" and self.head is not None:
+            self.head_cache = cache
+        else:
+            self.draft_cache = cache
 
 
 def reusable_prefix(prefill: Sequence[int], prompt: Sequence[int], chunk: int) -> int:
@@ -100,20 +125,28 @@ class Engine:
     prior. Confined to one thread (the daemon's engine thread)."""
 
     def __init__(self, cfg: EngineConfig, target: backend.Model, draft: backend.Model | None, slots: list[Slot],
-                 contexts: tuple = (), draft_kind: str | None = None):
+                 contexts: tuple = (), draft_kind: str | None = None, head: backend.Model | None = None):
         self.cfg = cfg
         self.target = target
         self.draft = draft
+        self.head = head  # an EAGLE-3 head beside the draft model (EngineConfig.head), or None
         self.slots = slots
-        self._contexts = contexts  # (target context, draft context or None)
+        self._contexts = contexts  # (target context, draft context or None[, head context])
         # "model" (a draft model), "eagle3" (a head over the target's features) or None
         self.draft_kind = (draft_kind or "model") if draft is not None else None
+        # the drafters a request may draft with: the draft's kind, and "eagle3" with a head beside it
+        self.drafter_kinds: tuple[str, ...] = ((self.draft_kind,) if self.draft_kind else ()) + \
+            (("eagle3",) if head is not None else ())
         from edgespec.controller import AcceptancePrior, ControllerConfig, CostModel
+        from edgespec.controller.drafter_choice import DrafterChoice
         from edgespec.controller.goodput import GoodputGuard
 
         self.controller_cfg = ControllerConfig()
         self.cost = CostModel()
-        self.prior = AcceptancePrior()
+        # each drafter's acceptance, learnt across the requests that drafted with it
+        self.priors = {k: AcceptancePrior() for k in self.drafter_kinds or ("model",)}
+        self.prior = self.priors[self.drafter_kinds[0] if self.drafter_kinds else "model"]
+        self.drafter_choice = DrafterChoice()  # which drafter a request drafts with (two loaded)
         self.goodput = GoodputGuard()  # auto falls back to plain where speculating measured slower
         from edgespec.controller.threads import ThreadGovernor
 
@@ -139,7 +172,7 @@ class Engine:
     def load(cls, cfg: EngineConfig, controller_cfg=None, calibrate: bool = True) -> Engine:
         cfg.validate()
         target = backend.Model(cfg.target.path, cfg.target.n_gpu_layers)
-        draft = head = None
+        draft = head = second = None
         if cfg.draft is not None:
             draft = backend.Model(cfg.draft.path, cfg.draft.n_gpu_layers)
             if draft_kind(backend.model_arch(draft)) == "eagle3":
@@ -147,10 +180,18 @@ class Engine:
                 head = draft
             else:
                 backend.check_compatible(target, draft)
+        if cfg.head is not None and head is None and draft is not None:
+            second = backend.Model(cfg.head.path, cfg.head.n_gpu_layers)
+            if draft_kind(backend.model_arch(second)) != "eagle3":
+                second.close()
+                raise BadRequest("draft.head", f"{cfg.head.path} is not an EAGLE-3 head (its GGUF architecture "
+                                 "is not eagle3)")
+            backend.check_head(target, second)
         n_seq = seqs_per_slot(cfg.parallel, cfg.max_tree_leaves)
         cells = shared_cells(cfg.parallel, cfg.target.n_ctx)
-        if head is not None:
-            tctx = backend.FeatureContext(target, cfg.target, backend.target_layer_ids(head),
+        features = head if head is not None else second
+        if features is not None:
+            tctx = backend.FeatureContext(target, cfg.target, backend.target_layer_ids(features),
                                           n_seq_max=cfg.parallel * n_seq, n_ctx=cells)
         else:
             tctx = backend.Context(target, cfg.target, n_seq_max=cfg.parallel * n_seq, n_ctx=cells)
@@ -160,20 +201,26 @@ class Engine:
         elif draft is not None:
             dctx = backend.Context(draft, cfg.draft, n_seq_max=cfg.parallel * n_seq,
                                    n_ctx=shared_cells(cfg.parallel, cfg.draft.n_ctx))
+        hctx = None
+        if second is not None:  # the head beside the draft model holds each request's whole context too
+            hctx = backend.HeadContext(second, tctx, cfg.head, n_seq_max=cfg.parallel * n_seq, n_ctx=cells)
         slots = []
         for i in range(cfg.parallel):
             t = SeqRange(tctx, i * n_seq, n_seq, cfg.target.n_ctx)
-            d = None
+            d = h = None
             if dctx is not None:
                 d = SeqRange(dctx, i * n_seq, n_seq, cfg.target.n_ctx if head is not None else cfg.draft.n_ctx)
-            slots.append(Slot(i, t, d))
-        eng = cls(cfg, target, draft, slots, (tctx, dctx), "eagle3" if head is not None else "model")
+            if hctx is not None:
+                h = SeqRange(hctx, i * n_seq, n_seq, cfg.target.n_ctx)
+            slots.append(Slot(i, t, d, h))
+        contexts = (tctx, dctx) if hctx is None else (tctx, dctx, hctx)
+        eng = cls(cfg, target, draft, slots, contexts, "eagle3" if head is not None else "model", head=second)
         if controller_cfg is not None:
             eng.controller_cfg = controller_cfg
         if calibrate:
             eng.calibrate()
         log.info("engine_loaded", target=str(cfg.target.path), draft=str(cfg.draft.path) if cfg.draft else None,
-                 slots=cfg.parallel, seqs_per_slot=n_seq, backend=eng.backend_name)
+                 head=str(cfg.head.path) if second is not None else None, slots=cfg.parallel, seqs_per_slot=n_seq, backend=eng.backend_name)
         return eng
 
     # what the engine applies beyond plain generation (the daemon refuses the others)
@@ -191,7 +238,7 @@ class Engine:
     @property
     def features(self) -> bool:
         """Whether target forwards hand their features to the drafters (an EAGLE-3 head)."""
-        return self.draft_kind == "eagle3"
+        return "eagle3" in self.drafter_kinds
 
     @property
     def prompt_cache(self) -> bool:
@@ -201,17 +248,42 @@ class Engine:
         kept prefill's are not computed again (drafters/eagle3.py)."""
         return self.cfg.prompt_cache
 
-    def new_drafter(self, slot: Slot):
-        """The drafter of one request on `slot` (drafters/base.py: Drafter)."""
-        return drafter_class(self.draft_kind)(slot.draft, window=self.cfg.draft_window)
+    def new_drafter(self, slot: Slot, kind: str | None = None):
+        """The drafter of one request on `slot` (drafters/base.py: Drafter): `kind` ("model",
+        "eagle3"; default the draft's)."""
+        kind = kind or self.draft_kind
+        return drafter_class(kind)(slot.drafter_range(kind), window=self.cfg.draft_window)
 
-    def new_controller(self, req: GenerationRequest, slot: Slot):
-        """The speculation controller of one auto request on `slot` (edgespec/controller/)."""
+    def cost_kind(self, kind: str | None) -> str:
+        """The cost model's curve that prices drafter `kind`: "head" for a head beside the draft
+        model, else "draft" (the one drafter's forwards, a model's or a head's)."""
+        return "head" if kind == "eagle3" and self.head is not None else "draft"
+
+    def choose_drafter(self, req: GenerationRequest) -> str | None:
+        """The drafter `req` drafts with: the only one, or with a head beside the draft model, the
+        one whose best shape promises more at the load it joins (controller/drafter_choice.py);
+        a plain request takes the draft model (no head limits what it keeps of a prompt)."""
+        kinds = self.drafter_kinds
+        if len(kinds) < 2:
+            return kinds[0] if kinds else None
+        if req.speculation.mode == "plain":
+            return kinds[0]
+        busy = [s for s in self.slots if s.busy]
+        sharing = {k: sum(1 for s in busy if s.drafting == k) for k in kinds}
+        options = {k: (self.priors[k], self.cost.drafting(self.cost_kind(k))) for k in kinds}
+        return self.drafter_choice.choose(options, load=len(busy) + 1, sharing=sharing)
+
+    def new_controller(self, req: GenerationRequest, slot: Slot, kind: str | None = None):
+        """The speculation controller of one auto request on `slot` (edgespec/controller/), pricing
+        and judging drafter `kind` (its cost curve and acceptance prior)."""
         from edgespec.controller import Controller
 
         spec = req.speculation
-        return Controller(self.controller_cfg, self.cost, self.prior, max_depth=spec.tree_depth,
-                          max_nodes=spec.tree_nodes, has_draft_model=slot.draft is not None,
+        kind = kind or self.draft_kind
+        has_draft = kind is not None and slot.drafter_range(kind) is not None
+        return Controller(self.controller_cfg, self.cost.drafting(self.cost_kind(kind)),
+                          self.priors.get(kind, self.prior), max_depth=spec.tree_depth,
+                          max_nodes=spec.tree_nodes, has_draft_model=has_draft,
                           max_leaves=slot.target.n_seq_max, request_id=req.request_id, refine_costs=False)
 
     def new_suffix_drafter(self, req: GenerationRequest) -> SuffixDrafter | None:
@@ -242,6 +314,11 @@ class Engine:
     @property
     def draft_ctx(self) -> backend.Context | None:
         return self._contexts[1]
+
+    @property
+    def head_ctx(self) -> backend.Context | None:
+        """The head's context beside the draft model's (EngineConfig.head), or None."""
+        return self._contexts[2] if len(self._contexts) > 2 else None
 
     @property
     def batch_invariant(self) -> bool:
@@ -285,10 +362,11 @@ class Engine:
         an EAGLE-3 head the draft's curve is the head's forwards (its g inputs zeros: the same
         work), which is how the controller prices the head like any drafter."""
         slot = self.slots[0]
+        heads = [r for r in (slot.drafter_range("eagle3"),) if r is not None and self.features]
 
         def forward(ctx, n: int, start: int, out: list[bool]) -> None:
             toks, pos = [self.target.bos] * n, list(range(start, start + n))
-            if ctx is slot.draft and self.features:  # the head's shared context, in global seq ids
+            if any(ctx is h for h in heads):  # the head's shared context, in global seq ids
                 decode_batch(ctx.ctx, toks, pos, [ctx.to_global((0,))] * n, out,
                              np.zeros((n, ctx.ctx.n_embd), np.float32))
             else:
@@ -304,10 +382,11 @@ class Engine:
             ctx.seq_rm(0, 32, -1)
             return dt
 
-        kinds = ("target", "draft") if slot.draft is not None else ("target",)
+        ranges = {"target": slot.target, "draft": slot.draft, "head": slot.head}
+        kinds = tuple(k for k in ("target", "draft", "head") if ranges[k] is not None)
         table: dict[str, dict[int, float]] = {}
         for kind in kinds:
-            ctx = slot.target if kind == "target" else slot.draft
+            ctx = ranges[kind]
             ctx.clear()
             forward(ctx, 32, 0, [False] * 32)  # a short prefix
             for _ in range(2):
@@ -321,13 +400,17 @@ class Engine:
             for _ in range(repeats - 1):
                 for n in table[kind]:
                     table[kind][n] = min(table[kind][n], measure(ctx, n))
-        row = None
-        n = max((k for k in table.get("draft", {}) if k <= 4), default=1)
-        if n > 1:  # what each extra output row (a tree expansion's) adds to the catch-up timed above
-            every = min(measure(slot.draft, n, all_logits=True) for _ in range(repeats))
-            row = (every - table["draft"][n]) / (n - 1)
-        measured = tuple(sorted(set(table["target"]) & set(table.get("draft", table["target"]))))
-        self.cost.calibrate(lambda kind, n: table[kind][n], sizes=measured, kinds=kinds, draft_row=row, context=32)
+        rows = {}
+        for kind in kinds[1:]:
+            n = max((k for k in table[kind] if k <= 4), default=1)
+            if n > 1:  # what each extra output row (a tree expansion's) adds to the catch-up timed above
+                every = min(measure(ranges[kind], n, all_logits=True) for _ in range(repeats))
+                rows[kind] = (every - table[kind][n]) / (n - 1)
+        measured = set(table["target"])
+        for kind in kinds[1:]:
+            measured &= set(table[kind])
+        self.cost.calibrate(lambda kind, n: table[kind][n], sizes=tuple(sorted(measured)), kinds=kinds,
+                            draft_row=rows or None, context=32)
         for s in self.slots:
             s.reset()
 
@@ -340,8 +423,9 @@ class Engine:
             if ctx is not None:
                 ctx.close()
         self.target.close()
-        if self.draft is not None:
-            self.draft.close()
+        for m in (self.draft, self.head):
+            if m is not None:
+                m.close()
 
     # -- text ---------------------------------------------------------------------------------
     @property
@@ -373,11 +457,16 @@ class Engine:
         return self.target
 
     def model_info(self) -> dict:
-        t, d = self.target, self.draft
+        t, d, h = self.target, self.draft, self.head
+
+        def info(m):  # noqa: ANN001, ANN202
+            return None if m is None else {"path": str(m.path), "desc": m.desc, "n_params": m.n_params,
+                                           "size_bytes": m.size_bytes}
+
         return {
-            "target": {"path": str(t.path), "desc": t.desc, "n_params": t.n_params, "size_bytes": t.size_bytes},
-            "draft": None if d is None else {"path": str(d.path), "desc": d.desc, "n_params": d.n_params,
-                                             "size_bytes": d.size_bytes},
+            "target": info(t),
+            "draft": info(d),
+            **({"head": info(h)} if h is not None else {}),
             "n_vocab": t.n_vocab,
             "n_ctx": self.n_ctx,
             "parallel": len(self.slots),
@@ -390,7 +479,7 @@ class Engine:
         if slot is None:
             raise Overloaded("no free slot")
         out = []
-        for ctx in (slot.target, None if self.features else slot.draft):
+        for ctx in (slot.target, None if self.draft_kind == "eagle3" else slot.draft):
             if ctx is None:
                 out.append(None)
                 continue
@@ -399,7 +488,7 @@ class Engine:
             out.append(ctx.logits(-1).copy())
             ctx.clear()
         slot.prefill = ()
-        slot.draft_cache = None
+        slot.draft_cache = slot.head_cache = None
         return out[0], out[1]
 
     # -- sessions -----------------------------------------------------------------------------
@@ -459,13 +548,16 @@ class Engine:
         if not free:
             raise Overloaded(f"all {len(self.slots)} slots are busy")
         chunk = self.reuse_chunk
+        kind = self.choose_drafter(req)
         slot = free[0]
         if self.prompt_cache and len(free) > 1:  # the free slot whose cache this prompt can reuse most
-            slot = max(free, key=lambda s: (self._keepable(s, req),
-                                            s.draft_cache.reusable(req.prompt_tokens) if s.draft_cache else 0))
-        keep = self._keepable(slot, req) if self.prompt_cache else 0
+            def reuse(s: Slot) -> tuple[int, int]:
+                cache = s.cache_of(kind) if kind else None
+                return self._keepable(s, req, kind), cache.reusable(req.prompt_tokens) if cache else 0
+            slot = max(free, key=reuse)
+        keep = self._keepable(slot, req, kind) if self.prompt_cache else 0
         donor = None
-        if self.prompt_cache and not self.features:
+        if self.prompt_cache and kind != "eagle3":
             # another slot's kept (or completed) prefill may share more: its cells are shared by a
             # copy in the unified cache, nothing is recomputed
             for other in self.slots:
@@ -487,21 +579,28 @@ class Engine:
             else:
                 tgt.clear()
             slot.prefill = ()  # nothing reusable from this slot until this prefill has completed
-            return Session(self, slot, req, keep=keep)
+            slot.drafting = kind
+            sess = Session(self, slot, req, keep=keep, drafter=kind)
+            if len(self.drafter_kinds) > 1:  # which drafter each request drafted with (Admin.Stats, /metrics)
+                key = f"drafter_requests_{self.cost_kind(kind)}"
+                self.tick_totals[key] = self.tick_totals.get(key, 0) + 1
+                for k, v in self.drafter_choice.last.items():
+                    self.tick_totals[f"drafter_estimate_{self.cost_kind(k)}"] = v
+            return sess
         except BaseException:
             slot.busy = False
             raise
 
-    def _keepable(self, slot: Slot, req: GenerationRequest) -> int:
+    def _keepable(self, slot: Slot, req: GenerationRequest, kind: str | None = None) -> int:
         """Prompt positions whose target KV `slot` may keep for `req`: its kept prefill's
-        reusable prefix, and with a head, for a request that may draft, no more than the head
-        positions the slot keeps (their target features are not computed again), cut to whole
-        reuse chunks."""
+        reusable prefix, and for a request that may draft with a head (`kind`), no more than the
+        head positions the slot keeps (their target features are not computed again), cut to
+        whole reuse chunks."""
         chunk = self.reuse_chunk
         prompt = req.prompt_tokens
         keep = reusable_prefix(slot.prefill, prompt, chunk)
-        if self.features and keep and req.speculation.mode != "plain":
-            keep = min(keep, head_reusable(slot.draft_cache, prompt)) // chunk * chunk
+        if kind == "eagle3" and keep and req.speculation.mode != "plain":
+            keep = min(keep, head_reusable(slot.cache_of(kind), prompt)) // chunk * chunk
         return keep
 
     def release(self, sess: Session) -> None:
@@ -510,7 +609,7 @@ class Engine:
         slot = sess.slot
         if sess.controller is not None:
             try:
-                self.prior.update_from(sess.controller.evidence())
+                self.priors.get(sess.drafter_kind, self.prior).update_from(sess.controller.evidence())
             except Exception:  # the prior is an optimisation; never fail a request on it
                 log.warning("prior_update_failed", exc_info=True)
             sess.controller = None
@@ -523,8 +622,8 @@ class Engine:
         keep = self.prompt_cache and sess.consistent and not sess.prefilling
         if sess.drafter is not None:
             # the draft keeps all it holds, the reply included: a chat's next turn starts with it
-            slot.draft_cache = sess.drafter.keep(sess.tokens) if keep else None
-            if slot.draft_cache is None:
+            slot.set_cache(sess.drafter_kind, sess.drafter.keep(sess.tokens) if keep else None)
+            if slot.cache_of(sess.drafter_kind) is None:
                 sess.drafter.end()
         slot.last_context = tuple(sess.tokens) if keep else ()
         if keep:
@@ -536,6 +635,7 @@ class Engine:
             slot.target.clear()
             slot.prefill = ()
         slot.busy = False
+        slot.drafting = None
 
     def tick(self, sessions: Sequence[Session]) -> dict[Session, Chunk]:
         """One engine tick over the active sessions (edgespec/tick/): every decoding session's

@@ -100,26 +100,6 @@ def installed_head(target: Path | str, directory: Path | None = None) -> Path | 
     return p
 
 
-def choose_default_draft(target: Path | str, parallel: int, directory: Path | None = None) -> str | None:
-    """The installed head's file name when it is the better draft for `target` at `parallel`
-    streams by the figures measured for it (its card's `bench`: auto vs plain with the head and
-    with the Q8_0 draft, at 1 and 4 streams, one interleaved run, prompt caches off, so that
-    both are compared on decoding); None: use the Q8_0 draft. Either keeps its cells with the
-    prompt cache (drafters/eagle3.py, drafters/model.py)."""
-    head = installed_head(target, directory)
-    shipped = shipped_head()
-    if head is None or shipped is None:
-        return None
-    if _read_manifest(head.parent)["files"][HEAD_NAME].get("sha256") != shipped[1].get("sha256"):
-        return None  # another head under that name: no measured figures for it
-    bench = shipped[1].get("bench", {})
-    key = "1" if parallel <= 1 else "4"
-    row = bench.get(key) or {}
-    if row.get("head", 0.0) > row.get("draft", float("inf")):
-        return HEAD_NAME
-    return None
-
-
 def _install_head(directory: Path, manifest: dict, target: Path, log: Callable[[str], None]) -> Path | None:
     """Copy the shipped head beside the demo pair (kept when its SHA-256 already matches)."""
     shipped = shipped_head()

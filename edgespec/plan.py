@@ -87,11 +87,11 @@ class MemoryPlan:
     draft_ratio: float | None  # draft params / target params
     warnings: tuple[str, ...] = field(default_factory=tuple)
     embedding: ModelPlan | None = None  # the [embedding] context (weights 0 when it shares the target's)
+    head: ModelPlan | None = None  # an EAGLE-3 head beside the draft model ([draft] head)
 
     @property
     def models(self) -> tuple[ModelPlan, ...]:
-        out = (self.target,) if self.draft is None else (self.target, self.draft)
-        return out if self.embedding is None else (*out, self.embedding)
+        return tuple(m for m in (self.target, self.draft, self.head, self.embedding) if m is not None)
 
     @property
     def total_bytes(self) -> int:
@@ -289,6 +289,18 @@ def plan_memory(
     )
 
 
+def with_head(plan: MemoryPlan, head: ModelFacts) -> MemoryPlan:
+    """`plan` with an EAGLE-3 head beside its draft model: the head's context as plan_memory counts
+    a head drafting alone, and the target's forwards outputting three layers' inputs per token."""
+    common = dict(n_ctx=plan.n_ctx, parallel=plan.parallel, kv_type=plan.kv_type, n_ubatch=plan.n_ubatch,
+                  flash_attn=plan.flash_attn)
+    h = _model_plan("head", head, **dict(common, n_outputs=plan.n_ubatch))
+    h = replace(h, output_bytes=h.output_bytes + 4 * head.n_embd * plan.n_ubatch)
+    t = plan.target
+    target = replace(t, output_bytes=t.output_bytes + 4 * 3 * t.facts.n_embd * plan.n_ubatch)
+    return replace(plan, target=target, head=h)
+
+
 def embedding_plan(facts: ModelFacts, *, shared: bool, n_ctx: int, n_batch: int, flash_attn: bool = True,
                    n_seq_max: int = 16) -> ModelPlan:
     """The embedding context (edgespec.backend.EmbeddingContext): its own f16 cache of n_ctx cells,
@@ -308,6 +320,8 @@ def plan_for_config(cfg: EngineConfig, *, gpu: bool | None = None, n_outputs: in
     """The plan for the daemon's engine config (target/draft sections, parallel slots), and the
     [embedding] context when `embedding` (an enabled EmbeddingConfig) is given."""
     plan = _plan_for_engine(cfg, gpu=gpu, n_outputs=n_outputs)
+    if cfg.head is not None:
+        plan = with_head(plan, read_model_facts(cfg.head.path))
     if embedding is None or not getattr(embedding, "enabled", False):
         return plan
     path = getattr(embedding, "path", "") or cfg.target.path

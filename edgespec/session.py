@@ -46,9 +46,10 @@ def fixed_shape(mode: str, draft_tokens: int, tree_nodes: int, tree_depth: int) 
 
 
 class Session:
-    def __init__(self, engine, slot, req: GenerationRequest, keep: int = 0):
+    def __init__(self, engine, slot, req: GenerationRequest, keep: int = 0, drafter: str | None = None):
         """`keep`: leading prompt positions whose KV the slot's main sequence already holds
-        (the prompt cache); the rest of the prompt is prefilled by the ticks."""
+        (the prompt cache); the rest of the prompt is prefilled by the ticks. `drafter`: the
+        drafter kind it drafts with ("model", "eagle3"; default the engine's draft)."""
         self.engine = engine
         self.slot = slot
         self.req = req
@@ -67,8 +68,11 @@ class Session:
         self.check_kv = False  # tests turn this on: assert the KV invariants after every step
         self.guard_seen = False  # the goodput guard has seen this request decode (tick/schedule.py)
         self._closed_reason: FinishReason | None = None
-        has_draft = slot.draft is not None
-        self.drafter = engine.new_drafter(slot) if has_draft else None  # drafters/base.py: Drafter
+        self.drafter_kind = drafter or engine.draft_kind
+        has_draft = self.drafter_kind is not None and slot.drafter_range(self.drafter_kind) is not None
+        # drafters/base.py: Drafter, in its range of the drafter's shared context (draft_range)
+        self.drafter = engine.new_drafter(slot, self.drafter_kind) if has_draft else None
+        self.draft_range = slot.drafter_range(self.drafter_kind) if has_draft else None
         # its prompt lookups and their learnt reach, starting from what recent requests' achieved
         # in its caller's partition (the suffix cache's)
         self.ngram = None
@@ -78,13 +82,13 @@ class Session:
         # structured output: the grammar state of this request (edgespec/constraint.py); every
         # verified row is masked by the state after its node's path, drafts by their parent's
         self.matcher = engine.constraint_matcher(req.constraint) if req.constraint is not None else None
-        self.controller = engine.new_controller(req, slot) if self.spec.mode == "auto" else None
+        self.controller = engine.new_controller(req, slot, self.drafter_kind) if self.spec.mode == "auto" else None
         if self.spec.mode in ("chain", "tree") and not has_draft and not self.ngram and not self.suffix:
             raise BadRequest("mode", f"{self.spec.mode} needs a draft model or n-gram drafting")
         self.stats.cached_prompt_tokens = keep
         if self.drafter is not None:
-            kept = slot.draft_cache if engine.prompt_cache else None
-            slot.draft_cache = None  # nothing reusable until this request has ended cleanly
+            kept = slot.cache_of(self.drafter_kind) if engine.prompt_cache else None
+            slot.set_cache(self.drafter_kind, None)  # nothing reusable until this request has ended cleanly
             self.stats.draft_cached_tokens = self.drafter.begin(self.tokens, kept, features_from=keep)
         self.prefill_pos = keep
         self.prefill_tokens = tuple(self.tokens[:-1])  # what the prompt's prefill leaves in seq 0
@@ -236,7 +240,7 @@ class Session:
             st.spine_probs = tuple(report.spine_probs)
             st.draft_ran = bool(report.batches) and report.levels > 0
             self.stats.draft_forwards += len(report.batches)
-        st.sources = [(1, "head" if self.engine.draft_kind == "eagle3" else "draft"), (len(st.tree), "prompt_lookup")]
+        st.sources = [(1, "head" if self.drafter_kind == "eagle3" else "draft"), (len(st.tree), "prompt_lookup")]
         if not st.bare:
             graft.lookup(self, st)
         st.sources.append((len(st.tree), "suffix"))

@@ -144,6 +144,12 @@ def _file_or_empty(v: str) -> str | None:
     return None
 
 
+def _head_choice(v: str) -> str | None:
+    if v not in ("auto", "none") and not Path(v).expanduser().is_file():
+        return f"must be auto, none or an existing head GGUF file, got {v!r}"
+    return None
+
+
 def _caller_limits(v: list) -> str | None:
     for x in v:
         who, _, caps = str(x).rpartition("=")
@@ -173,6 +179,7 @@ def _json_mode(v: Any) -> str | None:
 CHECK_TEXT: dict[Any, str] = {  # how the docs write what an extra check allows
     check_host: "an IP address or host name",
     _file_or_empty: "an existing file, or empty",
+    _head_choice: "auto, none, or an existing file",
     _strings: "non-empty strings",
     _caller_limits: "IDENTITY=CONCURRENT[/QUEUED]/TOKENS_PER_MINUTE strings",
     _endpoints: "host:port entries",
@@ -238,6 +245,11 @@ SETTINGS: tuple[Setting, ...] = (
             "(tool requests) and llama.cpp's built-in matcher (the others)", check=_file_or_empty),
     *_model("draft"),
     Setting("draft", "enabled", B, True, "false = model-free (n-gram) drafting only"),
+    Setting("draft", "head", S, "auto", "an EAGLE-3 head loaded beside the draft model: each request drafts with "
+            "the head or the draft model, whichever the measured forward costs and acceptances promise more "
+            "at the load it meets; auto = the head `models install` put beside the demo target, used when "
+            "`path` is unset; none = the draft model alone; else a head GGUF file (its context takes this "
+            "section's settings)", check=_head_choice),
     Setting("draft", "window", I, 256, "most context tokens the draft absorbs at once: a longer prompt is "
             "drafted from its last `window` tokens", lo=16, hi=1 << 20),
     Setting("embedding", "enabled", B, True, "serve /v1/embeddings and Inference.Embed"),

@@ -52,15 +52,12 @@ def test_a_shipped_head_that_does_not_match_its_card_is_refused(shipped):
     assert M.HEAD_NAME not in M._read_manifest(d)["files"]
 
 
-def test_the_head_is_the_default_draft_only_where_it_measured_faster(shipped):
+def test_the_installed_head_is_found_for_its_target_only(shipped):
     d, target, src, card = shipped
-    assert M.choose_default_draft(target, 1, d) is None  # not installed yet
+    assert M.installed_head(target, d) is None  # not installed yet
     M._install_head(d, M._read_manifest(d), target, lambda s: None)
-    assert M.choose_default_draft(target, 1, d) == M.HEAD_NAME  # 1.6x vs 1.3x at 1 stream
-    assert M.choose_default_draft(target, 4, d) is None  # 1.1x vs 1.2x at 4 streams: the Q8_0 draft
+    assert M.installed_head(target, d) == d / M.HEAD_NAME
     assert M.installed_head(d / "other.gguf", d) is None  # another target: never its head
-    card["bench"] = {}
-    assert M.choose_default_draft(target, 1, d) is None  # nothing measured: the Q8_0 draft
 
 
 def test_a_head_for_another_build_of_the_target_is_not_used(shipped):
@@ -69,24 +66,30 @@ def test_a_head_for_another_build_of_the_target_is_not_used(shipped):
     m = M._read_manifest(d)
     m["files"][target.name]["sha256"] = "f" * 64  # the target re-derived into other bytes
     M._write_manifest(d, m)
-    assert M.installed_head(target, d) is None and M.choose_default_draft(target, 1, d) is None
+    assert M.installed_head(target, d) is None
 
 
-def test_the_daemon_config_drafts_with_the_head_when_draft_path_is_unset(shipped, monkeypatch):
+def test_the_daemon_config_loads_the_head_beside_the_draft_when_draft_path_is_unset(shipped, monkeypatch):
+    """[draft] path unset: the Q8_0 demo draft, and the installed head beside it at any
+    parallelism (each request then chooses, edgespec/controller/drafter_choice.py); `head = none`
+    or an explicit path leave the draft model alone; `head` = a file puts that head beside it."""
     from edgespec.server import config as C
 
     d, target, src, card = shipped
     monkeypatch.setenv("EDGESPEC_HOME", str(d.parent))
-    assert Path(C.load(env={}).engine.draft.path).name == C.DEMO_DRAFT  # no head installed
+    alone = C.load(env={}).engine
+    assert Path(alone.draft.path).name == C.DEMO_DRAFT and alone.head is None  # no head installed
     M._install_head(d, M._read_manifest(d), target, lambda s: None)
-    one = C.load(env={}, overrides={"server": {"parallel": 1, "prompt_cache": False}})
-    assert Path(one.engine.draft.path) == d / M.HEAD_NAME
-    cached = C.load(env={}, overrides={"server": {"parallel": 1}})  # the prompt cache on (the default)
-    assert Path(cached.engine.draft.path) == d / M.HEAD_NAME
-    four = C.load(env={}, overrides={"server": {"parallel": 4}})
-    assert Path(four.engine.draft.path).name == C.DEMO_DRAFT
-    explicit = C.load(env={}, overrides={"server": {"parallel": 1}, "draft": {"path": str(target)}})
-    assert Path(explicit.engine.draft.path) == target
+    for parallel in (1, 4):
+        eng = C.load(env={}, overrides={"server": {"parallel": parallel}}).engine
+        assert Path(eng.draft.path).name == C.DEMO_DRAFT and Path(eng.head.path) == d / M.HEAD_NAME
+    assert C.load(env={}, overrides={"draft": {"head": "none"}}).engine.head is None
+    explicit = C.load(env={}, overrides={"draft": {"path": str(target)}}).engine
+    assert Path(explicit.draft.path) == target and explicit.head is None
+    chosen = C.load(env={}, overrides={"draft": {"path": str(target), "head": str(src)}}).engine
+    assert Path(chosen.head.path) == src
+    with pytest.raises(C.ConfigError, match="draft.head"):
+        C.load(env={}, overrides={"draft": {"head": str(d / "missing.gguf")}})
 
 
 def test_the_shipped_card_matches_the_shipped_head():

@@ -47,19 +47,19 @@ def _toml_str(s: str) -> str:
 
 def daemon_sections(*, target: str, draft: str | None, parallel: int, n_ctx: int, threads: int,
                     max_tokens: int, n_gpu_layers: int = 0, suffix_cache: bool = False,
-                    prompt_cache: bool = False) -> dict[str, dict[str, Any]]:
+                    prompt_cache: bool = False, head: str = "none") -> dict[str, dict[str, Any]]:
     """The daemon's config for one concurrency level. No prompt cache unless asked
     (`prompt_cache`; llama-server then gets `cache_prompt: true`, else false), so by default both
     prefill every request in full. No suffix cache unless asked
     (`suffix_cache`): the rounds repeat the same prompts, and the cache would hand the later
-    rounds the earlier rounds' replies."""
+    rounds the earlier rounds' replies. `head`: the [draft] head (a GGUF beside the draft, or none)."""
     model = {"n_ctx": n_ctx, "threads": threads, "n_gpu_layers": n_gpu_layers}
     return {
         "server": {"host": LOOPBACK, "port": 0, "parallel": parallel, "queue_size": max(16, 2 * parallel),
                    "max_tokens": max(max_tokens, 16), "default_max_tokens": max(min(max_tokens, 256), 1),
                    "prompt_cache": prompt_cache, "grace_seconds": 5.0},
         "target": {"path": target, **model},
-        "draft": {"path": draft or "", "enabled": draft is not None, **model},
+        "draft": {"path": draft or "", "enabled": draft is not None, "head": head, **model},
         "speculation": {"suffix_cache": suffix_cache},
         "logging": {"level": "warning", "json": True},
     }

@@ -59,9 +59,11 @@ def bench_serve(
     rounds: int = typer.Option(2, help="interleaved rounds the requests are split into (systems rotate)"),
     max_tokens: int = typer.Option(128, "--max-tokens", help="max tokens per request (EOS ends earlier)"),
     target: Optional[str] = typer.Option(None, help="target GGUF (default: the demo F32 target)"),
-    draft: Optional[str] = typer.Option(None, help="draft GGUF (default: what the daemon drafts with when "
-                                        "[draft] path is unset: the demo's EAGLE-3 head where its card measured it "
-                                        "faster at that parallelism, else the Q8_0 draft; llama-server gets the Q8_0)"),
+    draft: Optional[str] = typer.Option(None, help="draft GGUF (default: the Q8_0 demo draft; llama-server gets "
+                                        "the Q8_0 draft in any case)"),
+    head: Optional[str] = typer.Option(None, help="the daemon's `[draft] head`: an EAGLE-3 head GGUF loaded beside "
+                                       "the draft (each request chooses), or none; default: without --draft the "
+                                       "head installed for the demo target (the daemon's own default), else none"),
     threads: int = typer.Option(0, help="CPU threads of every server (0 = all cores)"),
     n_ctx: int = typer.Option(DEFAULT_N_CTX, "--n-ctx", help="context per request (edgespec n_ctx per slot; "
                               "llama-server -c = N x this)"),
@@ -114,6 +116,7 @@ def _bench_serve(a: SimpleNamespace) -> None:
     t = default_threads(a.threads)
     commands: dict[str, str] = {}
     starter = _Starter(addr=a.addr, target=target_path, draft=draft_path, daemon_default_draft=a.draft is None,
+                       head=a.head,
                        threads=t, n_gpu_layers=a.n_gpu_layers,
                        max_tokens=max(a.max_tokens, a.scenario_stream_tokens), systems=systems,
                        llama_bin=a.llama_server_bin, draft_max=a.draft_max, workdir=a.workdir or workdir_default(),
@@ -194,17 +197,20 @@ class _Starter:
     commands: dict = field(default_factory=dict)  # what the report lists under "commands"
     suffix_cache: bool = False  # the daemon's speculation.suffix_cache
     prompt_cache: bool = False  # the daemon's server.prompt_cache and llama-server's cache_prompt
-    daemon_default_draft: bool = False  # the daemon drafts with its own default at each level (no --draft)
+    daemon_default_draft: bool = False  # the daemon drafts with its own default (no --draft)
+    head: Optional[str] = None  # --head: the daemon's [draft] head
 
-    def daemon_draft(self, n: int) -> str:
-        """The daemon's draft at `n` streams: --draft, else the daemon's own default there (the
-        shipped head where its card measured it faster, edgespec.models.choose_default_draft)."""
-        if not self.daemon_default_draft:
-            return self.draft
-        from edgespec.models import choose_default_draft
+    def daemon_head(self) -> str:
+        """The daemon's `[draft] head`: --head, else without --draft the head installed for the
+        target (what the daemon loads beside the Q8_0 draft when [draft] path is unset), else none."""
+        if self.head is not None:
+            return self.head
+        if self.daemon_default_draft:
+            from edgespec.models import installed_head
 
-        head = choose_default_draft(self.target, n)
-        return str(Path(self.target).parent / head) if head else self.draft
+            found = installed_head(self.target)
+            return str(found) if found is not None else "none"
+        return "none"
 
     def start(self, n: int, ctx: int, prompts, max_tokens: int, long_tokens: int | None = None):  # noqa: ANN001, ANN201
         from edgespec.bench import serve_systems as ss
@@ -226,9 +232,10 @@ class _Starter:
         try:
             addr = self.addr
             if addr is None:
-                draft = self.daemon_draft(n)
+                draft, head = self.draft, self.daemon_head()
                 info["daemon_draft"] = Path(draft).name
-                sections = ss.daemon_sections(target=self.target, draft=draft, parallel=n, n_ctx=ctx,
+                info["daemon_head"] = Path(head).name if head != "none" else None
+                sections = ss.daemon_sections(target=self.target, draft=draft, head=head, parallel=n, n_ctx=ctx,
                                               threads=self.threads, max_tokens=self.max_tokens,
                                               n_gpu_layers=self.n_gpu_layers, suffix_cache=self.suffix_cache,
                                               prompt_cache=self.prompt_cache)

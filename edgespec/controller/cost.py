@@ -35,13 +35,17 @@ from bisect import bisect_left
 from collections import deque
 from typing import Callable, Iterable
 
-KINDS = ("target", "draft")
+KINDS = ("target", "draft", "head")
+# the drafter kinds a session may draft with: a draft model's forwards ("draft") or an EAGLE-3
+# head's ("head"); `CostModel.drafting(kind)` prices one of them as the draft
+DRAFTERS = ("draft", "head")
 
 # Placeholders until calibrate(): the measured CPU curves (2 threads, SmolLM2-135M; F32 target,
 # Q4_0 draft), seconds per forward by batch size.
 DEFAULT_TABLES: dict[str, dict[int, float]] = {
     "target": {1: 0.036, 2: 0.036, 4: 0.047, 8: 0.065, 16: 0.080},
     "draft": {1: 0.011, 2: 0.015, 4: 0.022, 8: 0.036, 16: 0.064},
+    "head": {1: 0.0018, 2: 0.0019, 4: 0.0021, 8: 0.0026, 16: 0.0036},
 }
 
 
@@ -237,8 +241,42 @@ class _AtContext:
     def seconds(self, kind: str, n: int) -> float:
         return self.curve(kind)(n)
 
+    def drafting(self, kind: str):  # noqa: ANN201
+        """This view with drafter `kind`'s forwards as the draft (CostModel.drafting)."""
+        if kind not in DRAFTERS:
+            raise ValueError(f"drafter kind must be one of {DRAFTERS}, got {kind!r}")
+        return self if kind == "draft" else _Drafting(self, kind)
+
     def __getattr__(self, name: str):  # draft_seconds, expand_seconds, ...
         return getattr(self._m, name)
+
+
+class _Drafting:
+    """A CostModel (or its view at a context) that prices `kind`'s forwards as the draft: a
+    session drafting with the EAGLE-3 head sees the head's curve in draft_seconds /
+    expand_seconds / draft_row, one drafting with the draft model the draft model's."""
+
+    def __init__(self, base, kind: str):  # noqa: ANN001
+        self._b, self.kind = base, kind
+
+    @property
+    def draft_row(self) -> float:
+        return self._b.row_seconds(self.kind)
+
+    def draft_seconds(self, n: int) -> float:
+        return self._b.curve(self.kind)(n)
+
+    def expand_seconds(self, n: int) -> float:
+        return self._b.curve(self.kind)(n) + (n - 1) * self.draft_row
+
+    def at(self, context: int, sessions: int = 1) -> "_Drafting":
+        return _Drafting(self._b.at(context, sessions), self.kind)
+
+    def drafting(self, kind: str) -> "_Drafting":
+        return _Drafting(self._b, kind)
+
+    def __getattr__(self, name: str):  # verify_seconds, extra_seconds, curve, version, ...
+        return getattr(self._b, name)
 
 
 class CostModel:
@@ -252,13 +290,33 @@ class CostModel:
         self._online = {k: OnlineCurve(_Curve(tables.get(k) or DEFAULT_TABLES[k])) for k in KINDS}
         self._curves = {k: o.curve for k, o in self._online.items()}
         self.calibrated = False
+        self.measured: set[str] = set()  # the kinds calibrate() timed on this machine
         self.observations = {k: 0 for k in KINDS}
         self.version = 0
         # seconds each output row beyond the first adds to a draft forward (its output head): a
-        # catch-up of n tokens needs the last token's logits, a tree expansion of n nodes all n
-        self.draft_row = 0.0
+        # catch-up of n tokens needs the last token's logits, a tree expansion of n nodes all n;
+        # per drafter kind (row_seconds)
+        self.rows = {k: 0.0 for k in DRAFTERS}
         self.calib_context = 0  # tokens of context the curves were measured at
         self.ctx = ContextFit(alpha)
+
+    @property
+    def draft_row(self) -> float:
+        return self.rows["draft"]
+
+    @draft_row.setter
+    def draft_row(self, value: float) -> None:
+        self.rows["draft"] = value
+
+    def row_seconds(self, kind: str) -> float:
+        """Seconds each output row beyond the first adds to a forward of drafter `kind`."""
+        return self.rows.get(kind, 0.0)
+
+    def drafting(self, kind: str) -> "CostModel":
+        """This model with drafter `kind`'s forwards as the draft ("draft": itself)."""
+        if kind not in DRAFTERS:
+            raise ValueError(f"drafter kind must be one of {DRAFTERS}, got {kind!r}")
+        return self if kind == "draft" else _Drafting(self, kind)  # type: ignore[return-value]
 
     def at(self, context: int, sessions: int = 1) -> "CostModel":
         """The model for a forward whose batch follows `context` cached tokens: those of one
@@ -278,20 +336,25 @@ class CostModel:
         self,
         measure: Callable[[str, int], float],
         sizes: Iterable[int] = (1, 2, 4, 8, 16, 32),
-        kinds: Iterable[str] = KINDS,
-        draft_row: float | None = None,
+        kinds: Iterable[str] = ("target", "draft"),
+        draft_row: float | dict[str, float] | None = None,
         context: int = 0,
     ) -> None:
         """measure(kind, batch) -> seconds of ONE forward (a draft forward with the last token's
         logits only) after `context` cached tokens. Replaces the tables of `kinds`; `draft_row`
-        sets the draft's extra seconds per additional output row."""
+        sets the draft's extra seconds per additional output row (a number: the draft model's;
+        a dict: per drafter kind)."""
         if draft_row is not None:
-            self.draft_row = max(0.0, float(draft_row))
+            rows = draft_row if isinstance(draft_row, dict) else {"draft": draft_row}
+            for k, v in rows.items():
+                if v is not None:
+                    self.rows[k] = max(0.0, float(v))
         self.calib_context = context
         sizes = tuple(sizes)
         for kind in kinds:
             if kind not in KINDS:
                 raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+            self.measured.add(kind)
             secs = {n: float(measure(kind, n)) for n in sizes}
             low = float("inf")
             for n in sorted(secs, reverse=True):  # lower envelope
@@ -389,6 +452,8 @@ class CostModel:
         (cost_target_seconds_8, cost_target_calibrated_seconds_8, ...)."""
         out: dict[str, float] = {}
         for kind, o in self._online.items():
+            if kind == "head" and "head" not in self.measured:
+                continue  # no head loaded: its placeholder curve prices nothing
             out[f"cost_{kind}_host_factor"] = o.host_factor
             for n, now, cal in zip(o.calib.sizes, o.curve._mono, o.calib._mono):
                 out[f"cost_{kind}_seconds_{n}"] = now
@@ -406,6 +471,8 @@ class CostModel:
             "calibrated_draft_seconds": self._online["draft"].calib.as_dict(),
             "online": {k: o.as_dict() for k, o in self._online.items()},
             "draft_row_seconds": round(self.draft_row, 7),
+            "head_seconds": self._curves["head"].as_dict(),
+            "head_row_seconds": round(self.rows["head"], 7),
             "calib_context": self.calib_context,
             "context": self.ctx.as_dict(),
         }

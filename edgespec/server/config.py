@@ -199,13 +199,20 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _default_draft(target: str, parallel: int) -> str:
-    """The draft when [draft] path is unset: the installed EAGLE-3 head trained for this target
-    when its card's measured speed-up (auto vs plain, at 1 stream or at 4) beats the Q8_0 demo
-    draft's at this load, else the Q8_0 demo draft (edgespec.models.choose_default_draft)."""
-    from edgespec.models import choose_default_draft
+def _head(values: dict[str, Any], target: str) -> ModelConfig | None:
+    """The head beside the draft model ([draft] head): a file, or with `auto` and [draft] path
+    unset the head installed for the demo target (edgespec.models.installed_head); None: none."""
+    choice = values["head"]
+    if choice == "none" or (choice == "auto" and values["path"]):
+        return None
+    if choice == "auto":
+        from edgespec.models import installed_head
 
-    return choose_default_draft(target, parallel) or DEMO_DRAFT
+        found = installed_head(target)
+        if found is None:
+            return None
+        choice = str(found)
+    return _model({**values, "path": choice}, DEMO_DRAFT)
 
 
 def _model(values: dict[str, Any], demo_name: str) -> ModelConfig:
@@ -333,14 +340,16 @@ def _engine(values: dict[str, dict[str, Any]], check_models: bool, problems: lis
     """The engine's section, from [server], [target] and [draft]; with `check_models`, the model
     files must exist and the memory plan must fit this box (appends to `problems`)."""
     target = _model(values["target"], DEMO_TARGET)
-    draft = _model(values["draft"], _default_draft(target.path, values["server"]["parallel"])) \
-        if values["draft"]["enabled"] else None
+    draft = _model(values["draft"], DEMO_DRAFT) if values["draft"]["enabled"] else None
+    head = _head(values["draft"], target.path) if draft is not None else None
     if check_models:
-        for name, m in (("target", target), ("draft", draft)):
-            if m is not None and not Path(m.path).is_file():
+        for name, m in (("target", target), ("draft", draft), ("draft.head", head)):
+            if name == "draft.head" and m is not None and not Path(m.path).is_file():
+                problems.append(("draft.head", f"model file not found: {m.path}"))
+            elif m is not None and not Path(m.path).is_file():
                 hint = " (run `edgespec models prepare-demo`)" if not values[name]["path"] else ""
                 problems.append((f"{name}.path", f"model file not found: {m.path}{hint}"))
-    engine = EngineConfig(target=target, draft=draft,
+    engine = EngineConfig(target=target, draft=draft, head=head,
                           **{attr: values[section][key] for attr, (section, key) in ENGINE_KEYS.items()})
     engine = replace(engine, prefill_share=float(engine.prefill_share))
     try:

@@ -67,9 +67,9 @@ STARTUP_DISK_BYTES_PER_SECOND = 25 << 20  # a slow disk: 25 MiB/s
 
 def startup_timeout_seconds(cfg: DaemonConfig) -> float:
     """How long systemd should wait for READY=1: for each model the daemon loads at start (the
-    target, the draft), a fixed allowance plus its file read at a slow disk's speed, so a large
+    target, the draft, a head beside it), a fixed allowance plus its file read at a slow disk's speed, so a large
     model on a slow disk is not killed while it loads."""
-    paths = [cfg.engine.target.path] + ([cfg.engine.draft.path] if cfg.engine.draft is not None else [])
+    paths = [m.path for m in (cfg.engine.target, cfg.engine.draft, cfg.engine.head) if m is not None]
     total = 0.0
     for path in paths:
         try:
@@ -146,7 +146,7 @@ def _model_digests(cfg: DaemonConfig) -> dict[str, tuple[str, str]]:
     from edgespec.models import manifest_entry_for
 
     out = {}
-    for role, m in (("target", cfg.engine.target), ("draft", cfg.engine.draft)):
+    for role, m in (("target", cfg.engine.target), ("draft", cfg.engine.draft), ("head", cfg.engine.head)):
         if m is not None:
             out[role] = manifest_entry_for(m.path) or ("", "")
     return out

@@ -156,7 +156,12 @@ class Metrics:
             gauge("edgespec_goodput_blocked_ticks", "Ticks the goodput guard turned plain since load.",
                   lambda: self._tick("goodput_blocked_ticks")),
             gauge("edgespec_cost_host_factor", "Measured / calibrated forward seconds now, by model.",
-                  lambda: {m: self._tick(f"cost_{m}_host_factor", 1.0) for m in ("target", "draft")}, "model"),
+                  lambda: {m: self._tick(f"cost_{m}_host_factor", 1.0) for m in ("target", "draft", "head")
+                           if m != "head" or "cost_head_host_factor" in (self.state().get("tick_totals") or {})},
+                  "model"),
+            gauge("edgespec_drafter_estimated_speedup", "With a head beside the draft model: each drafter's "
+                  "estimated speed-up at the last request's load (controller/drafter_choice.py).",
+                  lambda: self._ticks("drafter_estimate_"), "drafter"),
             gauge("edgespec_suffix_cache_bytes", "Accounted bytes the cross-request suffix cache holds.",
                   lambda: self._suffix("bytes")),
             gauge("edgespec_suffix_cache_max_bytes", "The suffix cache's bound (speculation.suffix_cache_bytes).",
@@ -170,6 +175,8 @@ class Metrics:
             gauge("edgespec_suffix_cache_evictions", "Replies evicted from the suffix cache since start.",
                   lambda: self._suffix("evicted")),
             # counters the callers' limits keep
+            read_counter("edgespec_drafter_requests_total", "With a head beside the draft model: requests that "
+                         "drafted with each (draft, head).", lambda: self._ticks("drafter_requests_"), "drafter"),
             read_counter("edgespec_caller_requests_total", "Generation requests admitted per caller.",
                          lambda: self._caller("requests"), "caller"),
             read_counter("edgespec_caller_rejected_total", "Requests refused for being over the caller's own limits, "
@@ -187,6 +194,11 @@ class Metrics:
 
     def _tick(self, key: str, default: float = 0.0) -> float:
         return float((self.state().get("tick_totals") or {}).get(key, default))
+
+    def _ticks(self, prefix: str) -> dict[str, float]:
+        """tick_totals entries named prefix + label, by label."""
+        totals = self.state().get("tick_totals") or {}
+        return {k[len(prefix):]: float(v) for k, v in totals.items() if k.startswith(prefix)}
 
     def _suffix(self, key: str) -> float:
         return float((self.state().get("suffix_cache") or {}).get(key, 0))

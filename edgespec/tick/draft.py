@@ -6,7 +6,8 @@ draft batch its next level needs (local sequence ids of its slot's range) and is
 batch's rows (logits; for an EAGLE-3 head also its pre-norm outputs). Round r decodes level r of
 every drafter still growing, plus the draft catch-up pieces the schedule asked for, as one
 forward on the shared draft context (a draft model's, or a head's: then every entry carries its
-g input, `DraftBatch.embd`).
+g input, `DraftBatch.embd`). With a head beside the draft model, each round is one forward per
+context: the sessions drafting with the head in one, those drafting with the model in the other.
 """
 
 from __future__ import annotations
@@ -21,12 +22,17 @@ from edgespec.drafters.base import decode_batch
 
 @dataclass
 class DraftRecord:
-    rounds: list = field(default_factory=list)  # (tokens, output rows, seconds) per draft forward
+    # (tokens, output rows, seconds, cost kind: "draft" or "head") per draft forward
+    rounds: list = field(default_factory=list)
     sessions: set = field(default_factory=set)  # sessions whose drafter decoded this tick
 
     @property
     def seconds(self) -> float:
         return sum(r[2] for r in self.rounds)
+
+    def seconds_of(self, kind: str) -> float:
+        """Seconds of the forwards of one cost kind (the drafter a session waited for)."""
+        return sum(r[2] for r in self.rounds if r[3] == kind)
 
 
 def draft(engine, plan) -> DraftRecord:
@@ -41,30 +47,38 @@ def draft(engine, plan) -> DraftRecord:
     pending = {}
     for s, g in gens.items():
         _advance(s, g, None, pending, absorbing=s in plan.absorb)
-    ctx = engine.draft_ctx
     while pending:
-        order = list(pending)
-        tokens, positions, seqs, logits, counts, embd = [], [], [], [], [], []
-        for s in order:
-            b = pending[s]
-            rng = s.slot.draft
-            tokens += b.tokens
-            positions += b.positions
-            seqs += [rng.to_global(x) for x in b.seqs]
-            logits += b.logits
-            counts.append(sum(1 for x in b.logits if x))
-            if b.embd is not None:
-                embd.append(b.embd)
-        t0 = time.perf_counter()
-        rows = decode_batch(ctx, tokens, positions, seqs, logits, np.concatenate(embd) if embd else None)
-        rec.rounds.append((len(tokens), len(rows), time.perf_counter() - t0))
-        rec.sessions.update(order)
-        at = 0
-        for s, k in zip(order, counts):
-            part = rows[at:at + k]
-            at += k
-            _advance(s, gens[s], part, pending, absorbing=s in plan.absorb)
+        groups: dict = {}  # the draft context -> its sessions this round
+        for s in pending:
+            groups.setdefault(id(s.draft_range.ctx), []).append(s)
+        for order in groups.values():
+            _round(engine, order, pending, gens, plan, rec)
     return rec
+
+
+def _round(engine, order: list, pending: dict, gens: dict, plan, rec: DraftRecord) -> None:  # noqa: ANN001
+    """One draft forward on one shared context: the next batch of each of `order`'s drafters."""
+    tokens, positions, seqs, logits, counts, embd = [], [], [], [], [], []
+    for s in order:
+        b = pending[s]
+        rng = s.draft_range
+        tokens += b.tokens
+        positions += b.positions
+        seqs += [rng.to_global(x) for x in b.seqs]
+        logits += b.logits
+        counts.append(sum(1 for x in b.logits if x))
+        if b.embd is not None:
+            embd.append(b.embd)
+    t0 = time.perf_counter()
+    rows = decode_batch(order[0].draft_range.ctx, tokens, positions, seqs, logits,
+                        np.concatenate(embd) if embd else None)
+    rec.rounds.append((len(tokens), len(rows), time.perf_counter() - t0, engine.cost_kind(order[0].drafter_kind)))
+    rec.sessions.update(order)
+    at = 0
+    for s, k in zip(order, counts):
+        part = rows[at:at + k]
+        at += k
+        _advance(s, gens[s], part, pending, absorbing=s in plan.absorb)
 
 
 def _advance(s, gen, rows: np.ndarray | None, pending: dict, absorbing: bool) -> None:

@@ -38,8 +38,8 @@ def observe(engine, plan, drafts, fwd, *, phases: tuple, t_start: float) -> None
     elif fwd.tokens:
         cost.observe("target", fwd.tokens, fwd.seconds, plan.context, plan.sequences)
         engine.threads.record(engine.threads_now, fwd.seconds, cost.calibrated_seconds("target", fwd.tokens))
-    for n, rows, secs in drafts.rounds:
-        cost.observe("draft", n, max(secs - max(0, rows - 1) * cost.draft_row, 0.5 * secs))
+    for n, rows, secs, kind in drafts.rounds:
+        cost.observe(kind, n, max(secs - max(0, rows - 1) * cost.row_seconds(kind), 0.5 * secs))
     pred_v = sum(v for v, _ in plan.predicted.values())
     pred_d = sum(d for s, (_, d) in plan.predicted.items() if s in drafts.sessions)
     alone = len(plan.decoding) == 1
@@ -58,9 +58,10 @@ def observe(engine, plan, drafts, fwd, *, phases: tuple, t_start: float) -> None
     for s in plan.decoding:
         v, d = plan.predicted[s]
         drafted = s in drafts.sessions
-        s.observe(target_seconds=fwd.seconds, draft_seconds=drafts.seconds if drafted else 0.0,
+        waited = drafts.seconds_of(engine.cost_kind(s.drafter_kind)) if drafted else 0.0  # its drafter's forwards
+        s.observe(target_seconds=fwd.seconds, draft_seconds=waited,
                   verify_share=verify_seconds if alone else v * scale,
-                  draft_share=(drafts.seconds if alone else d * scale) if drafted else 0.0,
+                  draft_share=(waited if alone else d * scale) if drafted else 0.0,
                   step_seconds=now - t_start)
     secs = dict(zip(PHASES, phases + (time.perf_counter() - t0,)))
     rec = TickRecord(len(plan.decoding) + len(plan.prefill), len(plan.decoding), fwd.tokens,

@@ -7,7 +7,9 @@ tick's expected emitted tokens per second on the measured cost curves of the who
 
     rate = sum_i E_i / (target(sum_i (nodes_i + 1)) + sum_l draft(sum_i batch_i,l) + overheads)
 
-by greedy ascent from plain decoding, each move one session one rung up its ladder (plain,
+(each sum over draft levels runs once per drafter context: with a head beside the draft model,
+a session's draft batches join its own drafter's forwards, priced on that drafter's curve) by
+greedy ascent from plain decoding, each move one session one rung up its ladder (plain,
 shorter chains, its own choice), while the rate grows. On a flat cost curve (one session, or a
 GPU) every session keeps its own choice; as verification tokens get dearer (more sessions on a
 CPU) the trees shrink by themselves, down to plain decoding. Explicit modes (CHAIN/TREE) keep
@@ -66,6 +68,7 @@ class _Rung:
     tokens: float  # expected emitted tokens
     nodes: int  # verified tokens - 1
     batches: tuple[int, ...]  # draft batch per level (level 1 = catch-up)
+    drafter: str = "draft"  # the cost kind of the drafter's forwards ("draft", "head")
 
 
 def schedule(engine, sessions: list) -> Plan:
@@ -112,7 +115,7 @@ def schedule(engine, sessions: list) -> Plan:
             break
     for s in decoding:
         r = _rung_of(s, plan.shapes[s], cost)
-        plan.predicted[s] = (cost.verify_seconds(r.nodes + 1), _draft_seconds([r.batches], cost))
+        plan.predicted[s] = (cost.verify_seconds(r.nodes + 1), _draft_seconds([r.batches], cost.drafting(r.drafter)))
     return plan
 
 
@@ -178,14 +181,21 @@ def _rung_of(s, shape: Shape, cost) -> _Rung:
     catchup = s.drafter.backlog(s.tokens) if s.drafter is not None else 0
     if shape.mode == "plain" or shape.depth <= 0:
         return _Rung(shape, 1.0, 0, ())
+    kind = _cost_kind(s)
     ctl = s.controller
     if ctl is not None:
-        tokens, expansions = ctl.rung(shape, cost, catchup)
+        tokens, expansions = ctl.rung(shape, cost.drafting(kind), catchup)
     else:  # explicit modes keep their shape; the value is not used
         tokens, expansions = 1.0 + 0.5 * shape.nodes, expansion_batches(shape)
     if s.drafter is None:  # n-gram-only speculation drafts for free
         return _Rung(shape, tokens, shape.nodes, ())
-    return _Rung(shape, tokens, shape.nodes, (max(1, catchup),) + expansions)
+    return _Rung(shape, tokens, shape.nodes, (max(1, catchup),) + expansions, kind)
+
+
+def _cost_kind(s) -> str:  # noqa: ANN001
+    """The cost kind of session s's drafter ("draft" unless a head drafts beside a draft model)."""
+    engine = getattr(s, "engine", None)
+    return engine.cost_kind(getattr(s, "drafter_kind", None)) if hasattr(engine, "cost_kind") else "draft"
 
 
 def _ladder(s, solo: Shape, cost) -> list[_Rung]:
@@ -217,8 +227,11 @@ def _draft_seconds(batch_lists: list[tuple[int, ...]], cost) -> float:
 
 
 def _tick_seconds(rungs: list[_Rung], cost) -> float:
+    """One target forward over every rung's tokens, and each drafter's forwards over its rungs'."""
     n = sum(r.nodes + 1 for r in rungs)
-    return cost.verify_seconds(n) + _draft_seconds([r.batches for r in rungs], cost)
+    kinds = {r.drafter for r in rungs if r.batches}
+    return cost.verify_seconds(n) + sum(_draft_seconds([r.batches for r in rungs if r.drafter == k], cost.drafting(k))
+                                        for k in kinds)
 
 
 def _joint(decoding: list, solo: dict, cost) -> dict:

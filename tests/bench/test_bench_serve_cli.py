@@ -38,15 +38,19 @@ def test_llama_server_bin_needs_the_binary(invoke, tmp_path):
     assert res.exit_code == 2 and "llama-server not found" in res.output and "tools/llama-anchor.sh build" in res.output
 
 
-def test_without_draft_the_daemon_drafts_with_its_own_default_at_each_level(monkeypatch, tmp_path):
-    """No --draft: each level's daemon gets what the daemon would pick with [draft] path unset
-    (the shipped head where its card measured it faster at that parallelism); --draft wins."""
+def test_without_draft_the_daemon_loads_the_installed_head_beside_the_q8_draft(monkeypatch, tmp_path):
+    """No --draft: each level's daemon gets the Q8_0 draft and, as `[draft] head`, what the daemon
+    would load with [draft] path unset (the head installed for the target); --draft alone: no
+    head; --head wins either way."""
     import edgespec.models as M
+    from edgespec.bench.serve_systems import daemon_sections
     from edgespec.cli.bench_serve import _Starter
 
-    monkeypatch.setattr(M, "choose_default_draft", lambda target, n, directory=None: M.HEAD_NAME if n == 1 else None)
+    monkeypatch.setattr(M, "installed_head", lambda target, directory=None: tmp_path / M.HEAD_NAME)
     common = dict(addr=None, target=str(tmp_path / "t.gguf"), draft=str(tmp_path / "d.gguf"), threads=2,
                   n_gpu_layers=0, max_tokens=16, systems=["edgespec-auto"], llama_bin=None, draft_max=4, workdir=tmp_path)
-    s = _Starter(**common, daemon_default_draft=True)
-    assert s.daemon_draft(1) == str(tmp_path / M.HEAD_NAME) and s.daemon_draft(4) == str(tmp_path / "d.gguf")
-    assert _Starter(**common).daemon_draft(1) == str(tmp_path / "d.gguf")
+    assert _Starter(**common, daemon_default_draft=True).daemon_head() == str(tmp_path / M.HEAD_NAME)
+    assert _Starter(**common).daemon_head() == "none"
+    assert _Starter(**common, head="h.gguf").daemon_head() == "h.gguf"
+    sections = daemon_sections(target="t", draft="d", parallel=1, n_ctx=512, threads=1, max_tokens=8, head="h.gguf")
+    assert sections["draft"]["head"] == "h.gguf"

@@ -177,20 +177,3 @@ def asdict_(obj: object) -> dict:
     from dataclasses import asdict
 
     return asdict(obj)
-
-
-def test_the_default_draft_follows_the_parallelism_not_the_prompt_cache(monkeypatch):
-    """[draft] path unset: the daemon asks for its default draft at its parallelism; a head
-    keeps its cells with the prompt cache as the Q8_0 draft does, so that setting plays no part."""
-    import edgespec.models as M
-
-    asked = []
-    monkeypatch.setattr(M, "choose_default_draft",
-                        lambda target, parallel, directory=None: asked.append(parallel) or
-                        (M.HEAD_NAME if parallel == 1 else None))
-    off = load(None, env={}, overrides={"server": {"parallel": 1, "prompt_cache": False}})
-    on = load(None, env={}, overrides={"server": {"parallel": 1}})
-    four = load(None, env={}, overrides={"server": {"parallel": 4}})
-    assert off.engine.draft.path.endswith(M.HEAD_NAME) and on.engine.draft.path.endswith(M.HEAD_NAME)
-    assert four.engine.draft.path.endswith("Q8_0.gguf")
-    assert asked == [1, 1, 4]

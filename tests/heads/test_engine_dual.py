@@ -1,0 +1,225 @@
+"""A head beside the draft model (`EngineConfig.head`, `[draft] head`): each request drafts with
+one of them, and sessions drafting with either share ticks. Greedy output equals plain greedy
+whichever drafts; a tick runs one forward per drafter context and level; each drafter's KV
+invariant holds after every tick; a slot serving both kinds in turn keeps each one's cells for
+the next request that drafts with it; the engine chooses by load, and reports which drafter
+produced each accepted token."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgespec import backend
+from edgespec.config import EngineConfig, ModelConfig
+
+from tests.heads.test_engine_head import N_TOKENS, prompts, request
+
+pytestmark = pytest.mark.slow
+
+
+def load(demo_pair, tiny_head, parallel: int, n_ctx: int = 512):
+    from edgespec.engine import Engine
+
+    def cfg(path) -> ModelConfig:  # noqa: ANN001
+        return ModelConfig(str(path), n_ctx=n_ctx, n_batch=256, threads=1)
+
+    return Engine.load(EngineConfig(cfg(demo_pair.target), cfg(demo_pair.draft), parallel=parallel,
+                                    head=cfg(tiny_head["path"])))
+
+
+@pytest.fixture(scope="module")
+def dual(demo_pair, tiny_head):
+    eng = load(demo_pair, tiny_head, parallel=3)
+    yield eng
+    eng.close()
+
+
+def open_with(eng, toks, mode: str, kind: str, n: int = N_TOKENS):
+    real = eng.choose_drafter
+    eng.choose_drafter = lambda req: kind
+    try:
+        sess = eng.open_session(request(toks, mode, n))
+    finally:
+        eng.choose_drafter = real
+    sess.check_kv = True  # target, draft and head KV invariants after every tick
+    return sess
+
+
+def run(eng, toks, mode: str, kind: str, n: int = N_TOKENS):
+    sess = open_with(eng, toks, mode, kind, n)
+    try:
+        while not sess.done:
+            eng.tick([sess])
+        return sess.result()
+    finally:
+        sess.close()
+
+
+def test_the_engine_holds_both_drafters(dual):
+    eng = dual
+    assert eng.drafter_kinds == ("model", "eagle3") and eng.features
+    assert isinstance(eng.target_ctx, backend.FeatureContext)
+    assert isinstance(eng.head_ctx, backend.HeadContext) and not isinstance(eng.draft_ctx, backend.HeadContext)
+    s = eng.slots[1]
+    assert s.drafter_range("model") is s.draft and s.drafter_range("eagle3") is s.head
+    assert s.head.ctx is eng.head_ctx and s.head.base == s.target.base
+    assert {"draft", "head"} <= eng.cost.measured  # each calibrated on its own forwards
+    assert eng.cost.drafting("head").draft_seconds(1) < eng.cost.draft_seconds(1)
+    assert "head" in eng.model_info()
+
+
+@pytest.mark.parametrize("kind", ["model", "eagle3"])
+def test_greedy_equals_plain_with_either_drafter(dual, kind):
+    eng = dual
+    other = "head" if kind == "model" else "draft"
+    mine = "draft" if kind == "model" else "head"
+    accepted = 0
+    for toks in prompts(eng):
+        plain = run(eng, toks, "plain", kind)
+        got = run(eng, toks, "chain", kind)
+        assert got.token_ids == plain.token_ids
+        assert other not in got.stats.proposed_by_source  # the other drafter never ran for it
+        accepted += got.stats.accepted_by_source.get(mine, 0)
+    assert accepted >= N_TOKENS // 2  # it really drafted, and was accepted
+
+
+def test_sessions_of_both_kinds_share_ticks(dual):
+    """A head session, a draft-model session and an auto one: each gives what it gives alone, and a
+    tick where both drafters ran timed one forward per drafter and level, each on its own curve."""
+    eng = dual
+    toks = prompts(eng)
+    want = [run(eng, t, "plain", "model").token_ids for t in toks]
+    kinds = ["eagle3", "model", "eagle3"]
+    modes = ["chain", "tree", "auto"]
+    active = {open_with(eng, t, m, k): i for i, (t, m, k) in enumerate(zip(toks, modes, kinds))}
+    seen = {"draft": 0, "head": 0}
+    out, both = [None] * 3, 0
+    try:
+        while active:
+            before = dict(eng.cost.observations)
+            drafted = {s: s.stats.draft_forwards for s in active}
+            eng.tick(list(active))
+            grew = {k: eng.cost.observations[k] - before[k] for k in seen}
+            for k in seen:
+                seen[k] += grew[k]
+            ran = {s.drafter_kind for s in active if s.stats.draft_forwards > drafted[s]}
+            if ran == {"model", "eagle3"}:
+                both += 1
+                assert grew["draft"] >= 1 and grew["head"] >= 1
+                assert eng.last_tick.draft_forwards == grew["draft"] + grew["head"]
+            for s, i in list(active.items()):
+                if s.done:
+                    out[i] = s.result().token_ids
+                    s.close()
+                    del active[s]
+    finally:
+        for s in active:
+            s.close()
+    assert out == want
+    assert both >= 3 and seen["draft"] > 0 and seen["head"] > 0
+
+
+def test_a_slot_keeps_each_drafters_cells_across_requests_of_the_other(demo_pair, tiny_head):
+    """One slot: a head request, then a draft-model request, then the head request's next turn.
+    The turn keeps the head's positions (the draft-model request between did not touch them), its
+    output is plain greedy's, and every KV invariant holds."""
+    eng = load(demo_pair, tiny_head, parallel=1)
+    try:
+        first, second = prompts(eng)[:2]
+        a = run(eng, first, "chain", "eagle3")
+        held = eng.slots[0].head_cache
+        assert held is not None and eng.slots[0].draft_cache is None
+        b = run(eng, second, "chain", "model")
+        assert eng.slots[0].head_cache is held and eng.slots[0].draft_cache is not None
+        assert b.token_ids == run(eng, second, "plain", "model").token_ids
+        turn = first + a.token_ids + eng.encode_chat([("user", "And again?")])[1:]
+        c = run(eng, turn, "chain", "eagle3")
+        assert c.stats.draft_cached_tokens >= len(first)  # the head kept its positions across b
+        assert c.token_ids == run(eng, turn, "plain", "model").token_ids
+    finally:
+        eng.close()
+
+
+def test_the_engine_chooses_by_load_and_counts_its_choices(dual):
+    """After each drafter's first requests, the choice is the estimate's argmax at the load: here
+    with the head made to look far more accurate than the draft model, alone and beside others."""
+    eng = dual
+    ch = eng.drafter_choice
+    ch.chosen = {"model": 5, "eagle3": 5}
+    ch.explore_every = 10**6
+    for k, a in (("model", 0.05), ("eagle3", 0.95)):
+        p = eng.priors[k]
+        p.rates = [[a] * p.ranks for _ in range(p.depths)]
+    toks = prompts(eng)[0]
+    sessions = [eng.open_session(request(toks, "auto", 4)) for _ in range(2)]
+    try:
+        assert [s.drafter_kind for s in sessions] == ["eagle3", "eagle3"]
+        assert [s.slot.drafting for s in sessions] == ["eagle3", "eagle3"]
+        assert ch.last["eagle3"] > ch.last["model"]
+        plain = eng.open_session(request(toks, "plain", 4))
+        assert plain.drafter_kind == "model"  # a plain request keeps the most of a prompt
+        plain.close()
+    finally:
+        for s in sessions:
+            s.close()
+    assert all(s.drafting is None for s in eng.slots)
+
+
+# -- temperature 1: ticks mixing both drafters sample the target's distribution ------------------
+
+N_SAMPLES = 600
+
+
+@pytest.fixture(scope="module")
+def mixed_sampler(demo_pair, tiny_head):
+    """Eight slots, every other request drafting with the head (by its seed's parity), the others
+    with the draft model, in shared ticks; the prompt the head was trained on (tests/heads/
+    test_engine_head.py: sampler)."""
+    from tests.heads.conftest import synthetic_prompts
+    from tests.tick.test_batched import exact_joint
+
+    eng = load(demo_pair, tiny_head, parallel=8, n_ctx=256)
+    eng.choose_drafter = lambda req: ("model", "eagle3")[req.sampling.seed % 2]
+    toks = eng.encode_chat([("user", synthetic_prompts(1)[0])])
+    exact = exact_joint(eng, toks)
+    yield eng, toks, exact
+    eng.close()
+
+
+def test_ticks_mixing_both_drafters_sample_the_target_distribution(mixed_sampler):
+    from edgespec.selftest import ALPHA
+
+    from tests.heads.test_engine_head import sample
+    from tests.tick.test_batched import gof
+
+    eng, toks, exact = mixed_sampler
+    before = dict(eng.cost.observations)
+    assert gof(sample(eng, toks, N_SAMPLES), exact) > ALPHA
+    assert eng.cost.observations["draft"] > before["draft"] and eng.cost.observations["head"] > before["head"]
+
+
+def test_a_drafter_reporting_another_distribution_is_caught_in_mixed_ticks(mixed_sampler, monkeypatch):
+    """The broken twin of tests/heads/test_engine_head.py (children drawn at the request's
+    temperature, reported at twice it), in ticks mixing both drafters: rejected."""
+    from dataclasses import replace
+
+    from edgespec.drafters import grow
+    from edgespec.sampling import logits_to_probs
+    from edgespec.selftest import ALPHA
+
+    from tests.heads.test_engine_head import sample
+    from tests.tick.test_batched import gof
+
+    real = grow.Growth.children
+
+    def children(self, nodes, level, rep):  # noqa: ANN001
+        new = real(self, nodes, level, rep)
+        hot = replace(self.sampling, temperature=2 * self.sampling.temperature)
+        for n in nodes:
+            if self.qs[n] is not None:
+                self.qs[n] = logits_to_probs(self.logits[n], hot)
+        return new
+
+    monkeypatch.setattr(grow.Growth, "children", children)
+    eng, toks, exact = mixed_sampler
+    assert gof(sample(eng, toks, N_SAMPLES // 2), exact) < ALPHA
