@@ -259,10 +259,11 @@ class Engine:
         model, else "draft" (the one drafter's forwards, a model's or a head's)."""
         return "head" if kind == "eagle3" and self.head is not None else "draft"
 
-    def choose_drafter(self, req: GenerationRequest) -> str | None:
+    def choose_drafter(self, req: GenerationRequest, slots: dict | None = None) -> str | None:
         """The drafter `req` drafts with: the only one, or with a head beside the draft model, the
-        one whose best shape promises more at the load it joins (controller/drafter_choice.py);
-        a plain request takes the draft model (no head limits what it keeps of a prompt)."""
+        one that promises the request more at the load it joins, its one-off costs on the slot it
+        would get (`slots`: drafter -> slot) included (controller/drafter_choice.py); a plain
+        request takes the draft model (no head limits what it keeps of a prompt)."""
         kinds = self.drafter_kinds
         if len(kinds) < 2:
             return kinds[0] if kinds else None
@@ -271,7 +272,25 @@ class Engine:
         busy = [s for s in self.slots if s.busy]
         sharing = {k: sum(1 for s in busy if s.drafting == k) for k in kinds}
         options = {k: (self.priors[k], self.cost.drafting(self.cost_kind(k))) for k in kinds}
-        return self.drafter_choice.choose(options, load=len(busy) + 1, sharing=sharing)
+        once = {k: self._once_seconds(req, slots[k], k) for k in kinds} if slots else None
+        return self.drafter_choice.choose(options, load=len(busy) + 1, sharing=sharing,
+                                          tokens=req.sampling.max_tokens, once=once)
+
+    def _once_seconds(self, req: GenerationRequest, slot: Slot, kind: str) -> float:
+        """What drafting `req` with `kind` on `slot` costs before its first proposal, beyond what
+        the other drafter would: the prompt prefill the target computes again (a head keeps no
+        more of the prefill than it has positions for) and the drafter's catch-up over the prompt
+        tokens it does not hold (a draft model over its window at most)."""
+        prompt = req.prompt_tokens
+        cost = self.cost.drafting(self.cost_kind(kind))
+        keep = self._keepable(slot, req, kind) if self.prompt_cache else 0
+        prefill = len(prompt) - 1 - keep
+        cache = slot.cache_of(kind) if self.prompt_cache else None
+        held = cache.reusable(prompt) if cache is not None else 0
+        backlog = max(1, len(prompt) - 1 - held)
+        if kind == "model":
+            backlog = min(backlog, self.cfg.draft_window)
+        return cost.verify_seconds(max(1, prefill)) + cost.draft_seconds(backlog)
 
     def new_controller(self, req: GenerationRequest, slot: Slot, kind: str | None = None):
         """The speculation controller of one auto request on `slot` (edgespec/controller/), pricing
@@ -548,13 +567,19 @@ class Engine:
         if not free:
             raise Overloaded(f"all {len(self.slots)} slots are busy")
         chunk = self.reuse_chunk
-        kind = self.choose_drafter(req)
-        slot = free[0]
-        if self.prompt_cache and len(free) > 1:  # the free slot whose cache this prompt can reuse most
+
+        def best_slot(kind: str | None) -> Slot:  # the free slot whose caches this prompt can reuse most
+            if not self.prompt_cache or len(free) == 1:
+                return free[0]
+
             def reuse(s: Slot) -> tuple[int, int]:
                 cache = s.cache_of(kind) if kind else None
                 return self._keepable(s, req, kind), cache.reusable(req.prompt_tokens) if cache else 0
-            slot = max(free, key=reuse)
+            return max(free, key=reuse)
+
+        places = {k: best_slot(k) for k in self.drafter_kinds} or {None: best_slot(None)}
+        kind = self.choose_drafter(req, places)
+        slot = places[kind]
         keep = self._keepable(slot, req, kind) if self.prompt_cache else 0
         donor = None
         if self.prompt_cache and kind != "eagle3":

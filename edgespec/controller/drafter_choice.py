@@ -11,7 +11,15 @@ m_k of them already drafting with k (their forwards absorb its batch: one forwar
     D'_k(n)    = D_k(m_k + n) - D_k(m_k)  (D_k(n) when m_k = 0)  its share of the drafter's forward
     speedup_k  = max_d [(L - 1 + E_k(d)) / seconds(d)] / [L / V(L)] / spec_bias_k
 
-Alone (L = 1) this is the chain part of the controller's own estimate. Under load the target's
+What a drafter costs once, before its first proposal, counts too, spread over the request's
+`max_tokens` (plain decoding's share of the tick, V(L) / L a token, over the speed-up above):
+the prompt prefill the target must compute again because that drafter cannot use the slot's
+kept prefill (a head needs the target's features of every token it has not absorbed), and the
+drafter's own catch-up over the prompt tokens it does not hold:
+
+    T_k = max_tokens * (V(L) / L) / speedup_k + once_k,   chosen: the smallest T_k
+
+Alone (L = 1) the per-token part is the chain part of the controller's own estimate. Under load the target's
 forward is shared, so each verified token costs a small share of it, while a draft model's
 forward stays whole: a cheap head that is right less often can then be worth more than an
 accurate draft model, and the other way round alone. Chains stand in for the shapes the
@@ -66,13 +74,21 @@ class DrafterChoice:
         a = [row[0] for row in prior.view(MAX_DEPTH, 1)]
         return estimate(a, cost, load, sharing, prior.spec_bias)
 
-    def choose(self, options: dict, load: int, sharing: dict) -> str:
+    def choose(self, options: dict, load: int, sharing: dict, tokens: int = 0, once: dict | None = None) -> str:
         """options: drafter -> (its AcceptancePrior, its cost view); `load`: sessions decoding
-        once this request joins; sharing: drafter -> sessions already drafting with it."""
+        once this request joins; sharing: drafter -> sessions already drafting with it;
+        `tokens`: the request's max_tokens; once: drafter -> seconds it costs before its first
+        proposal (prefill lost, catch-up). The estimates kept in `last` are speed-ups over plain
+        decoding of the whole request (its one-off costs included)."""
         names = list(options)
         self.choices += 1
         fresh = [k for k in names if self.chosen.get(k, 0) < self.min_requests]
         est = {k: self.estimate(p, c, load, sharing.get(k, 0)) for k, (p, c) in options.items()}
+        if tokens > 0 and once:
+            L = max(1, load)
+            for k, (_, c) in options.items():
+                plain = tokens * c.verify_seconds(L) / L
+                est[k] = plain / (plain / est[k] + max(0.0, once.get(k, 0.0)))
         self.last = est
         if fresh:
             pick = min(fresh, key=lambda k: (self.chosen.get(k, 0), names.index(k)))

@@ -82,3 +82,16 @@ def test_the_cost_views_price_each_drafter_on_its_own_curve():
     assert cost.draft_seconds(4) == pytest.approx(0.007)
     with pytest.raises(ValueError, match="drafter kind"):
         cost.drafting("target")
+
+
+def test_what_a_drafter_costs_once_counts_over_the_requests_tokens():
+    """The head would recompute a 200-token prefill the slot keeps for the draft model (0.5 s):
+    over 16 tokens that outweighs its cheaper steps at four streams; over 2,000 it does not."""
+    cost = _cost()
+    options = {"model": (_prior(0.9), cost.drafting("draft")), "eagle3": (_prior(0.7), cost.drafting("head"))}
+    once = {"model": 0.0, "eagle3": 0.5}
+    choice = DrafterChoice(min_requests=0, explore_every=1000)
+    assert choice.choose(options, load=4, sharing={}) == "eagle3"
+    assert choice.choose(options, load=4, sharing={}, tokens=16, once=once) == "model"
+    assert choice.last["eagle3"] < 0.5 < choice.last["model"]
+    assert choice.choose(options, load=4, sharing={}, tokens=2000, once=once) == "eagle3"

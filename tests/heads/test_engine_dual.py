@@ -36,7 +36,7 @@ def dual(demo_pair, tiny_head):
 
 def open_with(eng, toks, mode: str, kind: str, n: int = N_TOKENS):
     real = eng.choose_drafter
-    eng.choose_drafter = lambda req: kind
+    eng.choose_drafter = lambda req, slots=None: kind
     try:
         sess = eng.open_session(request(toks, mode, n))
     finally:
@@ -179,7 +179,7 @@ def mixed_sampler(demo_pair, tiny_head):
     from tests.tick.test_batched import exact_joint
 
     eng = load(demo_pair, tiny_head, parallel=8, n_ctx=256)
-    eng.choose_drafter = lambda req: ("model", "eagle3")[req.sampling.seed % 2]
+    eng.choose_drafter = lambda req, slots=None: ("model", "eagle3")[req.sampling.seed % 2]
     toks = eng.encode_chat([("user", synthetic_prompts(1)[0])])
     exact = exact_joint(eng, toks)
     yield eng, toks, exact
@@ -223,3 +223,22 @@ def test_a_drafter_reporting_another_distribution_is_caught_in_mixed_ticks(mixed
     monkeypatch.setattr(grow.Growth, "children", children)
     eng, toks, exact = mixed_sampler
     assert gof(sample(eng, toks, N_SAMPLES // 2), exact) < ALPHA
+
+
+def test_a_head_that_would_lose_the_slots_kept_prefill_pays_for_it_in_the_choice(demo_pair, tiny_head):
+    """A plain request leaves its prompt's prefill on the slot (and no head positions), and idle
+    time brings the draft model up to its context: for the next request sharing that prompt,
+    drafting with the head would cost the target that prefill again, which the choice charges the
+    head, while the draft model has little to catch up on."""
+    eng = load(demo_pair, tiny_head, parallel=1)
+    try:
+        toks = prompts(eng)[0]
+        run(eng, toks, "plain", "model")
+        while eng.idle_work():
+            pass
+        req = request(toks + eng.encode_chat([("user", "Once more.")])[1:], "chain")
+        slot = eng.slots[0]
+        assert eng._keepable(slot, req, "model") > eng._keepable(slot, req, "eagle3") == 0
+        assert eng._once_seconds(req, slot, "eagle3") > eng._once_seconds(req, slot, "model")
+    finally:
+        eng.close()
