@@ -272,7 +272,11 @@ class Engine:
         busy = [s for s in self.slots if s.busy]
         sharing = {k: sum(1 for s in busy if s.drafting == k) for k in kinds}
         options = {k: (self.priors[k], self.cost.drafting(self.cost_kind(k))) for k in kinds}
-        once = {k: self._once_seconds(req, slots[k], k) for k in kinds} if slots else None
+        once = None
+        if slots:  # what each costs once beyond the cheaper one
+            once = {k: self._once_seconds(req, slots[k], k) for k in kinds}
+            least = min(once.values())
+            once = {k: v - least for k, v in once.items()}
         return self.drafter_choice.choose(options, load=len(busy) + 1, sharing=sharing,
                                           tokens=req.sampling.max_tokens, once=once)
 

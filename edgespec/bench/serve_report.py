@@ -86,6 +86,10 @@ def to_markdown(report: dict[str, Any]) -> str:
         for conc, d in drafts:
             for src, f in sorted(d["by_source"].items()):
                 out.append(f"| {conc} | {src} | {f['proposed']} | {f['accepted']} | {100 * f['acceptance']:.0f} % |")
+            mix = d.get("requests_by_drafter") or {}
+            if mix:
+                out.append(f"| {conc} | requests by drafter | " + ", ".join(f"{k} {n}" for k, n in sorted(mix.items()))
+                           + " | | |")
             sc = d.get("suffix_cache") or {}
             if sc.get("enabled"):
                 out.append(f"| {conc} | suffix cache | {int(sc.get('documents', 0))} replies, "
@@ -110,8 +114,9 @@ def to_markdown(report: dict[str, Any]) -> str:
                        f"{_ms(md.get('window_itl_p50_s'))} | {_ms(md.get('window_itl_p99_s'))} | "
                        f"{_ms(md.get('window_itl_max_s'))} | {_ms(md.get('before_itl_p50_s'))} | "
                        f"{_ms(md.get('before_itl_p99_s'))} | {_f(md.get('streams_decoding_throughout'), '.0f')} |")
-    drafts = [f"N={lv['concurrency']}: {lv['daemon']['draft']}" for lv in report["levels"]
-              if (lv.get("daemon") or {}).get("draft")]
+    drafts = [f"N={lv['concurrency']}: {lv['daemon']['draft']}"
+              + (f" and {lv['daemon']['head']} beside it" if lv["daemon"].get("head") else "")
+              for lv in report["levels"] if (lv.get("daemon") or {}).get("draft")]
     if drafts:
         out += ["", "The daemon's draft: " + ", ".join(drafts) + "."]
     cmds = report.get("commands") or {}

@@ -259,8 +259,13 @@ def warmup_curve(cells: dict[str, list[tuple[list[Trace], float]]], per_round: S
 def drafts_since(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     """The daemon's draft figures over a level: tokens proposed and accepted by source since
     `before` (Admin.Stats counts from the daemon's start), with each source's acceptance, and
-    the suffix cache's figures now."""
+    the suffix cache's figures now, and with a head beside the draft model the requests each
+    drafted for."""
     out: dict[str, Any] = {"by_source": {}, "suffix_cache": dict(now.get("suffix_cache", {}))}
+    was = before.get("requests_by_drafter", {})
+    mix = {k: int(n - was.get(k, 0)) for k, n in now.get("requests_by_drafter", {}).items()}
+    if any(mix.values()):
+        out["requests_by_drafter"] = mix
     for src, n in now.get("proposed_by_source", {}).items():
         proposed = n - before.get("proposed_by_source", {}).get(src, 0)
         accepted = now.get("accepted_by_source", {}).get(src, 0) - before.get("accepted_by_source", {}).get(src, 0)

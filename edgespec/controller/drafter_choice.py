@@ -28,7 +28,9 @@ Pure: no engine, no llama.cpp.
 
 Exploration: a drafter chosen for fewer than `min_requests` requests is tried first (its prior
 is still the default), and every `explore_every`-th choice takes the runner-up, so both priors
-keep following the traffic.
+keep following the traffic; but only a runner-up whose estimate is within `explore_within` of
+the best: one its costs rule out at this load (a draft model's whole forwards, and its catch-up
+over a prompt, beside three other streams) is not tried on a request that would pay for it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from dataclasses import dataclass, field
 
 MIN_REQUESTS = 2  # requests each drafter is tried on before the estimates decide
 EXPLORE_EVERY = 16  # every this many choices go to the runner-up
+EXPLORE_WITHIN = 0.85  # ... when its estimate is at least this share of the best one
 MAX_DEPTH = 8  # the longest chain considered
 
 
@@ -65,6 +68,7 @@ class DrafterChoice:
 
     min_requests: int = MIN_REQUESTS
     explore_every: int = EXPLORE_EVERY
+    explore_within: float = EXPLORE_WITHIN
     choices: int = 0
     chosen: dict = field(default_factory=dict)  # drafter -> requests it was chosen for
     last: dict = field(default_factory=dict)  # drafter -> the last choice's estimated speedup
@@ -90,10 +94,13 @@ class DrafterChoice:
                 plain = tokens * c.verify_seconds(L) / L
                 est[k] = plain / (plain / est[k] + max(0.0, once.get(k, 0.0)))
         self.last = est
+        top = max(est.values())
+        near = [k for k in names if est[k] >= self.explore_within * top]  # worth trying at this load
+        fresh = [k for k in fresh if k in near]
         if fresh:
             pick = min(fresh, key=lambda k: (self.chosen.get(k, 0), names.index(k)))
         else:
-            ranked = sorted(names, key=lambda k: -est[k])
+            ranked = sorted(near, key=lambda k: -est[k])
             pick = ranked[1] if len(ranked) > 1 and self.choices % self.explore_every == 0 else ranked[0]
         self.chosen[pick] = self.chosen.get(pick, 0) + 1
         return pick

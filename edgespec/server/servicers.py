@@ -196,6 +196,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     def ModelInfo(self, request: pb.ModelInfoRequest, context: grpc.ServicerContext) -> pb.ModelInfoResponse:  # noqa: N802
         info = dict(self.loop.call(lambda engine: engine.model_info()))
         target, draft = info.pop("target", None) or {}, info.pop("draft", None) or {}
+        head = info.pop("head", None) or {}  # an EAGLE-3 head beside the draft model ([draft] head)
         out = pb.ModelInfoResponse(
             target_path=str(target.get("path", "")),
             draft_path=str(draft.get("path", "")),
@@ -207,7 +208,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         digests = self.digests()
         out.target_name, out.target_sha256 = digests.get("target", ("", ""))
         out.draft_name, out.draft_sha256 = digests.get("draft", ("", ""))
-        for prefix, d in (("target", target), ("draft", draft)):
+        if head:
+            out.details["head.path"] = str(head.get("path", ""))
+            name, sha = digests.get("head", ("", ""))
+            out.details["head.name"], out.details["head.sha256"] = name, sha
+        for prefix, d in (("target", target), ("draft", draft), ("head", head)):
             for key, value in d.items():
                 if key != "path":
                     out.details[f"{prefix}.{key}"] = str(value)

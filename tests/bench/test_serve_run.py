@@ -131,6 +131,24 @@ def test_the_drafts_by_source_are_the_levels_own_and_reach_the_report():
     assert "| 1 | suffix | 100 | 60 | 60 % |" in md and "40 replies, 4 KiB" in md
 
 
+def test_the_requests_each_drafter_drafted_for_are_the_levels_own_and_reach_the_report():
+    before = {"requests_by_drafter": {"draft": 2, "head": 1}}
+    now = {"proposed_by_source": {"head": 40}, "accepted_by_source": {"head": 20},
+           "requests_by_drafter": {"draft": 5, "head": 9}}
+    d = drafts_since(now, before)
+    assert d["requests_by_drafter"] == {"draft": 3, "head": 8}
+    assert "requests_by_drafter" not in drafts_since({"requests_by_drafter": {"draft": 2}}, before)  # none since
+    level = Level(clients={"edgespec-auto": FakeClient("edgespec-auto", [])}, stop=lambda: None,
+                  draft_stats=lambda: d, info={"daemon": {"draft": "q8.gguf", "head": "h.gguf"}})
+    levels = run_levels(lambda n: level, ["edgespec-auto"], PROMPTS, [1], requests=2, rounds=1, max_tokens=4,
+                        progress=False)
+    md = to_markdown({"command": "x", "settings": {"max_tokens": 4, "requests": 2, "rounds": 1, "threads": 1,
+                                                    "suite": "s", "prompts": 3, "n_ctx": 512},
+                      "machine": {}, "levels": levels})
+    assert "| 1 | requests by drafter | draft 3, head 8 | | |" in md
+    assert "N=1: q8.gguf and h.gguf beside it" in md
+
+
 def test_rounds_must_fit_the_requests():
     with pytest.raises(BadRequest):
         run_levels(lambda n: None, ["a"], PROMPTS, [1], requests=1, rounds=2, max_tokens=4, progress=False)

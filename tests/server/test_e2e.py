@@ -426,3 +426,38 @@ def test_sighup_reloads_tokens_and_certificate_mid_stream(tmp_path):
         if s.proc.poll() is None:
             s.proc.send_signal(signal.SIGTERM)
             s.proc.wait(60)
+
+
+def test_the_daemon_drafts_with_the_installed_head_beside_the_draft_and_says_which(server):
+    """[draft] path unset and the head installed (`make models`): the daemon holds the Q8_0 draft
+    and the head, names both in ModelInfo, drafts each request with one of them, answers as plain
+    decoding does, and Admin.Stats counts the requests per drafter, the tokens each proposed and
+    the estimates the last choice compared."""
+    info = server.inference.ModelInfo(pb.ModelInfoRequest(), timeout=30)
+    if "head.path" not in info.details:
+        pytest.skip("no EAGLE-3 head installed beside the demo draft (make models installs it)")
+    assert info.draft_path.endswith(DEMO_DRAFT) and info.details["head.name"].endswith(".eagle3.gguf")
+    assert len(info.details["head.sha256"]) == 64
+    questions = ["Write a Python function that returns the n-th Fibonacci number.",
+                 "Give three tips for a job interview.", "What is a hash map?", "请用一句话介绍北京。"]
+
+    def drafters() -> dict:
+        totals = server.admin.Stats(admin_pb2.StatsRequest(), timeout=30).tick_totals
+        return {k: totals.get(f"drafter_requests_{k}", 0) for k in ("draft", "head")}
+
+    before = drafters()
+    for q in questions:
+        def ask(mode: int) -> pb.GenerateResponse:
+            rq = pb.GenerateRequest()
+            rq.messages.add(role="user", content=q)
+            rq.sampling.max_tokens = 16
+            rq.speculation.mode = mode
+            return server.inference.Generate(rq, timeout=300)
+
+        assert ask(pb.CHAIN).token_ids == ask(pb.OFF).token_ids
+    after = drafters()
+    used = {k: after[k] - before[k] for k in after}
+    assert sum(used.values()) == len(questions)  # each drafting request counted once, plain ones not
+    stats = server.admin.Stats(admin_pb2.StatsRequest(), timeout=30)
+    assert all(stats.proposed_by_source[k] > 0 for k, n in used.items() if n)
+    assert {"drafter_estimate_draft", "drafter_estimate_head"} <= set(stats.tick_totals)

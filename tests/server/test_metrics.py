@@ -125,3 +125,23 @@ def test_the_process_own_figures_are_exported():
     assert fams["process_resident_memory_bytes"][("process_resident_memory_bytes", ())] > 10 << 20
     assert fams["process_cpu_seconds"][("process_cpu_seconds_total", ())] > 0
     assert ("python_info" in fams) and fams["python_gc_collections"]["type"] == "counter"
+
+
+def test_the_drafter_choice_is_exported_when_a_head_drafts_beside_the_draft():
+    """tick_totals' drafter figures (Engine.open_session with two drafters) become a counter of
+    requests and a gauge of the last estimates, by drafter; the head's cost host factor joins the
+    others'. Without a head none of them appears."""
+    m = Metrics()
+    m.state = lambda: {"tick_totals": {"drafter_requests_draft": 3, "drafter_requests_head": 5,
+                                       "drafter_estimate_draft": 1.1, "drafter_estimate_head": 1.3,
+                                       "cost_head_host_factor": 1.2}}
+    fams = samples(m.render())
+    req = fams["edgespec_drafter_requests"]
+    assert req[("edgespec_drafter_requests_total", (("drafter", "head"),))] == 5
+    assert req[("edgespec_drafter_requests_total", (("drafter", "draft"),))] == 3
+    assert fams["edgespec_drafter_estimated_speedup"][("edgespec_drafter_estimated_speedup", (("drafter", "head"),))] == 1.3
+    assert fams["edgespec_cost_host_factor"][("edgespec_cost_host_factor", (("model", "head"),))] == 1.2
+    m.state = lambda: {"tick_totals": {"cost_draft_host_factor": 1.0}}
+    fams = samples(m.render())
+    assert not any(k[1] == (("model", "head"),) for k in fams["edgespec_cost_host_factor"] if isinstance(k, tuple))
+    assert len(fams.get("edgespec_drafter_requests", {"type": 0})) == 1  # the family, no samples
