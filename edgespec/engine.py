@@ -429,11 +429,9 @@ class Engine:
             if n > 1:  # what each extra output row (a tree expansion's) adds to the catch-up timed above
                 every = min(measure(ranges[kind], n, all_logits=True) for _ in range(repeats))
                 rows[kind] = (every - table[kind][n]) / (n - 1)
-        measured = set(table["target"])
-        for kind in kinds[1:]:
-            measured &= set(table[kind])
-        self.cost.calibrate(lambda kind, n: table[kind][n], sizes=tuple(sorted(measured)), kinds=kinds,
-                            draft_row=rows or None, context=32)
+        for kind in kinds:  # each on the sizes it was timed at (a slow draft model reaches fewer)
+            self.cost.calibrate(lambda k, n: table[k][n], sizes=tuple(sorted(table[kind])), kinds=(kind,),
+                                draft_row=rows or None, context=32)
         for s in self.slots:
             s.reset()
 
@@ -610,7 +608,8 @@ class Engine:
             slot.prefill = ()  # nothing reusable from this slot until this prefill has completed
             slot.drafting = kind
             sess = Session(self, slot, req, keep=keep, drafter=kind)
-            if len(self.drafter_kinds) > 1:  # which drafter each request drafted with (Admin.Stats, /metrics)
+            if len(self.drafter_kinds) > 1 and req.speculation.mode != "plain":
+                # which drafter each request that may draft drafts with (Admin.Stats, /metrics)
                 key = f"drafter_requests_{self.cost_kind(kind)}"
                 self.tick_totals[key] = self.tick_totals.get(key, 0) + 1
                 for k, v in self.drafter_choice.last.items():
