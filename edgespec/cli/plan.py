@@ -54,6 +54,8 @@ def _render(plan, device_bytes: int, device: str, headroom: float) -> str:
 def plan_cmd(
     target: Path = typer.Option(..., "--target", help="Target model GGUF."),
     draft: Path | None = typer.Option(None, "--draft", help="Draft model GGUF (omit for n-gram drafting only)."),
+    head: Path | None = typer.Option(None, "--head", help="An EAGLE-3 head GGUF loaded beside the draft model "
+                                     "([draft] head)."),
     n_ctx: int = typer.Option(4096, "--n-ctx", help="Context cells per slot (each model)."),
     parallel: int = typer.Option(1, "--parallel", help="Slots decoded concurrently; each has its own KV caches."),
     vram: float | None = typer.Option(None, "--vram", help="Device memory in GiB (default: detect GPU 0, else RAM)."),
@@ -71,7 +73,7 @@ def plan_cmd(
     """Memory plan from GGUF metadata; exit 0 if it fits, 1 if it does not."""
     from dataclasses import replace
 
-    from edgespec.plan import GIB, embedding_plan, plan_memory, read_model_facts
+    from edgespec.plan import GIB, embedding_plan, plan_memory, read_model_facts, with_head
 
     with user_errors():
         if not 0 <= headroom < 1:
@@ -84,6 +86,8 @@ def plan_cmd(
             n_ctx=n_ctx, parallel=parallel, kv_type=kv_type, n_ubatch=n_batch,
             n_outputs=n_outputs, flash_attn=flash_attn, gpu=not cpu,
         )
+        if head is not None:
+            plan = with_head(plan, read_model_facts(head))
         if embedding != "none":
             shared = embedding == "target"
             facts = plan.target.facts if shared else read_model_facts(embedding)

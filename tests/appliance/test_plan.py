@@ -155,6 +155,25 @@ def test_plan_for_config(tiny):
     assert (p.n_ctx, p.parallel, p.n_ubatch, p.kv_type) == (512, 2, 64, "f16") and p.overhead_bytes > 0
 
 
+def test_a_head_beside_the_draft_is_the_plans_third_model(tiny, tmp_path):
+    """[draft] head: the head's context as a head drafting alone is planned (its KV over the
+    target's cells, every row an output), and the target's forwards output three layers' inputs."""
+    from dataclasses import replace
+
+    head = write_gguf(tmp_path / "head.gguf", n_layer=1)
+    cfg = EngineConfig(target=ModelConfig(path=str(tiny), n_ctx=512, n_batch=64),
+                       draft=ModelConfig(path=str(tiny), n_ctx=512, n_batch=64), parallel=2)
+    base = plan_for_config(cfg, gpu=False)
+    both = plan_for_config(replace(cfg, head=ModelConfig(path=str(head), n_ctx=512, n_batch=64)), gpu=False)
+    assert [m.role for m in both.models] == ["target", "draft", "head"]
+    h, f = both.head, read_model_facts(head)
+    cells = base.target.kv_bytes / read_model_facts(tiny).kv_bytes_per_cell("f16")
+    assert h.kv_bytes == f.kv_bytes_per_cell("f16") * cells  # over the target's cells
+    assert both.target.output_bytes == base.target.output_bytes + 4 * 3 * read_model_facts(tiny).n_embd * 64
+    assert both.total_bytes == base.total_bytes + h.total() + 4 * 3 * read_model_facts(tiny).n_embd * 64
+    assert h.weights_bytes == f.weights_bytes
+
+
 def test_parse_llama_log_sums_backends():
     log = (
         "load_tensors:   CPU_Mapped model buffer size =    92.10 MiB\n"
@@ -183,6 +202,9 @@ def test_cli_plan(tiny):
     assert data["fits"] is True and data["overhead_bytes"] == 0 and "target" in data["models"]
     bad = runner.invoke(app, ["plan", "--target", str(tiny), "--kv-type", "q5"])
     assert bad.exit_code == 2
+    both = runner.invoke(app, ["plan", "--target", str(tiny), "--draft", str(tiny), "--head", str(tiny), "--n-ctx",
+                               "512", "--vram", "1", "--cpu", "--json"])
+    assert set(json.loads(both.output)["models"]) >= {"target", "draft", "head"}
 
 
 def _demo_gguf():

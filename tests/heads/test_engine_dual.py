@@ -12,7 +12,7 @@ import pytest
 from edgespec import backend
 from edgespec.config import EngineConfig, ModelConfig
 
-from tests.heads.test_engine_head import N_TOKENS, prompts, request
+from tests.heads.test_engine_head import N_TOKENS, collect_done, finish, prompts, request
 
 pytestmark = pytest.mark.slow
 
@@ -46,13 +46,7 @@ def open_with(eng, toks, mode: str, kind: str, n: int = N_TOKENS):
 
 
 def run(eng, toks, mode: str, kind: str, n: int = N_TOKENS):
-    sess = open_with(eng, toks, mode, kind, n)
-    try:
-        while not sess.done:
-            eng.tick([sess])
-        return sess.result()
-    finally:
-        sess.close()
+    return finish(open_with(eng, toks, mode, kind, n))
 
 
 def test_the_engine_holds_both_drafters(dual):
@@ -107,11 +101,7 @@ def test_sessions_of_both_kinds_share_ticks(dual):
                 both += 1
                 assert grew["draft"] >= 1 and grew["head"] >= 1
                 assert eng.last_tick.draft_forwards == grew["draft"] + grew["head"]
-            for s, i in list(active.items()):
-                if s.done:
-                    out[i] = s.result().token_ids
-                    s.close()
-                    del active[s]
+            collect_done(active, out)
     finally:
         for s in active:
             s.close()
@@ -201,44 +191,11 @@ def test_ticks_mixing_both_drafters_sample_the_target_distribution(mixed_sampler
 def test_a_drafter_reporting_another_distribution_is_caught_in_mixed_ticks(mixed_sampler, monkeypatch):
     """The broken twin of tests/heads/test_engine_head.py (children drawn at the request's
     temperature, reported at twice it), in ticks mixing both drafters: rejected."""
-    from dataclasses import replace
-
-    from edgespec.drafters import grow
-    from edgespec.sampling import logits_to_probs
     from edgespec.selftest import ALPHA
 
-    from tests.heads.test_engine_head import sample
+    from tests.heads.test_engine_head import report_hotter_than_drawn, sample
     from tests.tick.test_batched import gof
 
-    real = grow.Growth.children
-
-    def children(self, nodes, level, rep):  # noqa: ANN001
-        new = real(self, nodes, level, rep)
-        hot = replace(self.sampling, temperature=2 * self.sampling.temperature)
-        for n in nodes:
-            if self.qs[n] is not None:
-                self.qs[n] = logits_to_probs(self.logits[n], hot)
-        return new
-
-    monkeypatch.setattr(grow.Growth, "children", children)
+    report_hotter_than_drawn(monkeypatch)
     eng, toks, exact = mixed_sampler
     assert gof(sample(eng, toks, N_SAMPLES // 2), exact) < ALPHA
-
-
-def test_a_head_that_would_lose_the_slots_kept_prefill_pays_for_it_in_the_choice(demo_pair, tiny_head):
-    """A plain request leaves its prompt's prefill on the slot (and no head positions), and idle
-    time brings the draft model up to its context: for the next request sharing that prompt,
-    drafting with the head would cost the target that prefill again, which the choice charges the
-    head, while the draft model has little to catch up on."""
-    eng = load(demo_pair, tiny_head, parallel=1)
-    try:
-        toks = prompts(eng)[0]
-        run(eng, toks, "plain", "model")
-        while eng.idle_work():
-            pass
-        req = request(toks + eng.encode_chat([("user", "Once more.")])[1:], "chain")
-        slot = eng.slots[0]
-        assert eng._keepable(slot, req, "model") > eng._keepable(slot, req, "eagle3") == 0
-        assert eng._once_seconds(req, slot, "eagle3") > eng._once_seconds(req, slot, "model")
-    finally:
-        eng.close()

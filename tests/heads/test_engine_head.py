@@ -56,9 +56,23 @@ def request(toks, mode: str, n: int = N_TOKENS, **sampling) -> GenerationRequest
 def run(eng, toks, mode: str, n: int = N_TOKENS):
     sess = eng.open_session(request(toks, mode, n))
     sess.check_kv = True  # target and head KV invariants after every tick
+    return finish(sess)
+
+
+def collect_done(active: dict, out: list) -> None:
+    """Close the finished sessions of `active` (session -> index), their tokens into `out`."""
+    for s, i in list(active.items()):
+        if s.done:
+            out[i] = s.result().token_ids
+            s.close()
+            del active[s]
+
+
+def finish(sess):  # noqa: ANN001, ANN201
+    """Tick a session alone to its end; its result."""
     try:
         while not sess.done:
-            eng.tick([sess])
+            sess.engine.tick([sess])
         return sess.result()
     finally:
         sess.close()
@@ -139,11 +153,7 @@ def test_batched_sessions_equal_each_alone(head_engine):
             assert rec.draft_forwards <= max(drafted)  # level l of every session in one head forward
             if sum(drafted) > rec.draft_forwards:
                 shared += 1
-            for s, i in list(active.items()):
-                if s.done:
-                    out[i] = s.result().token_ids
-                    s.close()
-                    del active[s]
+            collect_done(active, out)
     finally:
         for s in active:
             s.close()
@@ -253,6 +263,14 @@ def test_a_head_reporting_another_distribution_than_it_drew_from_is_caught(sampl
     test must reject it. (Features of the wrong rows would not do: whatever the head is fed, its
     proposals are verified against the distribution they were drawn from, so the output stays
     exact; the acceptance test above catches those.)"""
+    report_hotter_than_drawn(monkeypatch)
+    eng, toks, exact = sampler
+    assert gof(sample(eng, toks, N_SAMPLES // 2), exact) < ALPHA
+
+
+def report_hotter_than_drawn(monkeypatch) -> None:  # noqa: ANN001
+    """Break every tree drafter alike: children drawn at the request's temperature, their
+    distribution reported to the verifier at twice it."""
     from dataclasses import replace
 
     from edgespec.drafters import grow
@@ -268,5 +286,3 @@ def test_a_head_reporting_another_distribution_than_it_drew_from_is_caught(sampl
         return new
 
     monkeypatch.setattr(grow.Growth, "children", children)
-    eng, toks, exact = sampler
-    assert gof(sample(eng, toks, N_SAMPLES // 2), exact) < ALPHA
