@@ -220,7 +220,8 @@ class Engine:
         if calibrate:
             eng.calibrate()
         log.info("engine_loaded", target=str(cfg.target.path), draft=str(cfg.draft.path) if cfg.draft else None,
-                 head=str(cfg.head.path) if second is not None else None, slots=cfg.parallel, seqs_per_slot=n_seq, backend=eng.backend_name)
+                 head=str(cfg.head.path) if second is not None else None, slots=cfg.parallel, seqs_per_slot=n_seq,
+                 backend=eng.backend_name)
         return eng
 
     # what the engine applies beyond plain generation (the daemon refuses the others)
@@ -383,7 +384,9 @@ class Engine:
         inflates one timing of every size instead of every timing of the first sizes. A batched
         tick's forwards hold several sessions' tokens, so the sizes reach past one tree's. With
         an EAGLE-3 head the draft's curve is the head's forwards (its g inputs zeros: the same
-        work), which is how the controller prices the head like any drafter."""
+        work), which is how the controller prices the head like any drafter; a head beside the
+        draft model gets a curve of its own ("head"). Each curve is fitted on the sizes it was
+        timed at."""
         slot = self.slots[0]
         heads = [r for r in (slot.drafter_range("eagle3"),) if r is not None and self.features]
 
