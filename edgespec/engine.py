@@ -86,16 +86,20 @@ class Slot:
         self.draft_cache = self.head_cache = None
         self.last_context = ()
 
+    def _beside(self, kind: str) -> bool:
+        """Whether drafter `kind` is the head beside the draft model (its own range and cache)."""
+        return kind == "eagle3" and self.head is not None
+
     def drafter_range(self, kind: str) -> SeqRange | None:
         """The range drafter `kind` ("model", "eagle3") drafts in: the head's when a head sits
         beside the draft model, else the slot's one draft range."""
-        return self.head if kind == "eagle3" and self.head is not None else self.draft
+        return self.head if self._beside(kind) else self.draft
 
     def cache_of(self, kind: str):  # noqa: ANN201
-        return self.head_cache if kind == "eagle3" and self.head is not None else self.draft_cache
+        return self.head_cache if self._beside(kind) else self.draft_cache
 
     def set_cache(self, kind: str, cache) -> None:  # noqa: ANN001
-        if kind == "eagle3" and self.head is not None:
+        if self._beside(kind):
             self.head_cache = cache
         else:
             self.draft_cache = cache
@@ -388,11 +392,11 @@ class Engine:
         draft model gets a curve of its own ("head"). Each curve is fitted on the sizes it was
         timed at."""
         slot = self.slots[0]
-        heads = [r for r in (slot.drafter_range("eagle3"),) if r is not None and self.features]
+        head = slot.drafter_range("eagle3") if self.features else None
 
         def forward(ctx, n: int, start: int, out: list[bool]) -> None:
             toks, pos = [self.target.bos] * n, list(range(start, start + n))
-            if any(ctx is h for h in heads):  # the head's shared context, in global seq ids
+            if head is not None and ctx is head:  # the head's shared context, in global seq ids
                 decode_batch(ctx.ctx, toks, pos, [ctx.to_global((0,))] * n, out,
                              np.zeros((n, ctx.ctx.n_embd), np.float32))
             else:

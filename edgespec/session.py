@@ -69,10 +69,10 @@ class Session:
         self.guard_seen = False  # the goodput guard has seen this request decode (tick/schedule.py)
         self._closed_reason: FinishReason | None = None
         self.drafter_kind = drafter or engine.draft_kind
-        has_draft = self.drafter_kind is not None and slot.drafter_range(self.drafter_kind) is not None
         # drafters/base.py: Drafter, in its range of the drafter's shared context (draft_range)
+        self.draft_range = slot.drafter_range(self.drafter_kind)
+        has_draft = self.draft_range is not None
         self.drafter = engine.new_drafter(slot, self.drafter_kind) if has_draft else None
-        self.draft_range = slot.drafter_range(self.drafter_kind) if has_draft else None
         # its prompt lookups and their learnt reach, starting from what recent requests' achieved
         # in its caller's partition (the suffix cache's)
         self.ngram = None

@@ -247,7 +247,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("draft", "enabled", B, True, "false = model-free (n-gram) drafting only"),
     Setting("draft", "head", S, "auto", "an EAGLE-3 head loaded beside the draft model: each request drafts with "
             "the head or the draft model, whichever the measured forward costs and acceptances promise more "
-            "at the load it meets; auto = the head `models install` put beside the demo target, used when "
+            "at the load it meets; auto = the head `make models` (`edgespec models prepare-demo`) put beside the demo target, used when "
             "`path` is unset; none = the draft model alone; else a head GGUF file (its context takes this "
             "section's settings)", check=_head_choice),
     Setting("draft", "window", I, 256, "most context tokens the draft absorbs at once: a longer prompt is "

@@ -250,9 +250,9 @@ class _Starter:
             info["daemon"] = {k: v for k, v in tok.model_info().items() if k in ("parallel", "n_ctx", "backend")}
             if "daemon_draft" in info:
                 info["daemon"]["draft"] = info.pop("daemon_draft")
-            if info.get("daemon_head"):
-                info["daemon"]["head"] = info.pop("daemon_head")
-            info.pop("daemon_head", None)
+            head_name = info.pop("daemon_head", None)
+            if head_name:
+                info["daemon"]["head"] = head_name
             prompts = list(prompts)
             if long_tokens is not None:
                 lp = long_prompt(tok.chat_tokens, load_suite("long"), long_tokens)

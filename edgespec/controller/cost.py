@@ -243,12 +243,18 @@ class _AtContext:
 
     def drafting(self, kind: str):  # noqa: ANN201
         """This view with drafter `kind`'s forwards as the draft (CostModel.drafting)."""
-        if kind not in DRAFTERS:
-            raise ValueError(f"drafter kind must be one of {DRAFTERS}, got {kind!r}")
-        return self if kind == "draft" else _Drafting(self, kind)
+        return _drafting(self, kind)
 
     def __getattr__(self, name: str):  # draft_seconds, expand_seconds, ...
         return getattr(self._m, name)
+
+
+def _drafting(base, kind: str):  # noqa: ANN001, ANN202
+    """`base` (a CostModel or its view at a context) with drafter `kind`'s forwards as the draft:
+    itself for the draft model's."""
+    if kind not in DRAFTERS:
+        raise ValueError(f"drafter kind must be one of {DRAFTERS}, got {kind!r}")
+    return base if kind == "draft" else _Drafting(base, kind)
 
 
 class _Drafting:
@@ -272,8 +278,8 @@ class _Drafting:
     def at(self, context: int, sessions: int = 1) -> "_Drafting":
         return _Drafting(self._b.at(context, sessions), self.kind)
 
-    def drafting(self, kind: str) -> "_Drafting":
-        return _Drafting(self._b, kind)
+    def drafting(self, kind: str):  # noqa: ANN201
+        return _drafting(self._b, kind)
 
     def __getattr__(self, name: str):  # verify_seconds, extra_seconds, curve, version, ...
         return getattr(self._b, name)
@@ -314,9 +320,7 @@ class CostModel:
 
     def drafting(self, kind: str) -> "CostModel":
         """This model with drafter `kind`'s forwards as the draft ("draft": itself)."""
-        if kind not in DRAFTERS:
-            raise ValueError(f"drafter kind must be one of {DRAFTERS}, got {kind!r}")
-        return self if kind == "draft" else _Drafting(self, kind)  # type: ignore[return-value]
+        return _drafting(self, kind)
 
     def at(self, context: int, sessions: int = 1) -> "CostModel":
         """The model for a forward whose batch follows `context` cached tokens: those of one

@@ -343,12 +343,11 @@ def _engine(values: dict[str, dict[str, Any]], check_models: bool, problems: lis
     draft = _model(values["draft"], DEMO_DRAFT) if values["draft"]["enabled"] else None
     head = _head(values["draft"], target.path) if draft is not None else None
     if check_models:
-        for name, m in (("target", target), ("draft", draft), ("draft.head", head)):
-            if name == "draft.head" and m is not None and not Path(m.path).is_file():
-                problems.append(("draft.head", f"model file not found: {m.path}"))
-            elif m is not None and not Path(m.path).is_file():
-                hint = " (run `edgespec models prepare-demo`)" if not values[name]["path"] else ""
-                problems.append((f"{name}.path", f"model file not found: {m.path}{hint}"))
+        for name, m, demo in (("target.path", target, not values["target"]["path"]),
+                              ("draft.path", draft, not values["draft"]["path"]), ("draft.head", head, False)):
+            if m is not None and not Path(m.path).is_file():
+                hint = " (run `edgespec models prepare-demo`)" if demo else ""
+                problems.append((name, f"model file not found: {m.path}{hint}"))
     engine = EngineConfig(target=target, draft=draft, head=head,
                           **{attr: values[section][key] for attr, (section, key) in ENGINE_KEYS.items()})
     engine = replace(engine, prefill_share=float(engine.prefill_share))

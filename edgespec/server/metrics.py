@@ -156,9 +156,7 @@ class Metrics:
             gauge("edgespec_goodput_blocked_ticks", "Ticks the goodput guard turned plain since load.",
                   lambda: self._tick("goodput_blocked_ticks")),
             gauge("edgespec_cost_host_factor", "Measured / calibrated forward seconds now, by model.",
-                  lambda: {m: self._tick(f"cost_{m}_host_factor", 1.0) for m in ("target", "draft", "head")
-                           if m != "head" or "cost_head_host_factor" in (self.state().get("tick_totals") or {})},
-                  "model"),
+                  self._host_factors, "model"),
             gauge("edgespec_drafter_estimated_speedup", "With a head beside the draft model: each drafter's "
                   "estimated speed-up at the last request's load (controller/drafter_choice.py).",
                   lambda: self._ticks("drafter_estimate_"), "drafter"),
@@ -194,6 +192,12 @@ class Metrics:
 
     def _tick(self, key: str, default: float = 0.0) -> float:
         return float((self.state().get("tick_totals") or {}).get(key, default))
+
+    def _host_factors(self) -> dict[str, float]:
+        """Per model: the target's and the draft's always, a head's beside the draft when loaded."""
+        totals = self.state().get("tick_totals") or {}
+        return {m: float(totals.get(f"cost_{m}_host_factor", 1.0)) for m in ("target", "draft", "head")
+                if m != "head" or "cost_head_host_factor" in totals}
 
     def _ticks(self, prefix: str) -> dict[str, float]:
         """tick_totals entries named prefix + label, by label."""

@@ -181,7 +181,7 @@ def _rung_of(s, shape: Shape, cost) -> _Rung:
     catchup = s.drafter.backlog(s.tokens) if s.drafter is not None else 0
     if shape.mode == "plain" or shape.depth <= 0:
         return _Rung(shape, 1.0, 0, ())
-    kind = _cost_kind(s)
+    kind = s.engine.cost_kind(s.drafter_kind)
     ctl = s.controller
     if ctl is not None:
         tokens, expansions = ctl.rung(shape, cost.drafting(kind), catchup)
@@ -191,11 +191,6 @@ def _rung_of(s, shape: Shape, cost) -> _Rung:
         return _Rung(shape, tokens, shape.nodes, ())
     return _Rung(shape, tokens, shape.nodes, (max(1, catchup),) + expansions, kind)
 
-
-def _cost_kind(s) -> str:  # noqa: ANN001
-    """The cost kind of session s's drafter ("draft" unless a head drafts beside a draft model)."""
-    engine = getattr(s, "engine", None)
-    return engine.cost_kind(getattr(s, "drafter_kind", None)) if hasattr(engine, "cost_kind") else "draft"
 
 
 def _ladder(s, solo: Shape, cost) -> list[_Rung]:
