@@ -72,7 +72,7 @@ train)
     models train-head "$OUT/head.gguf" --target "$STAGE/SmolLM2-135M-Instruct.Q4_1.gguf" \
     --work-dir /tmp/edgespec-head-work --features jax --distill-prompts "$DISTILL" --heldout-prompts "$HELDOUT" \
     --max-new 160 --streams 1024 --sampled 2 --data-minutes 3.5 --minutes 3 --draft-vocab 4096 --window 256 \
-    --batch 64 --lr 2e-3 --eval-s 20 --seed 0 ${HEAD_ARGS:-} 2>&1 | tee "$OUT/train.log"
+    --batch 64 --lr 2e-3 --eval-s 20 --seed 0 --precision f32 ${HEAD_ARGS:-} 2>&1 | tee "$OUT/train.log"
   rc=${PIPESTATUS[0]}
   set -e
   cp /tmp/edgespec-head-work/report.json /tmp/edgespec-head-work/heldout.json "$OUT/" 2>/dev/null || true

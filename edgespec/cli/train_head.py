@@ -52,13 +52,16 @@ def train_head(
                                              "first (0: every round whole)")] = 0,
     data_minutes: Annotated[float, typer.Option(help="--features jax: start no new batch of answers after this "
                                                 "many minutes (0: no limit)")] = 0.0,
+    precision: Annotated[str, typer.Option(help="the head's weight products in training: f32, bf16 (float32 weights, "
+                                           "sums and optimiser), or auto: bf16 on a GPU and on a CPU with AMX or "
+                                           "AVX512-BF16, else f32")] = "auto",
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Train an EAGLE-3 head on the target's own answers and package text; write a GGUF that
     llama.cpp's eagle3 loader reads, and report held-out acceptance at depth 1, 2, 3."""
     with user_errors():
         try:
-            from edgespec.heads.train import TrainSpec, train
+            from edgespec.heads.train import PRECISIONS, TrainSpec, retain_heap, train
         except ImportError as e:  # pragma: no cover
             fail(f"train-head needs the [train] extra (pip install 'edgespec[train]'): {e}")
         if target is None:
@@ -69,6 +72,8 @@ def train_head(
             fail(f"target model not found: {target}")
         if features not in ("llama", "jax"):
             fail(f"--features must be llama or jax, got {features!r}")
+        if precision not in PRECISIONS:
+            fail(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         if sampled and features != "jax":
             fail("--sampled needs --features jax")
         if minutes <= 0 and epochs <= 0:
@@ -79,7 +84,8 @@ def train_head(
                          draft_vocab=draft_vocab, coverage=coverage, ttt_steps=ttt_steps, batch=batch, lr=lr,
                          n_ff=n_ff, hf_dir=hf_dir, threads=threads, seed=seed, streams=streams, eval_s=eval_s,
                          features=features, sampled=sampled, sample_temperature=sample_temperature,
-                         max_sampled=max_sampled, data_minutes=data_minutes)
+                         max_sampled=max_sampled, data_minutes=data_minutes, precision=precision)
+        retain_heap()  # this process trains and exits: keep each step's memory for the next
         rep = train(spec, command=_command(ctx))
         if rep["acceptance_by_depth"] is None:  # no llama.cpp here: the card waits for `models eval-head`
             typer.echo(json.dumps(rep) if as_json else f"head: {rep['head']}; held-out acceptance not measured (no "
@@ -172,7 +178,8 @@ def _write_card(spec, rep: dict) -> None:  # noqa: ANN001
         "training": {"minutes": round(rep["train_minutes"], 1), "steps": rep["steps"], "epochs": round(rep["epochs"], 2),
                      "best_step": rep["best_step"], "tokens_per_s": None if rep["train_tokens_per_s"] != rep["train_tokens_per_s"] else round(rep["train_tokens_per_s"], 1),
                      "draft_vocab": rep["draft_vocab"], "coverage": rep["coverage"], "window": spec.window,
-                     "batch": spec.batch, "ttt_steps": spec.ttt_steps, "lr": spec.lr, "n_ff": spec.n_ff},
+                     "batch": spec.batch, "ttt_steps": spec.ttt_steps, "lr": spec.lr, "n_ff": spec.n_ff,
+                     "precision": rep.get("precision")},
         "heldout": {"positions": rep["heldout_positions"], "depth1": round(acc[0], 4),
                     "by_depth": [round(a, 4) for a in acc], "chain3_tau": round(rep["chain3_tau"], 3),
                     "curve": rep["heldout_curve"]},

@@ -17,6 +17,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(("args", "needle"), [
     (["train-head", "/tmp/h.gguf", "--target", "/nonexistent/t.gguf"], "/nonexistent/t.gguf"),
     (["train-head", "/tmp/h.gguf", "--target", sys.executable, "--minutes", "0"], "--minutes"),
+    (["train-head", "/tmp/h.gguf", "--target", sys.executable, "--precision", "fp8"], "--precision"),
 ])
 def test_train_head_bad_input(args, needle):
     r = run(*args)
