@@ -11,7 +11,7 @@ does not depend on the values):
 
 - `first`: the trainer as first committed (`git show 389c074:edgespec/heads/model_jax.py`):
   float32, 8 windows of 128 rows, a log-softmax loss, glibc's default heap;
-- `f32`, `bf16`: this trainer as `edgespec models train-head` runs it (`retain_heap`, 4 packed
+- `f32`, `bf16`: this trainer as `edgespec models train-head` runs it (`keep_training_heap`, 4 packed
   windows of 256 rows, `--precision f32` or `bf16`).
 """
 
@@ -36,9 +36,9 @@ V, TTT, STEPS = 4096, 3, 12
 def one(case: str, first_src: str | None) -> float:
     """Rows per second of `case`'s step, in this process."""
     if case != "first":
-        from edgespec.heads.train import retain_heap
+        from edgespec.heap import keep_training_heap
 
-        retain_heap()
+        keep_training_heap()
     import jax.numpy as jnp
     import numpy as np
 

@@ -61,7 +61,7 @@ def train_head(
     llama.cpp's eagle3 loader reads, and report held-out acceptance at depth 1, 2, 3."""
     with user_errors():
         try:
-            from edgespec.heads.train import PRECISIONS, TrainSpec, retain_heap, train
+            from edgespec.heads.train import PRECISIONS, TrainSpec, train
         except ImportError as e:  # pragma: no cover
             fail(f"train-head needs the [train] extra (pip install 'edgespec[train]'): {e}")
         if target is None:
@@ -85,7 +85,9 @@ def train_head(
                          n_ff=n_ff, hf_dir=hf_dir, threads=threads, seed=seed, streams=streams, eval_s=eval_s,
                          features=features, sampled=sampled, sample_temperature=sample_temperature,
                          max_sampled=max_sampled, data_minutes=data_minutes, precision=precision)
-        retain_heap()  # this process trains and exits: keep each step's memory for the next
+        from edgespec.heap import keep_training_heap
+
+        keep_training_heap()  # this process trains and exits: each step's memory is the next one's
         rep = train(spec, command=_command(ctx))
         if rep["acceptance_by_depth"] is None:  # no llama.cpp here: the card waits for `models eval-head`
             typer.echo(json.dumps(rep) if as_json else f"head: {rep['head']}; held-out acceptance not measured (no "

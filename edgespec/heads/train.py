@@ -79,30 +79,6 @@ def training_precision(precision: str, backend: str, cpu_flags: frozenset[str] |
     return "bf16" if any(f in cpu_flags for f in BF16_CPU_FLAGS) else "f32"
 
 
-def retain_heap() -> bool:
-    """Keep freed memory in the process for the next training step (glibc only; call before jax
-    starts its CPU client: its worker threads must share the one arena). XLA's CPU runtime
-    allocates each step's temporaries as one block (about 250 MB at the default batch); glibc
-    serves a block that large from a fresh mmap and unmaps it when freed, so every step faulted
-    in some 65,000 pages and spent about a sixth of its time in the kernel. One arena, no mmap
-    and no trimming make the block the same memory each step. The price: the process keeps its
-    peak heap until it exits, which is why `models train-head`, a process of its own, asks for
-    it, and `train()` does not. Returns whether glibc took the settings."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if not name:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc
-        return False
-    m_trim_threshold, m_mmap_max, m_arena_max = -1, -4, -8  # malloc.h
-    return all(mallopt(k, v) == 1 for k, v in ((m_arena_max, 1), (m_mmap_max, 0), (m_trim_threshold, 2 ** 31 - 1)))
-
-
 def cpu_flags() -> frozenset[str]:
     """This CPU's feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
     try:

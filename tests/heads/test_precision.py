@@ -1,7 +1,7 @@
 """Mixed-precision training of a head: bfloat16 weight products with float32 sums, weights and
 optimiser. The products and both of their gradients track float32 to bfloat16's rounding, a
 train step in bf16 learns what an f32 one learns, and `auto` picks bf16 only where the
-hardware multiplies bfloat16 natively."""
+hardware multiplies bfloat16 natively. (The training process's heap: tests/test_heap.py.)"""
 
 from __future__ import annotations
 
@@ -102,34 +102,3 @@ def test_a_bf16_train_step_learns_what_an_f32_one_learns():
     assert a32 > 0.9 and l32 < 0.5 * np.log(V), out  # the mapping is learnt
     assert a16 > a32 - 0.05 and l16 < 1.5 * l32 + 0.05, out
 
-
-_HEAP_PROBE = """
-import ctypes, resource, sys
-ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE: count 4 KB pages, not huge ones
-import numpy as np
-from edgespec.heads.train import retain_heap
-ok = retain_heap() if sys.argv[1] == "retain" else True
-def faults():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-a = np.ones(64 << 20, np.float32); del a  # 256 MB, touched, freed
-f0 = faults(); a = np.ones(64 << 20, np.float32); del a
-print(ok, faults() - f0)
-"""
-
-
-@pytest.mark.parametrize("mode", ["retain", "default"])
-def test_retain_heap_makes_a_freed_block_the_next_steps_memory(mode):
-    """The second 256 MB block of a process that asked for retain_heap is the first one's pages
-    (a few faults); glibc's default maps it afresh (65,536 pages faulted in again; transparent
-    huge pages are off in the probe, as they were for XLA's blocks)."""
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-c", _HEAP_PROBE, mode], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    ok, faulted = out.stdout.split()
-    assert ok == "True"
-    if mode == "retain":
-        assert int(faulted) < 2000, faulted
-    else:
-        assert int(faulted) > 60000, faulted

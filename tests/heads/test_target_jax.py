@@ -104,9 +104,12 @@ def test_sampled_answers_keep_the_targets_greedy_token_as_label(jax_target):
 
 
 @pytest.mark.slow
-def test_train_head_with_jax_features_then_eval_head_writes_the_card(demo_pair, tmp_path):
+def test_train_head_with_jax_features_then_eval_head_writes_the_card(demo_pair, tmp_path, monkeypatch):
     pytest.importorskip("jax")
     from typer.testing import CliRunner
+
+    # the command runs inside this test process: leave its heap settings alone (edgespec/heap.py)
+    monkeypatch.setenv("EDGESPEC_KEEP_HEAP", "0")
 
     from edgespec.cli.main import app
 
