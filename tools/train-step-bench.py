@@ -2,6 +2,7 @@
 """The head trainer's optimisation step, rows per second: the first trainer against this one.
 
     tools/train-step-bench.py [--rounds 5] [--cases first,f32,bf16] [--json OUT]
+    tools/train-step-bench.py --cases first,bf16@HEAD,bf16      # a change against the last commit
 
 Each case runs in a process of its own (compile, three warm steps, then twelve timed ones) and
 the cases take turns round by round, so the host's minute-to-minute speed falls on all alike;
@@ -12,7 +13,8 @@ does not depend on the values):
 - `first`: the trainer as first committed (`git show 389c074:edgespec/heads/model_jax.py`):
   float32, 8 windows of 128 rows, a log-softmax loss, glibc's default heap;
 - `f32`, `bf16`: this trainer as `edgespec models train-head` runs it (`keep_training_heap`, 4 packed
-  windows of 256 rows, `--precision f32` or `bf16`).
+  windows of 256 rows, `--precision f32` or `bf16`);
+- `f32@REF`, `bf16@REF`: the same, with `edgespec/heads/model_jax.py` as committed at git REF.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ MODEL = Path.home() / ".local/share/edgespec/models/SmolLM2-135M-Instruct.F32.gg
 V, TTT, STEPS = 4096, 3, 12
 
 
-def one(case: str, first_src: str | None) -> float:
-    """Rows per second of `case`'s step, in this process."""
+def one(case: str, src: str | None) -> float:
+    """Rows per second of `case`'s step, in this process (`src`: the model_jax.py of `first` or
+    of `PRECISION@REF`)."""
     if case != "first":
         from edgespec.heap import keep_training_heap
 
@@ -50,16 +53,17 @@ def one(case: str, first_src: str | None) -> float:
     embed = target_embeddings(MODEL)
     p = {k: jnp.asarray(v) for k, v in HeadWeights.init(cfg, np.arange(V), rng, embed=embed).w.items()}
     embed = jnp.asarray(embed)
-    if case == "first":
-        spec = importlib.util.spec_from_file_location("model_jax_first", first_src)
+    if src:
+        spec = importlib.util.spec_from_file_location("model_jax_other", src)
         mj = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mj)
+    else:
+        from edgespec.heads import model_jax as mj
+    if case == "first":
         B, W, step = 8, 128, mj.make_train_step(cfg, TTT)
         extra: tuple = ()
     else:
-        from edgespec.heads import model_jax as mj
-
-        B, W, step = 4, 256, mj.make_train_step(cfg, TTT, packed=True, precision=case)
+        B, W, step = 4, 256, mj.make_train_step(cfg, TTT, packed=True, precision=case.split("@")[0])
         extra = (jnp.asarray(np.repeat(np.arange(4), W // 4)[None].repeat(B, 0).astype(np.int32)),)
     feats = jnp.asarray(rng.standard_normal((B, W, 3 * cfg.n_embd)).astype(np.float32))
     tok = jnp.asarray(rng.integers(0, embed.shape[0], (B, W)).astype(np.int32))
@@ -82,20 +86,25 @@ def main() -> None:
     ap.add_argument("--cases", default="first,f32,bf16")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a child: this case only
-    ap.add_argument("--first-src", help=argparse.SUPPRESS)
+    ap.add_argument("--src", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
-        print(f"ROWS {one(a.one, a.first_src):.1f}")
+        print(f"ROWS {one(a.one, a.src):.1f}")
         return
     cases = a.cases.split(",")
     with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "model_jax_first.py"
-        src.write_text(subprocess.run(["git", "-C", str(ROOT), "show", f"{FIRST}:edgespec/heads/model_jax.py"],
-                                      capture_output=True, text=True, check=True).stdout)
+        srcs: dict[str, list[str]] = {}
+        for c in cases:
+            ref = FIRST if c == "first" else c.partition("@")[2]
+            if ref:
+                src = Path(tmp) / f"model_jax_{len(srcs)}.py"
+                src.write_text(subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:edgespec/heads/model_jax.py"],
+                                              capture_output=True, text=True, check=True).stdout)
+                srcs[c] = ["--src", str(src)]
         rows: dict[str, list[float]] = {c: [] for c in cases}
         for r in range(a.rounds):
             for c in cases:
-                out = subprocess.run([sys.executable, __file__, "--one", c, "--first-src", str(src)],
+                out = subprocess.run([sys.executable, __file__, "--one", c, *srcs.get(c, [])],
                                      capture_output=True, text=True, cwd=ROOT)
                 if out.returncode != 0:
                     sys.exit(f"{c}: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")

@@ -11,13 +11,22 @@ g = h_{j-1}[t-1], the head's own pre-norm output one position back, exactly what
 at depth j+1; its query attends to step-0 keys at positions <= t-j (the committed context) and
 to step i's key at position t-(j-i) for i = 1..j (its own drafted ancestors).
 
-Mixed precision (`precision="bf16"`): every weight product rounds both operands to bfloat16 and
-sums in float32, in the forward and in both gradient products (`linear`: a custom VJP, since
-autodiff of a bfloat16 product would run the gradient products in float32); everything else,
-the weights and Adam included, stays float32.
+Mixed precision (`precision="bf16"`): every weight product and attention's two batched products
+(q.k, p.v) round both operands to bfloat16 and sum in float32, in the forward and in both
+gradient products (`einsum`: a custom VJP, since autodiff of a bfloat16 product would run the
+gradient products in float32); everything else, the weights and Adam included, stays float32.
+
+The step is shaped for a CPU's XLA, where each pass over a [rows, width] tensor costs memory
+traffic: grouped-query attention reads its kv heads without repeating them; q and k come out of
+their projections with each rope pair split into halves (`_halves`), so rope needs no
+interleaving; a query block reads only the key blocks it can see (causal); the softmax over the
+context's scores and the drafted ancestors' is formed without concatenating them; and the
+training accuracy is read off the max that log-sum-exp takes anyway (no argmax pass).
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +51,24 @@ def rope(x, pos, base):  # noqa: ANN001, ANN201
     return jnp.stack([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1).reshape(x.shape)
 
 
+def _halves(n_head: int, d: int) -> np.ndarray:
+    """The rows of wq / wk reordered per head so that each pair (2i, 2i+1) becomes (i, d/2 + i)."""
+    one = np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])
+    return (np.arange(n_head)[:, None] * d + one[None, :]).reshape(-1)
+
+
+def _rope_halves(x, pos, base):  # noqa: ANN001, ANN202
+    """`rope` for x whose head dimension holds the pairs' first elements, then their second ones
+    (the projection's rows reordered by `_halves`): the same rotation without interleaving.
+    q.k is the same in either order, so attention reads these as it would `rope`'s."""
+    d = x.shape[-1]
+    inv = base ** (-np.arange(0, d, 2, dtype=np.float32) / d)
+    ang = pos[:, None].astype(np.float32) * inv[None, :]  # [T, d/2]
+    c, s = np.cos(ang)[None, :, None, :], np.sin(ang)[None, :, None, :]
+    x0, x1 = x[..., :d // 2], x[..., d // 2:]
+    return jnp.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
+
+
 PRECISIONS = ("f32", "bf16")
 
 
@@ -51,33 +78,42 @@ def linear(x, w, precision: str = "f32"):  # noqa: ANN001, ANN201
     tensor cores); the weights, their gradients and the optimiser stay float32 (mixed
     precision)."""
     if precision == "bf16":
-        return _linear_bf16(x, w)
+        lead = "abcdefgh"[:x.ndim - 1]
+        return _einsum_bf16(f"{lead}i,oi->{lead}o", x, w)
     return x @ w.T
 
 
-def _bf16_dot(a, b, dims):  # noqa: ANN001, ANN202
-    return jax.lax.dot_general(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), (dims, ((), ())),
-                               preferred_element_type=jnp.float32)
+def einsum(spec: str, a, b, precision: str = "f32"):  # noqa: ANN001, ANN201
+    """jnp.einsum(spec, a, b); `bf16`: as `linear` (attention's two batched products: q.k and
+    p.v). Every index of an operand appears in the other operand or in the result."""
+    if precision == "bf16":
+        return _einsum_bf16(spec, a, b)
+    return jnp.einsum(spec, a, b)
 
 
-@jax.custom_vjp
-def _linear_bf16(x, w):  # noqa: ANN001, ANN202
-    return _bf16_dot(x, w, ((x.ndim - 1,), (1,)))  # [..., out]
+def _bf16_einsum(spec: str, a, b):  # noqa: ANN001, ANN202
+    return jnp.einsum(spec, a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
 
 
-def _linear_bf16_fwd(x, w):  # noqa: ANN001, ANN202
-    return _linear_bf16(x, w), (x, w)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _einsum_bf16(spec, a, b):  # noqa: ANN001, ANN202
+    return _bf16_einsum(spec, a, b)
 
 
-def _linear_bf16_bwd(res, dy):  # noqa: ANN001, ANN202
-    x, w = res  # x [..., in], w [out, in], dy [..., out]
-    dx = _bf16_dot(dy, w, ((dy.ndim - 1,), (0,)))  # [..., in]
-    lead = tuple(range(x.ndim - 1))
-    dw = _bf16_dot(dy, x, (lead, lead))  # [out, in]: summed over every row
-    return dx, dw
+def _einsum_bf16_fwd(spec, a, b):  # noqa: ANN001, ANN202
+    return _bf16_einsum(spec, a, b), (a, b)
 
 
-_linear_bf16.defvjp(_linear_bf16_fwd, _linear_bf16_bwd)
+def _einsum_bf16_bwd(spec, res, dy):  # noqa: ANN001, ANN202
+    """Both gradient products in bfloat16 too (autodiff of a bfloat16 product would run them in
+    float32); d/dw of `linear` sums over every leading axis."""
+    a, b = res
+    sa, rest = spec.split(",")
+    sb, so = rest.split("->")
+    return _bf16_einsum(f"{so},{sb}->{sa}", dy, b), _bf16_einsum(f"{sa},{so}->{sb}", a, dy)
+
+
+_einsum_bf16.defvjp(_einsum_bf16_fwd, _einsum_bf16_bwd)
 
 
 def _shift(x, k: int):  # noqa: ANN001, ANN202
@@ -91,7 +127,8 @@ def _shift(x, k: int):  # noqa: ANN001, ANN202
 def step(p, cfg: HeadConfig, emb, g, keys: list, j: int, seg=None, precision: str = "f32"):  # noqa: ANN001, ANN201
     """One TTT step. emb, g [B, T, e]; keys: (k, v) of steps 0..j-1; seg [B, T] segment ids of
     packed sequences (attention stays inside one; None: one sequence per row); `precision` of
-    the weight products (`linear`; attention, the norms, softmax and rope stay float32).
+    the weight products (`linear`) and of attention's two batched products (`einsum`); the
+    norms, softmax and rope stay float32.
     Returns (h, logits, (k, v))."""
     def mm(a, name):  # noqa: ANN001, ANN202
         return linear(a, p[name], precision)
@@ -100,34 +137,48 @@ def step(p, cfg: HeadConfig, emb, g, keys: list, j: int, seg=None, precision: st
     H, KV, d = cfg.n_head, cfg.n_head_kv, cfg.head_dim
     x = jnp.concatenate([rms(emb, p["attn_norm"], cfg.rms_eps), rms(g, p["hidden_norm"], cfg.rms_eps)], axis=-1)
     pos = np.arange(T)
-    q = rope(mm(x, "wq").reshape(B, T, H, d), pos, cfg.rope_base)
-    k = rope(mm(x, "wk").reshape(B, T, KV, d), pos, cfg.rope_base)
+    # q and k in the pairs-split order (`_halves`): the keys kept for later steps are in it too
+    q = _rope_halves(linear(x, p["wq"][_halves(H, d)], precision).reshape(B, T, H, d), pos, cfg.rope_base)
+    k = _rope_halves(linear(x, p["wk"][_halves(KV, d)], precision).reshape(B, T, KV, d), pos, cfg.rope_base)
     v = mm(x, "wv").reshape(B, T, KV, d)
     rep = H // KV
     kk = [kv[0] for kv in keys] + [k]
     vv = [kv[1] for kv in keys] + [v]
     scale = 1.0 / np.sqrt(d)
-    k0 = jnp.repeat(kk[0], rep, axis=2)
-    v0 = jnp.repeat(vv[0], rep, axis=2)
-    s0 = jnp.einsum("bthd,bshd->bhts", q, k0) * scale
-    t_idx, s_idx = np.arange(T)[:, None], np.arange(T)[None, :]
-    allowed = jnp.asarray(s_idx <= t_idx - j)[None, None]
-    if seg is not None:
-        allowed = allowed & (seg[:, None, :, None] == seg[:, None, None, :])
-    s0 = jnp.where(allowed, s0, -1e30)
-    diag = []
+    # grouped-query attention without repeating the keys and values: head g*rep + r reads kv head g
+    q5 = q.reshape(B, T, KV, rep, d)
+    diag = []  # [B, T, KV, rep] scores of the drafted ancestors, one per query row
     for i in range(1, j + 1):
-        ki = _shift(jnp.repeat(kk[i], rep, axis=2), j - i)
-        di = jnp.einsum("bthd,bthd->bht", q, ki)[..., None] * scale  # [B, H, T, 1]
+        ki = _shift(kk[i], j - i)  # [B, T, KV, d]
+        # a product per (row, head) over d: multiply and sum (as a dot it is thousands of 3x64x1 products)
+        di = jnp.sum(q5 * ki[:, :, :, None, :], axis=-1) * scale
         if seg is not None:
-            di = jnp.where((_shift(seg, j - i) == seg)[:, None, :, None], di, -1e30)
+            di = jnp.where((_shift(seg, j - i) == seg)[:, :, None, None], di, -1e30)
         diag.append(di)
-    alls = jnp.concatenate([s0] + diag, axis=-1)
-    pr = jax.nn.softmax(alls, axis=-1)
-    out = jnp.einsum("bhts,bshd->bthd", pr[..., :T], v0)
-    for n, i in enumerate(range(1, j + 1)):
-        vi = _shift(jnp.repeat(vv[i], rep, axis=2), j - i)
-        out = out + pr[..., T + n].transpose(0, 2, 1)[..., None] * vi
+    # causal: query block b reads the keys of blocks 0..b only
+    nb = 2 if T % 2 == 0 and T >= 64 else 1
+    tb = T // nb
+    outs = []
+    for b in range(nb):
+        a_, z_ = b * tb, (b + 1) * tb
+        sb = einsum("btgrd,bsgd->bgrts", q5[:, a_:z_], kk[0][:, :z_], precision) * scale  # [B, KV, rep, tb, z_]
+        t_idx, s_idx = np.arange(a_, z_)[:, None], np.arange(z_)[None, :]
+        allowed = jnp.asarray(s_idx <= t_idx - j)[None, None, None]
+        if seg is not None:
+            allowed = allowed & (seg[:, None, None, a_:z_, None] == seg[:, None, None, None, :z_])
+        sb = jnp.where(allowed, sb, -1e30)
+        db = [di[:, a_:z_].transpose(0, 2, 3, 1)[..., None] for di in diag]  # [B, KV, rep, tb, 1]
+        # softmax over the context's scores and the drafted ancestors' without concatenating them
+        top = jax.lax.stop_gradient(functools.reduce(jnp.maximum, db, jnp.max(sb, axis=-1, keepdims=True)))
+        e0, ed = jnp.exp(sb - top), [jnp.exp(x - top) for x in db]
+        den = functools.reduce(jnp.add, ed, jnp.sum(e0, axis=-1, keepdims=True))
+        ob = einsum("bgrts,bsgd->btgrd", e0 / den, vv[0][:, :z_], precision)
+        for n, i in enumerate(range(1, j + 1)):
+            vi = _shift(vv[i], j - i)[:, a_:z_]  # [B, tb, KV, d]
+            pi = (ed[n] / den)[..., 0].transpose(0, 3, 1, 2)[..., None]  # [B, tb, KV, rep, 1]
+            ob = ob + pi * vi[:, :, :, None, :]
+        outs.append(ob)
+    out = outs[0] if nb == 1 else jnp.concatenate(outs, axis=1)
     attn = mm(out.reshape(B, T, H * d), "wo")
     ffn_inp = attn + g
     hn = rms(ffn_inp, p["ffn_norm"], cfg.rms_eps)
@@ -154,10 +205,13 @@ def loss_fn(p, cfg: HeadConfig, embed, feats, tokens, labels_d, steps: int,  # n
         if seg is not None:  # step j's chain starts j positions back: all of it in one sequence
             valid = valid & (_shift(seg, j) == seg)
         lab = jnp.maximum(labels_d, 0)
-        nll = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, lab[..., None], axis=-1)[..., 0]
+        top = jax.lax.stop_gradient(jnp.max(logits, axis=-1))
+        lse = top + jnp.log(jnp.sum(jnp.exp(logits - top[..., None]), axis=-1))
+        ll = jnp.take_along_axis(logits, lab[..., None], axis=-1)[..., 0]
         n = jnp.maximum(valid.sum(), 1)
-        total = total + (decay ** j) * jnp.sum(jnp.where(valid, nll, 0.0)) / n
-        accs.append(jnp.sum(jnp.where(valid, jnp.argmax(logits, -1) == lab, False)) / n)
+        total = total + (decay ** j) * jnp.sum(jnp.where(valid, lse - ll, 0.0)) / n
+        # top-1 right: the label's logit is the largest (the max logsumexp takes anyway; no argmax pass)
+        accs.append(jnp.sum(jnp.where(valid, ll >= top, False)) / n)
         g = _shift(h, 1)
     return total, jnp.stack(accs)
 

@@ -62,6 +62,90 @@ def test_bf16_products_and_their_gradients_track_float32():
         assert 0 < _rel(a, b) < 2e-2  # rounded, and only by bfloat16's rounding
 
 
+@pytest.mark.parametrize("spec", ["btgrd,bsgd->bgrts", "bgrts,bsgd->btgrd"])
+def test_bf16_attention_products_and_their_gradients_track_float32(spec):
+    """Attention's two batched products (q.k, grouped heads; p.v) in bf16: the product and both
+    gradients are float32's to within bfloat16's rounding, and not float32's bits."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from edgespec.heads.model_jax import einsum
+
+    B, T, G, R, d = 2, 12, 2, 3, 16
+    rng = np.random.default_rng(2)
+    shapes = {"btgrd": (B, T, G, R, d), "bsgd": (B, T, G, d), "bgrts": (B, G, R, T, T)}
+    sa, rest = spec.split(",")
+    sb, so = rest.split("->")
+    a = jnp.asarray(rng.standard_normal(shapes[sa]), jnp.float32)
+    b = jnp.asarray(rng.standard_normal(shapes[sb]), jnp.float32)
+    r = jnp.asarray(rng.standard_normal(jnp.einsum(spec, a, b).shape), jnp.float32)
+    y32, y16 = einsum(spec, a, b, "f32"), einsum(spec, a, b, "bf16")
+    g32 = jax.grad(lambda a, b: jnp.sum(einsum(spec, a, b, "f32") * r), argnums=(0, 1))(a, b)
+    g16 = jax.grad(lambda a, b: jnp.sum(einsum(spec, a, b, "bf16") * r), argnums=(0, 1))(a, b)
+    for x, y in [(y16, y32), *zip(g16, g32)]:
+        assert x.shape == y.shape and x.dtype == jnp.float32
+        assert 0 < _rel(x, y) < 2e-2
+
+
+def test_rope_on_split_pairs_gives_the_attention_scores_of_llama_cpp_rope():
+    """q and k projected with `_halves`-reordered rows and rotated by `_rope_halves` give the
+    same q.k as llama.cpp's pairwise rope on the original rows (and the rotated rows are the
+    same numbers, reordered); a reordering of one side only does not."""
+    pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from edgespec.heads.model_jax import _halves, _rope_halves, rope
+
+    H, d, T, e = 3, 16, 10, 24
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, T, e)).astype(np.float32)
+    wq, wk = (rng.standard_normal((H * d, e)).astype(np.float32) for _ in range(2))
+    pos = np.arange(T)
+
+    def proj(w):  # noqa: ANN001, ANN202
+        return jnp.asarray(x @ w.T).reshape(1, T, H, d)
+
+    perm = _halves(H, d)
+    q, k = rope(proj(wq), pos, 10000.0), rope(proj(wk), pos, 10000.0)
+    qh, kh = _rope_halves(proj(wq[perm]), pos, 10000.0), _rope_halves(proj(wk[perm]), pos, 10000.0)
+    np.testing.assert_allclose(np.asarray(qh).reshape(1, T, -1), np.asarray(q).reshape(1, T, -1)[..., perm],
+                               rtol=1e-5, atol=1e-5)
+    s, sh = (np.einsum("bthd,bshd->bhts", np.asarray(a), np.asarray(b)) for a, b in [(q, k), (qh, kh)])
+    np.testing.assert_allclose(sh, s, rtol=1e-4, atol=1e-4)
+    mixed = np.einsum("bthd,bshd->bhts", np.asarray(qh), np.asarray(k))
+    assert np.abs(mixed - s).max() > 0.1
+
+
+def test_the_training_accuracy_is_the_argmax_accuracy():
+    """loss_fn's per-step accuracy (the label's logit is the largest) equals argmax == label over
+    the scored rows, and its loss is the mean cross-entropy (log-sum-exp less the label's logit)."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from edgespec.heads import model_jax as mj
+
+    V, n_tok, B, T = 64, 50, 2, 16
+    cfg = _cfg(V)
+    rng = np.random.default_rng(4)
+    p = {k: jnp.asarray(v) for k, v in HeadWeights.init(cfg, np.arange(V), rng).w.items()}
+    embed = jnp.asarray(rng.standard_normal((n_tok, cfg.n_embd)), jnp.float32)
+    feats = jnp.asarray(rng.standard_normal((B, T, 3 * cfg.n_embd)), jnp.float32)
+    tok = jnp.asarray(rng.integers(0, n_tok, (B, T)), jnp.int32)
+    g = mj.linear(feats, p["fc"])
+    _, logits, _ = mj.step(p, cfg, embed[tok], g, [], 0)
+    lab = np.asarray(jnp.argmax(logits, -1)).copy()
+    lab[:, ::3] = (lab[:, ::3] + 1) % V  # a third wrong
+    lab[0, 5] = -1  # not scored
+    loss, accs = mj.loss_fn(p, cfg, embed, feats, tok, jnp.asarray(lab), 1)
+    scored = lab >= 0
+    want = (np.asarray(jnp.argmax(logits, -1)) == lab)[scored].mean()
+    assert abs(float(accs[0]) - want) < 1e-6 and 0.5 < want < 0.8
+    lg = np.asarray(logits, np.float64)
+    lse = np.log(np.exp(lg - lg.max(-1, keepdims=True)).sum(-1)) + lg.max(-1)
+    nll = (lse - np.take_along_axis(lg, np.maximum(lab, 0)[..., None], -1)[..., 0])[scored].mean()
+    assert abs(float(loss) - nll) < 1e-4 * max(1.0, nll)
+
+
 def _cfg(n_vocab: int = 64) -> HeadConfig:
     return HeadConfig(n_embd=64, n_ff=128, n_head=4, n_head_kv=2, head_dim=16, layers=(0, 1, 2),
                       n_draft_vocab=n_vocab, rope_base=10000.0, rms_eps=1e-5, n_ctx_train=128)
