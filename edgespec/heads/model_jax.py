@@ -129,7 +129,7 @@ def step(p, cfg: HeadConfig, emb, g, keys: list, j: int, seg=None, precision: st
     packed sequences (attention stays inside one; None: one sequence per row); `precision` of
     the weight products (`linear`) and of attention's two batched products (`einsum`); the
     norms, softmax and rope stay float32.
-    Returns (h, logits, (k, v))."""
+    Returns (h, logits, (k, v)); k in `_halves` order, as later steps read it."""
     def mm(a, name):  # noqa: ANN001, ANN202
         return linear(a, p[name], precision)
 
@@ -170,7 +170,7 @@ def step(p, cfg: HeadConfig, emb, g, keys: list, j: int, seg=None, precision: st
         db = [di[:, a_:z_].transpose(0, 2, 3, 1)[..., None] for di in diag]  # [B, KV, rep, tb, 1]
         # softmax over the context's scores and the drafted ancestors' without concatenating them
         top = jax.lax.stop_gradient(functools.reduce(jnp.maximum, db, jnp.max(sb, axis=-1, keepdims=True)))
-        e0, ed = jnp.exp(sb - top), [jnp.exp(x - top) for x in db]
+        e0, ed = jnp.exp(sb - top), [jnp.exp(dd - top) for dd in db]
         den = functools.reduce(jnp.add, ed, jnp.sum(e0, axis=-1, keepdims=True))
         ob = einsum("bgrts,bsgd->btgrd", e0 / den, vv[0][:, :z_], precision)
         for n, i in enumerate(range(1, j + 1)):
