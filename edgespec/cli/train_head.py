@@ -52,9 +52,9 @@ def train_head(
                                              "first (0: every round whole)")] = 0,
     data_minutes: Annotated[float, typer.Option(help="--features jax: start no new batch of answers after this "
                                                 "many minutes (0: no limit)")] = 0.0,
-    precision: Annotated[str, typer.Option(help="the head's weight products in training: f32, bf16 (float32 weights, "
-                                           "sums and optimiser), or auto: bf16 on a GPU and on a CPU with AMX or "
-                                           "AVX512-BF16, else f32")] = "auto",
+    precision: Annotated[str, typer.Option(help="the head's weight and attention products in training: f32, bf16 "
+                                           "(float32 weights, sums and optimiser), or auto: bf16 on a GPU and on a "
+                                           "CPU with AMX or AVX512-BF16, else f32")] = "auto",
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Train an EAGLE-3 head on the target's own answers and package text; write a GGUF that

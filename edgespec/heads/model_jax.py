@@ -42,13 +42,17 @@ def rms(x, w, eps):  # noqa: ANN001, ANN201
 def rope(x, pos, base):  # noqa: ANN001, ANN201
     """llama.cpp's NORM rope: adjacent pairs (x[2i], x[2i+1]) rotated by pos * base^(-2i/d).
     x [B, T, H, d], pos [T] (a numpy array: the angles become constants of the program)."""
-    d = x.shape[-1]
+    c, s = _rope_angles(x.shape[-1], pos, base)
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    return jnp.stack([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1).reshape(x.shape)
+
+
+def _rope_angles(d: int, pos, base):  # noqa: ANN001, ANN202
+    """cos and sin of pos * base^(-2i/d), [1, T, 1, d/2]; numpy (program constants) for a numpy pos."""
     xp = np if isinstance(pos, np.ndarray) else jnp
     inv = base ** (-xp.arange(0, d, 2, dtype=xp.float32) / d)
     ang = pos[:, None].astype(xp.float32) * inv[None, :]  # [T, d/2]
-    c, s = xp.cos(ang)[None, :, None, :], xp.sin(ang)[None, :, None, :]
-    x0, x1 = x[..., 0::2], x[..., 1::2]
-    return jnp.stack([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1).reshape(x.shape)
+    return xp.cos(ang)[None, :, None, :], xp.sin(ang)[None, :, None, :]
 
 
 def _halves(n_head: int, d: int) -> np.ndarray:
@@ -62,9 +66,7 @@ def _rope_halves(x, pos, base):  # noqa: ANN001, ANN202
     (the projection's rows reordered by `_halves`): the same rotation without interleaving.
     q.k is the same in either order, so attention reads these as it would `rope`'s."""
     d = x.shape[-1]
-    inv = base ** (-np.arange(0, d, 2, dtype=np.float32) / d)
-    ang = pos[:, None].astype(np.float32) * inv[None, :]  # [T, d/2]
-    c, s = np.cos(ang)[None, :, None, :], np.sin(ang)[None, :, None, :]
+    c, s = _rope_angles(d, pos, base)
     x0, x1 = x[..., :d // 2], x[..., d // 2:]
     return jnp.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
 
@@ -224,7 +226,7 @@ def adam_init(p):  # noqa: ANN001, ANN201
 def make_train_step(cfg: HeadConfig, steps: int, wd: float = 0.0, packed: bool = False,  # noqa: ANN201
                     precision: str = "f32"):
     """A jitted (params, opt, embed, feats, tokens, labels_d, lr[, seg]) -> (params, opt, loss,
-    accs): one Adam step (`packed`: with segment ids; `precision`: the weight products')."""
+    accs): one Adam step (`packed`: with segment ids; `precision`: `step`'s)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
 

@@ -54,7 +54,7 @@ class TrainSpec:
     sample_temperature: float = 0.8
     max_sampled: int = 0  # --features jax: at most this many sampled answers in all (0: every round whole)
     data_minutes: float = 0.0  # --features jax: stop starting new batches of answers after this (0: no limit)
-    precision: str = "auto"  # the head's weight products in training: f32, bf16, or auto (`training_precision`)
+    precision: str = "auto"  # weight and attention products in training: f32, bf16, auto (`training_precision`)
 
 
 def _log(msg: str) -> None:
@@ -66,10 +66,10 @@ BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # x86 units that multiply bfloat16
 
 
 def training_precision(precision: str, backend: str, cpu_flags: frozenset[str] | set[str]) -> str:
-    """The precision of the head's weight products (edgespec.heads.model_jax.linear). `auto`:
-    bf16 (float32 sums) on an accelerator, and on a CPU with AMX or AVX512-BF16, where XLA's
-    bfloat16 products run 2x (the whole step) to 5x (a mat-mul alone) faster than float32
-    ones; f32 elsewhere, where bfloat16 would be emulated."""
+    """The precision of the head's weight and attention products (edgespec.heads.model_jax.linear,
+    einsum). `auto`: bf16 (float32 sums) on an accelerator, and on a CPU with AMX or AVX512-BF16,
+    where XLA's bfloat16 products run 2.6x (the whole step) to 5x (a mat-mul alone) faster than
+    float32 ones; f32 elsewhere, where bfloat16 would be emulated."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if precision != "auto":
@@ -350,7 +350,7 @@ class _Fit:
     tokens_per_s: float  # training tokens (window rows) per second of training steps
     best_step: int  # the step whose weights were kept (best held-out depth-1)
     curve: list  # [(step, training tokens seen, seconds trained, held-out depth-1)]
-    precision: str  # of the weight products (training_precision)
+    precision: str  # of the weight and attention products (training_precision)
 
 
 def _fit(spec: TrainSpec, head: HeadWeights, embed: np.ndarray, feats: np.ndarray, rows: np.ndarray, inp: np.ndarray,
@@ -367,7 +367,7 @@ def _fit(spec: TrainSpec, head: HeadWeights, embed: np.ndarray, feats: np.ndarra
     ckpt = spec.work_dir / "checkpoint.npz"
     params, opt, step_i, trained_s, best, curve = _resume(ckpt, head, log)
     precision = training_precision(spec.precision, jax.default_backend(), cpu_flags())
-    log(f"training precision: {precision} (weight products; float32 weights, sums and optimiser)")
+    log(f"training precision: {precision} (weight and attention products; float32 weights, sums and optimiser)")
     train_step = mj.make_train_step(head.cfg, spec.ttt_steps, packed=True, precision=precision)
     embed_j = jnp.asarray(embed)
     n = len(inp)
