@@ -75,6 +75,9 @@ class Slot:
     # the whole context (prompt and reply) of the last request that ended cleanly: what idle time
     # may bring the draft cache up to (Engine.idle_work)
     last_context: tuple[int, ...] = ()
+    # what the head-drafting request on this slot lends other slots of its prompt once its prefill
+    # is done: the head's positions (which only grow while it runs) and the prompt's features
+    lent: HeadCache | None = None
 
     def reset(self) -> None:
         """Empty every cache; nothing is reusable."""
@@ -83,7 +86,7 @@ class Slot:
             if rng is not None:
                 rng.clear()
         self.prefill = ()
-        self.draft_cache = self.head_cache = None
+        self.draft_cache = self.head_cache = self.lent = None
         self.last_context = ()
 
     def _beside(self, kind: str) -> bool:
@@ -97,6 +100,11 @@ class Slot:
 
     def cache_of(self, kind: str):  # noqa: ANN201
         return self.head_cache if self._beside(kind) else self.draft_cache
+
+    def head_to_lend(self, kind: str) -> HeadCache | None:
+        """What this slot can lend a request drafting with head `kind` on another slot: the
+        running request's prompt if it drafts with the head, else what the head's cells hold."""
+        return self.lent if self.drafting == kind else self.cache_of(kind)
 
     def set_cache(self, kind: str, cache) -> None:  # noqa: ANN001
         if self._beside(kind):
@@ -288,13 +296,13 @@ class Engine:
     def _once_seconds(self, req: GenerationRequest, slot: Slot, kind: str) -> float:
         """What drafting `req` with `kind` on `slot` costs before its first proposal, beyond what
         the other drafter would: the prompt prefill the target computes again (a head keeps no
-        more of the prefill than it has positions for) and the drafter's catch-up over the prompt
-        tokens it does not hold (a draft model over its window at most)."""
+        more of the prefill than the head positions it can hold: _kept_prefill) and the drafter's
+        catch-up over the prompt tokens it does not hold (a draft model over its window at most)."""
         prompt = req.prompt_tokens
         cost = self.cost.drafting(self.cost_kind(kind))
-        keep = self._keepable(slot, req, kind) if self.prompt_cache else 0
+        keep, _, hdonor = self._kept_prefill(slot, req, kind)
         prefill = len(prompt) - 1 - keep
-        cache = slot.cache_of(kind) if self.prompt_cache else None
+        cache = (hdonor or slot).cache_of(kind) if self.prompt_cache else None
         held = cache.reusable(prompt) if cache is not None else 0
         backlog = max(1, len(prompt) - 1 - held)
         if kind == "model":
@@ -575,7 +583,6 @@ class Engine:
         free = [s for s in self.slots if not s.busy]
         if not free:
             raise Overloaded(f"all {len(self.slots)} slots are busy")
-        chunk = self.reuse_chunk
 
         def best_slot(kind: str | None) -> Slot:  # the free slot whose caches this prompt can reuse most
             if not self.prompt_cache or len(free) == 1:
@@ -589,19 +596,14 @@ class Engine:
         places = {k: best_slot(k) for k in self.drafter_kinds} or {None: best_slot(None)}
         kind = self.choose_drafter(req, places)
         slot = places[kind]
-        keep = self._keepable(slot, req, kind) if self.prompt_cache else 0
-        donor = None
-        if self.prompt_cache and kind != "eagle3":
-            # another slot's kept (or completed) prefill may share more: its cells are shared by a
-            # copy in the unified cache, nothing is recomputed
-            for other in self.slots:
-                if other is slot:
-                    continue
-                n = reusable_prefix(other.prefill, req.prompt_tokens, chunk)
-                if n > keep:
-                    keep, donor = n, other
+        keep, donor, hdonor = self._kept_prefill(slot, req, kind)
         slot.busy = True
         try:
+            if hdonor is not None:  # the head's positions and features of the prompt, from another slot
+                rng, cache = slot.drafter_range(kind), hdonor.head_to_lend(kind)
+                rng.clear()
+                rng.ctx.seq_cp(hdonor.drafter_range(kind).base, rng.base, 0, cache.n_past)
+                slot.set_cache(kind, cache)
             tgt = slot.target
             if donor is not None:
                 tgt.clear()
@@ -613,6 +615,7 @@ class Engine:
             else:
                 tgt.clear()
             slot.prefill = ()  # nothing reusable from this slot until this prefill has completed
+            slot.lent = None
             slot.drafting = kind
             sess = Session(self, slot, req, keep=keep, drafter=kind)
             if len(self.drafter_kinds) > 1 and req.speculation.mode != "plain":
@@ -625,6 +628,35 @@ class Engine:
         except BaseException:
             slot.busy = False
             raise
+
+    def _kept_prefill(self, slot: Slot, req: GenerationRequest, kind: str | None) -> tuple[int, Slot | None, Slot | None]:
+        """What a request drafting with `kind` on `slot` keeps of its prompt's prefill: the
+        leading positions whose target KV it keeps, the other slot whose target cells it copies
+        (None: the slot's own) and, for a head's request, the other slot whose head positions and
+        features it copies (None: the slot's own). Any slot's kept (or completed) prefill may
+        share its cells by a copy in the unified cache: nothing is recomputed. A head's request
+        keeps no more of the target's prefill than the head positions (and features) it holds:
+        the head needs the target's features of every position it has not absorbed. Those come
+        from its own slot or from any other (Slot.head_to_lend): a slot the head is not drafting in
+        keeps what its cache says, and a request drafting with the head lends its prompt's once
+        its prefill is done (the template or document that concurrent requests share)."""
+        if not self.prompt_cache:
+            return 0, None, None
+        prompt, chunk = req.prompt_tokens, self.reuse_chunk
+        held = {id(s): reusable_prefix(s.prefill, prompt, chunk) for s in self.slots}
+        best = max(self.slots, key=lambda s: (held[id(s)], s is slot))
+        keep = held[id(best)]
+        if kind != "eagle3" or req.speculation.mode == "plain" or not keep:
+            return keep, (best if held[id(best)] > held[id(slot)] else None), None
+        head = {id(s): head_reusable(s.cache_of(kind) if s is slot else s.head_to_lend(kind), prompt)
+                for s in self.slots}
+        hbest = max(self.slots, key=lambda s: (head[id(s)], s is slot))
+        keep = min(keep, head[id(hbest)]) // chunk * chunk
+        if not keep:
+            return 0, None, None
+        donor = None if held[id(slot)] >= keep else best
+        hdonor = None if head[id(slot)] >= keep else hbest
+        return keep, donor, hdonor
 
     def _keepable(self, slot: Slot, req: GenerationRequest, kind: str | None = None) -> int:
         """Prompt positions whose target KV `slot` may keep for `req`: its kept prefill's
@@ -671,6 +703,7 @@ class Engine:
             slot.prefill = ()
         slot.busy = False
         slot.drafting = None
+        slot.lent = None
 
     def tick(self, sessions: Sequence[Session]) -> dict[Session, Chunk]:
         """One engine tick over the active sessions (edgespec/tick/): every decoding session's

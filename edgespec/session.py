@@ -94,6 +94,9 @@ class Session:
         self.prefill_tokens = tuple(self.tokens[:-1])  # what the prompt's prefill leaves in seq 0
         self.consistent = True  # the caches are as the invariants say (false while a step runs)
         self.n_past = keep
+        if engine.prompt_cache and not self.prefilling:
+            slot.prefill = self.prefill_tokens  # all kept: other slots may share these cells now
+            self._lend()
         self._t_start = time.perf_counter()
         self.record: StepRecord | None = None  # the step under way (between begin_step and observe)
 
@@ -168,9 +171,16 @@ class Session:
         if not self.prefilling:
             if self.engine.prompt_cache:
                 self.slot.prefill = self.prefill_tokens  # other slots may share these cells from now on
+                self._lend()
             # decoding time starts after the target's prefill (the same in every mode, like
             # llama.cpp's eval time); the draft's own prefill happens in its first steps and counts
             self._t_start = time.perf_counter()
+
+    def _lend(self) -> None:
+        """The prompt is read: a request drafting with a head lends other slots' requests the
+        head's positions and the prompt's features (Slot.lent, Engine._kept_prefill)."""
+        if self.drafter is not None and self.drafter.features:
+            self.slot.lent = self.drafter.keep(self.tokens)
 
     # -- one step, in the tick's phases --------------------------------------------------------
     def choose_shape(self) -> Shape:

@@ -96,6 +96,10 @@ class Eagle3Drafter:
         self.max_leaves = max_leaves or ctx.n_seq_max
         self.n_past = 0  # head positions committed in seq 0
         self._g: list[np.ndarray] = []  # g rows for head positions n_past, n_past + 1, ...
+        # the target's features of the context indices after those, not encoded yet: a request
+        # whose steps graft other sources' drafts may not draft with the head for many steps, and
+        # one encode when the head next reads them costs one head call instead of one per step
+        self._raw: list[np.ndarray] = []
         self._root: tuple[int, np.ndarray, np.ndarray] | None = None  # (position, logits, hidden) of the last committed position
         self._used_seqs: set[int] = set()
         self._skip = 0  # feature rows still to drop: positions the head kept beyond the target's kept prefix
@@ -104,7 +108,7 @@ class Eagle3Drafter:
     @property
     def n_features(self) -> int:
         """Context indices whose target features the head has (n_past + pending)."""
-        return self.n_past + sum(len(g) for g in self._g)
+        return self.n_past + sum(len(g) for g in self._g) + sum(len(f) for f in self._raw)
 
     def begin(self, tokens: list[int], kept: HeadCache | None = None, features_from: int = 0) -> int:
         """Start on context `tokens`, keeping what `kept` has of it (`reusable`): its positions
@@ -122,6 +126,7 @@ class Eagle3Drafter:
         self.n_past = min(keep, kept.n_past) if kept is not None else 0
         rows = keep - self.n_past
         self._g = [kept.g[:rows]] if rows > 0 else []
+        self._raw = []
         if self.n_past:
             self.ctx.seq_rm(0, self.n_past, -1)
             for s in range(1, self.n_seq):  # empty after every step; an assertion that costs nothing
@@ -138,6 +143,7 @@ class Eagle3Drafter:
         the features it has not absorbed (None: nothing, mid-step, or blind)."""
         if self._used_seqs or self.n_features <= 0 or self._blind:
             return None
+        self._encode()
         g = np.concatenate(self._g) if self._g else None
         return HeadCache(tuple(tokens[:self.n_features + 1]), self.n_past, g)
 
@@ -151,13 +157,21 @@ class Eagle3Drafter:
             drop = min(self._skip, len(features))
             features, self._skip = features[drop:], self._skip - drop
         if len(features):
-            self._g.append(self.head.encode(features))
+            self._raw.append(features)
+
+    def _encode(self) -> None:
+        """Encode the pending features (the head's fc), in one call."""
+        if self._raw:
+            raw = self._raw[0] if len(self._raw) == 1 else np.concatenate(self._raw)
+            self._raw = []
+            self._g.append(self.head.encode(raw))
 
     def _catch_up_steps(self, tokens: list[int], end: int):
         """Write head positions n_past..end-1 (token[P+1], g[P]) into seq 0, as one draft batch;
         returns how many."""
         if end <= self.n_past:
             return 0
+        self._encode()
         g = self._g[0] if len(self._g) == 1 else np.concatenate(self._g)
         n, p0 = end - self.n_past, self.n_past
         rows = yield DraftBatch(list(tokens[p0 + 1:p0 + 1 + n]), list(range(p0, p0 + n)), [(0,)] * n,

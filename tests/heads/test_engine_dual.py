@@ -155,6 +155,80 @@ def test_the_engine_chooses_by_load_and_counts_its_choices(dual):
     assert all(s.drafting is None for s in eng.slots)
 
 
+def test_a_draft_model_request_copies_another_slots_prefill_and_the_choice_prices_it(demo_pair, tiny_head):
+    """A prompt whose prefill another slot holds, and no head positions anywhere: a draft-model
+    request copies those cells and prefills nothing, a head's request would prefill it all; the
+    choice's one-off cost of each says so."""
+    eng = load(demo_pair, tiny_head, parallel=2)
+    try:
+        assert eng.prompt_cache
+        toks = prompts(eng)[0]
+        holder = eng.open_session(request(toks, "plain", 8))
+        while holder.prefilling:
+            eng.tick([holder])
+        assert holder.slot.prefill == tuple(toks[:-1])  # shared from now on
+        req = request(toks, "chain", 4)
+        other = next(s for s in eng.slots if not s.busy)
+        assert eng._kept_prefill(other, req, "model") == (len(toks) - 1, holder.slot, None)
+        assert eng._kept_prefill(other, req, "eagle3") == (0, None, None)
+        cost = {k: eng.cost.drafting(eng.cost_kind(k)) for k in ("model", "eagle3")}
+        backlog = min(len(toks) - 1, eng.cfg.draft_window)
+        assert eng._once_seconds(req, other, "model") == pytest.approx(
+            cost["model"].verify_seconds(1) + cost["model"].draft_seconds(backlog))
+        assert eng._once_seconds(req, other, "eagle3") == pytest.approx(
+            cost["eagle3"].verify_seconds(len(toks) - 1) + cost["eagle3"].draft_seconds(len(toks) - 1))
+        sess = open_with(eng, toks, "chain", "model", 4)
+        assert sess.slot is other and sess.stats.cached_prompt_tokens == len(toks) - 1
+        assert finish(sess).token_ids == run(eng, toks, "plain", "model", 4).token_ids
+        holder.close()
+    finally:
+        eng.close()
+
+
+def test_a_heads_request_copies_the_head_positions_and_the_prefill_of_another_slot(demo_pair, tiny_head):
+    """A head's request keeps what the other slot holds of its prompt, the head's positions and
+    features as well as the target's prefill, while that slot serves a draft-model request (the
+    head's cells there are untouched), or while a request drafting with the head runs there; the
+    output is plain greedy's and every KV invariant holds. Before, a head's request kept only what
+    its own slot held, and prefilled the whole prompt."""
+    eng = load(demo_pair, tiny_head, parallel=2)
+    try:
+        toks = prompts(eng)[0]
+        want = run(eng, toks, "chain", "eagle3").token_ids
+        first = next(s for s in eng.slots if s.head_cache is not None)
+        held = first.head_cache
+        holder = open_with(eng, toks, "plain", "model", 8)  # the same prompt: the slot keeps its prefill
+        assert holder.slot is first and not holder.prefilling
+        assert first.prefill == tuple(toks[:-1])  # kept whole: shared from the start
+        other = next(s for s in eng.slots if s is not first)
+        assert other.head_cache is None and other.prefill == ()
+        sess = open_with(eng, toks, "chain", "eagle3")
+        assert sess.slot is other and first.head_cache is held  # lent, not taken
+        # all but the root's parent, which the head decodes again (HeadCache.reusable)
+        assert sess.stats.cached_prompt_tokens == sess.stats.draft_cached_tokens == len(toks) - 2
+        assert finish(sess).token_ids == want
+        holder.close()
+        # a request drafting with the head lends its prompt's head positions and features, once
+        # it has read the prompt, to a request on a slot that holds nothing
+        busy = open_with(eng, toks, "chain", "eagle3")
+        while busy.prefilling:
+            eng.tick([busy])
+        empty = next(s for s in eng.slots if not s.busy)
+        empty.reset()
+        keep, donor, hdonor = eng._kept_prefill(empty, request(toks, "chain"), "eagle3")
+        # all of it: the lent features include the root's parent's, which the head had not absorbed
+        assert keep == len(toks) - 1 and donor is busy.slot and hdonor is busy.slot
+        lent = open_with(eng, toks, "chain", "eagle3")
+        assert lent.slot is empty and lent.stats.cached_prompt_tokens == len(toks) - 1
+        while not (busy.done and lent.done):  # side by side, every KV invariant checked
+            eng.tick([s for s in (busy, lent) if not s.done])
+        assert busy.result().token_ids == lent.result().token_ids == want
+        busy.close()
+        lent.close()
+    finally:
+        eng.close()
+
+
 # -- temperature 1: ticks mixing both drafters sample the target's distribution ------------------
 
 N_SAMPLES = 600

@@ -40,3 +40,44 @@ def test_nothing_kept_gives_nothing():
     assert reusable(None, CONTEXT) == 0
     assert cache(29, 29).reusable([5, 6, 7]) == 0
     assert cache(29, 29).reusable([100]) == 0
+
+
+class _Head:
+    """A head context that counts its encodes (the fc: here the first 4 feature columns, doubled)."""
+
+    n_seq_max = 2
+    n_ctx = 4096
+
+    def __init__(self) -> None:
+        self.ctx = self
+        self.encodes: list[int] = []
+
+    def encode(self, features: np.ndarray) -> np.ndarray:
+        self.encodes.append(len(features))
+        return 2 * features[:, :4]
+
+    def seq_rm(self, *args) -> None:  # noqa: ANN002
+        pass
+
+    def clear(self) -> None:
+        pass
+
+
+def test_features_are_encoded_once_when_the_head_reads_them():
+    """A request whose steps graft other sources' drafts hands the head the target's features
+    every step; they wait raw and are encoded in one call when the head next reads them (here
+    the kept cache), in context order, the same rows a call per step would give."""
+    from edgespec.drafters.eagle3 import Eagle3Drafter
+
+    head = _Head()
+    d = Eagle3Drafter(head)
+    d.begin(CONTEXT[:10])
+    rng = np.random.default_rng(0)
+    steps = [rng.standard_normal((n, 12)).astype(np.float32) for n in (9, 1, 3, 2)]  # prefill, then steps
+    for f in steps:
+        d.add_features(f)
+    assert head.encodes == [] and d.n_features == 15 and d.n_past == 0
+    kept = d.keep(CONTEXT[:16])
+    assert head.encodes == [15]  # one call for the four steps
+    np.testing.assert_array_equal(kept.g, 2 * np.concatenate(steps)[:, :4])
+    assert kept.n_features == 15 and kept.tokens == tuple(CONTEXT[:16])
