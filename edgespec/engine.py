@@ -302,7 +302,10 @@ class Engine:
         cost = self.cost.drafting(self.cost_kind(kind))
         keep, _, hdonor = self._kept_prefill(slot, req, kind)
         prefill = len(prompt) - 1 - keep
-        cache = (hdonor or slot).cache_of(kind) if self.prompt_cache else None
+        if hdonor is not None:  # the head's positions and features come from another slot
+            cache = hdonor.head_to_lend(kind)
+        else:
+            cache = slot.cache_of(kind) if self.prompt_cache else None
         held = cache.reusable(prompt) if cache is not None else 0
         backlog = max(1, len(prompt) - 1 - held)
         if kind == "model":

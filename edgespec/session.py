@@ -94,9 +94,8 @@ class Session:
         self.prefill_tokens = tuple(self.tokens[:-1])  # what the prompt's prefill leaves in seq 0
         self.consistent = True  # the caches are as the invariants say (false while a step runs)
         self.n_past = keep
-        if engine.prompt_cache and not self.prefilling:
-            slot.prefill = self.prefill_tokens  # all kept: other slots may share these cells now
-            self._lend()
+        if not self.prefilling:  # all of it kept
+            self._share_prompt()
         self._t_start = time.perf_counter()
         self.record: StepRecord | None = None  # the step under way (between begin_step and observe)
 
@@ -169,16 +168,18 @@ class Session:
         if features is not None and self.drafter is not None and self.drafter.features:
             self.drafter.add_features(features)
         if not self.prefilling:
-            if self.engine.prompt_cache:
-                self.slot.prefill = self.prefill_tokens  # other slots may share these cells from now on
-                self._lend()
+            self._share_prompt()
             # decoding time starts after the target's prefill (the same in every mode, like
             # llama.cpp's eval time); the draft's own prefill happens in its first steps and counts
             self._t_start = time.perf_counter()
 
-    def _lend(self) -> None:
-        """The prompt is read: a request drafting with a head lends other slots' requests the
-        head's positions and the prompt's features (Slot.lent, Engine._kept_prefill)."""
+    def _share_prompt(self) -> None:
+        """The prompt is read: with the prompt cache, other slots' requests may share its cells
+        from now on, and a request drafting with a head lends them the head's positions and the
+        prompt's features (Slot.lent, Engine._kept_prefill)."""
+        if not self.engine.prompt_cache:
+            return
+        self.slot.prefill = self.prefill_tokens
         if self.drafter is not None and self.drafter.features:
             self.slot.lent = self.drafter.keep(self.tokens)
 

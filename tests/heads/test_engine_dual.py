@@ -218,6 +218,10 @@ def test_a_heads_request_copies_the_head_positions_and_the_prefill_of_another_sl
         keep, donor, hdonor = eng._kept_prefill(empty, request(toks, "chain"), "eagle3")
         # all of it: the lent features include the root's parent's, which the head had not absorbed
         assert keep == len(toks) - 1 and donor is busy.slot and hdonor is busy.slot
+        # and the choice prices the loan: nothing to prefill, nothing for the head to catch up on
+        head_cost = eng.cost.drafting(eng.cost_kind("eagle3"))
+        assert eng._once_seconds(request(toks, "chain"), empty, "eagle3") == pytest.approx(
+            head_cost.verify_seconds(1) + head_cost.draft_seconds(1))
         lent = open_with(eng, toks, "chain", "eagle3")
         assert lent.slot is empty and lent.stats.cached_prompt_tokens == len(toks) - 1
         while not (busy.done and lent.done):  # side by side, every KV invariant checked
