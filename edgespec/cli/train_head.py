@@ -26,6 +26,11 @@ def train_head(
     epochs: Annotated[float, typer.Option(help="stop after this many epochs instead (0: use --minutes)")] = 0.0,
     distill_prompts: Annotated[int, typer.Option(help="category prompts the target answers (self-distillation; "
                                                  "code, JSON, legal, RAG, chat, Chinese)")] = 256,
+    wide_prompts: Annotated[int, typer.Option(help="prompts built around installed packages' text (functions, "
+                                              "documentation, licences) and open topic lists, answered by the "
+                                              "target too (edgespec/heads/wide.py)")] = 0,
+    init: Annotated[Optional[Path], typer.Option(help="start from this head GGUF (its weights and draft vocabulary): "
+                                                 "fine-tune a head on new data")] = None,
     max_new: Annotated[int, typer.Option(help="answer tokens per prompt")] = 160,
     text_windows: Annotated[int, typer.Option(help="windows of installed packages' text the target only scores")] = 0,
     heldout_prompts: Annotated[int, typer.Option(help="prompts kept out of training for the report")] = 16,
@@ -76,10 +81,12 @@ def train_head(
             fail(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         if sampled and features != "jax":
             fail("--sampled needs --features jax")
+        if init is not None and not init.is_file():
+            fail(f"--init: head not found: {init}")
         if minutes <= 0 and epochs <= 0:
             fail(f"--minutes must be > 0 (or --epochs > 0), got {minutes}")
         spec = TrainSpec(target=target, out=out, work_dir=work_dir or Path(str(out) + ".work"), minutes=minutes,
-                         epochs=epochs, distill_prompts=distill_prompts, max_new=max_new, text_windows=text_windows,
+                         epochs=epochs, distill_prompts=distill_prompts, wide_prompts=wide_prompts, init=init, max_new=max_new, text_windows=text_windows,
                          heldout_prompts=heldout_prompts, window=window, max_windows=max_windows,
                          draft_vocab=draft_vocab, coverage=coverage, ttt_steps=ttt_steps, batch=batch, lr=lr,
                          n_ff=n_ff, hf_dir=hf_dir, threads=threads, seed=seed, streams=streams, eval_s=eval_s,
@@ -122,14 +129,19 @@ def _command(ctx: typer.Context) -> str:
 
 def eval_head(
     head: Annotated[Path, typer.Argument(help="a head GGUF written by train-head")],
-    work_dir: Annotated[Path, typer.Option(help="the training's work directory (its report.json and heldout.json)")],
+    work_dir: Annotated[Optional[Path], typer.Option(help="the training's work directory (its report.json and "
+                                                     "heldout.json); the card is written")] = None,
+    suite: Annotated[Optional[str], typer.Option(help="measure on the target's answers to this prompt suite instead "
+                                                 "(a shipped suite name, e.g. all, or a JSONL file of id, category, "
+                                                 "prompt), by category; no card is written")] = None,
+    max_new: Annotated[int, typer.Option(help="--suite: answer tokens per prompt")] = 64,
     target: Annotated[Optional[Path], typer.Option(help="target GGUF (default: the demo target)")] = None,
     threads: Annotated[int, typer.Option(help="llama.cpp threads (0: all cores)")] = 0,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Measure a trained head's held-out acceptance through llama.cpp on the real target (for a
     head trained where llama.cpp is not installed, e.g. `train-head --features jax` on a GPU
-    box), then write its card beside it."""
+    box), then write its card beside it; or, with --suite, its acceptance on your own prompts."""
     with user_errors():
         from edgespec.backend import Model, check_head
         from edgespec.heads.evaluate import acceptance
@@ -139,6 +151,11 @@ def eval_head(
             from edgespec.models import default_pair
 
             target = default_pair().target
+        if (work_dir is None) == (suite is None):
+            fail("give --work-dir (the training's held-out answers; writes the card) or --suite (your prompts)")
+        if suite is not None:
+            _eval_suite(head, target, suite, max_new, threads, as_json)
+            return
         for p in (head, target, work_dir / "report.json", work_dir / "heldout.json"):
             if not p.is_file():
                 fail(f"not found: {p}")
@@ -152,7 +169,8 @@ def eval_head(
                    acceptance_by_depth=acc.rates, chain3_tau=acc.tau)
         (work_dir / "report.json").write_text(json.dumps(rep, indent=2))
         fields = TrainSpec.__dataclass_fields__
-        conv = {"target": Path, "out": Path, "work_dir": Path, "hf_dir": lambda v: None if v == "None" else Path(v)}
+        path_or_none = lambda v: None if v == "None" else Path(v)  # noqa: E731
+        conv = {"target": Path, "out": Path, "work_dir": Path, "hf_dir": path_or_none, "init": path_or_none}
         kw = {k: conv.get(k, type(fields[k].default))(v) for k, v in rep["spec"].items() if k in fields}
         spec = TrainSpec(**{**kw, "out": head, "target": target, "work_dir": work_dir})
         _write_card(spec, rep)
@@ -161,6 +179,42 @@ def eval_head(
         else:
             typer.echo("held-out acceptance (greedy chain, through llama.cpp): "
                        + ", ".join(f"depth {d + 1}: {a:.3f}" for d, a in enumerate(acc.rates)))
+
+
+def _eval_suite(head: Path, target: Path, suite: str, max_new: int, threads: int, as_json: bool) -> None:
+    """Depth-1..3 acceptance of `head` on the target's greedy answers to a suite's prompts, per
+    category and overall."""
+    from edgespec.backend import Model, check_head
+    from edgespec.bench.suite import load_suite
+    from edgespec.heads.evaluate import Acceptance, suite_acceptance
+    from tqdm import tqdm
+
+    if max_new < 2:
+        fail(f"--max-new must be >= 2, got {max_new}")
+    for p in (head, target):
+        if not p.is_file():
+            fail(f"not found: {p}")
+    prompts = load_suite(suite)
+    t, h = Model(target), Model(head)
+    check_head(t, h)
+    cats = sorted({p.category for p in prompts})
+    by_cat: dict[str, Acceptance] = {}
+    with tqdm(total=len(prompts), desc="acceptance on the suite", unit="prompt") as bar:
+        for c in cats:
+            by_cat[c] = suite_acceptance(t, h, [p.prompt for p in prompts if p.category == c], max_new, depth=3,
+                                         threads=threads, progress=bar.update)
+    total = Acceptance(3, sum(a.positions for a in by_cat.values()),
+                       [sum(a.hits[d] for a in by_cat.values()) for d in range(3)])
+    rows = {**by_cat, "overall": total}
+    out = {"head": str(head), "suite": suite, "prompts": len(prompts), "max_new": max_new,
+           "by_category": {c: {"positions": a.positions, "acceptance_by_depth": a.rates, "chain3_tau": a.tau}
+                           for c, a in rows.items()}}
+    if as_json:
+        typer.echo(json.dumps(out))
+        return
+    typer.echo(f"{'category':<10} {'positions':>9}  depth 1  depth 2  depth 3  chain-of-3 tau")
+    for c, a in rows.items():
+        typer.echo(f"{c:<10} {a.positions:>9}  " + "  ".join(f"{r:7.3f}" for r in a.rates) + f"  {a.tau:14.2f}")
 
 
 def _write_card(spec, rep: dict) -> None:  # noqa: ANN001
@@ -175,7 +229,7 @@ def _write_card(spec, rep: dict) -> None:  # noqa: ANN001
         "command": rep.get("command"),  # the train-head command line (edgespec.heads.train)
         "seed": spec.seed,
         "data": {"distill_prompts": spec.distill_prompts, "heldout_prompts": spec.heldout_prompts, "max_new": spec.max_new,
-                 "text_windows": spec.text_windows, "train_tokens": rep["train_tokens"],
+                 "wide_prompts": spec.wide_prompts, "text_windows": spec.text_windows, "train_tokens": rep["train_tokens"],
                  "train_sequences": rep["train_sequences"], "data_minutes": round(rep["data_minutes"], 1)},
         "training": {"minutes": round(rep["train_minutes"], 1), "steps": rep["steps"], "epochs": round(rep["epochs"], 2),
                      "best_step": rep["best_step"], "tokens_per_s": None if rep["train_tokens_per_s"] != rep["train_tokens_per_s"] else round(rep["train_tokens_per_s"], 1),
@@ -186,6 +240,8 @@ def _write_card(spec, rep: dict) -> None:  # noqa: ANN001
                     "by_depth": [round(a, 4) for a in acc], "chain3_tau": round(rep["chain3_tau"], 3),
                     "curve": rep["heldout_curve"]},
     }
+    if spec.init is not None:  # fine-tuned: the head it started from (its own card says how that was made)
+        card["init"] = {"head": spec.init.name, "sha256": sha256_file(spec.init)}
     path = spec.out.with_suffix(".json")
     old = json.loads(path.read_text()) if path.is_file() else {}
     if old.get("sha256") == card["sha256"] and "bench" in old:

@@ -49,8 +49,10 @@ def synthetic_prompts(n: int, seed: int = 0) -> list[str]:
     return [tmpl.format(t=topic) for tmpl, topic in (pairs * (n // len(pairs) + 1))[:n]]
 
 
-def package_texts(roots: Sequence[Path] | None = None, max_files: int = 4000, seed: int = 0) -> Iterator[str]:
-    """Texts of files shipped in installed packages, in a deterministic shuffled order."""
+def package_texts(roots: Sequence[Path] | None = None, max_files: int = 4000, seed: int = 0,
+                  with_names: bool = False) -> Iterator:  # noqa: ANN001
+    """Texts of files shipped in installed packages, in a deterministic shuffled order (with
+    `with_names`, (text, file name) pairs)."""
     roots = list(roots) if roots else sorted({Path(p) for p in sys.path if p.endswith("-packages")})
     files = []
     for root in roots:
@@ -67,7 +69,7 @@ def package_texts(roots: Sequence[Path] | None = None, max_files: int = 4000, se
         except (OSError, UnicodeDecodeError):
             continue
         if len(text) > 200:
-            yield text
+            yield (text, p.name) if with_names else text
 
 
 def windows(tokens: Sequence[int], length: int) -> Iterator[list[int]]:

@@ -84,6 +84,19 @@ def acceptance(target: Model, head: Model, sequences: Sequence[Sequence[int]], s
     return res
 
 
+def suite_acceptance(target: Model, head: Model, prompts: Sequence[str], max_new: int = 64, depth: int = 3,
+                     threads: int = 0, progress=None) -> Acceptance:  # noqa: ANN001
+    """`acceptance` over the target's greedy answers (`max_new` tokens) to `prompts` in its chat
+    template: how the head does on a caller's own prompts rather than on held-out siblings of the
+    prompts it was trained on."""
+    from edgespec.heads.data import self_distill
+
+    seqs = self_distill(target, prompts, max_new, n_seq=min(16, len(prompts)), threads=threads)
+    starts = [len(target.tokenize(target.chat_prompt([("user", p)]), add_special=True, parse_special=True))
+              for p in prompts]
+    return acceptance(target, head, seqs, starts, depth=depth, threads=threads, progress=progress)
+
+
 @dataclass
 class Costs:
     target_s: float  # median seconds of one target forward of 1 token (a plain decoding step)

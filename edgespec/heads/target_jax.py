@@ -262,7 +262,8 @@ def prompt_tokens(spec, log) -> dict:  # noqa: ANN001
 
     from edgespec.heads.prompts import category_prompts
 
-    path = spec.work_dir / "data" / f"prompt-tokens-s{spec.seed}-h{spec.heldout_prompts}-n{spec.distill_prompts}.json"
+    wide = f"-w{spec.wide_prompts}" if spec.wide_prompts else ""
+    path = spec.work_dir / "data" / f"prompt-tokens-s{spec.seed}-h{spec.heldout_prompts}-n{spec.distill_prompts}{wide}.json"
     if path.is_file():
         return json.loads(path.read_text())
     try:
@@ -272,15 +273,23 @@ def prompt_tokens(spec, log) -> dict:  # noqa: ANN001
                            "run the same command where llama.cpp is installed first (it stops after writing it "
                            "with --epochs 0 --minutes 0 ... or copy the work directory)") from e
     target = Model(spec.target)
-    pairs = category_prompts(spec.heldout_prompts + spec.distill_prompts, spec.seed)
-    toks = [list(target.tokenize(target.chat_prompt([("user", p)]), add_special=True, parse_special=True))
-            for _, p in pairs]
+    h = spec.heldout_prompts
+    sources = [category_prompts(h + spec.distill_prompts, spec.seed)]
+    if spec.wide_prompts:  # the first h of each source are held out, as train.build_sequences does
+        from edgespec.heads.wide import wide_prompts
+
+        sources.append(wide_prompts(h + spec.wide_prompts, spec.seed, exclude=[p for _, p in sources[0]]))
+
+    def tok(p: str) -> list[int]:
+        return list(target.tokenize(target.chat_prompt([("user", p)]), add_special=True, parse_special=True))
+
     eog = sorted({t for t in range(target.n_vocab) if target.is_eog(t)})
-    out = {"held": toks[:spec.heldout_prompts], "train": toks[spec.heldout_prompts:], "eog": eog,
-           "train_categories": [c for c, _ in pairs[spec.heldout_prompts:]]}
+    out = {"held": [tok(p) for src in sources for _, p in src[:h]],
+           "train": [tok(p) for src in sources for _, p in src[h:]], "eog": eog,
+           "train_categories": [c for src in sources for c, _ in src[h:]]}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out))
-    log(f"tokenized {len(toks)} prompts into {path}")
+    log(f"tokenized {len(out['held']) + len(out['train'])} prompts into {path}")
     return out
 
 

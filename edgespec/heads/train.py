@@ -12,14 +12,14 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
 from edgespec.heads.data import Sequences, package_texts, windows
-from edgespec.heads.weights import HeadWeights, config_for_target, write_gguf
+from edgespec.heads.weights import HeadWeights, config_for_target, read_gguf, write_gguf
 
 DRAFT_VOCABS = (1024, 2048, 4096, 8192, 16384, 32768)
 
@@ -31,6 +31,8 @@ class TrainSpec:
     work_dir: Path
     minutes: float = 30.0
     distill_prompts: int = 256  # category prompts answered by the target (self-distillation)
+    wide_prompts: int = 0  # prompts built around installed packages' text (heads/wide.py), answered too
+    init: Path | None = None  # start from this head GGUF's weights and draft vocabulary (fine-tuning)
     heldout_prompts: int = 16  # prompts never trained on, for the acceptance report
     max_new: int = 160  # answer tokens per prompt
     text_windows: int = 0  # windows of package text the target only scores (prefill, its greedy labels)
@@ -106,22 +108,42 @@ PROMPTS_PER_SHARD = 96
 
 
 def build_sequences(spec: TrainSpec, target, layers, log: Callable[[str], None] = _log):  # noqa: ANN001, ANN201
-    """The target's greedy answers to the category prompts (edgespec/heads/prompts.py) with their
-    features captured while generating, in shards of PROMPTS_PER_SHARD prompts under
-    work_dir/data (a shard on disk is kept: a rerun resumes, and a larger --distill-prompts adds
-    shards). Returns (train Sequences, held-out Sequences): the first `heldout_prompts` prompts
-    (round-robin over the categories) are held out, the rest trained on."""
-    from edgespec.heads.data import Sequences, distill_features
+    """The target's greedy answers to the category prompts (edgespec/heads/prompts.py), and to
+    `wide_prompts` prompts built around installed packages' text (edgespec/heads/wide.py), with
+    their features captured while generating, in shards of PROMPTS_PER_SHARD prompts under
+    work_dir/data (a shard on disk is kept: a rerun resumes, and a larger count adds shards).
+    Returns (train Sequences, held-out Sequences): the first `heldout_prompts` prompts of each
+    source (round-robin over the categories) are held out, the rest trained on."""
+    from edgespec.heads.data import Sequences
     from edgespec.heads.prompts import category_prompts
 
     d = spec.work_dir / "data"
     d.mkdir(parents=True, exist_ok=True)
     prompts = [p for _, p in category_prompts(spec.heldout_prompts + spec.distill_prompts, spec.seed)]
-    held_p, train_p = prompts[:spec.heldout_prompts], prompts[spec.heldout_prompts:]
     tag = f"s{spec.seed}-n{spec.max_new}"
-    held_path = d / f"heldout-{tag}-{spec.heldout_prompts}.npz"
-    if not held_path.is_file():
-        distill_features(target, layers, held_p, spec.max_new, n_seq=spec.streams, threads=spec.threads).save(held_path)
+    sources = [("", prompts)]
+    if spec.wide_prompts:
+        from edgespec.heads.wide import wide_prompts
+
+        wide = [p for _, p in wide_prompts(spec.heldout_prompts + spec.wide_prompts, spec.seed, exclude=prompts)]
+        sources.append(("wide-", wide))
+    train, held = [], []
+    for prefix, ps in sources:
+        h, t = _shards(spec, target, layers, ps[:spec.heldout_prompts], ps[spec.heldout_prompts:],
+                       d, f"{prefix}{tag}", log)
+        held.append(h)
+        train.extend(t)
+    return Sequences.concat(train), Sequences.concat(held)
+
+
+def _shards(spec: TrainSpec, target, layers, held_p: list[str], train_p: list[str], d: Path, tag: str,  # noqa: ANN001
+            log: Callable[[str], None]):  # noqa: ANN202
+    """(held-out Sequences, [train Sequences per shard]) of one prompt source, built or loaded."""
+    from edgespec.heads.data import Sequences, distill_features
+
+    held_path = d / f"heldout-{tag}-{len(held_p)}.npz"
+    _build_once(held_path, lambda: distill_features(target, layers, held_p, spec.max_new, n_seq=spec.streams,
+                                                    threads=spec.threads))
     n_sh = (len(train_p) + PROMPTS_PER_SHARD - 1) // PROMPTS_PER_SHARD
     paths = [d / f"train-{tag}-{i:04d}.npz" for i in range(n_sh)]
     t0, done_tok = time.time(), 0
@@ -135,17 +157,23 @@ def build_sequences(spec: TrainSpec, target, layers, log: Callable[[str], None] 
         sq.save(paths[i])
         paths[i].with_suffix(".lock").unlink(missing_ok=True)
         done_tok += len(sq.tokens)
-        log(f"shard {i}: {len(sq.tokens)} tokens, {done_tok / (time.time() - t0):.1f} tokens/s in this process")
-    for p in paths:
-        while not p.is_file():
-            if _claim(p):  # its builder died: build it here
-                paths_i = paths.index(p)
-                chunk = train_p[paths_i * PROMPTS_PER_SHARD:(paths_i + 1) * PROMPTS_PER_SHARD]
-                distill_features(target, layers, chunk, spec.max_new, n_seq=spec.streams, threads=spec.threads).save(p)
-                p.with_suffix(".lock").unlink(missing_ok=True)
-            else:
-                time.sleep(5)
-    return Sequences.concat([Sequences.load(p) for p in paths]), Sequences.load(held_path)
+        log(f"shard {tag} {i}: {len(sq.tokens)} tokens, {done_tok / (time.time() - t0):.1f} tokens/s in this process")
+    for i, p in enumerate(paths):  # wait for the shards other processes build (or build one whose builder died)
+        chunk = train_p[i * PROMPTS_PER_SHARD:(i + 1) * PROMPTS_PER_SHARD]
+        _build_once(p, lambda c=chunk: distill_features(target, layers, c, spec.max_new, n_seq=spec.streams,
+                                                        threads=spec.threads))
+    return Sequences.load(held_path), [Sequences.load(p) for p in paths]
+
+
+def _build_once(path: Path, build: Callable[[], Sequences]) -> None:
+    """`build()` saved at `path` unless it is there, by one of the processes sharing the work
+    directory (the others wait for it)."""
+    while not path.is_file():
+        if _claim(path):
+            build().save(path)
+            path.with_suffix(".lock").unlink(missing_ok=True)
+        else:
+            time.sleep(5)
 
 
 def _claim(path: Path) -> bool:
@@ -252,16 +280,27 @@ def train(spec: TrainSpec, log: Callable[[str], None] = _log, command: str | Non
         data, held = build_sequences(spec, target, probe.layers, log)
         text = scored_text(spec, target, probe.layers)
     t_data = time.time() - t_start
-    d2t, cov_table = choose_vocab_measured(data, n_vocab, spec.draft_vocab, spec.coverage, spec.seed)
-    log("draft vocabulary coverage of the target's greedy tokens (measured on sequences it was not chosen from): "
-        + ", ".join(f"{v}: {c:.3f}" for v, c in cov_table) + f" -> {len(d2t)}")
+    if spec.init is not None:  # fine-tuning: the head's own draft vocabulary, its coverage measured
+        head = read_gguf(spec.init)
+        d2t = head.d2t
+        cfg = config_for_target(spec.target, len(d2t), n_ff=head.cfg.n_ff, layers=head.cfg.layers)
+        if replace(head.cfg, n_ctx_train=cfg.n_ctx_train) != cfg:
+            raise ValueError(f"--init {spec.init}: the head is not shaped for this target ({head.cfg} vs {cfg})")
+        ok = data.labels >= 0
+        cov_table = [(len(d2t), float(np.isin(data.labels[ok], d2t).mean()) if ok.any() else 1.0)]
+        log(f"draft vocabulary of {spec.init.name}: {len(d2t)} tokens, covering {cov_table[0][1]:.3f} of the labels")
+    else:
+        d2t, cov_table = choose_vocab_measured(data, n_vocab, spec.draft_vocab, spec.coverage, spec.seed)
+        log("draft vocabulary coverage of the target's greedy tokens (measured on sequences it was not chosen from): "
+            + ", ".join(f"{v}: {c:.3f}" for v, c in cov_table) + f" -> {len(d2t)}")
+        cfg = config_for_target(spec.target, len(d2t), n_ff=spec.n_ff)
     if text is not None:
         data = Sequences.concat([data, text])
-    cfg = config_for_target(spec.target, len(d2t), n_ff=spec.n_ff)
     t2d = np.full(n_vocab, -1, np.int32)
     t2d[d2t] = np.arange(len(d2t))
     embed = target_embeddings(spec.target)
-    head = HeadWeights.init(cfg, d2t, np.random.default_rng(spec.seed), embed=embed)
+    if spec.init is None:
+        head = HeadWeights.init(cfg, d2t, np.random.default_rng(spec.seed), embed=embed)
     rows, inp, lab, seg = pack(data, spec.window, spec.seed)
     if spec.max_windows:
         rows, inp, lab, seg = rows[:spec.max_windows], inp[:spec.max_windows], lab[:spec.max_windows], seg[:spec.max_windows]
@@ -408,6 +447,8 @@ def _fit(spec: TrainSpec, head: HeadWeights, embed: np.ndarray, feats: np.ndarra
         log(f"step {step_i} ({trained_s / 60:.1f} min, {step_i * spec.batch * spec.window} tokens): held-out depth-1 "
             f"{acc:.3f} (best {best['acc']:.3f} at step {best['step']})")
 
+    if step_i == 0 and spec.init is not None:
+        evaluate()  # the starting head's figure: fine-tuning keeps it unless a step beats it
     last_save = last_eval = time.time()
     accs = np.zeros(spec.ttt_steps)
     loss = float("nan")

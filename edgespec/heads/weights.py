@@ -158,3 +158,40 @@ def config_for_target(target_gguf: Path, n_draft_vocab: int, n_ff: int | None = 
         rope_base=float(get("rope.freq_base", 10000.0)), rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
         n_ctx_train=int(get("context_length", 4096)),
     )
+
+
+_TENSORS = {"fc.weight": "fc", "blk.0.attn_norm.weight": "attn_norm", "blk.0.attn_norm_2.weight": "hidden_norm",
+            "blk.0.attn_q.weight": "wq", "blk.0.attn_k.weight": "wk", "blk.0.attn_v.weight": "wv",
+            "blk.0.attn_output.weight": "wo", "blk.0.ffn_norm.weight": "ffn_norm", "blk.0.ffn_gate.weight": "gate",
+            "blk.0.ffn_up.weight": "up", "blk.0.ffn_down.weight": "down", "output_norm.weight": "output_norm",
+            "output.weight": "lm_head"}
+
+
+def read_gguf(path: Path) -> HeadWeights:
+    """The head `write_gguf` wrote (matrices back to float32): what `train-head --init` starts
+    from. Raises ValueError for a GGUF that is not an `eagle3` head or lacks a tensor."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    arch = r.fields.get("general.architecture")
+    if arch is None or arch.contents() != "eagle3":
+        raise ValueError(f"{path}: not an EAGLE-3 head (general.architecture is "
+                         f"{arch.contents() if arch is not None else 'missing'}, expected eagle3)")
+
+    def get(key: str):  # noqa: ANN202
+        return r.fields[f"eagle3.{key}"].contents()
+
+    cfg = HeadConfig(
+        n_embd=int(get("embedding_length")), n_ff=int(get("feed_forward_length")), n_head=int(get("attention.head_count")),
+        n_head_kv=int(get("attention.head_count_kv")), head_dim=int(get("attention.key_length")),
+        layers=tuple(int(x) for x in get("target_layers")), n_draft_vocab=0,
+        rope_base=float(get("rope.freq_base")), rms_eps=float(get("attention.layer_norm_rms_epsilon")),
+        n_ctx_train=int(get("context_length")))
+    tensors = {t.name: np.asarray(t.data) for t in r.tensors}
+    missing = [n for n in (*_TENSORS, "d2t") if n not in tensors]
+    if missing:
+        raise ValueError(f"{path}: the head lacks tensors {', '.join(missing)}")
+    w = {key: tensors[name].astype(np.float32) for name, key in _TENSORS.items()}
+    d2t = tensors["d2t"].astype(np.int64)
+    cfg.n_draft_vocab = len(d2t)
+    return HeadWeights(cfg, w, d2t)

@@ -12,7 +12,7 @@ from edgespec import backend
 from edgespec.config import ModelConfig
 from edgespec.errors import IncompatibleDraft
 from edgespec.heads.hf import permute, read_hf, unpermute, write_hf
-from edgespec.heads.weights import HeadWeights, config_for_target, write_gguf
+from edgespec.heads.weights import HeadWeights, config_for_target, read_gguf, write_gguf
 
 pytestmark = pytest.mark.slow
 
@@ -175,6 +175,46 @@ def test_hf_layout_round_trips(target, demo_pair, embed, tmp_path):
     a = head_logits(target, demo_pair, write_gguf(h, tmp_path / "a.gguf", demo_pair.target), target.tokenize(TEXT))[1]
     b = head_logits(target, demo_pair, write_gguf(back, tmp_path / "b.gguf", demo_pair.target), target.tokenize(TEXT))[1]
     assert np.array_equal(a, b)
+
+
+def test_gguf_reads_back_what_was_written(target, demo_pair, embed, tmp_path):
+    h = random_head(demo_pair, embed)
+    back = read_gguf(write_gguf(h, tmp_path / "h32.gguf", demo_pair.target, dtype="f32"))
+    assert back.cfg == h.cfg and np.array_equal(back.d2t, h.d2t)
+    for k in h.w:
+        assert np.array_equal(back.w[k], h.w[k]), k
+    half = read_gguf(write_gguf(h, tmp_path / "h16.gguf", demo_pair.target))
+    for k in h.w:
+        assert np.array_equal(half.w[k], h.w[k].astype(np.float16).astype(np.float32)), k
+    with pytest.raises(ValueError, match="not an EAGLE-3 head.*llama"):
+        read_gguf(demo_pair.target)
+
+
+def test_fine_tuning_starts_from_the_head_and_adds_wide_prompts(tiny_head, demo_pair, embed, tmp_path):
+    """`--init` trains from a head's weights and keeps its draft vocabulary; `--wide-prompts`
+    answers prompts built around package text beside the category prompts, the first of each
+    source held out."""
+    from dataclasses import replace
+
+    from edgespec.heads.train import train
+
+    base = read_gguf(tiny_head["path"])
+    spec = replace(tiny_head["spec"], out=tmp_path / "ft.gguf", work_dir=tmp_path / "w", hf_dir=None, init=tiny_head["path"],
+                   distill_prompts=1, wide_prompts=2, text_windows=0, max_new=16, epochs=2, lr=1e-9)
+    rep = train(spec, log=lambda s: None)
+    data = sorted(p.name for p in (spec.work_dir / "data").glob("*.npz"))
+    assert data == ["heldout-s0-n16-1.npz", "heldout-wide-s0-n16-1.npz", "train-s0-n16-0000.npz",
+                    "train-wide-s0-n16-0000.npz"], data
+    assert rep["heldout_curve"][0][0] == 0  # the starting head's own figure comes first
+    ft = read_gguf(spec.out)
+    assert np.array_equal(ft.d2t, base.d2t) and ft.cfg == base.cfg
+    for k in base.w:  # a learning rate of 1e-9: what was written is the starting head
+        assert np.allclose(ft.w[k], base.w[k], atol=2e-3), k
+    # a head shaped for another target is refused before training (the data is on disk now)
+    wrong = HeadWeights(replace(base.cfg, n_embd=64), base.w, base.d2t)
+    write_gguf(wrong, tmp_path / "wrong.gguf", demo_pair.target)
+    with pytest.raises(ValueError, match="not shaped for this target"):
+        train(replace(spec, init=tmp_path / "wrong.gguf", work_dir=spec.work_dir), log=lambda s: None)
 
 
 def test_trained_tiny_head(tiny_head, target):

@@ -1,0 +1,34 @@
+"""Wide prompts (edgespec/heads/wide.py): real material from installed packages in the six
+categories, deterministic in the seed, distinct, never a benchmark suite's prompt."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from edgespec.heads.prompts import CATEGORIES
+from edgespec.heads.wide import _functions, _paragraphs, wide_prompts
+
+
+def test_wide_prompts_are_balanced_distinct_deterministic_and_not_the_benchmarks():
+    ps = wide_prompts(60, seed=0)
+    assert ps == wide_prompts(60, seed=0) and ps != wide_prompts(60, seed=1)
+    assert Counter(c for c, _ in ps) == dict.fromkeys(CATEGORIES, 10)
+    assert [c for c, _ in ps[:6]] == list(CATEGORIES)  # round-robin: every prefix is balanced
+    assert len({p for _, p in ps}) == 60
+    code = [p for c, p in ps if c == "code"]
+    assert all("def " in p for p in code)
+    assert all(any("\u4e00" <= ch <= "\u9fff" for ch in p) for c, p in ps if c == "chinese")
+    suites = Path(__file__).resolve().parents[2] / "edgespec" / "bench" / "suites"
+    bench = {json.loads(ln)["prompt"] for f in suites.glob("*.jsonl") for ln in f.read_text().splitlines() if ln.strip()}
+    assert not bench & {p for _, p in ps}
+    assert not {p for _, p in wide_prompts(12, seed=0, exclude=[p for _, p in ps[:6]])} & {p for _, p in ps[:6]}
+
+
+def test_material_is_cut_where_a_reader_would():
+    src = "import os\n\ndef add(a, b):\n    # sum\n    c = a + b\n    return c\n\nx = 1\n\ndef tiny():\n    pass\n"
+    assert list(_functions(src)) == ["def add(a, b):\n    # sum\n    c = a + b\n    return c"]  # tiny(): too short
+    prose = " ".join(["word"] * 30)
+    text = f"{prose}\n\n    indented code block\n    more\n\n>>> a doctest\n\nshort\n\n{prose}."
+    assert list(_paragraphs(text)) == [prose, prose + "."]
