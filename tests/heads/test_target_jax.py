@@ -115,18 +115,20 @@ def test_train_head_with_jax_features_then_eval_head_writes_the_card(demo_pair, 
 
     out, wd = tmp_path / "head.gguf", tmp_path / "work"
     r = CliRunner().invoke(app, ["models", "train-head", str(out), "--work-dir", str(wd), "--features", "jax",
-                                 "--distill-prompts", "3", "--heldout-prompts", "1", "--max-new", "12", "--streams", "4",
+                                 "--distill-prompts", "3", "--wide-prompts", "1", "--heldout-prompts", "1", "--max-new", "12", "--streams", "4",
                                  "--sampled", "1", "--max-sampled", "2", "--epochs", "2", "--window", "32",
                                  "--draft-vocab", "1024", "--n-ff", "256", "--threads", "2", "--json"])
     assert r.exit_code == 0, r.output
     rep = json.loads((wd / "report.json").read_text())
-    assert rep["train_sequences"] == 3 + 2 and rep["spec"]["features"] == "jax"
+    assert rep["train_sequences"] == 3 + 1 + 2 and rep["spec"]["features"] == "jax"  # category, wide, sampled
     assert len(rep["acceptance_by_depth"]) == 3 and rep["command"].startswith("edgespec models train-head")
     held = json.loads((wd / "heldout.json").read_text())
-    assert len(held["sequences"]) == 1 and held["prompt_len"][0] < len(held["sequences"][0])
+    assert len(held["sequences"]) == 2  # the first prompt of each source
+    assert all(n < len(sq) for n, sq in zip(held["prompt_len"], held["sequences"]))
     r2 = CliRunner().invoke(app, ["models", "eval-head", str(out), "--work-dir", str(wd), "--threads", "2"])
     assert r2.exit_code == 0, r2.output
     card = json.loads(out.with_suffix(".json").read_text())
     assert card["command"] == rep["command"] and card["heldout"]["depth1"] == round(rep["acceptance_by_depth"][0], 4)
+    assert card["data"]["wide_prompts"] == 1 and "init" not in card
     r3 = CliRunner().invoke(app, ["models", "train-head", str(out), "--sampled", "1"])
     assert r3.exit_code != 0 and "--sampled needs --features jax" in r3.output
