@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Callable
 
 CATEGORIES = ("code", "json", "legal", "rag", "chat", "chinese")
 
@@ -188,15 +189,21 @@ def category_prompts(n: int, seed: int = 0, categories=CATEGORIES) -> list[tuple
             if line.strip():
                 seen.add(json.loads(line).get("prompt", ""))
     rngs = {c: random.Random(f"{seed}:{c}") for c in categories}
-    live = list(categories)
-    misses = dict.fromkeys(categories, 0)
+    return round_robin({c: (lambda c=c: _GEN[c](rngs[c])) for c in categories}, n, seen, tries=2000)
+
+
+def round_robin(gens: dict[str, Callable[[], str]], n: int, seen: set[str], tries: int) -> list[tuple[str, str]]:
+    """n distinct (category, prompt) pairs, one from each generator in turn (every prefix is
+    balanced), none in `seen` (which grows); a generator that draws only seen prompts `tries`
+    times in a row has run out and drops out."""
+    live = list(gens)
     out: list[tuple[str, str]] = []
     while len(out) < n and live:
         for c in list(live):
             if len(out) >= n:
                 break
-            for _ in range(2000):  # a category whose space is exhausted drops out
-                p = _GEN[c](rngs[c])
+            for _ in range(tries):
+                p = gens[c]()
                 if p not in seen:
                     break
             else:

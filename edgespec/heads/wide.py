@@ -24,6 +24,7 @@ import re
 from collections.abc import Iterable
 
 from edgespec.heads.data import package_texts
+from edgespec.heads.prompts import round_robin
 
 _CODE_T = [
     "Explain what this Python function does:\n```python\n{code}\n```",
@@ -221,21 +222,5 @@ def wide_prompts(n: int, seed: int = 0, max_files: int = 6000, exclude: Iterable
         return rng.choice(_ZH_OPEN).format(t=rng.choice(_ZH_TOPICS))
 
     gens = {"code": code, "json": json_, "legal": legal, "rag": rag, "chat": chat, "chinese": chinese}
-    live = [c for c, need in (("code", "code"), ("json", "sent"), ("legal", "licence"), ("rag", "para"),
-                              ("chat", None), ("chinese", None)) if need is None or m[need]]
-    seen = set(exclude)
-    out: list[tuple[str, str]] = []
-    while len(out) < n and live:
-        for c in list(live):
-            if len(out) >= n:
-                break
-            for _ in range(200):
-                p = gens[c]()
-                if p not in seen:
-                    break
-            else:
-                live.remove(c)
-                continue
-            seen.add(p)
-            out.append((c, p))
-    return out
+    need = {"code": "code", "json": "sent", "legal": "licence", "rag": "para"}  # material a category draws on
+    return round_robin({c: g for c, g in gens.items() if c not in need or m[need[c]]}, n, set(exclude), tries=200)
