@@ -49,10 +49,15 @@ def synthetic_prompts(n: int, seed: int = 0) -> list[str]:
     return [tmpl.format(t=topic) for tmpl, topic in (pairs * (n // len(pairs) + 1))[:n]]
 
 
-def package_texts(roots: Sequence[Path] | None = None, max_files: int = 4000, seed: int = 0,
-                  with_names: bool = False) -> Iterator:  # noqa: ANN001
-    """Texts of files shipped in installed packages, in a deterministic shuffled order (with
-    `with_names`, (text, file name) pairs)."""
+def package_texts(roots: Sequence[Path] | None = None, max_files: int = 4000, seed: int = 0) -> Iterator[str]:
+    """Texts of files shipped in installed packages, in a deterministic shuffled order."""
+    return (text for _, text in package_files(roots, max_files, seed))
+
+
+def package_files(roots: Sequence[Path] | None = None, max_files: int = 4000,
+                  seed: int = 0) -> Iterator[tuple[str, str]]:
+    """(file name, text) of files shipped in installed packages, in a deterministic shuffled
+    order."""
     roots = list(roots) if roots else sorted({Path(p) for p in sys.path if p.endswith("-packages")})
     files = []
     for root in roots:
@@ -69,7 +74,7 @@ def package_texts(roots: Sequence[Path] | None = None, max_files: int = 4000, se
         except (OSError, UnicodeDecodeError):
             continue
         if len(text) > 200:
-            yield (text, p.name) if with_names else text
+            yield p.name, text
 
 
 def windows(tokens: Sequence[int], length: int) -> Iterator[list[int]]:

@@ -255,12 +255,12 @@ def _highest_precision():  # noqa: ANN202
 
 
 def prompt_tokens(spec, log) -> dict:  # noqa: ANN001
-    """The held-out and training prompts (`prompts.category_prompts`, chat template applied)
+    """The held-out and training prompts (`prompts.prompt_sources`, chat template applied)
     as token ids, with the target's end-of-generation ids: tokenized through llama.cpp once and
     kept in the work directory, so that a box without llama.cpp can build the data from it."""
     import json
 
-    from edgespec.heads.prompts import category_prompts
+    from edgespec.heads.prompts import prompt_sources
 
     wide = f"-w{spec.wide_prompts}" if spec.wide_prompts else ""
     path = spec.work_dir / "data" / f"prompt-tokens-s{spec.seed}-h{spec.heldout_prompts}-n{spec.distill_prompts}{wide}.json"
@@ -274,11 +274,7 @@ def prompt_tokens(spec, log) -> dict:  # noqa: ANN001
                            "with --epochs 0 --minutes 0 ... or copy the work directory)") from e
     target = Model(spec.target)
     h = spec.heldout_prompts
-    sources = [category_prompts(h + spec.distill_prompts, spec.seed)]
-    if spec.wide_prompts:  # the first h of each source are held out, as train.build_sequences does
-        from edgespec.heads.wide import wide_prompts
-
-        sources.append(wide_prompts(h + spec.wide_prompts, spec.seed, exclude=[p for _, p in sources[0]]))
+    sources = [pairs for _, pairs in prompt_sources(h, spec.distill_prompts, spec.wide_prompts, spec.seed)]
 
     def tok(p: str) -> list[int]:
         return list(target.tokenize(target.chat_prompt([("user", p)]), add_special=True, parse_special=True))

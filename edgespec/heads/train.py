@@ -115,22 +115,16 @@ def build_sequences(spec: TrainSpec, target, layers, log: Callable[[str], None] 
     Returns (train Sequences, held-out Sequences): the first `heldout_prompts` prompts of each
     source (round-robin over the categories) are held out, the rest trained on."""
     from edgespec.heads.data import Sequences
-    from edgespec.heads.prompts import category_prompts
+    from edgespec.heads.prompts import prompt_sources
 
     d = spec.work_dir / "data"
     d.mkdir(parents=True, exist_ok=True)
-    prompts = [p for _, p in category_prompts(spec.heldout_prompts + spec.distill_prompts, spec.seed)]
     tag = f"s{spec.seed}-n{spec.max_new}"
-    sources = [("", prompts)]
-    if spec.wide_prompts:
-        from edgespec.heads.wide import wide_prompts
-
-        wide = [p for _, p in wide_prompts(spec.heldout_prompts + spec.wide_prompts, spec.seed, exclude=prompts)]
-        sources.append(("wide-", wide))
+    h_n = spec.heldout_prompts
     train, held = [], []
-    for prefix, ps in sources:
-        h, t = _shards(spec, target, layers, ps[:spec.heldout_prompts], ps[spec.heldout_prompts:],
-                       d, f"{prefix}{tag}", log)
+    for prefix, pairs in prompt_sources(h_n, spec.distill_prompts, spec.wide_prompts, spec.seed):
+        ps = [p for _, p in pairs]
+        h, t = _shards(spec, target, layers, ps[:h_n], ps[h_n:], d, f"{prefix}{tag}", log)
         held.append(h)
         train.extend(t)
     return Sequences.concat(train), Sequences.concat(held)
@@ -280,6 +274,7 @@ def train(spec: TrainSpec, log: Callable[[str], None] = _log, command: str | Non
         data, held = build_sequences(spec, target, probe.layers, log)
         text = scored_text(spec, target, probe.layers)
     t_data = time.time() - t_start
+    embed = target_embeddings(spec.target)
     if spec.init is not None:  # fine-tuning: the head's own draft vocabulary, its coverage measured
         head = read_gguf(spec.init)
         d2t = head.d2t
@@ -294,13 +289,11 @@ def train(spec: TrainSpec, log: Callable[[str], None] = _log, command: str | Non
         log("draft vocabulary coverage of the target's greedy tokens (measured on sequences it was not chosen from): "
             + ", ".join(f"{v}: {c:.3f}" for v, c in cov_table) + f" -> {len(d2t)}")
         cfg = config_for_target(spec.target, len(d2t), n_ff=spec.n_ff)
+        head = HeadWeights.init(cfg, d2t, np.random.default_rng(spec.seed), embed=embed)
     if text is not None:
         data = Sequences.concat([data, text])
     t2d = np.full(n_vocab, -1, np.int32)
     t2d[d2t] = np.arange(len(d2t))
-    embed = target_embeddings(spec.target)
-    if spec.init is None:
-        head = HeadWeights.init(cfg, d2t, np.random.default_rng(spec.seed), embed=embed)
     rows, inp, lab, seg = pack(data, spec.window, spec.seed)
     if spec.max_windows:
         rows, inp, lab, seg = rows[:spec.max_windows], inp[:spec.max_windows], lab[:spec.max_windows], seg[:spec.max_windows]

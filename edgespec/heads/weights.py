@@ -18,6 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
+# the eagle3 GGUF's tensor names -> HeadWeights.w keys, in the order write_gguf writes them
+GGUF_TENSORS = {"fc.weight": "fc", "blk.0.attn_norm.weight": "attn_norm", "blk.0.attn_norm_2.weight": "hidden_norm",
+                "blk.0.attn_q.weight": "wq", "blk.0.attn_k.weight": "wk", "blk.0.attn_v.weight": "wv",
+                "blk.0.attn_output.weight": "wo", "blk.0.ffn_norm.weight": "ffn_norm", "blk.0.ffn_gate.weight": "gate",
+                "blk.0.ffn_up.weight": "up", "blk.0.ffn_down.weight": "down", "output_norm.weight": "output_norm",
+                "output.weight": "lm_head"}
+
 NAMES = ("fc", "attn_norm", "hidden_norm", "wq", "wk", "wv", "wo", "ffn_norm", "gate", "up", "down",
          "output_norm", "lm_head")
 
@@ -109,24 +116,9 @@ def write_gguf(head: HeadWeights, path: Path, target_gguf: Path, dtype: str = "f
     wr.add_bool("eagle3.norm_before_fc", False)
     copy_tokenizer(Path(target_gguf), wr, vocab_edit)
     mat = np.float16 if dtype == "f16" else np.float32
-    w = head.w
-    tensors = [
-        ("fc.weight", w["fc"], True),
-        ("blk.0.attn_norm.weight", w["attn_norm"], False),
-        ("blk.0.attn_norm_2.weight", w["hidden_norm"], False),
-        ("blk.0.attn_q.weight", w["wq"], True),
-        ("blk.0.attn_k.weight", w["wk"], True),
-        ("blk.0.attn_v.weight", w["wv"], True),
-        ("blk.0.attn_output.weight", w["wo"], True),
-        ("blk.0.ffn_norm.weight", w["ffn_norm"], False),
-        ("blk.0.ffn_gate.weight", w["gate"], True),
-        ("blk.0.ffn_up.weight", w["up"], True),
-        ("blk.0.ffn_down.weight", w["down"], True),
-        ("output_norm.weight", w["output_norm"], False),
-        ("output.weight", w["lm_head"], True),
-    ]
-    for tname, arr, is_mat in tensors:
-        wr.add_tensor(tname, np.ascontiguousarray(arr, dtype=mat if is_mat else np.float32))
+    for tname, key in GGUF_TENSORS.items():
+        arr = head.w[key]  # matrices in `dtype`, the norms (vectors) in float32
+        wr.add_tensor(tname, np.ascontiguousarray(arr, dtype=mat if arr.ndim == 2 else np.float32))
     wr.add_tensor("d2t", np.ascontiguousarray(head.d2t, dtype=np.int64))
     wr.write_header_to_file()
     wr.write_kv_data_to_file()
@@ -160,13 +152,6 @@ def config_for_target(target_gguf: Path, n_draft_vocab: int, n_ff: int | None = 
     )
 
 
-_TENSORS = {"fc.weight": "fc", "blk.0.attn_norm.weight": "attn_norm", "blk.0.attn_norm_2.weight": "hidden_norm",
-            "blk.0.attn_q.weight": "wq", "blk.0.attn_k.weight": "wk", "blk.0.attn_v.weight": "wv",
-            "blk.0.attn_output.weight": "wo", "blk.0.ffn_norm.weight": "ffn_norm", "blk.0.ffn_gate.weight": "gate",
-            "blk.0.ffn_up.weight": "up", "blk.0.ffn_down.weight": "down", "output_norm.weight": "output_norm",
-            "output.weight": "lm_head"}
-
-
 def read_gguf(path: Path) -> HeadWeights:
     """The head `write_gguf` wrote (matrices back to float32): what `train-head --init` starts
     from. Raises ValueError for a GGUF that is not an `eagle3` head or lacks a tensor."""
@@ -181,17 +166,16 @@ def read_gguf(path: Path) -> HeadWeights:
     def get(key: str):  # noqa: ANN202
         return r.fields[f"eagle3.{key}"].contents()
 
+    tensors = {t.name: np.asarray(t.data) for t in r.tensors}
+    missing = [n for n in (*GGUF_TENSORS, "d2t") if n not in tensors]
+    if missing:
+        raise ValueError(f"{path}: the head lacks tensors {', '.join(missing)}")
+    w = {key: tensors[name].astype(np.float32) for name, key in GGUF_TENSORS.items()}
+    d2t = tensors["d2t"].astype(np.int64)
     cfg = HeadConfig(
         n_embd=int(get("embedding_length")), n_ff=int(get("feed_forward_length")), n_head=int(get("attention.head_count")),
         n_head_kv=int(get("attention.head_count_kv")), head_dim=int(get("attention.key_length")),
-        layers=tuple(int(x) for x in get("target_layers")), n_draft_vocab=0,
+        layers=tuple(int(x) for x in get("target_layers")), n_draft_vocab=len(d2t),
         rope_base=float(get("rope.freq_base")), rms_eps=float(get("attention.layer_norm_rms_epsilon")),
         n_ctx_train=int(get("context_length")))
-    tensors = {t.name: np.asarray(t.data) for t in r.tensors}
-    missing = [n for n in (*_TENSORS, "d2t") if n not in tensors]
-    if missing:
-        raise ValueError(f"{path}: the head lacks tensors {', '.join(missing)}")
-    w = {key: tensors[name].astype(np.float32) for name, key in _TENSORS.items()}
-    d2t = tensors["d2t"].astype(np.int64)
-    cfg.n_draft_vocab = len(d2t)
     return HeadWeights(cfg, w, d2t)

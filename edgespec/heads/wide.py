@@ -23,7 +23,7 @@ import random
 import re
 from collections.abc import Iterable
 
-from edgespec.heads.data import package_texts
+from edgespec.heads.data import package_files
 from edgespec.heads.prompts import round_robin
 
 _CODE_T = [
@@ -168,7 +168,7 @@ def _sentences(p: str) -> list[str]:
 def _material(seed: int, max_files: int) -> dict[str, list[str]]:
     """Functions, signatures, paragraphs, sentences and licence paragraphs of installed packages."""
     m: dict[str, list[str]] = {"code": [], "sig": [], "para": [], "sent": [], "licence": [], "term": []}
-    for text, name in package_texts(max_files=max_files, seed=seed, with_names=True):
+    for name, text in package_files(max_files=max_files, seed=seed):
         low = name.lower()
         if low.endswith(".py"):
             for f in _functions(text):
@@ -222,5 +222,5 @@ def wide_prompts(n: int, seed: int = 0, max_files: int = 6000, exclude: Iterable
         return rng.choice(_ZH_OPEN).format(t=rng.choice(_ZH_TOPICS))
 
     gens = {"code": code, "json": json_, "legal": legal, "rag": rag, "chat": chat, "chinese": chinese}
-    need = {"code": "code", "json": "sent", "legal": "licence", "rag": "para"}  # material a category draws on
-    return round_robin({c: g for c, g in gens.items() if c not in need or m[need[c]]}, n, set(exclude), tries=200)
+    need = {"code": ("code",), "json": ("sent", "sig"), "legal": ("licence",), "rag": ("para", "term")}  # what each draws on
+    return round_robin({c: g for c, g in gens.items() if all(m[k] for k in need.get(c, ()))}, n, set(exclude), tries=200)

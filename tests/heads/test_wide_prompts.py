@@ -32,3 +32,14 @@ def test_material_is_cut_where_a_reader_would():
     prose = " ".join(["word"] * 30)
     text = f"{prose}\n\n    indented code block\n    more\n\n>>> a doctest\n\nshort\n\n{prose}."
     assert list(_paragraphs(text)) == [prose, prose + "."]
+
+
+def test_a_category_whose_material_is_missing_drops_out(monkeypatch):
+    """Packages with documentation but no Python functions or licences: code, JSON (it draws on
+    sentences and signatures) and legal prompts are not made; the rest still are."""
+    from edgespec.heads import wide
+
+    prose = " ".join(f"Word{i} is explained here in detail." for i in range(6))
+    monkeypatch.setattr(wide, "package_files", lambda **kw: iter([("README.md", prose + "\n\n" + prose.upper())]))
+    ps = wide.wide_prompts(9, seed=0)
+    assert [c for c, _ in ps[:3]] == ["rag", "chat", "chinese"] and len(ps) == 9
