@@ -86,7 +86,8 @@ def train_head(
         if minutes <= 0 and epochs <= 0:
             fail(f"--minutes must be > 0 (or --epochs > 0), got {minutes}")
         spec = TrainSpec(target=target, out=out, work_dir=work_dir or Path(str(out) + ".work"), minutes=minutes,
-                         epochs=epochs, distill_prompts=distill_prompts, wide_prompts=wide_prompts, init=init, max_new=max_new, text_windows=text_windows,
+                         epochs=epochs, distill_prompts=distill_prompts, wide_prompts=wide_prompts, init=init,
+                         max_new=max_new, text_windows=text_windows,
                          heldout_prompts=heldout_prompts, window=window, max_windows=max_windows,
                          draft_vocab=draft_vocab, coverage=coverage, ttt_steps=ttt_steps, batch=batch, lr=lr,
                          n_ff=n_ff, hf_dir=hf_dir, threads=threads, seed=seed, streams=streams, eval_s=eval_s,
@@ -153,10 +154,13 @@ def eval_head(
             target = default_pair().target
         if (work_dir is None) == (suite is None):
             fail("give --work-dir (the training's held-out answers; writes the card) or --suite (your prompts)")
+        for p in (head, target):
+            if not p.is_file():
+                fail(f"not found: {p}")
         if suite is not None:
             _eval_suite(head, target, suite, max_new, threads, as_json)
             return
-        for p in (head, target, work_dir / "report.json", work_dir / "heldout.json"):
+        for p in (work_dir / "report.json", work_dir / "heldout.json"):
             if not p.is_file():
                 fail(f"not found: {p}")
         rep = json.loads((work_dir / "report.json").read_text())
@@ -191,9 +195,6 @@ def _eval_suite(head: Path, target: Path, suite: str, max_new: int, threads: int
 
     if max_new < 2:
         fail(f"--max-new must be >= 2, got {max_new}")
-    for p in (head, target):
-        if not p.is_file():
-            fail(f"not found: {p}")
     prompts = load_suite(suite)
     t, h = Model(target), Model(head)
     check_head(t, h)
