@@ -57,9 +57,9 @@ def test_the_wheel_carries_the_patch():
     assert hasattr(llama_cpp.llama_cpp._lib, "edgespec_abort_flag"), "llama-cpp-python built without the ggml patch"
 
 
-# widths on both sides of the streaming kernels' limits (16 F32 columns, 32 Q8_0) and of the
-# flash attention's 64-row tiles
-@pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65])
+# widths on both sides of the streaming kernels' limits (F32: 1.5 MiB of columns, 256 tokens of
+# the demo target's 1,536-wide product; Q8_0: 32 columns) and of the flash attention's 64-row tiles
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 256, 257])
 def test_chain_batch_equals_one_token_forwards(target_ctx, n):
     _check_chain(*target_ctx, n)
 
@@ -148,7 +148,7 @@ def _check_chain(model, ctx, n):
     p = len(toks) - 1
     ctx.clear()
     ctx.decode_seq(toks[:p], 0, last_logits=False)
-    batch_toks = [toks[p]] + toks[1:n]
+    batch_toks = [toks[p]] + (toks[1:] * 4)[:n - 1]
     ctx.decode(batch_toks, range(p, p + n), [[0]] * n, [True] * n)
     batched = ctx.logits_rows(n).copy()
     ctx.seq_rm(0, p, -1)

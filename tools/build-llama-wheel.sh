@@ -8,8 +8,8 @@
 #
 # The patch (see tools/patches/README.md): ggml-batch-invariant.patch makes every CPU forward
 # batch-invariant (one reduction order per element in the F32 and Q8_0 mat-muls and in flash
-# attention, cells visited in position order), keeps 1..16-token F32 forwards memory-bound
-# (verification costs about what a plain step costs), gives Q8_0 a multi-column kernel, and adds
+# attention, cells visited in position order), streams each F32 weight row once for all
+# of a forward's tokens (verification costs about what a plain step costs), gives Q8_0 a multi-column kernel, and adds
 # an abort flag the engine sets to stop a forward between graph nodes.
 #
 # usage: tools/build-llama-wheel.sh PYTHON
