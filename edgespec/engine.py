@@ -555,10 +555,24 @@ class Engine:
                 # as a request would: the draft holds the context's last `window` tokens, not all
                 # of a long one (its every forward would pay attention over them)
                 d.start_at(len(tokens) - window)
-            d.absorb(tokens, budget)
+            try:
+                d.absorb(tokens, budget)
+            except ForwardAborted:  # a job arrived (abort_idle_work): llama.cpp dropped the piece's
+                slot.draft.seq_rm(0, d.n_past - d.offset, -1)  # cells; the draft keeps what it held
+                slot.draft_cache = DraftCache(d.offset, tuple(tokens[:d.n_past])) if d.n_past > d.offset else None
+                return False
             slot.draft_cache = DraftCache(d.offset, tuple(tokens[:d.n_past]))
             return True
         return False
+
+    def abort_idle_work(self, on: bool = True) -> None:
+        """From any thread: stop idle work's draft forward at its next graph node (`idle_work`
+        then returns False, the draft keeping what it held before the piece), so that a request
+        arriving during idle time starts at once instead of after the piece. `on=False` lowers the
+        flag again (the engine thread, once idle work has returned)."""
+        ctx = self.draft_ctx
+        if ctx is not None:
+            ctx.abort() if on else ctx.clear_abort()
 
     @property
     def free_slots(self) -> int:

@@ -503,7 +503,7 @@ def test_draft_cache_behind_the_draft_window(engine):
 def test_idle_work_brings_the_draft_up_to_the_last_context(engine):
     """A request whose draft never ran (plain here; auto declining the draft's prefill of a long
     prompt is the same) leaves its context to idle time: idle_work absorbs it into the draft one
-    `budget` piece per call, and the next request sharing a prefix with it finds the draft there
+    `budget` piece per call (a piece stopped by abort_idle_work leaves the draft as it was), and the next request sharing a prefix with it finds the draft there
     (draft_cached_tokens) and decodes plain decoding's tokens. No idle work on a busy slot, none
     once caught up, none with the cache off."""
     import math
@@ -525,7 +525,13 @@ def test_idle_work_brings_the_draft_up_to_the_last_context(engine):
     slot.busy = False
     with changed_config(engine, prompt_cache=False):
         assert not engine.idle_work()
-    pieces = 0
+    assert engine.idle_work(budget=32)
+    held = slot.draft_cache
+    engine.abort_idle_work()  # a job arrived: the piece stops, the draft keeps what it held
+    assert not engine.idle_work(budget=32)
+    assert slot.draft_cache == held and slot.draft.pos_max(0) == len(held.tokens) - 1
+    engine.abort_idle_work(False)
+    pieces = 1
     while engine.idle_work(budget=32):
         pieces += 1
         assert slot.draft.pos_max(0) == len(slot.draft_cache.tokens) - 1

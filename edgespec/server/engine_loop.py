@@ -85,6 +85,12 @@ class LoopEngine(Protocol):
     @property
     def abort_forward(self) -> Callable[[], None] | None: ...
 
+    # optional: stop idle work's forward at its next graph node, from any thread (True), and
+    # lower that flag again on the engine thread (False); None: a job arriving during idle time
+    # waits for the piece in progress
+    @property
+    def abort_idle_work(self) -> Callable[[bool], None] | None: ...
+
     # optional: the suffix cache's figures, read after each tick and as a request closes
     @property
     def suffix_stats(self) -> Callable[[], dict[str, float]] | None: ...
@@ -201,6 +207,12 @@ class EngineLoop:
         self.tick_totals: dict[str, float] = {}  # the engine's tick phase totals, after each tick
         self.suffix_cache: dict[str, float] = {}  # the engine's suffix cache stats, after each tick
         self._idle_done = False  # no job, no call and no idle work left (see _run)
+        # a piece of idle work is running (under _lock); a job or call arriving meanwhile stops it
+        # (the engine's abort_idle_work) and _idle_stopped says that one did
+        self._idling = False
+        self._idle_stopped = False
+        self._arrivals = 0  # jobs and calls submitted so far (see _idle_piece)
+        self._abort_idle: Callable[[bool], None] | None = None
         self._thread = threading.Thread(target=self._run, name="edgespec-engine", daemon=True)
         # the abort watch: the jobs of the tick in progress (None between ticks), under _watch_lock
         self._watch_lock = threading.Lock()
@@ -276,8 +288,16 @@ class EngineLoop:
             self._pending.append(job)
             self._idle_done = False
             self.metrics.submitted.inc()
+            self._stop_idle()
             self._wake.notify()
         return job
+
+    def _stop_idle(self) -> None:
+        """A job or call arrived: stop the piece of idle work in progress (under _lock)."""
+        self._arrivals += 1
+        if self._idling and not self._idle_stopped and self._abort_idle is not None:
+            self._idle_stopped = True
+            self._abort_idle(True)
 
     def call(self, fn: Callable[[Any], Any], timeout: float | None = 60.0) -> Any:
         """Run `fn(engine)` on the engine thread and return its result (or raise its exception)."""
@@ -288,6 +308,7 @@ class EngineLoop:
             if not self._ready.is_set():
                 raise NotReady("the models are still loading")
             self._calls.append((fn, out))
+            self._stop_idle()
             self._wake.notify()
         try:
             ok, value = out.get(timeout=timeout)
@@ -331,6 +352,7 @@ class EngineLoop:
             self._started.set()
             return
         self._abort, self._suffix_stats = engine.abort_forward, engine.suffix_stats
+        self._abort_idle = engine.abort_idle_work
         if self._abort is not None:
             threading.Thread(target=self._watch, name="edgespec-abort-watch", daemon=True).start()
         self._ready.set()
@@ -356,6 +378,7 @@ class EngineLoop:
                     calls = list(self._calls)
                     self._calls.clear()
                     idle = not active and not to_open and not calls
+                    looked = self._arrivals
                     waited = idle and not idle_left
                     self._idle_done = waited and not self._pending
                     if waited:
@@ -366,12 +389,9 @@ class EngineLoop:
                     idle_left = True  # requests ran: they may leave a context to absorb
                 elif not waited:
                     # one short piece (a draft forward of a few tokens), then look for work again:
-                    # a request arriving meanwhile waits at most that piece
-                    try:
-                        idle_left = bool(idle_work())
-                    except Exception:  # an optimisation: never let it take the loop down
-                        log.warning("idle_work_failed", exc_info=True)
-                        idle_left = False
+                    # a request arriving meanwhile stops the piece (_stop_idle), or waits for it
+                    # on an engine that cannot abort one
+                    idle_left = self._idle_piece(idle_work, looked)
                 for fn, out in calls:
                     try:
                         out.put((True, fn(engine)))
@@ -392,6 +412,25 @@ class EngineLoop:
         finally:
             self._shutdown(engine, active)
             self._watch_wake.set()
+
+    def _idle_piece(self, idle_work: Callable[[], bool], looked: int) -> bool:
+        """One piece of the engine's idle work, stoppable by a job or call arriving meanwhile
+        (`looked`: the arrivals the loop had seen); whether more is left."""
+        with self._lock:
+            if self._arrivals != looked:
+                return True  # something came since the loop looked: it goes round to it first
+            self._idling = True
+        try:
+            return bool(idle_work())
+        except Exception:  # an optimisation: never let it take the loop down
+            log.warning("idle_work_failed", exc_info=True)
+            return False
+        finally:
+            with self._lock:
+                self._idling, stopped = False, self._idle_stopped
+                self._idle_stopped = False
+            if stopped and self._abort_idle is not None:  # no one raises the flag again now
+                self._abort_idle(False)
 
     def _watch(self) -> None:
         """While a tick runs: abort its forward once every request in it is cancelled or past its

@@ -102,7 +102,8 @@ class FakeEncoder:
 class FakeEngine:
     capabilities = frozenset({"constraint"})  # constraints are only recorded
     special_tokens: dict[str, int] = {}  # noqa: RUF012 - none (with tokenize and chat_prompt: a chat.ChatTokenizer)
-    # the optional capabilities of engine_loop.LoopEngine: neither (no forward to abort, no suffix cache)
+    # the optional capabilities of engine_loop.LoopEngine: no forward to abort, no suffix cache (idle
+    # work stops as Engine's does: abort_idle_work below)
     abort_forward = None
     suffix_stats = None
 
@@ -121,6 +122,9 @@ class FakeEngine:
         self.idle_left = 0
         self.idle_calls = 0
         self.fail_idle = False
+        self.idle_aborts: list[bool] = []  # abort_idle_work's calls, in order
+        self._idle_stop = threading.Event()
+        self.in_piece = False  # a piece of idle work is under way
         self.encoder = FakeEncoder()
         self.tick_totals: dict[str, float] = {}
         self.words = WORDS  # what tokens 10, 11, ... render as (a test may make them a tool call)
@@ -142,9 +146,18 @@ class FakeEngine:
             raise RuntimeError("idle work failed")
         if self.idle_left <= 0:
             return False
-        time.sleep(self.idle_seconds)
+        self.in_piece = True
+        try:
+            if self._idle_stop.wait(self.idle_seconds):  # stopped by an arriving job: the piece is undone
+                return False
+        finally:
+            self.in_piece = False
         self.idle_left -= 1
         return self.idle_left > 0
+
+    def abort_idle_work(self, on: bool = True) -> None:  # any thread, as Engine.abort_idle_work
+        self.idle_aborts.append(on)
+        self._idle_stop.set() if on else self._idle_stop.clear()
 
     def close(self) -> None:
         self._touch()

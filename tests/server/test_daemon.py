@@ -123,8 +123,9 @@ def _wait_for(cond, timeout=5.0):
 
 def test_idle_work_runs_between_requests_and_yields_to_them(make_daemon):
     """When no request runs, the engine thread does the engine's idle work (the draft absorbing the
-    last context) one piece at a time until none is left, then waits; a request arriving meanwhile
-    waits at most one piece, not for the rest; a failing piece is logged, not fatal."""
+    last context) one piece at a time until none is left, then waits; a request or engine call
+    arriving meanwhile stops the piece in progress (it waits neither for the rest nor for that
+    piece); a failing piece is logged, not fatal."""
     r = make_daemon()
     eng = r.engine
     eng.idle_pieces_per_request, eng.idle_seconds = 5, 0.0
@@ -142,6 +143,23 @@ def test_idle_work_runs_between_requests_and_yields_to_them(make_daemon):
     out = r.inference.Generate(req(max_tokens=2), timeout=10)
     assert time.monotonic() - t0 < 2.0 and len(out.token_ids) == 2
     eng.idle_left = 0
+
+    # a piece that would take 20 s: an arriving request stops it (the engine's abort_idle_work),
+    # and the flag is lowered again before anything else runs; an engine call (ModelInfo) too
+    eng.idle_pieces_per_request, eng.idle_seconds = 3, 20.0
+    for stop in (lambda: r.inference.Generate(req(max_tokens=2), timeout=10),
+                 lambda: r.inference.ModelInfo(pb.ModelInfoRequest(), timeout=10)):
+        eng.idle_aborts.clear()
+        r.inference.Generate(req(max_tokens=2), timeout=10)
+        assert _wait_for(lambda: eng.in_piece)
+        t0 = time.monotonic()
+        stop()
+        assert time.monotonic() - t0 < 5.0
+        assert _wait_for(lambda: eng.idle_aborts[-1:] == [False])
+        assert eng.idle_aborts[:2] == [True, False]
+    eng.idle_left = 0
+    eng.abort_idle_work(True)  # lets the piece in progress (if any) end
+    eng.abort_idle_work(False)
 
     eng.fail_idle = True
     before = eng.idle_calls

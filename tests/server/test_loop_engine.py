@@ -21,7 +21,7 @@ def test_the_engine_and_the_fake_are_loop_engines():
     fake: LoopEngine = FakeEngine()
     assert isinstance(real, Engine) and isinstance(real, LoopEngine)
     assert isinstance(fake, LoopEngine)
-    assert callable(real.abort_forward) and callable(real.suffix_stats)
+    assert callable(real.abort_forward) and callable(real.suffix_stats) and callable(real.abort_idle_work)
     assert isinstance(real.suffix_stats(), dict)
     assert fake.abort_forward is None and fake.suffix_stats is None
     real.close()
