@@ -325,6 +325,23 @@ class _Decoding:
     def clear(self) -> None:
         ll.llama_memory_clear(self._mem, True)
 
+    def seq_state(self, seq: int) -> bytes:
+        """The cells of sequence `seq` (every layer's KV of every position it holds) as bytes: a
+        host-memory copy that `load_seq_state` writes back bit for bit (edgespec/prompt_store.py)."""
+        n = ll.llama_state_seq_get_size(self._ctx, seq)
+        buf = ctypes.create_string_buffer(n)
+        got = ll.llama_state_seq_get_data(self._ctx, ctypes.cast(buf, ctypes.POINTER(ctypes.c_uint8)), n, seq)
+        if got == 0:
+            raise ModelError(f"could not copy sequence {seq}'s cells ({n} bytes)")
+        return buf.raw[:got]
+
+    def load_seq_state(self, seq: int, data: bytes) -> None:
+        """Write cells copied by `seq_state` into the empty sequence `seq` (their positions as
+        they were); ModelError when the cache has no room for them."""
+        src = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if ll.llama_state_seq_set_data(self._ctx, src, len(data), seq) == 0:
+            raise ModelError(f"could not restore {len(data)} bytes of cells into sequence {seq}")
+
     def close(self) -> None:
         if getattr(self, "_ctx", None):
             self._free_batch()

@@ -66,6 +66,8 @@ ENGINE_KEYS = {
     "max_tree_leaves": ("server", "max_tree_leaves"),
     "draft_window": ("draft", "window"),
     "prompt_cache": ("server", "prompt_cache"),
+    "prompt_cache_bytes": ("server", "prompt_cache_bytes"),
+    "prompt_cache_scope": ("server", "prompt_cache_scope"),
     "prefill_share": ("server", "prefill_share"),
     "suffix_cache": ("speculation", "suffix_cache"),
     "suffix_cache_bytes": ("speculation", "suffix_cache_bytes"),
@@ -96,6 +98,10 @@ class EngineConfig:
     # a slot keeps the KV of its last prompt's prefill; a request whose prompt starts the same way
     # prefills only what follows the prefix they share (engine.reusable_prefix, engine.reuse_chunk)
     prompt_cache: bool = setting("server", "prompt_cache").default
+    # host memory for kept prefills beyond the slots' own (edgespec/prompt_store.py; 0 = none), one
+    # partition per caller unless pooled
+    prompt_cache_bytes: int = setting("server", "prompt_cache_bytes").default
+    prompt_cache_scope: str = setting("server", "prompt_cache_scope").default
     # a prompt is prefilled in pieces inside the ticks; beside decoding sessions a piece may cost
     # at most this many times the tick's decode work (0: whole n_batch chunks, streams wait)
     prefill_share: float = setting("server", "prefill_share").default

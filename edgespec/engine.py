@@ -36,6 +36,7 @@ from edgespec.drafters.suffix import SuffixCache, SuffixDrafter
 from edgespec.errors import BadRequest, ForwardAborted, Overloaded
 from edgespec.kv import SeqRange
 from edgespec.logs import get_logger
+from edgespec.prompt_store import PromptStore, StoredPrompt
 from edgespec.sampling import SamplingParams
 from edgespec.session import NGRAM_MAX, Session, fixed_shape  # noqa: F401 - re-exported
 from edgespec.types import Chunk, GenerationRequest, GenerationResult
@@ -78,6 +79,7 @@ class Slot:
     # what the head-drafting request on this slot lends other slots of its prompt once its prefill
     # is done: the head's positions (which only grow while it runs) and the prompt's features
     lent: HeadCache | None = None
+    caller: str = ""  # the caller whose request left `prefill` (the prompt store's partition)
 
     def reset(self) -> None:
         """Empty every cache; nothing is reusable."""
@@ -178,6 +180,9 @@ class Engine:
         # what prompt lookups achieved in recent requests, in the suffix cache's partitions: the
         # reach each new request's lookups start from (drafters/ngram.py)
         self.lookup_priors = ReachPriors()
+        # kept prefills beyond the slots' own, in host memory (edgespec/prompt_store.py)
+        self.prompt_store = PromptStore(cfg.prompt_cache_bytes, pooled=cfg.prompt_cache_scope == "pooled") \
+            if cfg.prompt_cache and cfg.prompt_cache_bytes else None
 
     # -- lifecycle ----------------------------------------------------------------------------
     @classmethod
@@ -614,17 +619,29 @@ class Engine:
         kind = self.choose_drafter(req, places)
         slot = places[kind]
         keep, donor, hdonor = self._kept_prefill(slot, req, kind)
+        if donor is not None or hdonor is not None or keep < len(slot.prefill):
+            self._store(slot)  # what the slot keeps and this request drops, for later ones
         slot.busy = True
         try:
-            if hdonor is not None:  # the head's positions and features of the prompt, from another slot
+            if hdonor is not None:  # the head's positions and features of the prompt, from elsewhere
                 rng, cache = slot.drafter_range(kind), hdonor.head_to_lend(kind)
                 rng.clear()
-                rng.ctx.seq_cp(hdonor.drafter_range(kind).base, rng.base, 0, cache.n_past)
+                if isinstance(hdonor, StoredPrompt):
+                    rng.load_seq_state(hdonor.head_cells)
+                    rng.seq_rm(0, cache.n_past, -1)
+                else:
+                    rng.ctx.seq_cp(hdonor.drafter_range(kind).base, rng.base, 0, cache.n_past)
                 slot.set_cache(kind, cache)
             tgt = slot.target
             if donor is not None:
                 tgt.clear()
-                self.target_ctx.seq_cp(donor.target.base, tgt.base, 0, keep)
+                if isinstance(donor, StoredPrompt):
+                    tgt.load_seq_state(donor.target)
+                    tgt.seq_rm(0, keep, -1)
+                    self.prompt_store.used(donor, keep)
+                    self._store_figures()
+                else:
+                    self.target_ctx.seq_cp(donor.target.base, tgt.base, 0, keep)
             elif keep:
                 tgt.seq_rm(0, keep, -1)  # what a finished request left beyond the kept chunks
                 for s in range(1, tgt.n_seq_max):
@@ -632,6 +649,7 @@ class Engine:
             else:
                 tgt.clear()
             slot.prefill = ()  # nothing reusable from this slot until this prefill has completed
+            slot.caller = req.caller
             slot.lent = None
             slot.drafting = kind
             sess = Session(self, slot, req, keep=keep, drafter=kind)
@@ -660,20 +678,46 @@ class Engine:
         if not self.prompt_cache:
             return 0, None, None
         prompt, chunk = req.prompt_tokens, self.reuse_chunk
-        held = {id(s): reusable_prefix(s.prefill, prompt, chunk) for s in self.slots}
-        best = max(self.slots, key=lambda s: (held[id(s)], s is slot))
+        # the slots, then the prompt store's entries of this caller's partition: on a tie the slot's
+        # own cells, then another slot's (a copy inside the cache), then an entry's (written back)
+        places = [*self.slots, *(self.prompt_store.candidates(req.caller) if self.prompt_store else ())]
+        order = {id(p): (p is slot, isinstance(p, Slot)) for p in places}
+        held = {id(p): reusable_prefix(p.prefill, prompt, chunk) for p in places}
+        best = max(places, key=lambda p: (held[id(p)], *order[id(p)]))
         keep = held[id(best)]
         if kind != "eagle3" or req.speculation.mode == "plain" or not keep:
             return keep, (best if held[id(best)] > held[id(slot)] else None), None
-        head = {id(s): head_reusable(s.cache_of(kind) if s is slot else s.head_to_lend(kind), prompt)
-                for s in self.slots}
-        hbest = max(self.slots, key=lambda s: (head[id(s)], s is slot))
+        head = {id(p): head_reusable(p.cache_of(kind) if p is slot else p.head_to_lend(kind), prompt)
+                for p in places}
+        hbest = max(places, key=lambda p: (head[id(p)], *order[id(p)]))
         keep = min(keep, head[id(hbest)]) // chunk * chunk
         if not keep:
             return 0, None, None
         donor = None if held[id(slot)] >= keep else best
         hdonor = None if head[id(slot)] >= keep else hbest
         return keep, donor, hdonor
+
+    def _store(self, slot: Slot) -> None:
+        """Copy what `slot` keeps into the prompt store before a request drops it: the target's
+        cells of its kept prefill and, where a head drafted there, the head's positions and the
+        features it had not absorbed (edgespec/prompt_store.py)."""
+        if self.prompt_store is None or not slot.prefill or slot.busy:
+            return
+        head, cells = None, b""
+        if "eagle3" in self.drafter_kinds:
+            cache = slot.cache_of("eagle3")
+            if isinstance(cache, HeadCache) and cache.n_features:
+                head, cells = cache, slot.drafter_range("eagle3").seq_state(0)
+        part = self.prompt_store.partition_of(slot.caller)
+        if self.prompt_store.holds(part, slot.prefill, head):
+            return  # the slot's cells came from an entry that is still there, or as much again
+        self.prompt_store.put(StoredPrompt(part, slot.prefill, slot.target.seq_state(0), head, cells))
+        self._store_figures()
+
+    def _store_figures(self) -> None:
+        """The prompt store's figures in tick_totals (Admin.Stats, /metrics)."""
+        for k, v in self.prompt_store.figures().items():
+            self.tick_totals[f"prompt_store_{k}"] = v
 
     def _keepable(self, slot: Slot, req: GenerationRequest, kind: str | None = None) -> int:
         """Prompt positions whose target KV `slot` may keep for `req`: its kept prefill's

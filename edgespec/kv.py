@@ -57,6 +57,12 @@ class SeqRange:
     def pos_max(self, seq: int) -> int:
         return self.ctx.pos_max(self.base + seq)
 
+    def seq_state(self, seq: int = 0) -> bytes:
+        return self.ctx.seq_state(self.base + seq)
+
+    def load_seq_state(self, data: bytes, seq: int = 0) -> None:
+        self.ctx.load_seq_state(self.base + seq, data)
+
     def pos_min(self, seq: int) -> int:
         return self.ctx.pos_min(self.base + seq)
 

@@ -88,6 +88,9 @@ class MemoryPlan:
     warnings: tuple[str, ...] = field(default_factory=tuple)
     embedding: ModelPlan | None = None  # the [embedding] context (weights 0 when it shares the target's)
     head: ModelPlan | None = None  # an EAGLE-3 head beside the draft model ([draft] head)
+    # the bounds of the caches in host memory (the prompt store, the suffix cache), counted where
+    # the device is the host's memory (a CPU engine)
+    cache_bytes: int = 0
 
     @property
     def models(self) -> tuple[ModelPlan, ...]:
@@ -95,7 +98,7 @@ class MemoryPlan:
 
     @property
     def total_bytes(self) -> int:
-        return sum(m.total() for m in self.models) + self.overhead_bytes
+        return sum(m.total() for m in self.models) + self.overhead_bytes + self.cache_bytes
 
     def required_bytes(self, headroom: float = DEFAULT_HEADROOM) -> int:
         return math.ceil(self.total_bytes / (1 - headroom))
@@ -124,6 +127,7 @@ class MemoryPlan:
                 for m in self.models
             },
             "overhead_bytes": self.overhead_bytes,
+            "cache_bytes": self.cache_bytes,
             "total_bytes": self.total_bytes,
             "draft_ratio": self.draft_ratio,
             "warnings": list(self.warnings),
@@ -320,6 +324,10 @@ def plan_for_config(cfg: EngineConfig, *, gpu: bool | None = None, n_outputs: in
     """The plan for the daemon's engine config (target/draft sections, parallel slots), and the
     [embedding] context when `embedding` (an enabled EmbeddingConfig) is given."""
     plan = _plan_for_engine(cfg, gpu=gpu, n_outputs=n_outputs)
+    on_gpu = cfg.target.n_gpu_layers != 0 if gpu is None else gpu
+    if not on_gpu:  # the caches' bounds come out of the same memory as the models
+        plan = replace(plan, cache_bytes=(cfg.prompt_cache_bytes if cfg.prompt_cache else 0)
+                       + (cfg.suffix_cache_bytes if cfg.suffix_cache else 0))
     if cfg.head is not None:
         plan = with_head(plan, read_model_facts(cfg.head.path))
     if embedding is None or not getattr(embedding, "enabled", False):
@@ -368,12 +376,14 @@ def explain(plan: MemoryPlan, device_bytes: int, headroom: float = DEFAULT_HEADR
     text = (
         f"{verdict}: needs {fmt_bytes(plan.total_bytes)} ({'; '.join(parts)}"
         + (f"; runtime {fmt_bytes(plan.overhead_bytes)}" if plan.overhead_bytes else "")
+        + (f"; caches {fmt_bytes(plan.cache_bytes)}" if plan.cache_bytes else "")
         + f"), {fmt_bytes(need)} with {headroom:.0%} headroom, {device} has {fmt_bytes(device_bytes)}"
     )
     if need > device_bytes:
         text += (
             f"; short by {fmt_bytes(need - device_bytes)}: lower n_ctx or parallel, use kv_type q8_0/q4_0 "
-            "with flash_attn, or a smaller quantisation"
+            "with flash_attn, a smaller quantisation, or smaller server.prompt_cache_bytes and "
+            "speculation.suffix_cache_bytes"
         )
     return text
 

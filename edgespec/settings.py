@@ -236,6 +236,15 @@ SETTINGS: tuple[Setting, ...] = (
             "last whole n_batch chunk they share); its draft keeps (and absorbs while idle) the last context, "
             "reusable up to any shared prefix; an EAGLE-3 head keeps its positions and unabsorbed features, "
             "and a request keeps no more of the prefill than the head has"),
+    _server("prompt_cache_bytes", I, 256 << 20, "host memory for prompts' prefills beyond the slots (with "
+            "prompt_cache): before a slot's kept prefill is dropped for another prompt, its cells (and a head's "
+            "positions and features) are copied here, and a later request sharing a longer prefix with one gets "
+            "them written back instead of prefilling it again; least recently used first out; 0 = off (restart "
+            "to change)", lo=0, hi=1 << 40),
+    _server("prompt_cache_scope", S, "caller", "caller: a kept prompt serves only the caller whose request left "
+            "it (a token's name, a certificate's subject; anonymous callers share one); pooled: any caller, "
+            "which lets a caller time whether another sent a prompt that starts like its own (docs/appliance.md, "
+            "threat model; restart to change)", choices=SUFFIX_SCOPES),
     *_model("target"),
     Setting("target", "rpc_servers", L, [], "llama.cpp rpc-servers (host:port) that hold part of the target's "
             "layers, for a target larger than one box; needs a wheel built with RPC=1 and n_gpu_layers != 0",

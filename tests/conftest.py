@@ -27,6 +27,9 @@ def engine(demo_pair: DemoPair):
         # the engine tests measure the draft model's acceptance and reproduce seeded runs; the
         # suffix cache (which replays earlier answers) has its own tests (tests/drafters/test_suffix.py)
         suffix_cache=False,
+        # tests empty the slots' caches (Slot.reset) to start from nothing; the prompt store, which
+        # would hand a dropped prefill back, has its own (tests/heads/test_engine_dual.py)
+        prompt_cache_bytes=0,
     )
     eng = Engine.load(cfg)
     yield eng

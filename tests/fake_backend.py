@@ -131,6 +131,16 @@ class FakeContext:
     def tokens_of(self, seq: int) -> list[int]:
         return [c[1] for c in sorted((c for c in self.cells if seq in c[2]), key=lambda c: c[0])]
 
+    def seq_state(self, seq: int) -> bytes:
+        """backend.Context.seq_state: the (position, token) cells of `seq`, as bytes."""
+        return np.asarray(self.seq_cells(seq), dtype=np.int64).tobytes()
+
+    def load_seq_state(self, seq: int, data: bytes) -> None:
+        assert self.pos_max(seq) < 0, "load_seq_state needs an empty sequence"
+        for p, t in np.frombuffer(data, dtype=np.int64).reshape(-1, 2).tolist():
+            self.cells.append([p, t, {seq}])
+        assert len(self.cells) <= self.n_ctx, "KV cache full"
+
     def clear(self) -> None:
         self.cells = []
 

@@ -172,6 +172,14 @@ class Metrics:
                   lambda: self._suffix("hits")),
             gauge("edgespec_suffix_cache_evictions", "Replies evicted from the suffix cache since start.",
                   lambda: self._suffix("evicted")),
+            gauge("edgespec_prompt_cache_bytes", "Bytes of kept prefills in host memory beyond the slots "
+                  "(server.prompt_cache_bytes).", lambda: self._tick("prompt_store_bytes")),
+            gauge("edgespec_prompt_cache_entries", "Kept prefills in host memory beyond the slots.",
+                  lambda: self._tick("prompt_store_entries")),
+            gauge("edgespec_prompt_cache_hits", "Requests since start whose prompt began with a kept prefill "
+                  "written back from host memory.", lambda: self._tick("prompt_store_hits")),
+            gauge("edgespec_prompt_cache_restored_tokens", "Prompt tokens since start not prefilled again because "
+                  "their cells came back from host memory.", lambda: self._tick("prompt_store_restored_tokens")),
             # counters the callers' limits keep
             read_counter("edgespec_drafter_requests_total", "With a head beside the draft model: requests that "
                          "drafted with each (draft, head).", lambda: self._ticks("drafter_requests_"), "drafter"),

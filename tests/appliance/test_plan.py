@@ -19,6 +19,7 @@ from edgespec.plan import (
     check_fits,
     compare_with_reported,
     draft_ratio_warning,
+    explain,
     parse_llama_log,
     plan_for_config,
     plan_memory,
@@ -250,3 +251,20 @@ def test_estimates_match_llama_cpp_at_load():
     assert abs(by_item["weights_bytes"].rel_error) < 0.03, by_item
     assert abs(by_item["kv_bytes"].rel_error) < 0.01, by_item  # exact arithmetic
     assert -0.05 < by_item["compute_bytes"].rel_error < 0.10, by_item  # an estimate
+
+
+def test_the_host_caches_count_on_a_cpu_engine(tiny):
+    """On a CPU the device is the host's memory: the prompt store's and the suffix cache's bounds
+    count in the plan (and its verdict names them); on a GPU they do not."""
+    import dataclasses
+
+    cfg = EngineConfig(target=ModelConfig(path=str(tiny), n_ctx=1000), draft=None,
+                       prompt_cache_bytes=300 << 20, suffix_cache_bytes=20 << 20)
+    cpu, gpu = plan_for_config(cfg, gpu=False), plan_for_config(cfg, gpu=True)
+    assert cpu.cache_bytes == 320 << 20 and gpu.cache_bytes == 0
+    none = plan_for_config(dataclasses.replace(cfg, prompt_cache=False, suffix_cache=False), gpu=False)
+    assert none.cache_bytes == 0 and cpu.total_bytes == none.total_bytes + (320 << 20)
+    assert cpu.as_dict()["cache_bytes"] == 320 << 20
+    assert "caches 320.0 MiB" in explain(cpu, 1 << 40)
+    with pytest.raises(ConfigError, match="prompt_cache_bytes"):
+        check_fits(cpu, none.total_bytes + (100 << 20))

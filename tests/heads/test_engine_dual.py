@@ -277,3 +277,57 @@ def test_a_drafter_reporting_another_distribution_is_caught_in_mixed_ticks(mixed
     report_hotter_than_drawn(monkeypatch)
     eng, toks, exact = mixed_sampler
     assert gof(sample(eng, toks, N_SAMPLES // 2), exact) < ALPHA
+
+
+def test_the_prompt_store_gives_back_what_a_slot_dropped(demo_pair, tiny_head):
+    """One slot: a head's request, then one on another prompt (the slot drops the first prompt's
+    prefill; the prompt store keeps its cells, and the head's positions and features), then the
+    first prompt again: all of it comes back from host memory, as from another slot, and the
+    output is plain greedy's with every KV invariant checked. A plain request's root logits from
+    cells written back are an empty cache's bit for bit. Another caller's request gets nothing
+    back (one partition per caller)."""
+    import dataclasses
+
+    import numpy as np
+
+    eng = load(demo_pair, tiny_head, parallel=1)
+    try:
+        store, slot = eng.prompt_store, eng.slots[0]
+        assert store is not None and eng.batch_invariant
+        first, second = prompts(eng)[:2]
+        want = run(eng, first, "plain", "model").token_ids
+        slot.reset()
+        store.clear()
+        run(eng, first, "chain", "eagle3")
+        assert len(store) == 0  # nothing dropped yet
+        run(eng, second, "chain", "eagle3")
+        (kept,) = store.candidates("")
+        assert kept.prefill == tuple(first[:-1]) and kept.head is not None and store.bytes == kept.nbytes
+        sess = open_with(eng, first, "chain", "eagle3")
+        # all but the root's parent, which the head decodes again (HeadCache.reusable)
+        assert sess.stats.cached_prompt_tokens == sess.stats.draft_cached_tokens == len(first) - 2
+        assert finish(sess).token_ids == want
+        assert store.figures()["hits"] == 1 and len(store) == 2  # second's prefill went in
+
+        def root_logits(toks, caller=""):
+            req = dataclasses.replace(request(toks, "plain", 4), caller=caller)
+            sess = eng.open_session(req)
+            try:
+                sess.step()
+                return sess.stats.cached_prompt_tokens, slot.target.logits(0).copy()
+            finally:
+                sess.close()
+
+        slot.reset()
+        store.clear()
+        n0, l0 = root_logits(first)  # from an empty cache; the slot keeps the prefill
+        run(eng, second, "plain", "model")  # drops it: the store keeps it
+        n1, l1 = root_logits(first)
+        assert (n0, n1) == (0, len(first) - 1) and np.array_equal(l0, l1)
+        run(eng, second, "plain", "model")
+        # another partition: no more than the slot's own cells (the chat template's few tokens)
+        template = next(i for i, (x, y) in enumerate(zip(first, second)) if x != y)
+        assert root_logits(first, caller="token:bob")[0] == template < 10
+        assert root_logits(first)[0] == len(first) - 1
+    finally:
+        eng.close()
