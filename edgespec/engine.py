@@ -33,7 +33,7 @@ from edgespec.drafters.eagle3 import HeadCache, reusable as head_reusable
 from edgespec.drafters.model import DraftCache
 from edgespec.drafters.ngram import ReachPriors
 from edgespec.drafters.suffix import SuffixCache, SuffixDrafter
-from edgespec.errors import BadRequest, ForwardAborted, Overloaded
+from edgespec.errors import BadRequest, ForwardAborted, ModelError, Overloaded
 from edgespec.kv import SeqRange
 from edgespec.logs import get_logger
 from edgespec.prompt_store import PromptStore, StoredPrompt
@@ -626,20 +626,20 @@ class Engine:
             if hdonor is not None:  # the head's positions and features of the prompt, from elsewhere
                 rng, cache = slot.drafter_range(kind), hdonor.head_to_lend(kind)
                 rng.clear()
-                if isinstance(hdonor, StoredPrompt):
-                    rng.load_seq_state(hdonor.head_cells)
-                    rng.seq_rm(0, cache.n_past, -1)
-                else:
+                if not isinstance(hdonor, StoredPrompt):
                     rng.ctx.seq_cp(hdonor.drafter_range(kind).base, rng.base, 0, cache.n_past)
+                elif not self._write_back(rng, hdonor.head_cells, cache.n_past):
+                    cache, keep, donor = None, 0, None  # the head has nothing: nor does the target
                 slot.set_cache(kind, cache)
             tgt = slot.target
             if donor is not None:
                 tgt.clear()
                 if isinstance(donor, StoredPrompt):
-                    tgt.load_seq_state(donor.target)
-                    tgt.seq_rm(0, keep, -1)
-                    self.prompt_store.used(donor, keep)
-                    self._store_figures()
+                    if self._write_back(tgt, donor.target, keep):
+                        self.prompt_store.used(donor, keep)
+                        self._store_figures()
+                    else:
+                        keep = 0
                 else:
                     self.target_ctx.seq_cp(donor.target.base, tgt.base, 0, keep)
             elif keep:
@@ -713,6 +713,18 @@ class Engine:
             return  # the slot's cells came from an entry that is still there, or as much again
         self.prompt_store.put(StoredPrompt(part, slot.prefill, slot.target.seq_state(0), head, cells))
         self._store_figures()
+
+    def _write_back(self, rng: SeqRange, cells: bytes, n: int) -> bool:
+        """Write an entry's cells into `rng`'s empty sequence 0 and keep its first `n` positions;
+        False (the sequence left empty) when the cache has no room for them."""
+        try:
+            rng.load_seq_state(cells)
+        except ModelError:
+            log.warning("prompt_store_write_back_failed", cells_bytes=len(cells))
+            rng.seq_rm(0, -1, -1)
+            return False
+        rng.seq_rm(0, n, -1)
+        return True
 
     def _store_figures(self) -> None:
         """The prompt store's figures in tick_totals (Admin.Stats, /metrics)."""

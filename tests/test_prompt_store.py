@@ -60,3 +60,42 @@ def test_an_entry_replaces_those_it_covers():
     assert not store.holds("x", (1, 2, 3, 4, 5, 6), None) and not store.holds("", (1, 2, 7), None)
     store.clear()
     assert store.bytes == 0 and len(store) == 0
+
+
+def _generate(eng, toks, caller=""):
+    from edgespec.sampling import SamplingParams
+    from edgespec.types import GenerationRequest, SpeculationParams
+
+    return eng.generate(GenerationRequest(tuple(toks), SamplingParams(max_tokens=12),
+                                          SpeculationParams(mode="auto"), caller=caller))
+
+
+def test_the_engine_writes_a_dropped_prefill_back_and_survives_a_full_cache(monkeypatch):
+    """One slot (the fake backend, reuse in whole n_batch chunks): a prompt, another, the first
+    again: the first's kept chunks come back from the store and the output is the same. When the
+    cache has no room for an entry's cells the request prefills everything instead, and still
+    gives the same output."""
+    from edgespec.errors import ModelError
+    from tests.fake_backend import fake_engine
+
+    eng = fake_engine(parallel=1, n_ctx=512)
+    assert eng.prompt_store is not None and eng.reuse_chunk == 64
+    first = [1] + [(7 * i) % 50 + 5 for i in range(150)]
+    second = [2] + [(11 * i) % 50 + 5 for i in range(150)]
+    want = _generate(eng, first)
+    assert want.stats.cached_prompt_tokens == 0
+    _generate(eng, second)
+    assert len(eng.prompt_store) == 1
+    again = _generate(eng, first)
+    assert again.stats.cached_prompt_tokens == 128 and again.token_ids == want.token_ids
+    assert eng.tick_totals["prompt_store_hits"] == 1 and eng.tick_totals["prompt_store_restored_tokens"] == 128
+    assert _generate(eng, second, caller="token:bob").stats.cached_prompt_tokens == 0  # not bob's
+
+    def full(self, seq, data):  # noqa: ANN001, ARG001
+        raise ModelError("could not restore: no room")
+
+    monkeypatch.setattr(type(eng.target_ctx), "load_seq_state", full)
+    _generate(eng, second)
+    got = _generate(eng, first)
+    assert got.stats.cached_prompt_tokens == 0 and got.token_ids == want.token_ids
+    assert eng.slots[0].prefill == tuple(first[:-1])  # read whole, and kept as usual

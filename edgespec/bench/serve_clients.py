@@ -58,7 +58,7 @@ class EdgespecClient:
 
     def draft_stats(self) -> dict[str, Any]:
         """What the daemon's drafts did so far (Admin.Stats): tokens proposed and accepted by
-        source, and the suffix cache's figures."""
+        source, the suffix cache's and the prompt store's figures."""
         from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc
 
         r = admin_pb2_grpc.AdminStub(self.channel).Stats(admin_pb2.StatsRequest(), timeout=30,
@@ -66,7 +66,9 @@ class EdgespecClient:
         return {"proposed_by_source": dict(r.proposed_by_source), "accepted_by_source": dict(r.accepted_by_source),
                 "suffix_cache": dict(r.suffix_cache),
                 "requests_by_drafter": {k.removeprefix("drafter_requests_"): v for k, v in r.tick_totals.items()
-                                        if k.startswith("drafter_requests_")}}
+                                        if k.startswith("drafter_requests_")},
+                "prompt_store": {k.removeprefix("prompt_store_"): v for k, v in r.tick_totals.items()
+                                 if k.startswith("prompt_store_")}}
 
     def chat_tokens(self, prompt: str) -> list[int]:
         """The prompt as the daemon tokenizes a user chat message (template applied)."""

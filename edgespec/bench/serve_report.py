@@ -95,6 +95,11 @@ def to_markdown(report: dict[str, Any]) -> str:
                 out.append(f"| {conc} | suffix cache | {int(sc.get('documents', 0))} replies, "
                            f"{int(sc.get('bytes', 0)) >> 10} KiB | {int(sc.get('hits', 0))} hits | "
                            f"of {int(sc.get('lookups', 0))} lookups |")
+            ps = d.get("prompt_store") or {}
+            if ps:
+                out.append(f"| {conc} | prompt store | {int(ps.get('entries', 0))} prefills, "
+                           f"{int(ps.get('bytes', 0)) >> 20} MiB | {int(ps.get('hits', 0))} hits | "
+                           f"{int(ps.get('restored_tokens', 0))} tokens written back |")
     sc = report.get("scenario")
     if sc:
         ss = sc.get("settings", {})

@@ -259,9 +259,13 @@ def warmup_curve(cells: dict[str, list[tuple[list[Trace], float]]], per_round: S
 def drafts_since(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     """The daemon's draft figures over a level: tokens proposed and accepted by source since
     `before` (Admin.Stats counts from the daemon's start), with each source's acceptance, and
-    the suffix cache's figures now, and with a head beside the draft model the requests each
-    drafted for."""
+    the suffix cache's figures now, the prompt store's (its hits over the level), and with a head
+    beside the draft model the requests each drafted for."""
     out: dict[str, Any] = {"by_source": {}, "suffix_cache": dict(now.get("suffix_cache", {}))}
+    store, was_store = now.get("prompt_store") or {}, before.get("prompt_store") or {}
+    if store:  # entries and bytes now; hits and restored tokens over the level
+        out["prompt_store"] = {k: v - (was_store.get(k, 0) if k in ("hits", "restored_tokens", "stored") else 0)
+                               for k, v in store.items()}
     was = before.get("requests_by_drafter", {})
     mix = {k: int(n - was.get(k, 0)) for k, n in now.get("requests_by_drafter", {}).items()}
     if any(mix.values()):

@@ -112,11 +112,15 @@ def test_the_warm_up_curve_pools_the_rounds_after_n_requests():
 
 
 def test_the_drafts_by_source_are_the_levels_own_and_reach_the_report():
-    before = {"proposed_by_source": {"suffix": 10, "draft": 5}, "accepted_by_source": {"suffix": 4, "draft": 5}}
+    before = {"proposed_by_source": {"suffix": 10, "draft": 5}, "accepted_by_source": {"suffix": 4, "draft": 5},
+              "prompt_store": {"entries": 3, "bytes": 1 << 20, "hits": 2, "restored_tokens": 100, "stored": 3}}
     now = {"proposed_by_source": {"suffix": 110, "draft": 5, "prompt_lookup": 50},
            "accepted_by_source": {"suffix": 64, "draft": 5, "prompt_lookup": 10},
-           "suffix_cache": {"enabled": 1.0, "documents": 40.0, "bytes": 4096.0, "hits": 30.0, "lookups": 90.0}}
+           "suffix_cache": {"enabled": 1.0, "documents": 40.0, "bytes": 4096.0, "hits": 30.0, "lookups": 90.0},
+           "prompt_store": {"entries": 5, "bytes": 5 << 20, "hits": 12, "restored_tokens": 700, "stored": 9}}
     d = drafts_since(now, before)
+    # the store's entries and bytes now, its hits and tokens written back over the level
+    assert d["prompt_store"] == {"entries": 5, "bytes": 5 << 20, "hits": 10, "restored_tokens": 600, "stored": 6}
     assert d["by_source"] == {"suffix": {"proposed": 100, "accepted": 60, "acceptance": 0.6},
                               "prompt_lookup": {"proposed": 50, "accepted": 10, "acceptance": 0.2}}  # draft: none since
     calls = []
@@ -129,6 +133,7 @@ def test_the_drafts_by_source_are_the_levels_own_and_reach_the_report():
                                                     "suite": "s", "prompts": 3, "n_ctx": 512},
                       "machine": {}, "levels": levels})
     assert "| 1 | suffix | 100 | 60 | 60 % |" in md and "40 replies, 4 KiB" in md
+    assert "| 1 | prompt store | 5 prefills, 5 MiB | 10 hits | 600 tokens written back |" in md
 
 
 def test_the_requests_each_drafter_drafted_for_are_the_levels_own_and_reach_the_report():
