@@ -664,11 +664,12 @@ class Engine:
             slot.busy = False
             raise
 
-    def _kept_prefill(self, slot: Slot, req: GenerationRequest, kind: str | None) -> tuple[int, Slot | None, Slot | None]:
+    def _kept_prefill(self, slot: Slot, req: GenerationRequest, kind: str | None
+                      ) -> tuple[int, Slot | StoredPrompt | None, Slot | StoredPrompt | None]:
         """What a request drafting with `kind` on `slot` keeps of its prompt's prefill: the
-        leading positions whose target KV it keeps, the other slot whose target cells it copies
-        (None: the slot's own) and, for a head's request, the other slot whose head positions and
-        features it copies (None: the slot's own). Any slot's kept (or completed) prefill may
+        leading positions whose target KV it keeps, the other slot (or prompt store entry) whose
+        target cells it copies (None: the slot's own) and, for a head's request, the other slot or
+        entry whose head positions and features it copies (None: the slot's own). Any slot's kept (or completed) prefill may
         share its cells by a copy in the unified cache: nothing is recomputed. A head's request
         keeps no more of the target's prefill than the head positions (and features) it holds:
         the head needs the target's features of every position it has not absorbed. Those come
