@@ -192,6 +192,7 @@ def test_the_prompt_cache_keeps_the_heads_positions_with_the_targets_prefill(dem
     fresh context. A plain request between leaves no head positions: the next request then keeps
     no target prefill either (the head could not catch up without its features) and is still exact."""
     eng = load(demo_pair, tiny_head, parallel=1)
+    eng.prompt_store = None  # the slot's own cells only (the store's: tests/heads/test_engine_dual.py)
     try:
         assert eng.prompt_cache
         first, second = prompts(eng)[:2]
