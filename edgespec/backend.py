@@ -333,12 +333,12 @@ class _Decoding:
         got = ll.llama_state_seq_get_data(self._ctx, ctypes.cast(buf, ctypes.POINTER(ctypes.c_uint8)), n, seq)
         if got == 0:
             raise ModelError(f"could not copy sequence {seq}'s cells ({n} bytes)")
-        return buf.raw[:got]
+        return ctypes.string_at(buf, got)
 
     def load_seq_state(self, seq: int, data: bytes) -> None:
         """Write cells copied by `seq_state` into the empty sequence `seq` (their positions as
         they were); ModelError when the cache has no room for them."""
-        src = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        src = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))  # no copy: read only
         if ll.llama_state_seq_set_data(self._ctx, src, len(data), seq) == 0:
             raise ModelError(f"could not restore {len(data)} bytes of cells into sequence {seq}")
 

@@ -669,8 +669,9 @@ class Engine:
         """What a request drafting with `kind` on `slot` keeps of its prompt's prefill: the
         leading positions whose target KV it keeps, the other slot (or prompt store entry) whose
         target cells it copies (None: the slot's own) and, for a head's request, the other slot or
-        entry whose head positions and features it copies (None: the slot's own). Any slot's kept (or completed) prefill may
-        share its cells by a copy in the unified cache: nothing is recomputed. A head's request
+        entry whose head positions and features it copies (None: the slot's own). Any slot's kept
+        (or completed) prefill may share its cells by a copy in the unified cache: nothing is
+        recomputed. A head's request
         keeps no more of the target's prefill than the head positions (and features) it holds:
         the head needs the target's features of every position it has not absorbed. Those come
         from its own slot or from any other (Slot.head_to_lend): a slot the head is not drafting in
@@ -704,14 +705,13 @@ class Engine:
         features it had not absorbed (edgespec/prompt_store.py)."""
         if self.prompt_store is None or not slot.prefill or slot.busy:
             return
-        head, cells = None, b""
-        if "eagle3" in self.drafter_kinds:
-            cache = slot.cache_of("eagle3")
-            if isinstance(cache, HeadCache) and cache.n_features:
-                head, cells = cache, slot.drafter_range("eagle3").seq_state(0)
+        head = slot.cache_of("eagle3") if "eagle3" in self.drafter_kinds else None
+        if not (isinstance(head, HeadCache) and head.n_features):
+            head = None
         part = self.prompt_store.partition_of(slot.caller)
         if self.prompt_store.holds(part, slot.prefill, head):
             return  # the slot's cells came from an entry that is still there, or as much again
+        cells = slot.drafter_range("eagle3").seq_state(0) if head is not None else b""
         self.prompt_store.put(StoredPrompt(part, slot.prefill, slot.target.seq_state(0), head, cells))
         self._store_figures()
 

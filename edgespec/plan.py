@@ -323,8 +323,8 @@ def plan_for_config(cfg: EngineConfig, *, gpu: bool | None = None, n_outputs: in
                     embedding: object = None) -> MemoryPlan:
     """The plan for the daemon's engine config (target/draft sections, parallel slots), and the
     [embedding] context when `embedding` (an enabled EmbeddingConfig) is given."""
-    plan = _plan_for_engine(cfg, gpu=gpu, n_outputs=n_outputs)
     on_gpu = cfg.target.n_gpu_layers != 0 if gpu is None else gpu
+    plan = _plan_for_engine(cfg, gpu=on_gpu, n_outputs=n_outputs)
     if not on_gpu:  # the caches' bounds come out of the same memory as the models
         plan = replace(plan, cache_bytes=(cfg.prompt_cache_bytes if cfg.prompt_cache else 0)
                        + (cfg.suffix_cache_bytes if cfg.suffix_cache else 0))

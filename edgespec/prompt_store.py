@@ -54,8 +54,8 @@ class PromptStore:
     def __init__(self, max_bytes: int, pooled: bool = False):
         self.max_bytes = max_bytes
         self.pooled = pooled
+        # by id(entry): an entry is held here for as long as its key is in use
         self._entries: collections.OrderedDict[int, StoredPrompt] = collections.OrderedDict()
-        self._next = 0
         self.bytes = 0
         self.stats = {"stored": 0, "evicted": 0, "hits": 0, "restored_tokens": 0}
 
@@ -83,8 +83,7 @@ class PromptStore:
         for key, old in list(self._entries.items()):
             if old.partition == entry.partition and _covers(entry, old):
                 self._drop(key)
-        self._entries[self._next] = entry
-        self._next += 1
+        self._entries[id(entry)] = entry
         self.bytes += entry.nbytes
         self.stats["stored"] += 1
         while self.bytes > self.max_bytes:
@@ -94,10 +93,8 @@ class PromptStore:
 
     def used(self, entry: StoredPrompt, tokens: int) -> None:
         """`entry` served a request `tokens` positions: it becomes the most recently used."""
-        for key, e in self._entries.items():
-            if e is entry:
-                self._entries.move_to_end(key)
-                break
+        if id(entry) in self._entries:
+            self._entries.move_to_end(id(entry))
         self.stats["hits"] += 1
         self.stats["restored_tokens"] += tokens
 

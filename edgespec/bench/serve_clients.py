@@ -63,12 +63,13 @@ class EdgespecClient:
 
         r = admin_pb2_grpc.AdminStub(self.channel).Stats(admin_pb2.StatsRequest(), timeout=30,
                                                          metadata=self.options.metadata)
+
+        def ticks(prefix: str) -> dict[str, float]:
+            return {k.removeprefix(prefix): v for k, v in r.tick_totals.items() if k.startswith(prefix)}
+
         return {"proposed_by_source": dict(r.proposed_by_source), "accepted_by_source": dict(r.accepted_by_source),
-                "suffix_cache": dict(r.suffix_cache),
-                "requests_by_drafter": {k.removeprefix("drafter_requests_"): v for k, v in r.tick_totals.items()
-                                        if k.startswith("drafter_requests_")},
-                "prompt_store": {k.removeprefix("prompt_store_"): v for k, v in r.tick_totals.items()
-                                 if k.startswith("prompt_store_")}}
+                "suffix_cache": dict(r.suffix_cache), "requests_by_drafter": ticks("drafter_requests_"),
+                "prompt_store": ticks("prompt_store_")}
 
     def chat_tokens(self, prompt: str) -> list[int]:
         """The prompt as the daemon tokenizes a user chat message (template applied)."""

@@ -263,8 +263,8 @@ def drafts_since(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     beside the draft model the requests each drafted for."""
     out: dict[str, Any] = {"by_source": {}, "suffix_cache": dict(now.get("suffix_cache", {}))}
     store, was_store = now.get("prompt_store") or {}, before.get("prompt_store") or {}
-    if store:  # entries and bytes now; hits and restored tokens over the level
-        out["prompt_store"] = {k: v - (was_store.get(k, 0) if k in ("hits", "restored_tokens", "stored") else 0)
+    if store:  # entries and bytes now; the counters (hits, tokens written back, ...) over the level
+        out["prompt_store"] = {k: v - (0 if k in ("entries", "bytes") else was_store.get(k, 0))
                                for k, v in store.items()}
     was = before.get("requests_by_drafter", {})
     mix = {k: int(n - was.get(k, 0)) for k, n in now.get("requests_by_drafter", {}).items()}
