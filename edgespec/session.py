@@ -141,11 +141,14 @@ class Session:
 
     def step(self) -> Chunk:
         """One decoding step of this session alone: the ticks that prefill its prompt (whole
-        n_batch chunks when alone, as a one-shot prefill would), then one tick that verifies."""
+        n_batch chunks when alone, as a one-shot prefill would; in plain and auto the last one takes
+        the first step too), or one tick that verifies."""
         if self.done:
             raise RuntimeError("session is finished")
         while self.prefilling:
-            self.engine.tick([self])
+            chunk = self.engine.tick([self])[self]
+            if not self.prefilling and self.fuses_first:  # the last piece's tick took the first step
+                return chunk
         return self.engine.tick([self])[self]
 
     # -- prefill ------------------------------------------------------------------------------
@@ -272,6 +275,31 @@ class Session:
         st = self.record
         st.layout, tokens, positions, seqs = layout.lay_out(st.tree, self.slot.target, self.n_past)
         return tokens, positions, seqs
+
+    @property
+    def fuses_first(self) -> bool:
+        """Whether this request's first step rides in the forward that reads its prompt's last
+        piece: plain and auto (explicit chain and tree modes keep their shape from the start)."""
+        return self.spec.mode in ("plain", "auto")
+
+    def first_step_batch(self, bare: bool = False) -> tuple[list[int], list[int], list[list[int]]]:
+        """The first step, laid out behind the piece that ends the prompt in the same forward: the
+        prompt's last token and the prompt lookups' and the suffix cache's grafts on it (no draft
+        forward: a drafter has not read the prompt yet; `bare`: none either, the goodput guard has
+        fallen back). `first_step` finishes it."""
+        self.n_past = self.n_prompt - 1  # the piece ahead of it in the forward ends the prompt
+        self.begin_step(PLAIN, bare=bare)
+        self.drafted(None)
+        return self.target_batch()
+
+    def first_step(self, rows: np.ndarray, features: np.ndarray | None) -> Chunk:
+        """Verify the first step (after the piece's prefill_done): a plain step with its grafts,
+        which no controller judges (its forward is the prompt's)."""
+        if features is not None:
+            self.verified_features(features)
+        chunk = self.finish_step(rows)
+        self.record = None
+        return chunk
 
     def verified_features(self, features: np.ndarray) -> None:
         """The target's features of this step's batch entries (batch order), for finish_step."""

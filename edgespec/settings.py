@@ -229,8 +229,9 @@ SETTINGS: tuple[Setting, ...] = (
     _server("max_tree_leaves", I, 32, "tree leaves a slot may verify at once (sequence ids of the shared "
             "context; all slots together get at most 256)", lo=1, hi=255),
     _server("prefill_share", F, 1.5, "a prompt is prefilled in pieces inside the engine ticks: beside decoding "
-            "streams a piece may cost this many times the tick's decode work (0 = whole n_batch chunks, the "
-            "streams wait)", lo=0, hi=100),
+            "streams a piece may add this many times the tick's decode work to the tick's forward (0 = whole "
+            "n_batch chunks, the streams wait); the piece that ends a prompt brings the request's first step "
+            "along", lo=0, hi=100),
     _server("prompt_cache", B, True, "a slot keeps its last prompt's prefill: a request sharing a prefix "
             "prefills only what follows it (on a CPU with the patched ggml at any length; elsewhere from the "
             "last whole n_batch chunk they share); its draft keeps (and absorbs while idle) the last context, "

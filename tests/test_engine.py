@@ -336,8 +336,8 @@ def test_prompt_cache_keeps_the_shared_prefix_bit_for_bit(engine):
         sess = engine.open_session(GenerationRequest(tuple(toks), SamplingParams(max_tokens=4),
                                                      SpeculationParams(mode="plain", ngram=False)))
         try:
-            sess.step()
-            return sess.stats.cached_prompt_tokens, sess.slot.target.logits(0).copy()
+            sess.step()  # the last piece's forward, the root last in it
+            return sess.stats.cached_prompt_tokens, sess.slot.target.logits(-1).copy()
         finally:
             sess.close()
 

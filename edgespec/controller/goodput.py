@@ -145,6 +145,13 @@ class GoodputGuard:
                 return False
         return True
 
+    def holds(self, key: Key) -> bool:
+        """Whether the level has fallen back and is not probing: what a step that cannot ask
+        `allow` (a request's first step, riding its prompt's forward) follows, leaving the
+        level's wait and probes to the ticks it judges."""
+        lv = self.levels.get(key)
+        return self.enabled and lv is not None and lv.fallback and lv.probe_left <= 0
+
     def new_request(self, key: Key) -> None:
         """A request starts decoding alone at `key`. At one stream the level's evidence is the
         previous request's text (a draft that failed on one request's Chinese says little about

@@ -1,5 +1,7 @@
 """Verify forward: ONE target `llama_decode` holding every decoding session's [root] + tree (a
-plain session: its root alone) and the prefill pieces of sessions still reading their prompt.
+plain session: its root alone) and the prefill pieces of sessions still reading their prompt,
+sized beside the verification's tokens (schedule.pieces); a piece that ends its prompt brings
+the request's first step along (Session.first_step_batch).
 
 Each session's tree lives in its slot's sequence range, so the sessions never see each other's
 cells. On a CPU the patched ggml (tools/patches/) makes every forward batch-invariant: each
@@ -20,6 +22,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from edgespec.tick.schedule import first_bare, pieces
+
 
 @dataclass
 class ForwardRecord:
@@ -28,6 +32,8 @@ class ForwardRecord:
     seconds: float = 0.0
     prefill_tokens: int = 0
     prefill_seconds: float = 0.0
+    first_tokens: int = 0  # the first steps' tokens, read after the pieces that ended their prompts
+    first: dict = field(default_factory=dict)  # session -> its first step's (logits rows, features)
 
 
 def verify_forward(engine, plan) -> ForwardRecord:
@@ -41,12 +47,31 @@ def verify_forward(engine, plan) -> ForwardRecord:
         positions += p
         seqs += q
     n_verify = len(tokens)
-    riders = list(plan.prefill)  # prefill pieces in the same forward (logits off)
+    riders = list(pieces(engine, plan, n_verify))  # prefill pieces in the same forward (logits off)
     if not tokens and not riders:
         return rec
-    _append(riders, tokens, positions, seqs)
+    # a piece that ends its prompt takes the request's first step after it (plain or auto: the
+    # prompt's last token and what the prompt lookups and the suffix cache graft on it), logits
+    # on: the first tokens come from the forward that read the prompt, as from a one-shot prefill.
+    # The piece's cells join every sequence the step's tree lays out (the root's), as the
+    # context's earlier cells were copied into them.
+    first, bare = {}, None
+    for s, toks, start in riders:
+        if start + len(toks) == s.n_prompt - 1 and s.fuses_first:
+            if bare is None:
+                bare = first_bare(engine, plan)
+            first[s] = s.first_step_batch(bare)
+    _append(riders, tokens, positions, seqs, {s: q[0] for s, (_, _, q) in first.items()})
+    n_read = len(tokens)
+    spans_first = []
+    for s, (t, p, q) in first.items():
+        spans_first.append((s, len(tokens), len(t)))
+        tokens += t
+        positions += p
+        seqs += q
     t0 = time.perf_counter()
-    rows = ctx.decode_rows(tokens, positions, seqs, [True] * n_verify + [False] * (len(tokens) - n_verify))
+    rows = ctx.decode_rows(tokens, positions, seqs,
+                           [True] * n_verify + [False] * (n_read - n_verify) + [True] * (len(tokens) - n_read))
     dt = time.perf_counter() - t0
     feats = ctx.collected() if engine.features else None
     if n_verify:
@@ -55,18 +80,28 @@ def verify_forward(engine, plan) -> ForwardRecord:
             rec.rows[s] = rows[at:at + n]
             if feats is not None:
                 s.verified_features(feats[at:at + n])
-        _done(riders, rec, 0.0, None if feats is None else feats[n_verify:])
+        _done(riders, rec, 0.0, None if feats is None else feats[n_verify:n_read])
     else:
-        _done(riders, rec, dt, feats)
+        _done(riders, rec, dt, None if feats is None else feats[:n_read])
+    rec.first_tokens = len(tokens) - n_read
+    for s, at, n in spans_first:
+        row = at - n_read + n_verify  # logits rows: the verification's, then the first steps'
+        rec.first[s] = (rows[row:row + n], None if feats is None else feats[at:at + n])
     return rec
 
 
-def _append(group: list, tokens: list, positions: list, seqs: list) -> None:
+def _append(group: list, tokens: list, positions: list, seqs: list, shared: dict | None = None) -> None:
+    """The pieces' tokens, in their slots' main sequences; `shared`: session -> the sequences its
+    first step's root is in (the piece's cells join them too; the main one first, which is the
+    one a query's attention reads by)."""
     for s, toks, start in group:
-        main = [s.slot.target.base]
+        main = s.slot.target.base
+        ids = [main]
+        if shared and s in shared:
+            ids += [q for q in shared[s] if q != main]
         tokens += toks
         positions += range(start, start + len(toks))
-        seqs += [main] * len(toks)
+        seqs += [ids] * len(toks)
 
 
 def _done(group: list, rec: ForwardRecord, seconds: float, feats=None) -> None:  # noqa: ANN001

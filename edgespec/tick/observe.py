@@ -28,13 +28,14 @@ def observe(engine, plan, drafts, fwd, *, phases: tuple, t_start: float) -> None
     t0 = time.perf_counter()
     cost = engine.cost
     verify_seconds = fwd.seconds
-    if fwd.tokens and fwd.prefill_tokens:
+    if fwd.tokens and (fwd.prefill_tokens or fwd.first_tokens):
         # prefill pieces rode in the verification's forward: its time is not that of a forward of
         # fwd.tokens tokens (filed as one, it inflated the small sizes' levels several-fold at 8
         # streams). The curves and the thread governor learn from pure verifications only; the
         # sessions are told the verification's share, as the model prices the two parts.
         at = cost.at(plan.context, plan.sequences)
-        verify_seconds *= at.verify_seconds(fwd.tokens) / at.verify_seconds(fwd.tokens + fwd.prefill_tokens)
+        read = fwd.prefill_tokens + fwd.first_tokens
+        verify_seconds *= at.verify_seconds(fwd.tokens) / at.verify_seconds(fwd.tokens + read)
     elif fwd.tokens:
         cost.observe("target", fwd.tokens, fwd.seconds, plan.context, plan.sequences)
         engine.threads.record(engine.threads_now, fwd.seconds, cost.calibrated_seconds("target", fwd.tokens))

@@ -22,8 +22,10 @@ lookups, on the tick's marginal verification cost.
 
 Prefill rides along: a prompt is prefilled in pieces, one per tick, so streams already running
 keep getting tokens. Alone, a piece is a whole n_batch chunk; beside decoding sessions it is the
-largest piece whose forward costs at most `prefill_share` times the tick's decode work. A draft
-catch-up longer than that piece is absorbed in pieces too while the session decodes plainly.
+largest piece that adds at most `prefill_share` times the tick's decode work to the tick: the
+marginal cost of its tokens on the verification curve, once the drafts (grafts included) have
+set the verification's size (`pieces`, called by the forward). A draft catch-up longer than
+the piece the schedule foresees is absorbed in pieces too while the session decodes plainly.
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ class Batch:
 class Plan:
     decoding: list = field(default_factory=list)  # sessions verifying this tick
     shapes: dict = field(default_factory=dict)  # session -> Shape
-    prefill: list = field(default_factory=list)  # (session, tokens, start position)
+    prefill: list = field(default_factory=list)  # (session, tokens, start position), set by `pieces`
+    prefilling: list = field(default_factory=list)  # sessions reading their prompt, the oldest first
+    draft_seconds: float = 0.0  # the drafters' predicted forwards this tick (decode work beside verification)
     absorb: dict = field(default_factory=dict)  # session -> draft tokens to absorb (plain step)
     predicted: dict = field(default_factory=dict)  # session -> (verify, draft) seconds alone
     context: int = 0  # positions cached by the tick's sessions together
@@ -91,7 +95,9 @@ def schedule(engine, sessions: list) -> Plan:
         rungs = [_rung_of(s, shapes[s], cost) for s in decoding]
         decode_seconds = _tick_seconds(rungs, cost)
         plan.batch = Batch(sum(r.nodes + 1 for r in rungs), decode_seconds / sum(r.tokens for r in rungs))
-    piece = _piece(engine, cost, decode_seconds if decoding else None)
+    if decoding:
+        plan.draft_seconds = max(0.0, decode_seconds - cost.verify_seconds(plan.batch.tokens))
+    piece = _piece(engine, cost, plan.batch.tokens if decoding else None, decode_seconds)
     for s in decoding:
         shape = shapes[s]
         backlog = s.drafter.backlog(s.tokens) if s.drafter is not None else 0
@@ -106,13 +112,7 @@ def schedule(engine, sessions: list) -> Plan:
             s.controller.overridden(shape)
         s.begin_step(shape, plan.batch if len(decoding) > 1 else None, bare=s in plan.bare)
         plan.decoding.append(s)
-    budget = piece
-    for s in prefilling:  # the oldest prompts first, while the tick's prefill budget lasts
-        toks, start = s.prefill_piece(budget)
-        plan.prefill.append((s, toks, start))
-        budget -= len(toks)
-        if budget < MIN_PIECE:
-            break
+    plan.prefilling = prefilling
     for s in decoding:
         r = _rung_of(s, plan.shapes[s], cost)
         plan.predicted[s] = (cost.verify_seconds(r.nodes + 1), _draft_seconds([r.batches], cost.drafting(r.drafter)))
@@ -137,19 +137,54 @@ def _guard(engine, plan: Plan, decoding: list, cost) -> None:
         plan.bare.update(auto)
 
 
-def _piece(engine, cost, decode_seconds: float | None) -> int:
-    """Prefill tokens this tick may carry."""
+def pieces(engine, plan: Plan, n_verify: int) -> list:
+    """The prefill pieces that ride along this tick (plan.prefill), the oldest prompts first while
+    the budget lasts. `n_verify`: the decoding sessions' tokens in the forward, grafts included
+    (known once the drafts are done), which the budget is priced beside."""
+    plan.prefill = []
+    if not plan.prefilling:
+        return plan.prefill
+    cost = engine.cost.at(plan.context, plan.sequences)
+    decode = cost.verify_seconds(n_verify) + plan.draft_seconds if n_verify else 0.0
+    budget = _piece(engine, cost, n_verify if n_verify else None, decode)
+    for s in plan.prefilling:
+        toks, start = s.prefill_piece(budget)
+        plan.prefill.append((s, toks, start))
+        budget -= len(toks)
+        if budget < MIN_PIECE:
+            break
+    return plan.prefill
+
+
+def first_bare(engine, plan: Plan) -> bool:
+    """Whether the first steps riding this tick are held bare (no grafts): the goodput guard has
+    fallen back at the tick's load level."""
+    key = plan.guard_key
+    if key is None:
+        key = engine.goodput.key(1, engine.cost.host_factor("target"))
+    return engine.goodput.holds(key)
+
+
+def _piece(engine, cost, n_verify: int | None, decode_seconds: float) -> int:
+    """Prefill tokens a tick may carry beside `n_verify` verification tokens (None: no session
+    decodes) and `decode_seconds` of decode work: the most whose marginal cost on the
+    verification curve stays within `prefill_share` times that work."""
     chunk = engine.cfg.target.n_batch
     share = engine.cfg.prefill_share
-    if decode_seconds is None or share <= 0:
+    if n_verify is None or share <= 0:
         return chunk
     allowed = share * decode_seconds
+    base = cost.verify_seconds(n_verify)
+
+    def fits(p: int) -> bool:
+        return cost.verify_seconds(n_verify + p) - base <= allowed
+
     lo, hi = MIN_PIECE, chunk
-    if cost.verify_seconds(lo) >= allowed:
+    if not fits(lo):
         return lo
     while lo < hi:  # the largest piece within the allowance (the curve is non-decreasing)
         mid = (lo + hi + 1) // 2
-        if cost.verify_seconds(mid) <= allowed:
+        if fits(mid):
             lo = mid
         else:
             hi = mid - 1

@@ -169,12 +169,21 @@ def test_default_reach_distrusts_a_lookup_against_the_suffix_cache():
         assert all(a < b for a, b in zip(r[kind_of(match, DISAGREES)], r[kind_of(match)]))
 
 
-def test_a_session_keys_its_lookup_by_the_suffix_cache_proposal_of_that_step():
+def _prompt_only(monkeypatch) -> None:
+    """Ticks read the prompt without taking the first step along: the steps under test are
+    begun by hand at the prompt's end."""
+    from edgespec.session import Session
+
+    monkeypatch.setattr(Session, "fuses_first", property(lambda self: False))
+
+
+def test_a_session_keys_its_lookup_by_the_suffix_cache_proposal_of_that_step(monkeypatch):
     from edgespec.drafters.ngram import DISAGREES, NGRAM, kind_of
     from edgespec.sampling import SamplingParams
     from edgespec.types import GenerationRequest, SpeculationParams
     from tests.fake_backend import fake_engine
 
+    _prompt_only(monkeypatch)
     prompt = (10, 1, 2, 3, 4, 9, 1, 2, 3)  # the prompt's own "1 2 3" was followed by 4
     for cached, kind in (([30, 31, 1, 2, 3, 5, 6, 7, 8], kind_of(NGRAM, DISAGREES)),  # a reply went 1 2 3 5
                          ([30, 31, 1, 2, 3, 4, 9, 7, 8], kind_of(NGRAM, 1)),  # ... or 1 2 3 4: agrees
@@ -191,13 +200,14 @@ def test_a_session_keys_its_lookup_by_the_suffix_cache_proposal_of_that_step():
         s.close()
 
 
-def test_a_step_the_guard_holds_bare_looks_nothing_up():
+def test_a_step_the_guard_holds_bare_looks_nothing_up(monkeypatch):
     """The goodput guard's bare steps graft nothing, so they skip the lookup and the suffix
     cache's proposal too (Python time that a fast forward would feel)."""
     from edgespec.sampling import SamplingParams
     from edgespec.types import GenerationRequest, SpeculationParams
     from tests.fake_backend import fake_engine
 
+    _prompt_only(monkeypatch)
     eng = fake_engine(parallel=1, suffix_cache=True)
     eng.suffix_cache.insert("", (20, 21), [30, 31, 1, 2, 3, 5, 6, 7, 8])
     s = eng.open_session(GenerationRequest((10, 1, 2, 3, 4, 9, 1, 2, 3), SamplingParams(max_tokens=8),

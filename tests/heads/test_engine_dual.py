@@ -313,8 +313,8 @@ def test_the_prompt_store_gives_back_what_a_slot_dropped(demo_pair, tiny_head):
             req = dataclasses.replace(request(toks, "plain", 4), caller=caller)
             sess = eng.open_session(req)
             try:
-                sess.step()
-                return sess.stats.cached_prompt_tokens, slot.target.logits(0).copy()
+                sess.step()  # the last piece's forward, the root last in it
+                return sess.stats.cached_prompt_tokens, slot.target.logits(-1).copy()
             finally:
                 sess.close()
 

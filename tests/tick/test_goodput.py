@@ -86,7 +86,7 @@ def test_a_tick_whose_drafter_first_reads_a_long_backlog_is_not_scored(monkeypat
 
     def schedule(engine, sessions):
         plan = real_schedule(engine, sessions)
-        if plan.decoding and not plan.prefill:
+        if plan.decoding and not plan.prefilling:
             catchups.append(plan.catchup)
         return plan
 

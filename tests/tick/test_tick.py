@@ -94,9 +94,72 @@ def test_long_prompt_is_prefilled_in_pieces_while_others_decode():
         emitted.append(len(a.out) - before)
     assert len(pieces) > 2 and max(pieces) < 400
     assert all(e == 1 for e in emitted)  # the running stream got a token every tick of the prefill
-    assert eng.target_ctx.tokens_of(b.slot.target.base) == long_prompt[:-1]
+    # the forward that read the last piece took b's first step too: its last prompt token is in
+    # the cache, and its first token came out
+    assert eng.target_ctx.tokens_of(b.slot.target.base) == long_prompt and len(b.out) == 1
     a.close()
     b.close()
+
+
+def test_a_piece_is_sized_on_its_marginal_cost_beside_the_grafted_verification():
+    """Beside decoding streams a piece adds at most prefill_share times the tick's decode work,
+    priced as what its tokens add to the forward (not as a forward of its own), and once the
+    grafts have set the verification's size: a bigger verification carries a bigger piece."""
+    from edgespec.controller.cost import CostModel
+    from edgespec.tick.schedule import MIN_PIECE, Plan, pieces
+
+    eng = fake_engine(parallel=2, n_ctx=512)
+    # 20 ms a forward plus 1 ms a token: a piece of p tokens adds p ms beside any verification
+    eng.cost = CostModel.from_tables({n: 0.020 + 0.001 * n for n in (1, 2, 4, 8, 16, 32, 64, 128)},
+                                     {1: 0.005, 8: 0.006}, alpha=0.0)
+    b = eng.open_session(req([0] + [5 + i % 40 for i in range(300)], "plain", max_tokens=4))
+    share = eng.cfg.prefill_share
+    got = {}
+    for n_verify in (1, 4, 20):
+        plan = Plan(prefilling=[b], context=b.context, sequences=2)
+        p = got[n_verify] = len(pieces(eng, plan, n_verify)[0][1])
+        curve = eng.cost.at(plan.context, plan.sequences).verify_seconds
+        allowed = share * curve(n_verify)
+        assert curve(n_verify + p) - curve(n_verify) <= allowed < curve(n_verify + p + 1) - curve(n_verify)
+    assert got[1] < got[4] < got[20]
+    # the old rule (a piece's own forward within the allowance) gave MIN_PIECE at one stream:
+    # 20 ms + 16 ms > 1.5 x 21 ms
+    assert got[1] > MIN_PIECE
+    b.close()
+
+
+def test_a_prompts_last_piece_brings_its_first_step_along():
+    """The forward that reads a prompt's last piece also reads its last token (and in auto the
+    suffix cache's graft on it): the first tokens come from that forward, as from a one-shot
+    prefill, with no forward of their own; explicit modes keep their first step's shape."""
+    eng = fake_engine(parallel=1, n_ctx=512, suffix_cache=True, prompt_cache=False)
+    prompt = [0] + [5 + (7 * i) % 40 for i in range(150)]  # pieces of 64, 64 and 22 (n_batch 64)
+    for mode in ("plain", "auto", "tree"):
+        s = eng.open_session(req(prompt, mode, max_tokens=24))
+        s.check_kv = True
+        before = len(eng.target_ctx.decodes)
+        while s.prefilling:
+            chunk = eng.tick([s])[s]
+        assert len(eng.target_ctx.decodes) - before == 3
+        if mode == "tree":
+            assert chunk.token_ids == () and s.out == []  # its tree comes next tick
+        else:
+            assert len(chunk.token_ids) >= 1 and list(chunk.token_ids) == s.out
+            assert eng.target_ctx.tokens_of(s.slot.target.base) == prompt + s.out[:-1]
+        while not s.done:
+            eng.tick([s])
+        s.close()
+    want = eng.generate(req(prompt, "plain", max_tokens=24)).token_ids
+    # the same prompt again in auto: the suffix cache has the answer, and the first step grafts it
+    s = eng.open_session(req(prompt, "auto", max_tokens=24))
+    s.check_kv = True
+    while s.prefilling:
+        chunk = eng.tick([s])[s]
+    assert len(chunk.token_ids) > 1 and s.stats.accepted_by_source.get("suffix", 0) > 0
+    while not s.done:
+        eng.tick([s])
+    assert s.out == want
+    s.close()
 
 
 def test_a_prefill_piece_never_crosses_an_n_batch_boundary():
