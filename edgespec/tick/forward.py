@@ -41,11 +41,7 @@ def verify_forward(engine, plan) -> ForwardRecord:
     ctx = engine.target_ctx
     tokens, positions, seqs, spans = [], [], [], []
     for s in plan.decoding:
-        t, p, q = s.target_batch()
-        spans.append((s, len(tokens), len(t)))
-        tokens += t
-        positions += p
-        seqs += q
+        _lay(spans, s, s.target_batch(), tokens, positions, seqs)
     n_verify = len(tokens)
     riders = list(pieces(engine, plan, n_verify))  # prefill pieces in the same forward (logits off)
     if not tokens and not riders:
@@ -61,14 +57,11 @@ def verify_forward(engine, plan) -> ForwardRecord:
             if bare is None:
                 bare = first_bare(engine, plan)
             first[s] = s.first_step_batch(bare)
-    _append(riders, tokens, positions, seqs, {s: q[0] for s, (_, _, q) in first.items()})
+    _append(riders, tokens, positions, seqs, {s: batch[2][0] for s, batch in first.items()})
     n_read = len(tokens)
     spans_first = []
-    for s, (t, p, q) in first.items():
-        spans_first.append((s, len(tokens), len(t)))
-        tokens += t
-        positions += p
-        seqs += q
+    for s, batch in first.items():
+        _lay(spans_first, s, batch, tokens, positions, seqs)
     t0 = time.perf_counter()
     rows = ctx.decode_rows(tokens, positions, seqs,
                            [True] * n_verify + [False] * (n_read - n_verify) + [True] * (len(tokens) - n_read))
@@ -88,6 +81,15 @@ def verify_forward(engine, plan) -> ForwardRecord:
         row = at - n_read + n_verify  # logits rows: the verification's, then the first steps'
         rec.first[s] = (rows[row:row + n], None if feats is None else feats[at:at + n])
     return rec
+
+
+def _lay(spans: list, s, batch: tuple, tokens: list, positions: list, seqs: list) -> None:  # noqa: ANN001
+    """One step's (tokens, positions, seqs) into the forward; its span (session, at, n) noted."""
+    t, p, q = batch
+    spans.append((s, len(tokens), len(t)))
+    tokens += t
+    positions += p
+    seqs += q
 
 
 def _append(group: list, tokens: list, positions: list, seqs: list, shared: dict | None = None) -> None:
