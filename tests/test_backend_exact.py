@@ -58,8 +58,8 @@ def test_the_wheel_carries_the_patch():
 
 
 # widths on both sides of the streaming kernels' limits (F32: 16 rows a pass up to 8 columns, then
-# 4 x 4 tiles up to 1.5 MiB of columns, 256 tokens of the demo target's 1,536-wide product; Q8_0:
-# 32 columns) and of the flash attention's 64-row tiles
+# 8-row x 2-column tiles, an odd column in 8 x 1, up to 1.5 MiB of columns, 256 tokens of the demo
+# target's 1,536-wide product; Q8_0: 32 columns) and of the flash attention's 64-row tiles
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 256, 257])
 def test_chain_batch_equals_one_token_forwards(target_ctx, n):
     _check_chain(*target_ctx, n)
