@@ -203,27 +203,56 @@ def choose_draft_vocab(labels: np.ndarray, n_vocab: int, size: int, coverage: fl
     return np.sort(order[:size]).astype(np.int64), table
 
 
-def scored_text(spec: TrainSpec, target, layers) -> Sequences | None:  # noqa: ANN001
-    """Windows of package text the target merely scores (one prefill per window, no generation):
-    every position labelled with the target's greedy next token. Cached in work_dir/data."""
+TEXT_WINDOWS_PER_SHARD = 64
+
+
+def text_windows(target, n: int, length: int, seed: int) -> list[list[int]]:  # noqa: ANN001
+    """The first `n` windows of `length` tokens of installed packages' text, at most two per file,
+    files in `package_texts`' deterministic order (every file it finds: the windows of a smaller
+    `n` are the first ones of a larger `n`)."""
+    wins: list[list[int]] = []
+    for text in package_texts(max_files=1 << 30, seed=seed):
+        if len(wins) >= n:
+            break
+        toks = target.tokenize(text[:20_000], add_special=False)
+        wins.extend(list(windows(toks, length))[:2])
+    return wins[:n]
+
+
+def scored_text(spec: TrainSpec, target, layers, log: Callable[[str], None] = _log) -> Sequences | None:  # noqa: ANN001
+    """Windows of package text the target merely scores (one prefill per two windows, no
+    generation): every position labelled with the target's greedy next token. Built in shards of
+    TEXT_WINDOWS_PER_SHARD windows under work_dir/data, as the answers are (`_shards`): a shard on
+    disk is kept, a larger `text_windows` adds shards, and several processes may build one work
+    directory at once."""
     from edgespec.heads.data import Sequences, extract
 
     if not spec.text_windows:
         return None
-    path = spec.work_dir / "data" / f"text-s{spec.seed}-{spec.window}-{spec.text_windows}.npz"
-    if not path.is_file():
-        wins: list[list[int]] = []
-        for text in package_texts(seed=spec.seed):
-            if len(wins) >= spec.text_windows:
-                break
-            toks = target.tokenize(text[:20_000], add_special=False)
-            wins.extend(list(windows(toks, spec.window))[:2])
-        wins = wins[:spec.text_windows]
-        sh = extract(target, layers, wins, threads=spec.threads)
+    d = spec.work_dir / "data"
+    d.mkdir(parents=True, exist_ok=True)
+    wins = text_windows(target, spec.text_windows, spec.window, spec.seed)
+    per = TEXT_WINDOWS_PER_SHARD
+    chunks = [wins[i:i + per] for i in range(0, len(wins), per)]
+    paths = [d / f"text-s{spec.seed}-{spec.window}-{i:04d}-{len(c)}.npz" for i, c in enumerate(chunks)]
+
+    def build(c: list[list[int]]) -> Sequences:
+        sh = extract(target, layers, c, threads=spec.threads)
         n, T = sh.tokens.shape
-        Sequences(sh.tokens.ravel(), sh.labels.ravel(), sh.features.reshape(n * T, -1),
-                  np.arange(0, n * T + 1, T, dtype=np.int64), np.ones(n, np.int32)).save(path)
-    return Sequences.load(path)
+        return Sequences(sh.tokens.ravel(), sh.labels.ravel(), sh.features.reshape(n * T, -1),
+                         np.arange(0, n * T + 1, T, dtype=np.int64), np.ones(n, np.int32))
+
+    t0, done = time.time(), 0
+    for i in tqdm(range(len(chunks)), desc="scored text + features", unit="shard"):
+        if paths[i].is_file() or not _claim(paths[i]):
+            continue
+        build(chunks[i]).save(paths[i])
+        paths[i].with_suffix(".lock").unlink(missing_ok=True)
+        done += sum(len(w) for w in chunks[i])
+        log(f"text shard {i}: {done / (time.time() - t0):.0f} rows/s in this process")
+    for c, p in zip(chunks, paths):  # wait for the shards other processes build
+        _build_once(p, lambda c=c: build(c))
+    return Sequences.concat([Sequences.load(p) for p in paths])
 
 
 def choose_vocab_measured(data: Sequences, n_vocab: int, size: int, coverage: float, seed: int):  # noqa: ANN201

@@ -242,6 +242,48 @@ def test_trained_tiny_head(tiny_head, target):
     assert (tiny_head["work"] / "checkpoint.npz").is_file()
 
 
+def test_scored_text_is_built_in_shards_that_a_larger_count_extends(tiny_head, target, tmp_path):
+    """`--text-windows`: the first N windows of package text (at most two a file), the target's
+    greedy next token at every position, in shards kept on disk; a larger N keeps the full shards
+    and adds the rest."""
+    from dataclasses import replace
+
+    from edgespec.heads import train as tr
+    from edgespec.heads.data import package_texts
+
+    assert sorted(p.name for p in (tiny_head["work"] / "data").glob("text-*.npz")) == ["text-s0-64-0000-2.npz"]
+    five = tr.text_windows(target, 5, 32, 0)
+    assert len(five) == 5 and all(len(w) == 32 for w in five)
+    assert tr.text_windows(target, 3, 32, 0) == five[:3]
+    first = target.tokenize(next(package_texts(max_files=1 << 30, seed=0))[:20_000], add_special=False)
+    assert five[0] == first[:32]
+
+    layers = config_for_target(tiny_head["spec"].target, 1).layers
+    spec = replace(tiny_head["spec"], work_dir=tmp_path, window=32)
+    old = tr.TEXT_WINDOWS_PER_SHARD
+    tr.TEXT_WINDOWS_PER_SHARD = 2
+    try:
+        three = tr.scored_text(replace(spec, text_windows=3), target, layers, log=lambda s: None)
+        names = sorted(p.name for p in (tmp_path / "data").glob("*.npz"))
+        assert names == ["text-s0-32-0000-2.npz", "text-s0-32-0001-1.npz"], names
+        kept = (tmp_path / "data" / names[0]).stat().st_mtime_ns
+        five_sq = tr.scored_text(replace(spec, text_windows=5), target, layers, log=lambda s: None)
+    finally:
+        tr.TEXT_WINDOWS_PER_SHARD = old
+    assert (tmp_path / "data" / names[0]).stat().st_mtime_ns == kept  # the full shard was kept
+    assert len(five_sq.starts) == 6 and np.array_equal(five_sq.tokens[:96], three.tokens)
+    assert np.array_equal(five_sq.tokens, np.concatenate(five))
+    # every position is labelled with the target's greedy next token, as one forward gives it
+    ctx = backend.Context(target, ModelConfig(path=str(target.path), n_ctx=64, n_batch=64, threads=1))
+    try:
+        ctx.decode(five[4], list(range(32)), [(0,)] * 32, [True] * 32)
+        greedy = np.argmax(ctx.logits_rows(32), axis=1)
+    finally:
+        ctx.close()
+    assert np.array_equal(five_sq.labels[128:], greedy)
+    assert five_sq.features.shape == (160, 3 * 576) and five_sq.features.dtype == np.float16
+
+
 def test_training_resumes_from_its_checkpoint(tiny_head):
     from dataclasses import replace
 
