@@ -140,23 +140,29 @@ def _shards(spec: TrainSpec, target, layers, held_p: list[str], train_p: list[st
                                                     threads=spec.threads))
     n_sh = (len(train_p) + PROMPTS_PER_SHARD - 1) // PROMPTS_PER_SHARD
     paths = [d / f"train-{tag}-{i:04d}.npz" for i in range(n_sh)]
-    t0, done_tok = time.time(), 0
-    for i in tqdm(range(n_sh), desc="target answers + features", unit="shard"):
-        # several processes may build one work directory (one core each): a shard being built
-        # by a live process is skipped here and waited for below
+    chunks = [train_p[i * PROMPTS_PER_SHARD:(i + 1) * PROMPTS_PER_SHARD] for i in range(n_sh)]
+    _build_shards(paths, [lambda c=c: distill_features(target, layers, c, spec.max_new, n_seq=spec.streams,
+                                                       threads=spec.threads) for c in chunks],
+                  "target answers + features", f"shard {tag}", log)
+    return Sequences.load(held_path), [Sequences.load(p) for p in paths]
+
+
+def _build_shards(paths: list[Path], builds: list[Callable[[], Sequences]], desc: str, what: str,
+                  log: Callable[[str], None]) -> None:
+    """Every `builds[i]()` saved at `paths[i]` unless it is there. Several processes may build one
+    work directory (one core each): a shard being built by a live process is skipped, then
+    waited for (or built, if its builder died)."""
+    t0, done = time.time(), 0
+    for i in tqdm(range(len(paths)), desc=desc, unit="shard"):
         if paths[i].is_file() or not _claim(paths[i]):
             continue
-        chunk = train_p[i * PROMPTS_PER_SHARD:(i + 1) * PROMPTS_PER_SHARD]
-        sq = distill_features(target, layers, chunk, spec.max_new, n_seq=spec.streams, threads=spec.threads)
+        sq = builds[i]()
         sq.save(paths[i])
         paths[i].with_suffix(".lock").unlink(missing_ok=True)
-        done_tok += len(sq.tokens)
-        log(f"shard {tag} {i}: {len(sq.tokens)} tokens, {done_tok / (time.time() - t0):.1f} tokens/s in this process")
-    for i, p in enumerate(paths):  # wait for the shards other processes build (or build one whose builder died)
-        chunk = train_p[i * PROMPTS_PER_SHARD:(i + 1) * PROMPTS_PER_SHARD]
-        _build_once(p, lambda c=chunk: distill_features(target, layers, c, spec.max_new, n_seq=spec.streams,
-                                                        threads=spec.threads))
-    return Sequences.load(held_path), [Sequences.load(p) for p in paths]
+        done += len(sq.tokens)
+        log(f"{what} {i}: {len(sq.tokens)} rows, {done / (time.time() - t0):.1f} rows/s in this process")
+    for p, build in zip(paths, builds):
+        _build_once(p, build)
 
 
 def _build_once(path: Path, build: Callable[[], Sequences]) -> None:
@@ -222,9 +228,9 @@ def text_windows(target, n: int, length: int, seed: int) -> list[list[int]]:  # 
 def scored_text(spec: TrainSpec, target, layers, log: Callable[[str], None] = _log) -> Sequences | None:  # noqa: ANN001
     """Windows of package text the target merely scores (one prefill per two windows, no
     generation): every position labelled with the target's greedy next token. Built in shards of
-    TEXT_WINDOWS_PER_SHARD windows under work_dir/data, as the answers are (`_shards`): a shard on
-    disk is kept, a larger `text_windows` adds shards, and several processes may build one work
-    directory at once."""
+    TEXT_WINDOWS_PER_SHARD windows under work_dir/data, as the answers are (`_build_shards`): a
+    shard on disk is kept, a larger `text_windows` adds shards, and several processes may build
+    one work directory at once."""
     from edgespec.heads.data import Sequences, extract
 
     if not spec.text_windows:
@@ -242,16 +248,7 @@ def scored_text(spec: TrainSpec, target, layers, log: Callable[[str], None] = _l
         return Sequences(sh.tokens.ravel(), sh.labels.ravel(), sh.features.reshape(n * T, -1),
                          np.arange(0, n * T + 1, T, dtype=np.int64), np.ones(n, np.int32))
 
-    t0, done = time.time(), 0
-    for i in tqdm(range(len(chunks)), desc="scored text + features", unit="shard"):
-        if paths[i].is_file() or not _claim(paths[i]):
-            continue
-        build(chunks[i]).save(paths[i])
-        paths[i].with_suffix(".lock").unlink(missing_ok=True)
-        done += sum(len(w) for w in chunks[i])
-        log(f"text shard {i}: {done / (time.time() - t0):.0f} rows/s in this process")
-    for c, p in zip(chunks, paths):  # wait for the shards other processes build
-        _build_once(p, lambda c=c: build(c))
+    _build_shards(paths, [lambda c=c: build(c) for c in chunks], "scored text + features", "text shard", log)
     return Sequences.concat([Sequences.load(p) for p in paths])
 
 
