@@ -298,7 +298,7 @@ def train(spec: TrainSpec, log: Callable[[str], None] = _log, command: str | Non
         target = Model(spec.target)
         n_vocab = target.n_vocab
         data, held = build_sequences(spec, target, probe.layers, log)
-        text = scored_text(spec, target, probe.layers)
+        text = scored_text(spec, target, probe.layers, log)
     t_data = time.time() - t_start
     embed = target_embeddings(spec.target)
     if spec.init is not None:  # fine-tuning: the head's own draft vocabulary, its coverage measured
