@@ -29,54 +29,21 @@ def answers(target, suite: str, max_new: int):  # noqa: ANN001, ANN201
         d = json.loads(Path(suite).read_text())
         return d["sequences"], d["prompt_len"], ["held-out"] * len(d["sequences"])
     from edgespec.bench.suite import load_suite
-    from edgespec.heads.data import self_distill
+    from edgespec.heads.evaluate import suite_answers
 
     prompts = load_suite(suite)
-    texts = [p.prompt for p in prompts]
-    seqs = self_distill(target, texts, max_new, n_seq=min(16, len(texts)))
-    starts = [len(target.tokenize(target.chat_prompt([("user", t)]), add_special=True, parse_special=True))
-              for t in texts]
+    seqs, starts = suite_answers(target, [p.prompt for p in prompts], max_new)
     return seqs, starts, [p.category for p in prompts]
 
 
 def records(target, head, d2t: set[int], seqs, starts, cats) -> list[tuple[str, float, int, int]]:  # noqa: ANN001
     """(category, the target's top-1 probability, head right, label in the draft vocabulary) per
-    answer position."""
-    from edgespec.backend import FeatureContext, HeadContext, target_layer_ids
-    from edgespec.config import ModelConfig
-    from edgespec.drafters.eagle3 import Eagle3Drafter
-    from edgespec.sampling import SamplingParams
-    from edgespec.shape import Shape
-    from edgespec.tree import DraftTree
+    answer position: `evaluate.acceptance`'s walk, a chain of one."""
+    from edgespec.heads.evaluate import acceptance
 
-    n_ctx = max(len(s) for s in seqs) + 16
-    cfg = ModelConfig(path=str(target.path), n_ctx=n_ctx, n_batch=n_ctx, threads=0)
-    tctx = FeatureContext(target, cfg, target_layer_ids(head))
-    hctx = HeadContext(head, tctx, cfg)
-    drafter = Eagle3Drafter(hctx)
-    shape, greedy, rng = Shape(mode="chain", depth=1, width=1, nodes=1), SamplingParams(), np.random.default_rng(0)
-    out = []
-    try:
-        for seq, start, cat in zip(seqs, starts, cats):
-            seq = list(seq)
-            tctx.clear()
-            tctx.decode(seq, range(len(seq)), [(0,)] * len(seq), [True] * len(seq))
-            f, lg = tctx.features(), tctx.logits_rows(len(seq))
-            pr = np.exp(lg - lg.max(1, keepdims=True))
-            pr /= pr.sum(1, keepdims=True)
-            lab, top = pr.argmax(1), pr.max(1)
-            drafter.begin(seq[:1])
-            drafter.add_features(f[:start])
-            for p in range(start, len(seq) - 1):
-                tree = DraftTree.root(seq[p])
-                drafter.propose(tree, seq[:p + 1], shape, greedy, rng)
-                out.append((cat, float(top[p]), int(tree.tokens[1] == lab[p]), int(int(lab[p]) in d2t)))
-                drafter.accept(tree, [], seq[:p + 1])
-                drafter.add_features(f[p:p + 1])
-    finally:
-        hctx.close()
-        tctx.close()
-    return out
+    pos: list[tuple[int, float, int, int]] = []
+    acceptance(target, head, seqs, starts, depth=1, positions=pos)
+    return [(cats[i], p, ok, int(label in d2t)) for i, p, ok, label in pos]
 
 
 def summary(recs: list[tuple[str, float, int, int]]) -> dict:

@@ -34,10 +34,13 @@ class Acceptance:
 
 
 def acceptance(target: Model, head: Model, sequences: Sequence[Sequence[int]], starts: Sequence[int],
-               depth: int = 3, threads: int = 0, progress=None) -> Acceptance:  # noqa: ANN001
+               depth: int = 3, threads: int = 0, progress=None,  # noqa: ANN001
+               positions: list[tuple[int, float, int, int]] | None = None) -> Acceptance:
     """For every position p >= starts[i] of each sequence (the target's own greedy text: answer
     tokens after the prompt), draft a greedy chain of `depth` from context seq[:p+1] and count how
-    many leading tokens equal the target's greedy continuation."""
+    many leading tokens equal the target's greedy continuation. `positions`, when given, gets
+    (sequence index, the target's top-1 probability, leading tokens right, the target's greedy
+    token) for every position (tools/head-misses.py)."""
     n_ctx = max(len(s) for s in sequences) + depth + 8
     cfg = ModelConfig(path=str(target.path), n_ctx=n_ctx, n_batch=min(512, n_ctx), threads=threads)
     tctx = FeatureContext(target, cfg, target_layer_ids(head))
@@ -48,16 +51,20 @@ def acceptance(target: Model, head: Model, sequences: Sequence[Sequence[int]], s
     rng = np.random.default_rng(0)
     res = Acceptance(depth, 0, [0] * depth)
     try:
-        for seq, start in zip(sequences, starts):
+        for i, (seq, start) in enumerate(zip(sequences, starts)):
             seq = list(seq)
             tctx.clear()
-            feats, labels = [], []
+            feats, labels, tops = [], [], []
             for s in range(0, len(seq), cfg.n_batch):
                 chunk = seq[s:s + cfg.n_batch]
                 tctx.decode(chunk, range(s, s + len(chunk)), [(0,)] * len(chunk), [True] * len(chunk))
                 feats.append(tctx.features())
-                labels.append(np.argmax(tctx.logits_rows(len(chunk)), axis=1))
+                lg = tctx.logits_rows(len(chunk))
+                labels.append(np.argmax(lg, axis=1))
+                if positions is not None:  # softmax's largest entry: 1 / sum(exp(logits - max))
+                    tops.append(1.0 / np.exp(lg - lg.max(axis=1, keepdims=True)).sum(axis=1))
             f, lab = np.concatenate(feats), np.concatenate(labels)
+            top = np.concatenate(tops) if tops else None
             drafter.begin(seq[:1])
             drafter.add_features(f[:start])
             for p in range(start, len(seq) - 1):
@@ -72,6 +79,8 @@ def acceptance(target: Model, head: Model, sequences: Sequence[Sequence[int]], s
                         break
                     ok += 1
                 res.positions += 1
+                if positions is not None:
+                    positions.append((i, float(top[p]), ok, int(lab[p])))
                 for d in range(ok):
                     res.hits[d] += 1
                 drafter.accept(tree, [], ctx_tokens)
@@ -89,12 +98,20 @@ def suite_acceptance(target: Model, head: Model, prompts: Sequence[str], max_new
     """`acceptance` over the target's greedy answers (`max_new` tokens) to `prompts` in its chat
     template: how the head does on a caller's own prompts rather than on held-out siblings of the
     prompts it was trained on."""
+    seqs, starts = suite_answers(target, prompts, max_new, threads)
+    return acceptance(target, head, seqs, starts, depth=depth, threads=threads, progress=progress)
+
+
+def suite_answers(target: Model, prompts: Sequence[str], max_new: int = 64,
+                  threads: int = 0) -> tuple[list[list[int]], list[int]]:
+    """The target's greedy answers (`max_new` tokens) to `prompts` in its chat template, as whole
+    sequences, and where each answer starts."""
     from edgespec.heads.data import self_distill
 
     seqs = self_distill(target, prompts, max_new, n_seq=min(16, len(prompts)), threads=threads)
     starts = [len(target.tokenize(target.chat_prompt([("user", p)]), add_special=True, parse_special=True))
               for p in prompts]
-    return acceptance(target, head, seqs, starts, depth=depth, threads=threads, progress=progress)
+    return seqs, starts
 
 
 @dataclass
