@@ -226,8 +226,8 @@ def text_windows(target, n: int, length: int, seed: int) -> list[list[int]]:  # 
 
 
 def scored_text(spec: TrainSpec, target, layers, log: Callable[[str], None] = _log) -> Sequences | None:  # noqa: ANN001
-    """Windows of package text the target merely scores (one prefill per two windows, no
-    generation): every position labelled with the target's greedy next token. Built in shards of
+    """Windows of package text the target merely scores (one prefill per 512 tokens of windows,
+    no generation): every position labelled with the target's greedy next token. Built in shards of
     TEXT_WINDOWS_PER_SHARD windows under work_dir/data, as the answers are (`_build_shards`): a
     shard on disk is kept, a larger `text_windows` adds shards, and several processes may build
     one work directory at once."""
