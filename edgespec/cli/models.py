@@ -50,6 +50,20 @@ def add(
 
         e = add_model(path, role=role, name=name, link=link, directory=models_dir, log=lambda s: typer.echo(s, err=True))
         typer.echo(json.dumps(e.as_dict()) if as_json else _row(e))
+        if role == "draft":
+            _say_pairings(path, models_dir)
+
+
+def _say_pairings(draft: Path, models_dir: Optional[Path]) -> None:
+    """For a draft: how it pairs with each target in the manifest (stderr)."""
+    from edgespec.config import models_dir as default_dir
+    from edgespec.models import list_models
+    from edgespec.pairing import describe_pair
+
+    directory = models_dir or default_dir()
+    for t in list_models(models_dir):
+        if t.role == "target" and (directory / t.name).is_file():
+            typer.echo(f"pairing with target {t.name}: {describe_pair(directory / t.name, draft)}", err=True)
 
 
 def _row(e) -> str:

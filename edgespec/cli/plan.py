@@ -97,10 +97,18 @@ def plan_cmd(
             device_bytes, device = int(vram * GIB), f"--vram {vram:g} GiB"
         else:
             device_bytes, device = _detect_device_bytes()
+        pairing = None
+        if draft is not None:
+            from edgespec.pairing import describe_pair
+
+            pairing = describe_pair(target, draft)
     if as_json:
-        typer.echo(json.dumps({**plan.as_dict(device_bytes, headroom), "device": device}, indent=2))
+        extra = {} if pairing is None else {"pairing": pairing}
+        typer.echo(json.dumps({**plan.as_dict(device_bytes, headroom), "device": device, **extra}, indent=2))
     else:
         typer.echo(_render(plan, device_bytes, device, headroom))
+        if pairing is not None:
+            typer.echo(f"pairing: {pairing}")
     raise typer.Exit(0 if plan.fits(device_bytes, headroom) else 1)
 
 
