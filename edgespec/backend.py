@@ -25,6 +25,7 @@ import numpy as np
 from edgespec.config import ModelConfig
 from edgespec.errors import ForwardAborted, IncompatibleDraft, ModelError
 from edgespec.heap import keep_freed_memory
+from edgespec.pairing import Pairing, check_compatible  # noqa: F401  (the engine's entry point)
 
 _init_lock = threading.Lock()
 _initialised = False
@@ -36,6 +37,11 @@ def _init() -> None:
     with _init_lock:
         if _initialised:
             return
+        # ggml's tiled K-quant mat-mul takes products of 8+ tokens and rounds differently from the
+        # per-element dot products of narrower ones: off, every width takes the dot products (a
+        # K-quant prompt costs ~15 % more CPU time; decoding the same). An operator who trades
+        # exactness for that sets GGML_CPU_TILED_MM=1 (Engine.exactness then says so).
+        os.environ.setdefault("GGML_CPU_TILED_MM", "0")
         ll.llama_backend_init()
         keep_freed_memory()  # the step's numpy temporaries reuse freed heap (edgespec/heap.py)
         verbose = os.environ.get("EDGESPEC_LLAMA_LOG", "") not in ("", "0")
@@ -50,7 +56,8 @@ def _init() -> None:
         _initialised = True
 
 
-_FILE_TYPES = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 7: "q8_0", 15: "q4_k_m", 17: "q5_k_m", 18: "q6_k", 32: "bf16"}
+_FILE_TYPES = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 7: "q8_0", 8: "q5_0", 9: "q5_1", 10: "q2_k", 15: "q4_k_m",
+               17: "q5_k_m", 18: "q6_k", 25: "iq4_nl", 32: "bf16"}
 _KV_TYPES = {"f32": ll.GGML_TYPE_F32, "f16": ll.GGML_TYPE_F16, "q8_0": ll.GGML_TYPE_Q8_0, "q4_0": ll.GGML_TYPE_Q4_0}
 _FTYPES = {
     "f32": ll.LLAMA_FTYPE_ALL_F32,
@@ -58,7 +65,13 @@ _FTYPES = {
     "q8_0": ll.LLAMA_FTYPE_MOSTLY_Q8_0,
     "q4_0": ll.LLAMA_FTYPE_MOSTLY_Q4_0,
     "q4_1": ll.LLAMA_FTYPE_MOSTLY_Q4_1,
+    "q5_0": ll.LLAMA_FTYPE_MOSTLY_Q5_0,
+    "q5_1": ll.LLAMA_FTYPE_MOSTLY_Q5_1,
+    "iq4_nl": ll.LLAMA_FTYPE_MOSTLY_IQ4_NL,
     "q2_k": ll.LLAMA_FTYPE_MOSTLY_Q2_K,
+    "q4_k_m": ll.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+    "q5_k_m": ll.LLAMA_FTYPE_MOSTLY_Q5_K_M,
+    "q6_k": ll.LLAMA_FTYPE_MOSTLY_Q6_K,
 }
 FTYPES = tuple(_FTYPES)
 
@@ -82,16 +95,48 @@ def quantize(src: Path, dst: Path, ftype: str, threads: int = 0) -> None:
         raise ModelError(f"llama_model_quantize({src} -> {ftype}) failed with code {rc}")
 
 
+# weight types whose CPU mat-muls give every token the bits of a one-token forward at any batch
+# width, with the patch (tools/patches/), the target's weights unrepacked (Model `repack`) and
+# ggml's tiled K-quant kernel taken at every width (`_init`); tests/test_backend_exact.py checks
+# each one. F32 covers the norms and biases every file carries.
+EXACT_CPU_TYPES = frozenset({"F32", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q3_K", "Q4_K", "Q5_K", "Q6_K"})
+K_QUANTS = frozenset({"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"})
+
+
+def exact_cpu_types() -> frozenset[str]:
+    """EXACT_CPU_TYPES as this process runs them: without the K-quants when ggml's tiled
+    K-quant kernel was left on (GGML_CPU_TILED_MM=1)."""
+    if os.environ.get("GGML_CPU_TILED_MM", "0") != "0":
+        return EXACT_CPU_TYPES - K_QUANTS
+    return EXACT_CPU_TYPES
+
+
+def weight_types(path: Path) -> frozenset[str]:
+    """The tensor types of a GGUF file (its header only)."""
+    from gguf import GGUFReader
+
+    return frozenset(t.tensor_type.name for t in GGUFReader(str(path)).tensors)
+
+
 class Model:
     """Weights and vocabulary of one GGUF model (shared by all its contexts)."""
 
-    def __init__(self, path: str | Path, n_gpu_layers: int = 0):
+    def __init__(self, path: str | Path, n_gpu_layers: int = 0, repack: bool = True):
+        """`repack`: let ggml's CPU backend convert Q4_0, Q4_K, IQ4_NL (and on ARM more) weights
+        to its interleaved layouts. Their batched kernel (4 tokens at a time) and their one-token
+        kernel round differently, so a token's logits would depend on its place in the batch: a
+        target whose verification must reproduce plain decoding bit for bit loads without it; the
+        types then take ggml's per-element dot products (tests/test_backend_exact.py checks each
+        type at every batch width)."""
         _init()
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelError(f"model file not found: {self.path}")
         mp = ll.llama_model_default_params()
         mp.n_gpu_layers = 10_000 if n_gpu_layers < 0 else n_gpu_layers
+        self.repacked = repack
+        if not repack:
+            mp.use_extra_bufts = False
         self._model = ll.llama_model_load_from_file(str(self.path).encode(), mp)
         if not self._model:
             raise ModelError(f"llama.cpp could not load {self.path} (not a valid GGUF?)")
@@ -100,15 +145,20 @@ class Model:
         self.bos = int(ll.llama_vocab_bos(self._vocab))
         self.eos = int(ll.llama_vocab_eos(self._vocab))
         self.add_bos = bool(ll.llama_vocab_get_add_bos(self._vocab))
+        self.add_eos = bool(ll.llama_vocab_get_add_eos(self._vocab))
         self.vocab_type = int(ll.llama_vocab_type(self._vocab))
         self.n_params = int(ll.llama_model_n_params(self._model))
         self.size_bytes = int(ll.llama_model_size(self._model))
         self.n_layer = int(ll.llama_model_n_layer(self._model))
         self.n_embd = int(ll.llama_model_n_embd(self._model))
         self.n_ctx_train = int(ll.llama_model_n_ctx_train(self._model))
+        # the sliding window of its interleaved sliding-window attention layers (0: none)
+        self.n_swa = int(ll.llama_model_n_swa(self._model))
         buf = ctypes.create_string_buffer(256)
         ll.llama_model_desc(self._model, buf, 256)
         self.desc = buf.value.decode(errors="replace")
+        # the types its tensors are stored in ("F32", "Q4_K", ...), from the GGUF's tensor table
+        self.weight_types = weight_types(self.path)
         # the weights' type (GGUF general.file_type): "f32", "f16", "q8_0", ... or "other"
         ft = model_meta(self, "general.file_type")
         self.ftype = _FILE_TYPES.get(int(ft), "other") if ft and ft.isdigit() else "other"
@@ -196,32 +246,6 @@ class Model:
             self.close()
         except Exception:
             pass
-
-
-def check_compatible(target: Model, draft: Model) -> None:
-    """The draft must speak the target's vocabulary token for token (as llama.cpp's
-    common/speculative.cpp requires). Raises IncompatibleDraft saying what differs."""
-    diffs = []
-    if target.vocab_type != draft.vocab_type:
-        diffs.append(f"vocab type {target.vocab_type} vs {draft.vocab_type}")
-    if target.n_vocab != draft.n_vocab:
-        diffs.append(f"vocab size {target.n_vocab} vs {draft.n_vocab}")
-    if target.bos != draft.bos:
-        diffs.append(f"BOS {target.bos} vs {draft.bos}")
-    if target.eos != draft.eos:
-        diffs.append(f"EOS {target.eos} vs {draft.eos}")
-    if target.add_bos != draft.add_bos:
-        diffs.append(f"add_bos {target.add_bos} vs {draft.add_bos}")
-    if not diffs:
-        for t in range(target.n_vocab):
-            a, b = target.token_text(t), draft.token_text(t)
-            if a != b:
-                diffs.append(f"token {t} text {a!r} vs {b!r}")
-                break
-    if diffs:
-        raise IncompatibleDraft(
-            f"draft {draft.path.name} cannot draft for target {target.path.name}: " + "; ".join(diffs)
-        )
 
 
 def _abort_fn():  # noqa: ANN202
@@ -364,6 +388,9 @@ def _context_params(cfg: ModelConfig, n_seq_max: int, n_ctx: int | None):
     cp.n_threads = cfg.n_threads
     cp.n_threads_batch = cfg.n_threads
     cp.kv_unified = True
+    # a sliding-window model's window cache as large as the context: its cells stay until a window
+    # masks them for every later token, so a rejected branch can be removed like any other cell
+    cp.swa_full = True
     cp.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if cfg.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
     cp.type_k = _KV_TYPES[cfg.kv_type]
     cp.type_v = _KV_TYPES[cfg.kv_type]
@@ -393,13 +420,26 @@ class Context(_Decoding):
         self._nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(nb,))
         self._out = np.ctypeslib.as_array(b.logits, shape=(nb,))
         self._seq = [np.ctypeslib.as_array(b.seq_id[i], shape=(n_seq_max,)) for i in range(nb)]
-        self.n_vocab = model.n_vocab
+        self.n_vocab = model.n_vocab  # the width of the rows it returns (the target's, for a padded draft)
+        self._pairing: Pairing | None = None
         self.decode_seconds = 0.0  # wall time inside llama_decode (the rest of a step is overhead)
+
+    def speak_target_vocab(self, pairing: Pairing) -> None:
+        """Make this draft context read and write the target's ids (a padded pair, `Pairing`): its
+        rows come back [n, target vocab] with -inf beyond the shared range (its own tail is never
+        drafted; the target's tail has probability 0 under the draft), and a target token beyond
+        the shared range is decoded as the pairing's substitute (the draft's context only steers
+        its proposals; the target verifies every token)."""
+        if pairing.padded:
+            self._pairing = pairing
+            self.n_vocab = pairing.n_target
 
     # -- decoding -----------------------------------------------------------------------------
     def _fill(self, tokens, positions, seq_ids, logits, embd) -> None:  # noqa: ANN001
         m = len(tokens)
         self._tok[:m] = tokens
+        if self._pairing is not None:
+            self._pairing.to_draft_ids(self._tok[:m])
         self._pos[:m] = positions
         for j in range(m):
             s = seq_ids[j]
@@ -449,12 +489,18 @@ class Context(_Decoding):
         ptr = ll.llama_get_logits_ith(self._ctx, i)
         if not ptr:
             raise ModelError(f"no logits for batch entry {i}")
+        if self._pairing is not None:
+            return self._pairing.rows_in_target_vocab(np.ctypeslib.as_array(ptr, shape=(1, self.model.n_vocab)))[0]
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
     def logits_rows(self, n_rows: int) -> np.ndarray:
-        """[n_rows, vocab] logits of the last decode's outputs, in batch order (a view)."""
+        """[n_rows, vocab] logits of the last decode's outputs, in batch order (a view; a new array
+        for a padded draft)."""
         ptr = ll.llama_get_logits(self._ctx)
+        if self._pairing is not None:
+            return self._pairing.rows_in_target_vocab(np.ctypeslib.as_array(ptr, shape=(n_rows, self.model.n_vocab)))
         return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
+
 
 
 @dataclass(frozen=True)

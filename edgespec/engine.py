@@ -143,6 +143,7 @@ class Engine:
         self.cfg = cfg
         self.target = target
         self.draft = draft
+        self.pairing = None  # how a draft model speaks the target's vocabulary (backend.Pairing)
         self.head = head  # an EAGLE-3 head beside the draft model (EngineConfig.head), or None
         self.slots = slots
         self._contexts = contexts  # (target context, draft context or None[, head context])
@@ -182,21 +183,23 @@ class Engine:
         self.lookup_priors = ReachPriors()
         # kept prefills beyond the slots' own, in host memory (edgespec/prompt_store.py)
         self.prompt_store = PromptStore(cfg.prompt_cache_bytes, pooled=cfg.prompt_cache_scope == "pooled") \
-            if cfg.prompt_cache and cfg.prompt_cache_bytes else None
+            if cfg.prompt_cache and cfg.prompt_cache_bytes and not target.n_swa else None
 
     # -- lifecycle ----------------------------------------------------------------------------
     @classmethod
     def load(cls, cfg: EngineConfig, controller_cfg=None, calibrate: bool = True) -> Engine:
         cfg.validate()
-        target = backend.Model(cfg.target.path, cfg.target.n_gpu_layers)
-        draft = head = second = None
+        # on a CPU the target's weights keep their file layout: ggml's repacked layouts round a
+        # batched product differently from a one-token one (backend.Model); drafts need no exactness
+        target = backend.Model(cfg.target.path, cfg.target.n_gpu_layers, repack=cfg.target.n_gpu_layers != 0)
+        draft = head = second = pairing = None
         if cfg.draft is not None:
             draft = backend.Model(cfg.draft.path, cfg.draft.n_gpu_layers)
             if draft_kind(backend.model_arch(draft)) == "eagle3":
                 backend.check_head(target, draft)
                 head = draft
             else:
-                backend.check_compatible(target, draft)
+                pairing = backend.check_compatible(target, draft)
         if cfg.head is not None and head is None and draft is not None:
             second = backend.Model(cfg.head.path, cfg.head.n_gpu_layers)
             if draft_kind(backend.model_arch(second)) != "eagle3":
@@ -218,6 +221,8 @@ class Engine:
         elif draft is not None:
             dctx = backend.Context(draft, cfg.draft, n_seq_max=cfg.parallel * n_seq,
                                    n_ctx=shared_cells(cfg.parallel, cfg.draft.n_ctx))
+            if pairing is not None:
+                dctx.speak_target_vocab(pairing)
         hctx = None
         if second is not None:  # the head beside the draft model holds each request's whole context too
             hctx = backend.HeadContext(second, tctx, cfg.head, n_seq_max=cfg.parallel * n_seq, n_ctx=cells)
@@ -232,13 +237,19 @@ class Engine:
             slots.append(Slot(i, t, d, h))
         contexts = (tctx, dctx) if hctx is None else (tctx, dctx, hctx)
         eng = cls(cfg, target, draft, slots, contexts, "eagle3" if head is not None else "model", head=second)
+        eng.pairing = pairing
         if controller_cfg is not None:
             eng.controller_cfg = controller_cfg
         if calibrate:
             eng.calibrate()
         log.info("engine_loaded", target=str(cfg.target.path), draft=str(cfg.draft.path) if cfg.draft else None,
                  head=str(cfg.head.path) if second is not None else None, slots=cfg.parallel, seqs_per_slot=n_seq,
-                 backend=eng.backend_name)
+                 backend=eng.backend_name, **({"pairing": pairing.describe()} if pairing is not None else {}))
+        log.info("exactness", promise=eng.exactness(), **({"sliding_window": target.n_swa} if target.n_swa else {}))
+        if draft is None:
+            log.info("model_free_drafting", hint="no draft model: requests draft from prompt n-grams and the suffix "
+                     "cache; to draft with a model set [draft] path to a small model of the target's family (its "
+                     "tokenizer; a padded vocabulary is fine); `edgespec plan --draft FILE` checks the pair")
         return eng
 
     # what the engine applies beyond plain generation (the daemon refuses the others)
@@ -263,8 +274,10 @@ class Engine:
         """Slots keep prefills for the next request. With a head the slot keeps the head's
         positions too, and a request keeps no more of the target's prefill than of the head's:
         the head needs the target's features of every context token it has not absorbed, and a
-        kept prefill's are not computed again (drafters/eagle3.py)."""
-        return self.cfg.prompt_cache
+        kept prefill's are not computed again (drafters/eagle3.py). Not for a sliding-window
+        target: llama.cpp reuses (and a state copy leaves out) the cells a window masks for the
+        sequence's last position, which a shorter prompt's next token may still need."""
+        return self.cfg.prompt_cache and not self.target.n_swa
 
     def new_drafter(self, slot: Slot, kind: str | None = None):
         """The drafter of one request on `slot` (drafters/base.py: Drafter): `kind` ("model",
@@ -368,9 +381,27 @@ class Engine:
     def batch_invariant(self) -> bool:
         """Whether every forward gives each token the bits it would get alone, whatever the batch
         and wherever its cells sit: a CPU with the patched ggml (tools/patches/) and flash
-        attention, for F32 and Q8_0 weights. Then a kept prefill is reusable at any length."""
+        attention, for the weight types of backend.EXACT_CPU_TYPES (F32, Q8_0, Q4_0/1, Q5_0/1 and
+        the Q3_K-Q6_K K-quants). Then a kept prefill is reusable at any length."""
         return (self.backend_name == "cpu" and self.target_ctx.abortable and self.cfg.target.flash_attn
-                and self.target.ftype in ("f32", "q8_0"))
+                and self.target.weight_types <= backend.exact_cpu_types())
+
+    def exactness(self) -> str:
+        """What the appliance promises of this target's outputs, and if less than bits, why."""
+        types = ", ".join(sorted(self.target.weight_types))
+        if self.batch_invariant:
+            return f"bit-exact: each token's logits are its one-token forward's at any batch ({types})"
+        why = []
+        if self.backend_name != "cpu":
+            why.append(f"{self.backend_name} kernels vary with the batch")
+        if not self.target_ctx.abortable:
+            why.append("libllama without the batch-invariant patch")
+        if not self.cfg.target.flash_attn:
+            why.append("flash_attn off")
+        other = sorted(self.target.weight_types - backend.exact_cpu_types())
+        if other:
+            why.append("weight types without batch-invariant CPU kernels: " + ", ".join(other))
+        return "up to float rounding (" + "; ".join(why) + "): selftest and [audit] measure it"
 
     @property
     def reuse_chunk(self) -> int:
@@ -512,6 +543,10 @@ class Engine:
             "draft": info(d),
             **({"head": info(h)} if h is not None else {}),
             "n_vocab": t.n_vocab,
+            **({"pairing": self.pairing.describe()} if self.pairing is not None else {}),
+            "exactness": self.exactness(),
+            **({"sliding_window": f"{t.n_swa} tokens: a full-size window cache, tree verification, prompt "
+                "reuse off"} if t.n_swa else {}),
             "n_ctx": self.n_ctx,
             "parallel": len(self.slots),
             "backend": self.backend_name,

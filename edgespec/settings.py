@@ -195,9 +195,10 @@ I, F, B, S, L = (int,), (int, float), (bool,), (str,), (list,)
 
 def _model(section: str) -> tuple[Setting, ...]:
     m = partial(Setting, section)
+    empty = ("the demo model from `edgespec models prepare-demo`" if section == "target" else
+             "the demo draft when the target is the demo's, else none (model-free drafting)")
     return (
-        m("path", S, "", "GGUF file; empty = the demo model from `edgespec models prepare-demo`",
-          check=_file_or_empty),
+        m("path", S, "", f"GGUF file; empty = {empty}", check=_file_or_empty),
         m("n_gpu_layers", I, 0, "layers offloaded to the GPU (-1 = all; CUDA builds only)", lo=-1),
         m("n_ctx", I, 4096, "context length in tokens (prompt + output)", lo=128, hi=1 << 20),
         m("n_batch", I, 512, "llama.cpp batch size for prompt processing", lo=1, hi=1 << 16),

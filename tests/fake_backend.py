@@ -25,6 +25,8 @@ class FakeModel:
         self.bos, self.eos = 0, EOS
         self.path = path
         self.desc, self.n_params, self.size_bytes = "fake", 1, 1
+        self.n_swa = 0  # full attention
+        self.weight_types = frozenset({"FAKE"})
         self.ftype = "fake"  # not a type the engine treats as batch-invariant (engine.reuse_chunk)
 
     def is_eog(self, t: int) -> bool:

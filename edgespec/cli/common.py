@@ -33,7 +33,9 @@ def user_errors() -> Iterator[None]:
 def engine_config(target: str | None, draft: str | None, *, n_ctx: int | None = None, n_gpu_layers: int | None = None,
                   threads: int | None = None, no_draft: bool = False, parallel: int = 1):
     """EngineConfig for the CLI: the demo pair unless paths are given; missing files are a user
-    error naming the file. Unset model options take the [target] declaration's defaults."""
+    error naming the file. The demo draft drafts for the demo target alone: another target with no
+    `draft` (or draft "none") gets none (model-free drafting). Unset model options take the
+    [target] declaration's defaults."""
     from pathlib import Path
 
     from edgespec.config import EngineConfig, ModelConfig
@@ -41,7 +43,10 @@ def engine_config(target: str | None, draft: str | None, *, n_ctx: int | None = 
 
     pair = default_pair()
     t = Path(target) if target else pair.target
-    d = None if no_draft else (Path(draft) if draft else pair.draft)
+    if no_draft or draft == "none" or (not draft and target and t.name != pair.target.name):
+        d = None
+    else:
+        d = Path(draft) if draft else pair.draft
     for what, p in (("--target", t), ("--draft", d)):
         if p is not None and not p.is_file():
             hint = " (run `edgespec models prepare-demo`)" if not (target if what == "--target" else draft) else ""

@@ -40,7 +40,7 @@ def generate(
     raw: Annotated[bool, typer.Option(help="no chat template")] = False,
     ngram: Annotated[bool, typer.Option(help=_help(_SPEC["ngram"]))] = _SPEC["ngram"].default,
     target: Annotated[Optional[str], typer.Option(help="target GGUF (default: demo F32)")] = None,
-    draft: Annotated[Optional[str], typer.Option(help="draft GGUF (default: demo Q8_0)")] = None,
+    draft: Annotated[Optional[str], typer.Option(help="draft GGUF; none = model-free drafting (default: the demo Q8_0 for the demo target, else none)")] = None,
     n_ctx: Annotated[int, typer.Option(help=_help(_MODEL["n_ctx"]))] = _MODEL["n_ctx"].default,
     n_gpu_layers: Annotated[int, typer.Option(help=_help(_MODEL["n_gpu_layers"]))] = _MODEL["n_gpu_layers"].default,
     threads: Annotated[int, typer.Option(help=_help(_MODEL["threads"]))] = _MODEL["threads"].default,

@@ -215,6 +215,20 @@ def _head(values: dict[str, Any], target: str) -> ModelConfig | None:
     return _model({**values, "path": choice}, DEMO_DRAFT)
 
 
+def is_demo_target(target_path: str) -> bool:
+    """Whether [target] path names the demo target (unset, or its file name)."""
+    return not target_path or Path(target_path).expanduser().name == DEMO_TARGET
+
+
+def _draft(values: dict[str, Any]) -> ModelConfig | None:
+    """[draft]: the file named, or with `path` unset the demo draft, which belongs to the demo
+    target alone (a site's own target with no draft named serves with model-free drafting)."""
+    d = values["draft"]
+    if not d["enabled"] or (not d["path"] and not is_demo_target(values["target"]["path"])):
+        return None
+    return _model(d, DEMO_DRAFT)
+
+
 def _model(values: dict[str, Any], demo_name: str) -> ModelConfig:
     path = values["path"] or str(models_dir() / demo_name)
     return ModelConfig(path=str(Path(path).expanduser()),
@@ -340,7 +354,7 @@ def _engine(values: dict[str, dict[str, Any]], check_models: bool, problems: lis
     """The engine's section, from [server], [target] and [draft]; with `check_models`, the model
     files must exist and the memory plan must fit this box (appends to `problems`)."""
     target = _model(values["target"], DEMO_TARGET)
-    draft = _model(values["draft"], DEMO_DRAFT) if values["draft"]["enabled"] else None
+    draft = _draft(values)
     head = _head(values["draft"], target.path) if draft is not None else None
     if check_models:
         for name, m, demo in (("target.path", target, not values["target"]["path"]),
