@@ -23,7 +23,7 @@ import llama_cpp as ll
 import numpy as np
 
 from edgespec.config import ModelConfig
-from edgespec.errors import ForwardAborted, IncompatibleDraft, ModelError
+from edgespec.errors import BadRequest, ForwardAborted, IncompatibleDraft, ModelError
 from edgespec.heap import keep_freed_memory
 from edgespec.pairing import Pairing, check_compatible  # noqa: F401  (the engine's entry point)
 
@@ -217,6 +217,10 @@ class Model:
         only read the vocabulary)."""
         if not messages:
             raise ModelError("chat needs at least one message")
+        if self.chat_template is None:  # llama.cpp would fall back to ChatML: text the model never saw
+            raise BadRequest("messages", f"{self.path.name} has no chat template (a base model?): send a raw "
+                             "prompt (/v1/completions, `generate --raw`), or set [target] chat_template to a "
+                             "Jinja template file")
         arr = (ll.llama_chat_message * len(messages))()
         keep = []
         for i, (role, content) in enumerate(messages):
