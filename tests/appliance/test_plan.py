@@ -27,7 +27,8 @@ from edgespec.plan import (
 )
 
 
-def write_gguf(path, *, n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_vocab=100, n_ff=128, params_scale=1):
+def write_gguf(path, *, n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_vocab=100, n_ff=128, params_scale=1,
+               tokens=None):
     """A tiny llama-shaped GGUF: header facts plus f32 tensors of known sizes (not a runnable model)."""
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(n_layer)
@@ -36,7 +37,7 @@ def write_gguf(path, *, n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_vocab=100
     w.add_head_count_kv(n_head_kv)
     w.add_feed_forward_length(n_ff)
     w.add_context_length(2048)
-    w.add_token_list([f"t{i}" for i in range(n_vocab)])  # no llama.vocab_size: count the tokens
+    w.add_token_list(tokens or [f"t{i}" for i in range(n_vocab)])  # no llama.vocab_size: count the tokens
     w.add_tensor("token_embd.weight", np.zeros((n_vocab, n_embd * params_scale), dtype=np.float32))
     w.add_tensor("blk.0.ffn_up.weight", np.zeros((n_ff, n_embd), dtype=np.float16))
     w.write_header_to_file()
@@ -268,3 +269,26 @@ def test_the_host_caches_count_on_a_cpu_engine(tiny):
     assert "caches 320.0 MiB" in explain(cpu, 1 << 40)
     with pytest.raises(ConfigError, match="prompt_cache_bytes"):
         check_fits(cpu, none.total_bytes + (100 << 20))
+
+
+def test_cli_plan_says_which_pairing_applies(tiny, tmp_path):
+    """`plan --draft` reads both vocabularies from the headers: the same, a padded tail (Qwen's
+    large and small files), or a refusal naming the first differing token."""
+    from edgespec.cli.main import app
+
+    runner = CliRunner()
+
+    def pairing(draft) -> str:
+        out = runner.invoke(app, ["plan", "--target", str(tiny), "--draft", str(draft), "--n-ctx", "512", "--vram", "1",
+                                  "--cpu", "--json"])
+        assert out.exit_code == 0, out.output
+        return json.loads(out.output)["pairing"]
+
+    assert pairing(tiny).startswith("same vocabulary (100 tokens)")
+    padded = write_gguf(tmp_path / "padded.gguf", n_vocab=228)
+    assert pairing(padded).startswith("padded vocabularies: target 100, draft 228 tokens, the first 100 the same")
+    other = write_gguf(tmp_path / "other.gguf", tokens=[f"t{i}" for i in range(7)] + [f"u{i}" for i in range(7, 100)])
+    assert pairing(other) == ("incompatible: draft other.gguf cannot draft for target tiny.gguf: token 7 text "
+                              "b't7' vs b'u7'")
+    text = runner.invoke(app, ["plan", "--target", str(tiny), "--draft", str(padded), "--n-ctx", "512", "--vram", "1"])
+    assert "pairing: padded vocabularies" in text.output
