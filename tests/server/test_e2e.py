@@ -48,12 +48,12 @@ class Server:
         return subprocess.run(args, capture_output=True, text=True, timeout=timeout + 30)
 
 
-def start_server(tmp_path: Path, *extra: str) -> Server:
+def start_server(tmp_path: Path, *extra: str, env: dict[str, str] | None = None) -> Server:
     target, draft = models_dir() / DEMO_TARGET, models_dir() / DEMO_DRAFT
     if not (target.is_file() and draft.is_file()):
         pytest.skip("demo models missing: run `edgespec models prepare-demo`")
     env = {**os.environ, "EDGESPEC_SERVER_GRACE_SECONDS": "30", "EDGESPEC_TARGET_N_CTX": "1024",
-           "EDGESPEC_DRAFT_N_CTX": "1024", "EDGESPEC_SERVER_QUEUE_SIZE": "0"}
+           "EDGESPEC_DRAFT_N_CTX": "1024", "EDGESPEC_SERVER_QUEUE_SIZE": "0", **(env or {})}
     err = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(
         [sys.executable, "-m", "edgespec.cli.main", "serve", "--port", "0", "--reflection", "--parallel", "1", *extra],

@@ -117,3 +117,47 @@ def test_selftest_against_the_live_daemon(server):
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(out.stdout)
     assert report["passed"] and len(report["checks"]) == 6
+
+
+def test_a_k_quant_target_equals_plain_alone_at_1_4_and_8_streams(tmp_path_factory, model_variant, demo_pair):
+    """The demo requantized to Q4_K_M (Q4_K, Q5_0, Q6_K, Q8_0 tensors) served with the Q8_0 draft:
+    auto, chain and tree requests at 1, 4 and 8 at a time each equal the prompt decoded alone in
+    plain mode, no tie allowance."""
+    from edgespec.config import EngineConfig, ModelConfig
+    from edgespec.engine import Engine
+
+    target = model_variant("q4_k_m")
+    s = start_server(tmp_path_factory.mktemp("kquant"), "--parallel", "8",
+                     env={"EDGESPEC_TARGET_PATH": str(target), "EDGESPEC_DRAFT_PATH": str(demo_pair.draft)})
+    try:
+        n_prompts = len(QUESTIONS) + len(FREE)
+        prompts = [list(s.inference.Tokenize(pb.TokenizeRequest(messages=_messages(i))).token_ids)
+                   for i in range(n_prompts)]
+        eng = Engine.load(EngineConfig(target=ModelConfig(path=str(target), n_ctx=1024), draft=None, parallel=1,
+                                       suffix_cache=False, prompt_cache_bytes=0), calibrate=False)
+        try:
+            reference = [eng.generate(GenerationRequest(tuple(t), SamplingParams(temperature=0.0, max_tokens=24),
+                                                        SpeculationParams(mode="plain"))).token_ids for t in prompts]
+        finally:
+            eng.close()
+
+        def one(item):  # noqa: ANN001, ANN202
+            i, mode = item
+            r = s.inference.Generate(pb.GenerateRequest(
+                messages=_messages(i), sampling=pb.SamplingOptions(temperature=0.0, max_tokens=24),
+                speculation=pb.SpeculationOptions(mode=mode)), timeout=300)
+            return i, list(r.token_ids)
+
+        bad, served = [], 0
+        with ThreadPoolExecutor(8) as pool:
+            for streams in (1, 4, 8):
+                batch = [((streams + k) % n_prompts, MODES[k % 3]) for k in range(8)]
+                for at in range(0, len(batch), streams):
+                    for i, got in pool.map(one, batch[at:at + streams]):
+                        served += 1
+                        if got != reference[i]:
+                            bad.append((streams, i))
+        assert served == 24 and not bad, f"{len(bad)} of {served} outputs differ from plain alone: {bad}"
+    finally:
+        s.channel.close()
+        stop(s.proc)

@@ -1,0 +1,187 @@
+"""The files sites run, not only the F32 demo: every weight type the appliance calls exact is
+batch-invariant on the installed wheel, a padded vocabulary pairs on either side, a site's own
+target serves without the demo's draft, and Gemma 3 (262,144 tokens, interleaved sliding-window
+attention) decodes the same text in every mode. Real models; slow tier."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgespec import backend
+from edgespec.config import EngineConfig, ModelConfig
+from edgespec.engine import Engine
+from edgespec.sampling import SamplingParams
+from edgespec.types import GenerationRequest, SpeculationParams
+
+pytestmark = pytest.mark.slow
+
+TEXT = "The quick brown fox jumps over the lazy dog. " * 6 + "def fibonacci(n):\n    return"
+# llama.cpp's quantizer on the demo target (576-wide rows: K-quants take the 1,536-wide down
+# products, the rest falls back): together these files hold every type of EXACT_CPU_TYPES
+FTYPES = {
+    "q4_0": {"Q4_0"}, "q4_1": {"Q4_1"}, "q5_0": {"Q5_0"}, "q5_1": {"Q5_1"}, "q8_0": {"Q8_0"},
+    "q4_k_m": {"Q4_K", "Q5_0", "Q6_K"}, "q5_k_m": {"Q5_K", "Q6_K"}, "q6_k": {"Q6_K"}, "q2_k": {"Q3_K", "Q4_0"},
+}
+WIDTHS = (2, 3, 5, 8, 9, 17)
+
+
+def chain_vs_one_by_one(model: backend.Model, ctx: backend.Context, widths=WIDTHS) -> list[tuple[int, float]]:
+    """(width, largest difference) for each width whose batched rows differ from one-token forwards."""
+    toks = model.tokenize(TEXT)
+    pre, rest = toks[:20], toks[20:]
+    bad = []
+    for n in widths:
+        ctx.clear()
+        ctx.decode_seq(pre, 0, (0,), last_logits=False)
+        one = []
+        for i, t in enumerate(rest[:n]):
+            ctx.decode([t], [20 + i], [[0]], [True])
+            one.append(ctx.logits(0).copy())
+        ctx.clear()
+        ctx.decode_seq(pre, 0, (0,), last_logits=False)
+        ctx.decode(rest[:n], list(range(20, 20 + n)), [[0]] * n, [True] * n)
+        batched = ctx.logits_rows(n).copy()
+        if not np.array_equal(np.array(one), batched):
+            bad.append((n, float(np.abs(np.array(one) - batched).max())))
+    return bad
+
+
+def test_the_tested_files_cover_every_type_called_exact():
+    covered = set().union(*FTYPES.values()) | {"F32", "Q8_0"}
+    assert backend.EXACT_CPU_TYPES <= covered, backend.EXACT_CPU_TYPES - covered
+
+
+@pytest.mark.parametrize("ftype", sorted(FTYPES))
+def test_each_weight_type_called_exact_is_batch_invariant(model_variant, ftype):
+    """Loaded as the engine loads a target (weights not repacked), every batch width gives each
+    token the bits of its one-token forward. A rebuilt wheel that loses a type's coverage fails
+    here, by type."""
+    path = model_variant(ftype)
+    model = backend.Model(path, repack=False)
+    assert FTYPES[ftype] <= model.weight_types <= backend.EXACT_CPU_TYPES, model.weight_types
+    ctx = backend.Context(model, ModelConfig(path=str(path), n_ctx=512, threads=2))
+    try:
+        assert chain_vs_one_by_one(model, ctx) == []
+    finally:
+        ctx.close()
+        model.close()
+
+
+def test_repacked_weights_are_not_batch_invariant_which_is_why_targets_load_without(model_variant):
+    """The control: ggml's repacked Q4_K layout (4-token gemm beside a one-token gemv) rounds
+    differently, so the check above has the power to see a kernel that is not invariant."""
+    path = model_variant("q4_k_m")
+    model = backend.Model(path, repack=True)
+    ctx = backend.Context(model, ModelConfig(path=str(path), n_ctx=512, threads=2))
+    try:
+        assert chain_vs_one_by_one(model, ctx, widths=(4, 5, 8)) != []
+    finally:
+        ctx.close()
+        model.close()
+
+
+def greedy(engine: Engine, tokens: list[int], mode: str, max_tokens: int = 32) -> list[int]:
+    s = engine.open_session(GenerationRequest(tuple(tokens), SamplingParams(temperature=0.0, max_tokens=max_tokens),
+                                              SpeculationParams(mode=mode)))
+    try:
+        while not s.done:
+            s.step()
+        return s.result().token_ids
+    finally:
+        s.close()
+
+
+def greedy_together(engine: Engine, prompts: list[list[int]], mode: str, max_tokens: int = 32) -> list[list[int]]:
+    """Several requests decoded at once, one engine tick for all of them (their cells interleave
+    in the shared cache)."""
+    sessions = [engine.open_session(GenerationRequest(tuple(t), SamplingParams(temperature=0.0, max_tokens=max_tokens),
+                                                      SpeculationParams(mode=mode))) for t in prompts]
+    try:
+        while not all(s.done for s in sessions):
+            engine.tick([s for s in sessions if not s.done])
+        return [s.result().token_ids for s in sessions]
+    finally:
+        for s in sessions:
+            s.close()
+
+
+PROMPTS = ["Write a Python function that reverses a list.", "List three colours and one fruit.",
+           "用一句话解释什么是投机解码。"]
+
+
+def _engine(target, draft=None, parallel=1) -> Engine:
+    return Engine.load(EngineConfig(target=ModelConfig(path=str(target), n_ctx=1024),
+                                    draft=ModelConfig(path=str(draft), n_ctx=1024) if draft else None,
+                                    parallel=parallel, suffix_cache=False), calibrate=False)
+
+
+@pytest.mark.parametrize("side", ["draft", "target"])
+def test_a_padded_pair_loads_and_speculates_to_plain_greedy_text(demo_pair, padded_draft, side):
+    """The Q8_0 draft with 128 pad tokens drafting for the F32 target (the draft's tail), and as
+    a target drafted for by the unpadded Q8_0 (the target's tail): chain and tree give plain's
+    tokens, and the draft drafted (tau > 1 on these prompts)."""
+    target, draft = (demo_pair.target, padded_draft) if side == "draft" else (padded_draft, demo_pair.draft)
+    eng = _engine(target, draft)
+    try:
+        assert eng.pairing is not None and eng.pairing.padded and eng.pairing.shared == 49152
+        assert "padded vocabularies" in eng.model_info()["pairing"]
+        for text in PROMPTS:
+            tokens = eng.encode_chat([("user", text)])
+            plain = greedy(eng, tokens, "plain")
+            for mode in ("chain", "tree"):
+                assert greedy(eng, tokens, mode) == plain, (mode, text)
+    finally:
+        eng.close()
+
+
+def test_a_site_target_alone_serves_with_model_free_drafting(gemma_target):
+    """The demo draft belongs to the demo target: another target with no draft named loads
+    alone (the daemon's config and the CLI's) and drafts from n-grams."""
+    from edgespec.cli.common import engine_config
+    from edgespec.server.config import load
+
+    assert engine_config(str(gemma_target), None).draft is None
+    cfg = load(env={"EDGESPEC_TARGET_PATH": str(gemma_target)}, check_models=True)
+    assert cfg.engine.draft is None and cfg.engine.head is None
+
+
+def test_a_model_without_a_chat_template_is_refused_for_chat_naming_the_fix(gemma_target):
+    """Gemma 3 270M is a base model: no template. Chat is refused (llama.cpp would apply ChatML,
+    a format the model never saw); raw prompts serve."""
+    from edgespec.errors import BadRequest
+
+    model = backend.Model(gemma_target)
+    try:
+        assert model.chat_template is None
+        with pytest.raises(BadRequest, match="no chat template.*chat_template"):
+            model.chat_prompt([("user", "hi")])
+        assert model.tokenize("hi")
+    finally:
+        model.close()
+
+
+def test_gemma3_sliding_window_target_is_exact_in_every_mode(gemma_target):
+    """Gemma 3 270M Q4_K_M (interleaved 512-token sliding window, 262,144 tokens) as a target:
+    its forwards are batch-invariant, the load reports the window's handling, and plain, chain,
+    tree and auto give the same greedy tokens on two slots at once (scattered, shared cells)."""
+    model = backend.Model(gemma_target, repack=False)
+    assert model.n_swa == 512 and model.n_vocab == 262144
+    ctx = backend.Context(model, ModelConfig(path=str(gemma_target), n_ctx=512, threads=2))
+    try:
+        assert chain_vs_one_by_one(model, ctx, widths=(2, 5, 9)) == []
+    finally:
+        ctx.close()
+        model.close()
+    eng = _engine(gemma_target, parallel=2)
+    try:
+        info = eng.model_info()
+        assert info["exactness"].startswith("bit-exact") and "sliding_window" in info
+        prompts = [eng.tokenize(t) for t in (
+            "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is",
+            "def fibonacci(n):\n    if n < 2:\n        return n\n    return")]
+        plain = [greedy(eng, t, "plain") for t in prompts]  # each alone
+        for mode in ("chain", "tree", "auto"):
+            assert greedy_together(eng, prompts, mode) == plain, mode
+    finally:
+        eng.close()
