@@ -101,6 +101,8 @@ def quantize(src: Path, dst: Path, ftype: str, threads: int = 0) -> None:
 # each one. F32 covers the norms and biases every file carries.
 EXACT_CPU_TYPES = frozenset({"F32", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q3_K", "Q4_K", "Q5_K", "Q6_K"})
 K_QUANTS = frozenset({"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"})
+# what ggml's CPU backend repacks on x86 (AVX2): their 4-token gemm and one-token gemv round apart
+REPACKED_TYPES = frozenset({"Q4_0", "Q4_K", "Q2_K", "IQ4_NL", "MXFP4"})
 
 
 def exact_cpu_types() -> frozenset[str]:

@@ -73,6 +73,7 @@ ENGINE_KEYS = {
     "suffix_cache_bytes": ("speculation", "suffix_cache_bytes"),
     "suffix_cache_store": ("speculation", "suffix_cache_store"),
     "suffix_cache_scope": ("speculation", "suffix_cache_scope"),
+    "fast_kernels": ("target", "fast_kernels"),
 }
 
 
@@ -111,6 +112,9 @@ class EngineConfig:
     suffix_cache_bytes: int = setting("speculation", "suffix_cache_bytes").default
     suffix_cache_store: str = setting("speculation", "suffix_cache_store").default
     suffix_cache_scope: str = setting("speculation", "suffix_cache_scope").default
+    # a CPU target's quantized weights repacked and ggml's tiled K-quant kernel on: llama.cpp's own
+    # speed, exactness "up to float rounding" (backend.Model, Engine.exactness)
+    fast_kernels: bool = setting("target", "fast_kernels").default
     # an EAGLE-3 head loaded beside the draft model (`[draft] head`): each request then drafts with
     # the one the measured costs and acceptances favour at the load it meets (Engine.choose_drafter);
     # its context takes the [draft] section's settings. None: one drafter (`draft`, a model or a head)

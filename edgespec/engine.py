@@ -19,6 +19,8 @@ edgespec/controller/drafter_choice.py); each drafter keeps its own acceptance pr
 
 from __future__ import annotations
 
+import os
+
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -190,8 +192,13 @@ class Engine:
     def load(cls, cfg: EngineConfig, controller_cfg=None, calibrate: bool = True) -> Engine:
         cfg.validate()
         # on a CPU the target's weights keep their file layout: ggml's repacked layouts round a
-        # batched product differently from a one-token one (backend.Model); drafts need no exactness
-        target = backend.Model(cfg.target.path, cfg.target.n_gpu_layers, repack=cfg.target.n_gpu_layers != 0)
+        # batched product differently from a one-token one (backend.Model); drafts need no exactness.
+        # [target] fast_kernels trades that for llama.cpp's speed (and the tiled K-quant kernel,
+        # read once per process by ggml: set before the first forward)
+        if cfg.fast_kernels:
+            os.environ["GGML_CPU_TILED_MM"] = "1"
+        target = backend.Model(cfg.target.path, cfg.target.n_gpu_layers,
+                               repack=cfg.target.n_gpu_layers != 0 or cfg.fast_kernels)
         draft = head = second = pairing = None
         if cfg.draft is not None:
             draft = backend.Model(cfg.draft.path, cfg.draft.n_gpu_layers)
@@ -384,6 +391,7 @@ class Engine:
         attention, for the weight types of backend.EXACT_CPU_TYPES (F32, Q8_0, Q4_0/1, Q5_0/1 and
         the Q3_K-Q6_K K-quants). Then a kept prefill is reusable at any length."""
         return (self.backend_name == "cpu" and self.target_ctx.abortable and self.cfg.target.flash_attn
+                and not (self.cfg.fast_kernels and self.target.weight_types & backend.REPACKED_TYPES)
                 and self.target.weight_types <= backend.exact_cpu_types())
 
     def exactness(self) -> str:
@@ -398,6 +406,8 @@ class Engine:
             why.append("libllama without the batch-invariant patch")
         if not self.cfg.target.flash_attn:
             why.append("flash_attn off")
+        if self.cfg.fast_kernels and self.target.weight_types & backend.REPACKED_TYPES:
+            why.append("target.fast_kernels: repacked weights")
         other = sorted(self.target.weight_types - backend.exact_cpu_types())
         if other:
             why.append("weight types without batch-invariant CPU kernels: " + ", ".join(other))

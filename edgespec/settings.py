@@ -251,6 +251,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("target", "rpc_servers", L, [], "llama.cpp rpc-servers (host:port) that hold part of the target's "
             "layers, for a target larger than one box; needs a wheel built with RPC=1 and n_gpu_layers != 0",
             check=_endpoints),
+    Setting("target", "fast_kernels", B, False, "true = a CPU target's quantized weights take ggml's fastest "
+            "kernels (repacked Q4_0/Q4_K/IQ4_NL layouts, the tiled K-quant mat-mul): prompts and decoding at "
+            "llama.cpp's own speed, but a token's logits then depend on the batch it shares, so outputs are exact "
+            "only up to float rounding; false = batch-invariant kernels, bit-exact for the types of "
+            "docs/support-matrix.md (restart to change)"),
     Setting("target", "chat_template", S, "", "a Jinja chat template file to render chat requests with (in a "
             "sandbox, with tools) instead of the GGUF's own; empty = the GGUF's tokenizer.chat_template "
             "(tool requests) and llama.cpp's built-in matcher (the others)", check=_file_or_empty),

@@ -185,3 +185,22 @@ def test_gemma3_sliding_window_target_is_exact_in_every_mode(gemma_target):
             assert greedy_together(eng, prompts, mode) == plain, mode
     finally:
         eng.close()
+
+
+def test_fast_kernels_trade_exactness_for_speed_and_say_so(model_variant, monkeypatch):
+    """[target] fast_kernels: the target repacked and the tiled K-quant kernel on, and the
+    promise says "up to float rounding" with the reason."""
+    monkeypatch.setenv("GGML_CPU_TILED_MM", "0")  # restored after the test: Engine.load sets it
+    path = model_variant("q4_k_m")
+    exact = _engine(path)
+    try:
+        assert not exact.target.repacked and exact.exactness().startswith("bit-exact")
+    finally:
+        exact.close()
+    fast = Engine.load(EngineConfig(target=ModelConfig(path=str(path), n_ctx=512), draft=None, fast_kernels=True),
+                       calibrate=False)
+    try:
+        assert fast.target.repacked and not fast.batch_invariant
+        assert fast.exactness().startswith("up to float rounding") and "target.fast_kernels" in fast.exactness()
+    finally:
+        fast.close()

@@ -232,7 +232,7 @@ def _draft(values: dict[str, Any]) -> ModelConfig | None:
 def _model(values: dict[str, Any], demo_name: str) -> ModelConfig:
     path = values["path"] or str(models_dir() / demo_name)
     return ModelConfig(path=str(Path(path).expanduser()),
-                       **{k: v for k, v in values.items() if k in SECTIONS["target"] and k not in ("path", "rpc_servers", "chat_template")})
+                       **{k: v for k, v in values.items() if k in SECTIONS["target"] and k not in ("path", "rpc_servers", "chat_template", "fast_kernels")})
 
 
 def load(
