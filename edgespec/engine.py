@@ -81,6 +81,11 @@ class Slot:
     lent: HeadCache | None = None
     caller: str = ""  # the caller whose request left `prefill` (the prompt store's partition)
 
+    @property
+    def empty(self) -> bool:
+        """Whether the slot holds nothing a later request could reuse."""
+        return not (self.prefill or self.last_context or self.draft_cache or self.head_cache or self.lent)
+
     def reset(self) -> None:
         """Empty every cache; nothing is reusable."""
         self.target.clear()
@@ -310,7 +315,7 @@ class Engine:
         if hdonor is not None:  # the head's positions and features come from another slot
             cache = hdonor.head_to_lend(kind)
         else:
-            cache = slot.cache_of(kind) if self.prompt_cache else None
+            cache = slot.cache_of(kind) if self.prompt_cache and self._shares(slot, req) else None
         held = cache.reusable(prompt) if cache is not None else 0
         backlog = max(1, len(prompt) - 1 - held)
         if kind == "model":
@@ -610,9 +615,12 @@ class Engine:
             if not self.prompt_cache or len(free) == 1:
                 return free[0]
 
-            def reuse(s: Slot) -> tuple[int, int]:
-                cache = s.cache_of(kind) if kind else None
-                return self._keepable(s, req, kind), cache.reusable(req.prompt_tokens) if cache else 0
+            def reuse(s: Slot) -> tuple[int, int, bool]:
+                mine = self._shares(s, req)
+                cache = s.cache_of(kind) if kind and mine else None
+                # on a tie, a slot that holds nothing of another caller's (theirs stays for them)
+                return (self._keepable(s, req, kind), cache.reusable(req.prompt_tokens) if cache else 0,
+                        mine or s.empty)
             return max(free, key=reuse)
 
         places = {k: best_slot(k) for k in self.drafter_kinds} or {None: best_slot(None)}
@@ -621,6 +629,8 @@ class Engine:
         keep, donor, hdonor = self._kept_prefill(slot, req, kind)
         if donor is not None or hdonor is not None or keep < len(slot.prefill):
             self._store(slot)  # what the slot keeps and this request drops, for later ones
+        if not self._shares(slot, req):
+            slot.reset()  # nothing another caller left serves this request (its own partition keeps it)
         slot.busy = True
         try:
             if hdonor is not None:  # the head's positions and features of the prompt, from elsewhere
@@ -680,17 +690,20 @@ class Engine:
         if not self.prompt_cache:
             return 0, None, None
         prompt, chunk = req.prompt_tokens, self.reuse_chunk
-        # the slots, then the prompt store's entries of this caller's partition: on a tie the slot's
-        # own cells, then another slot's (a copy inside the cache), then an entry's (written back)
-        places = [*self.slots, *(self.prompt_store.candidates(req.caller) if self.prompt_store else ())]
+        # the slots, then the prompt store's entries, of this caller's partition (`_shares`; `slot`
+        # itself holding nothing for another's): on a tie the slot's own cells, then another
+        # slot's (a copy inside the cache), then an entry's (written back)
+        places = [*(s for s in self.slots if s is slot or self._shares(s, req)),
+                  *(self.prompt_store.candidates(req.caller) if self.prompt_store else ())]
+        foreign = set() if self._shares(slot, req) else {id(slot)}  # `slot` then counts for nothing
         order = {id(p): (p is slot, isinstance(p, Slot)) for p in places}
-        held = {id(p): reusable_prefix(p.prefill, prompt, chunk) for p in places}
+        held = {id(p): 0 if id(p) in foreign else reusable_prefix(p.prefill, prompt, chunk) for p in places}
         best = max(places, key=lambda p: (held[id(p)], *order[id(p)]))
         keep = held[id(best)]
         if kind != "eagle3" or req.speculation.mode == "plain" or not keep:
             return keep, (best if held[id(best)] > held[id(slot)] else None), None
-        head = {id(p): head_reusable(p.cache_of(kind) if p is slot else p.head_to_lend(kind), prompt)
-                for p in places}
+        head = {id(p): 0 if id(p) in foreign else
+                head_reusable(p.cache_of(kind) if p is slot else p.head_to_lend(kind), prompt) for p in places}
         hbest = max(places, key=lambda p: (head[id(p)], *order[id(p)]))
         keep = min(keep, head[id(hbest)]) // chunk * chunk
         if not keep:
@@ -698,6 +711,14 @@ class Engine:
         donor = None if held[id(slot)] >= keep else best
         hdonor = None if head[id(slot)] >= keep else hbest
         return keep, donor, hdonor
+
+    def _shares(self, slot: Slot, req: GenerationRequest) -> bool:
+        """Whether what `slot` holds (its kept prefill, its draft's and head's caches, what idle
+        work added to them, what a running request lends) may serve `req` and count in its reuse
+        figures: with `prompt_cache_scope = "pooled"` always; else only when `req` comes from the
+        caller whose requests left it. A caller reading another's prompt off `cached_tokens` or
+        its time to first token is the attack this closes (docs/appliance.md, threat model)."""
+        return self.cfg.prompt_cache_scope == "pooled" or slot.caller == req.caller
 
     def _store(self, slot: Slot) -> None:
         """Copy what `slot` keeps into the prompt store before a request drops it: the target's
@@ -737,6 +758,8 @@ class Engine:
         reusable prefix, and for a request that may draft with a head (`kind`), no more than the
         head positions the slot keeps (their target features are not computed again), cut to
         whole reuse chunks."""
+        if not self._shares(slot, req):
+            return 0
         chunk = self.reuse_chunk
         prompt = req.prompt_tokens
         keep = reusable_prefix(slot.prefill, prompt, chunk)

@@ -242,10 +242,11 @@ SETTINGS: tuple[Setting, ...] = (
             "positions and features) are copied here, and a later request sharing a longer prefix with one gets "
             "them written back instead of prefilling it again; least recently used first out; 0 = off (restart "
             "to change)", lo=0, hi=1 << 40),
-    _server("prompt_cache_scope", S, "caller", "caller: a kept prompt serves only the caller whose request left "
-            "it (a token's name, a certificate's subject; anonymous callers share one); pooled: any caller, "
-            "which lets a caller time whether another sent a prompt that starts like its own (docs/appliance.md, "
-            "threat model; restart to change)", choices=SUFFIX_SCOPES),
+    _server("prompt_cache_scope", S, "caller", "caller: what a caller's requests leave (a slot's kept prefill, "
+            "the draft's and head's caches, the prompt store's entries) serves and counts only for that caller "
+            "(a token's name, a certificate's subject; anonymous callers share one); pooled (opt-in): any "
+            "caller, which lets a caller read off cached_tokens and time whether another sent a prompt that "
+            "starts like its own (docs/appliance.md, threat model; restart to change)", choices=SUFFIX_SCOPES),
     *_model("target"),
     Setting("target", "rpc_servers", L, [], "llama.cpp rpc-servers (host:port) that hold part of the target's "
             "layers, for a target larger than one box; needs a wheel built with RPC=1 and n_gpu_layers != 0",
