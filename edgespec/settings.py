@@ -334,6 +334,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("http", "host", S, "127.0.0.1", "HTTP API address (a non-loopback one needs auth tokens or "
             "server.insecure)", check=check_host),
     Setting("http", "port", I, 8080, "HTTP API port (0 = pick a free one)", lo=0, hi=65535),
+    Setting("http", "header_timeout_seconds", F, 10.0, "a connection must send a request's headers within this "
+            "long of opening, or of its last request's end; else it is closed (idle and slow-header sockets)",
+            lo=0.5, hi=3600),
+    Setting("http", "max_connections", I, 1024, "open HTTP connections at most: one more closes the oldest "
+            "connection with no request in flight, so idle sockets never lock a client out (requests in flight "
+            "are capped apart, at server.parallel + server.queue_size + 32)", lo=16, hi=1 << 20),
     Setting("http", "strict", B, True, "refuse a request field OpenAI's API does not define, naming it (false: "
             "ignore it and name it in the x-edgespec-warning response header)"),
     Setting("metrics", "enabled", B, False, "serve Prometheus text metrics over HTTP"),
