@@ -313,8 +313,9 @@ SETTINGS: tuple[Setting, ...] = (
     _limits("caller_queued", I, 0, "requests one caller may have waiting for a slot beyond its running ones; "
             "beyond: 429 / RESOURCE_EXHAUSTED with Retry-After / grpc-retry-pushback-ms (0 = no cap: "
             "server.queue_size bounds every caller's together)", lo=0, hi=1 << 20),
-    _limits("caller_tokens_per_minute", I, 0, "prompt + completion tokens one caller may use in any 60 s; "
-            "beyond: refused until the window has room (0 = no cap)", lo=0, hi=1 << 40),
+    _limits("caller_tokens_per_minute", I, 0, "prompt + completion tokens one caller may use in any 60 s, "
+            "charged as each request ends (a dropped stream too), its requests in flight holding prompt + "
+            "max_tokens meanwhile; beyond: refused until the window has room (0 = no cap)", lo=0, hi=1 << 40),
     _limits("callers", L, [], "per-caller overrides, \"IDENTITY=CONCURRENT/QUEUED/TOKENS_PER_MINUTE\" or "
             "\"IDENTITY=CONCURRENT/TOKENS_PER_MINUTE\" (queued: caller_queued) (e.g. \"token:batch=2/4/20000\", "
             "\"anonymous=1/5000\"; 0 = no cap); the identities named here are the "

@@ -51,6 +51,8 @@ class CallerPlace(Protocol):
 
     def release(self) -> None: ...  # the job left its slot or the queue
 
+    def used(self, tokens: int) -> None: ...  # tokens the job cost, charged to its caller's window
+
 
 @runtime_checkable
 class LoopEngine(Protocol):
@@ -130,11 +132,17 @@ class Job:
     # its place under the caller's limits ([limits] caller_*): started as the job gets a slot,
     # released as it finishes; None: no per-caller limits
     place: CallerPlace | None = None
+    emitted: int = 0  # tokens it has emitted so far
+    charge_prompt: bool = True  # False: another job of the same request pays for the prompt (n > 1)
 
-    def finish(self) -> None:
-        """The job is done in the engine (a result, an error, or it left the queue)."""
+    def finish(self, charged: bool = False) -> None:
+        """The job is done in the engine (a result, an error, or it left the queue). `charged`:
+        it ran, and what it cost (its prompt and the tokens it emitted) goes into its caller's
+        tokens-per-minute window here, whether or not its client is still there to read the end."""
         self.finished = time.monotonic()
         if self.place is not None:
+            if charged:
+                self.place.used(len(self.prompt_tokens or ()) * self.charge_prompt + self.emitted)
             self.place.release()
 
     def cancel(self) -> None:
@@ -552,7 +560,7 @@ class EngineLoop:
                 except BaseException:  # noqa: BLE001
                     pass
                 active.remove(a)
-                a.job.finish()
+                a.job.finish(charged=True)
                 self.metrics.requests.inc(label="error")
                 a.job.events.put(("error", exc))
             return
@@ -564,6 +572,7 @@ class EngineLoop:
             job = a.job
             if chunk.token_ids and job.first_token is None:
                 job.first_token = time.monotonic()
+            job.emitted += len(chunk.token_ids)
             if chunk.token_ids or chunk.text or chunk.finish_reason:
                 job.events.put(("chunk", chunk))
             if sess.breaker_state is not None:  # an auto request's breaker: the gauge's current state
@@ -590,7 +599,8 @@ class EngineLoop:
             result = GenerationResult("", [], close_reason or "error", len(job.prompt_tokens or ()), SpecStats())
         if close_reason is not None and result.finish_reason != close_reason:
             result.finish_reason = close_reason  # type: ignore[assignment]
-        job.finish()
+        job.emitted = max(job.emitted, len(result.token_ids))
+        job.finish(charged=True)
         if job.shadow_of is not None:
             self._shadow_done(job, result)
             return

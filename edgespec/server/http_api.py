@@ -312,7 +312,6 @@ class HttpApi:
 
     async def _generate_admitted(self, request: Request, rid: str, *, chat: bool, hold: contextlib.ExitStack,
                                  place: Place | Unlimited) -> Response:
-        used = place.used
         body = await self._json(request)
         try:
             req = oa.parse_request(body, chat=chat, policy=self.policy(), models=(self.model_id,), limits=self.limits,
@@ -344,7 +343,7 @@ class HttpApi:
                 for job in jobs:
                     job.cancel()
                 raise
-            return StreamingResponse(self._stream(req, jobs, events, first, rid_out, created, piece, hold, used),
+            return StreamingResponse(self._stream(req, jobs, events, first, rid_out, created, piece, hold),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache", **warning})
         try:
             results = [await self._unary(request, job) for job in jobs]
@@ -352,8 +351,7 @@ class HttpApi:
             for job in jobs:
                 if job.finished is None:
                     job.cancel()
-        n_prompt = len(jobs[0].prompt_tokens or ())
-        used(n_prompt + sum(len(r.token_ids) for r in results))
+        n_prompt = len(jobs[0].prompt_tokens or ())  # what they cost is charged by the engine as each ends
         bodies = [oa.completion_body(req, rid=rid_out, created=created, model=self.model_id, result=r,
                                      prompt_tokens=n_prompt, timings=j.timings(), piece=piece or (lambda t: b""))
                   for r, j in zip(results, jobs)]
@@ -378,9 +376,13 @@ class HttpApi:
             for i in range(req.n):
                 s = req.sampling if req.sampling.seed is None else \
                     dataclasses.replace(req.sampling, seed=(req.sampling.seed + i) % (1 << 63))
+                # in flight until it ends, each choice holds its tokens (the prompt, once) against
+                # the caller's tokens-per-minute limit; the engine charges what it cost as it ends
+                places[i].reserve(len(tokens or ()) * (i == 0) + s.max_tokens)
                 job = Job(request_id=f"{rid}.{i}" if i else rid, sampling=s, speculation=req.speculation,
                           prompt=req.prompt, messages=req.messages, prompt_tokens=tokens, logprobs=req.logprobs,
-                          constraint=req.constraint, deadline=deadline, caller=caller, place=places[i])
+                          constraint=req.constraint, deadline=deadline, caller=caller, place=places[i],
+                          charge_prompt=i == 0)
                 if req.stream:
                     job.events = _Tagged(shared, i)  # type: ignore[assignment]
                 self.loop.submit(job)
@@ -419,8 +421,7 @@ class HttpApi:
 
     async def _stream(self, req: oa.CompletionRequest, jobs: Sequence[Job], events: queue.SimpleQueue,
                       first: list[tuple[str, Any, int]], rid: str, created: int, piece: oa.Piece | None,
-                      hold: contextlib.ExitStack | None = None,
-                      used: Callable[[int], None] | None = None) -> AsyncIterator[bytes]:
+                      hold: contextlib.ExitStack | None = None) -> AsyncIterator[bytes]:
         """The choices' chunks interleaved as they come (choice i's at index i), each choice
         ending with its own finish_reason chunk; then the usage (with include_usage) and [DONE]
         once. A choice that fails ends the stream with the error event; the client going away,
@@ -450,10 +451,7 @@ class HttpApi:
                         offsets[i] += len(c.text)
                         continue
                     result: GenerationResult = value
-                    first_end = all(r is None for r in results)
                     results[i] = result
-                    if used is not None:  # the prompt counted once, with the first choice to end
-                        used(len(result.token_ids) + (len(jobs[i].prompt_tokens or ()) if first_end else 0))
                     self._check_end(result)
                     finish = result.finish_reason
                     if answer is not None:
