@@ -79,7 +79,8 @@ class Slot:
     # what the head-drafting request on this slot lends other slots of its prompt once its prefill
     # is done: the head's positions (which only grow while it runs) and the prompt's features
     lent: HeadCache | None = None
-    caller: str = ""  # the caller whose request left `prefill` (the prompt store's partition)
+    caller: str = ""  # the caller whose requests left what the slot holds (Engine._shares)
+    opened: int = 0  # when a request last took the slot (Engine's count of sessions opened)
 
     @property
     def empty(self) -> bool:
@@ -188,6 +189,7 @@ class Engine:
         # kept prefills beyond the slots' own, in host memory (edgespec/prompt_store.py)
         self.prompt_store = PromptStore(cfg.prompt_cache_bytes, pooled=cfg.prompt_cache_scope == "pooled") \
             if cfg.prompt_cache and cfg.prompt_cache_bytes else None
+        self._opened = 0  # sessions opened: each slot's `opened` says when it was last taken
 
     # -- lifecycle ----------------------------------------------------------------------------
     @classmethod
@@ -615,12 +617,13 @@ class Engine:
             if not self.prompt_cache or len(free) == 1:
                 return free[0]
 
-            def reuse(s: Slot) -> tuple[int, int, bool]:
+            def reuse(s: Slot) -> tuple[int, int, bool, int]:
                 mine = self._shares(s, req)
                 cache = s.cache_of(kind) if kind and mine else None
-                # on a tie, a slot that holds nothing of another caller's (theirs stays for them)
+                # on a tie, a slot that holds nothing of another caller's (theirs stays for them),
+                # then the least recently used
                 return (self._keepable(s, req, kind), cache.reusable(req.prompt_tokens) if cache else 0,
-                        mine or s.empty)
+                        mine or s.empty, -s.opened)
             return max(free, key=reuse)
 
         places = {k: best_slot(k) for k in self.drafter_kinds} or {None: best_slot(None)}
@@ -660,6 +663,8 @@ class Engine:
                 tgt.clear()
             slot.prefill = ()  # nothing reusable from this slot until this prefill has completed
             slot.caller = req.caller
+            self._opened += 1
+            slot.opened = self._opened
             slot.lent = None
             slot.drafting = kind
             sess = Session(self, slot, req, keep=keep, drafter=kind)

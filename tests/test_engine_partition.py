@@ -72,3 +72,17 @@ def test_a_foreign_slot_is_emptied_before_another_caller_uses_it():
     assert eng.slots[0].caller == "token:bob" and len(eng.prompt_store) == 1
     assert list(eng.prompt_store.candidates("token:bob")) == []
     assert eng.generate(_req(SECRET + [9], "token:alice")).stats.cached_prompt_tokens == 128
+
+
+def test_another_callers_request_takes_the_least_recently_used_slot():
+    """Bob's request, which can reuse nothing, takes the slot alice used least recently, and
+    leaves her the one she used last (its draft cache included)."""
+    eng = fake_engine(parallel=2, n_ctx=512, prompt_cache_bytes=0)
+    eng.generate(_req([2] + SECRET[1:], "token:alice"))  # slot 0
+    eng.generate(_req(SECRET, "token:alice"))  # slot 1: the least recently used of two empty ones
+    while eng.idle_work():
+        pass
+    assert eng.slots[1].prefill == tuple(SECRET[:-1])
+    eng.generate(_req([3] * 100, "token:bob"))
+    assert eng.slots[0].caller == "token:bob" and eng.slots[1].caller == "token:alice"
+    assert _reuse(eng.generate(_req(SECRET + [9], "token:alice")))[1] > 0
