@@ -19,6 +19,7 @@ edgespec/controller/drafter_choice.py); each drafter keeps its own acceptance pr
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -177,6 +178,7 @@ class Engine:
         self._threads_applied = cfg.target.n_threads
         self.last_tick = None  # the last tick's TickRecord (edgespec/tick/observe.py)
         self._compiler = None  # the grammar compiler for this vocabulary, made on first use
+        self._compiler_lock = threading.Lock()
         self.tick_totals: dict[str, float] = {}  # seconds per tick phase, ticks, ... since load
         # the cross-request suffix cache (drafters/suffix.py): replies of finished requests that
         # speculated, drafted from by the next ones (partitioned by caller unless pooled)
@@ -254,10 +256,18 @@ class Engine:
     def constraint_matcher(self, spec):
         """A grammar state for one request (edgespec/constraint.py); BadRequest naming the field
         when the constraint does not compile."""
+        return self.compile_constraint(spec)
+
+    def compile_constraint(self, spec):
+        """constraint_matcher from any thread: the daemon compiles each request's constraint in
+        its handler thread (GenerationRequest.matcher), so that neither a large schema, regex or
+        grammar (llguidance drops the GIL while it compiles) nor the first request's reading of the
+        whole vocabulary stalls the engine thread, which decodes every caller's requests."""
         from edgespec.constraint import Compiler, Vocabulary
 
-        if self._compiler is None:
-            self._compiler = Compiler(Vocabulary.from_model(self.target))
+        with self._compiler_lock:
+            if self._compiler is None:
+                self._compiler = Compiler(Vocabulary.from_model(self.target))
         return self._compiler.matcher(spec)
 
     @property

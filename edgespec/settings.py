@@ -303,6 +303,9 @@ SETTINGS: tuple[Setting, ...] = (
     _limits("max_messages", I, 1024, "chat messages in one request (Generate, Tokenize)", lo=1, hi=1 << 20),
     _limits("max_prompt_bytes", I, 1 << 20, "largest prompt in UTF-8 bytes: a prompt, the chat messages' "
             "contents together, or a Tokenize text", lo=1, hi=1 << 30),
+    _limits("max_constraint_bytes", I, 64 << 10, "largest structured-output constraint in UTF-8 bytes: a JSON "
+            "schema, regex or grammar (a request's own, or the one its tools make); it is compiled in the "
+            "request's handler thread, never the engine's", lo=1, hi=1 << 30),
     _limits("max_stop_strings", I, MAX_STOP_STRINGS, "stop strings in one request", lo=0, hi=MAX_STOP_STRINGS),
     _limits("max_stop_chars", I, 256, "longest stop string, in characters", lo=1, hi=4096),
     _limits("anonymous_rpcs", I, 8, "health calls without a valid token served at once (Watch streams "

@@ -117,6 +117,7 @@ class Job:
     prompt_tokens: tuple[int, ...] | None = None
     logprobs: int | None = None  # see GenerationRequest.logprobs
     constraint: Any = None  # a types.ConstraintSpec, or None
+    matcher: Any = None  # `constraint` compiled in the handler's thread (EngineLoop.compile), or None
     caller: str = ""  # the caller's identity (auth.Decision.identity): its suffix cache partition
     tools: Any = None  # an edgespec.tools.ToolSpec (its grammar is `constraint`): the answer is parsed for calls
     deadline: float | None = None  # time.monotonic() value
@@ -212,6 +213,8 @@ class EngineLoop:
         # attribute; the APIs refuse a request needing one it lacks
         self.capabilities: frozenset[str] = frozenset()
         self.encoder: Any = None  # set on the engine thread once the engine is built (see _run)
+        # the engine's thread-safe constraint compiler (Engine.compile_constraint), or None
+        self._compile: Callable[[Any], Any] | None = None
         self.tick_totals: dict[str, float] = {}  # the engine's tick phase totals, after each tick
         self.suffix_cache: dict[str, float] = {}  # the engine's suffix cache stats, after each tick
         self._idle_done = False  # no job, no call and no idle work left (see _run)
@@ -344,6 +347,15 @@ class EngineLoop:
                 **self.metrics.totals(),
             }
 
+    def compile(self, constraint: Any) -> Any:
+        """A request's constraint compiled in the calling handler thread (a grammar state for
+        Job.matcher: one per job, it is stateful), or None when there is none or the engine
+        compiles on its own thread; BadRequest naming the field when it does not compile. A
+        large schema or grammar then costs its own caller the time, never the engine thread."""
+        if constraint is None or self._compile is None:
+            return None
+        return self._compile(constraint)
+
     # ---- the engine thread -----------------------------------------------------------------
 
     def _run(self) -> None:
@@ -352,6 +364,7 @@ class EngineLoop:
             # the engine's thread-safe tokenizer and chat template, for the handler threads (None:
             # this engine has none; its jobs are then tokenised here, on the engine thread)
             self.encoder = engine.encoder
+            self._compile = getattr(engine, "compile_constraint", None)
             engine.warmup()
             self.capabilities = frozenset(engine.capabilities)
         except BaseException as exc:  # noqa: BLE001 - reported to the starter
@@ -521,6 +534,7 @@ class EngineLoop:
             req = GenerationRequest(
                 prompt_tokens=tuple(ids), sampling=job.sampling, speculation=job.speculation,
                 request_id=job.request_id, logprobs=job.logprobs, constraint=job.constraint, caller=job.caller,
+                matcher=job.matcher,
             )
             session = engine.open_session(req)
         except BaseException as exc:  # noqa: BLE001 - BadRequest etc. go back to the caller

@@ -45,7 +45,7 @@ from edgespec.errors import (BadRequest, Cancelled, ConfigError, DeadlineExceede
 from edgespec.logs import bind_request_id, clear_request, get_logger
 from edgespec.server import openai_api as oa
 from edgespec.server import embeddings as emb
-from edgespec.server import pipe
+from edgespec.server import convert, pipe
 from edgespec.server.auth import TokenAuth
 from edgespec.server.callers import UNLIMITED, CallerLimits, Place, Unlimited, current_caller, retry_after_seconds
 from edgespec.server.config import LimitsConfig
@@ -321,11 +321,13 @@ class HttpApi:
                 raise UnknownModel("model", str(exc).split(": ", 1)[-1]) from None
             raise
         caps = self.loop.capabilities
-        if req.constraint is not None and "constraint" not in caps:
+        if req.constraint is not None:
             field = "edgespec.constraint" if isinstance(body.get("edgespec"), dict) and \
                 body["edgespec"].get("constraint") is not None else \
                 "tools" if req.tools is not None and body.get("response_format") is None else "response_format"
-            raise BadRequest(field, "structured output is not available on this server's engine yet")
+            if "constraint" not in caps:
+                raise BadRequest(field, "structured output is not available on this server's engine yet")
+            convert.constraint_within(req.constraint, field, self.limits)
         piece: oa.Piece | None = None
         if req.logprobs is not None:
             pieces = await self._vocabulary()
@@ -334,7 +336,11 @@ class HttpApi:
         tokens = await self._prompt_tokens(req)
         rid_out = ("chatcmpl-" if chat else "cmpl-") + rid
         created = int(time.time())
-        jobs, events = self._submit(req, rid, tokens, deadline, hold, place)
+        # each choice's grammar state, compiled on a worker thread: neither this event loop nor
+        # the engine thread waits for a large schema or grammar
+        matchers = [await anyio.to_thread.run_sync(self.loop.compile, req.constraint, limiter=self.limiter)
+                    for _ in range(req.n)] if req.constraint is not None else [None] * req.n
+        jobs, events = self._submit(req, rid, tokens, deadline, hold, place, matchers)
         warning = _warning_headers(req)
         if req.stream:
             try:  # wait for the first events: an error the engine raises on admission is still a status code
@@ -358,7 +364,8 @@ class HttpApi:
         return JSONResponse(bodies[0] if req.n == 1 else oa.choices_body(bodies), headers=warning)
 
     def _submit(self, req: oa.CompletionRequest, rid: str, tokens: tuple[int, ...] | None, deadline: float | None,
-                hold: contextlib.ExitStack, place: Place | Unlimited) -> tuple[list[Job], queue.SimpleQueue]:
+                hold: contextlib.ExitStack, place: Place | Unlimited,
+                matchers: Sequence[Any] = ()) -> tuple[list[Job], queue.SimpleQueue]:
         """The request's n jobs of the one prompt, submitted together (each its own slot and its own
         place under the caller's limits, `place` the first's; with a seed, choice i samples with
         seed + i).
@@ -381,7 +388,9 @@ class HttpApi:
                 places[i].reserve(len(tokens or ()) * (i == 0) + s.max_tokens)
                 job = Job(request_id=f"{rid}.{i}" if i else rid, sampling=s, speculation=req.speculation,
                           prompt=req.prompt, messages=req.messages, prompt_tokens=tokens, logprobs=req.logprobs,
-                          constraint=req.constraint, deadline=deadline, caller=caller, place=places[i],
+                          constraint=req.constraint, matcher=matchers[i] if matchers else None, deadline=deadline,
+                          caller=caller,
+                          place=places[i],
                           charge_prompt=i == 0)
                 if req.stream:
                     job.events = _Tagged(shared, i)  # type: ignore[assignment]
