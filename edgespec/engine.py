@@ -20,7 +20,7 @@ edgespec/controller/drafter_choice.py); each drafter keeps its own acceptance pr
 from __future__ import annotations
 
 import os
-
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -81,7 +81,13 @@ class Slot:
     # what the head-drafting request on this slot lends other slots of its prompt once its prefill
     # is done: the head's positions (which only grow while it runs) and the prompt's features
     lent: HeadCache | None = None
-    caller: str = ""  # the caller whose request left `prefill` (the prompt store's partition)
+    caller: str = ""  # the caller whose requests left what the slot holds (Engine._shares)
+    opened: int = 0  # when a request last took the slot (Engine's count of sessions opened)
+
+    @property
+    def empty(self) -> bool:
+        """Whether the slot holds nothing a later request could reuse."""
+        return not (self.prefill or self.last_context or self.draft_cache or self.head_cache or self.lent)
 
     def reset(self) -> None:
         """Empty every cache; nothing is reusable."""
@@ -174,6 +180,7 @@ class Engine:
         self._threads_applied = cfg.target.n_threads
         self.last_tick = None  # the last tick's TickRecord (edgespec/tick/observe.py)
         self._compiler = None  # the grammar compiler for this vocabulary, made on first use
+        self._compiler_lock = threading.Lock()
         self.tick_totals: dict[str, float] = {}  # seconds per tick phase, ticks, ... since load
         # the cross-request suffix cache (drafters/suffix.py): replies of finished requests that
         # speculated, drafted from by the next ones (partitioned by caller unless pooled)
@@ -186,6 +193,7 @@ class Engine:
         # kept prefills beyond the slots' own, in host memory (edgespec/prompt_store.py)
         self.prompt_store = PromptStore(cfg.prompt_cache_bytes, pooled=cfg.prompt_cache_scope == "pooled") \
             if cfg.prompt_cache and cfg.prompt_cache_bytes and not target.n_swa else None
+        self._opened = 0  # sessions opened: each slot's `opened` says when it was last taken
 
     # -- lifecycle ----------------------------------------------------------------------------
     @classmethod
@@ -265,10 +273,18 @@ class Engine:
     def constraint_matcher(self, spec):
         """A grammar state for one request (edgespec/constraint.py); BadRequest naming the field
         when the constraint does not compile."""
+        return self.compile_constraint(spec)
+
+    def compile_constraint(self, spec):
+        """constraint_matcher from any thread: the daemon compiles each request's constraint in
+        its handler thread (GenerationRequest.matcher), so that neither a large schema, regex or
+        grammar (llguidance drops the GIL while it compiles) nor the first request's reading of the
+        whole vocabulary stalls the engine thread, which decodes every caller's requests."""
         from edgespec.constraint import Compiler, Vocabulary
 
-        if self._compiler is None:
-            self._compiler = Compiler(Vocabulary.from_model(self.target))
+        with self._compiler_lock:
+            if self._compiler is None:
+                self._compiler = Compiler(Vocabulary.from_model(self.target))
         return self._compiler.matcher(spec)
 
     @property
@@ -330,7 +346,7 @@ class Engine:
         if hdonor is not None:  # the head's positions and features come from another slot
             cache = hdonor.head_to_lend(kind)
         else:
-            cache = slot.cache_of(kind) if self.prompt_cache else None
+            cache = slot.cache_of(kind) if self.prompt_cache and self._shares(slot, req) else None
         held = cache.reusable(prompt) if cache is not None else 0
         backlog = max(1, len(prompt) - 1 - held)
         if kind == "model":
@@ -655,9 +671,13 @@ class Engine:
             if not self.prompt_cache or len(free) == 1:
                 return free[0]
 
-            def reuse(s: Slot) -> tuple[int, int]:
-                cache = s.cache_of(kind) if kind else None
-                return self._keepable(s, req, kind), cache.reusable(req.prompt_tokens) if cache else 0
+            def reuse(s: Slot) -> tuple[int, int, bool, int]:
+                mine = self._shares(s, req)
+                cache = s.cache_of(kind) if kind and mine else None
+                # on a tie, a slot that holds nothing of another caller's (theirs stays for them),
+                # then the least recently used
+                return (self._keepable(s, req, kind), cache.reusable(req.prompt_tokens) if cache else 0,
+                        mine or s.empty, -s.opened)
             return max(free, key=reuse)
 
         places = {k: best_slot(k) for k in self.drafter_kinds} or {None: best_slot(None)}
@@ -666,6 +686,8 @@ class Engine:
         keep, donor, hdonor = self._kept_prefill(slot, req, kind)
         if donor is not None or hdonor is not None or keep < len(slot.prefill):
             self._store(slot)  # what the slot keeps and this request drops, for later ones
+        if not self._shares(slot, req):
+            slot.reset()  # nothing another caller left serves this request (its own partition keeps it)
         slot.busy = True
         try:
             if hdonor is not None:  # the head's positions and features of the prompt, from elsewhere
@@ -695,6 +717,8 @@ class Engine:
                 tgt.clear()
             slot.prefill = ()  # nothing reusable from this slot until this prefill has completed
             slot.caller = req.caller
+            self._opened += 1
+            slot.opened = self._opened
             slot.lent = None
             slot.drafting = kind
             sess = Session(self, slot, req, keep=keep, drafter=kind)
@@ -725,17 +749,20 @@ class Engine:
         if not self.prompt_cache:
             return 0, None, None
         prompt, chunk = req.prompt_tokens, self.reuse_chunk
-        # the slots, then the prompt store's entries of this caller's partition: on a tie the slot's
-        # own cells, then another slot's (a copy inside the cache), then an entry's (written back)
-        places = [*self.slots, *(self.prompt_store.candidates(req.caller) if self.prompt_store else ())]
+        # the slots, then the prompt store's entries, of this caller's partition (`_shares`; `slot`
+        # itself holding nothing for another's): on a tie the slot's own cells, then another
+        # slot's (a copy inside the cache), then an entry's (written back)
+        places = [*(s for s in self.slots if s is slot or self._shares(s, req)),
+                  *(self.prompt_store.candidates(req.caller) if self.prompt_store else ())]
+        foreign = set() if self._shares(slot, req) else {id(slot)}  # `slot` then counts for nothing
         order = {id(p): (p is slot, isinstance(p, Slot)) for p in places}
-        held = {id(p): reusable_prefix(p.prefill, prompt, chunk) for p in places}
+        held = {id(p): 0 if id(p) in foreign else reusable_prefix(p.prefill, prompt, chunk) for p in places}
         best = max(places, key=lambda p: (held[id(p)], *order[id(p)]))
         keep = held[id(best)]
         if kind != "eagle3" or req.speculation.mode == "plain" or not keep:
             return keep, (best if held[id(best)] > held[id(slot)] else None), None
-        head = {id(p): head_reusable(p.cache_of(kind) if p is slot else p.head_to_lend(kind), prompt)
-                for p in places}
+        head = {id(p): 0 if id(p) in foreign else
+                head_reusable(p.cache_of(kind) if p is slot else p.head_to_lend(kind), prompt) for p in places}
         hbest = max(places, key=lambda p: (head[id(p)], *order[id(p)]))
         keep = min(keep, head[id(hbest)]) // chunk * chunk
         if not keep:
@@ -743,6 +770,14 @@ class Engine:
         donor = None if held[id(slot)] >= keep else best
         hdonor = None if head[id(slot)] >= keep else hbest
         return keep, donor, hdonor
+
+    def _shares(self, slot: Slot, req: GenerationRequest) -> bool:
+        """Whether what `slot` holds (its kept prefill, its draft's and head's caches, what idle
+        work added to them, what a running request lends) may serve `req` and count in its reuse
+        figures: with `prompt_cache_scope = "pooled"` always; else only when `req` comes from the
+        caller whose requests left it. A caller reading another's prompt off `cached_tokens` or
+        its time to first token is the attack this closes (docs/appliance.md, threat model)."""
+        return self.cfg.prompt_cache_scope == "pooled" or slot.caller == req.caller
 
     def _store(self, slot: Slot) -> None:
         """Copy what `slot` keeps into the prompt store before a request drops it: the target's
@@ -782,6 +817,8 @@ class Engine:
         reusable prefix, and for a request that may draft with a head (`kind`), no more than the
         head positions the slot keeps (their target features are not computed again), cut to
         whole reuse chunks."""
+        if not self._shares(slot, req):
+            return 0
         chunk = self.reuse_chunk
         prompt = req.prompt_tokens
         keep = reusable_prefix(slot.prefill, prompt, chunk)

@@ -81,7 +81,8 @@ class Session:
         self.suffix = engine.new_suffix_drafter(req)  # the cross-request suffix cache (None: off)
         # structured output: the grammar state of this request (edgespec/constraint.py); every
         # verified row is masked by the state after its node's path, drafts by their parent's
-        self.matcher = engine.constraint_matcher(req.constraint) if req.constraint is not None else None
+        self.matcher = req.matcher if req.matcher is not None else \
+            engine.constraint_matcher(req.constraint) if req.constraint is not None else None
         self.controller = engine.new_controller(req, slot, self.drafter_kind) if self.spec.mode == "auto" else None
         if self.spec.mode in ("chain", "tree") and not has_draft and not self.ngram and not self.suffix:
             raise BadRequest("mode", f"{self.spec.mode} needs a draft model or n-gram drafting")

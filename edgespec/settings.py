@@ -243,10 +243,11 @@ SETTINGS: tuple[Setting, ...] = (
             "positions and features) are copied here, and a later request sharing a longer prefix with one gets "
             "them written back instead of prefilling it again; least recently used first out; 0 = off (restart "
             "to change)", lo=0, hi=1 << 40),
-    _server("prompt_cache_scope", S, "caller", "caller: a kept prompt serves only the caller whose request left "
-            "it (a token's name, a certificate's subject; anonymous callers share one); pooled: any caller, "
-            "which lets a caller time whether another sent a prompt that starts like its own (docs/appliance.md, "
-            "threat model; restart to change)", choices=SUFFIX_SCOPES),
+    _server("prompt_cache_scope", S, "caller", "caller: what a caller's requests leave (a slot's kept prefill, "
+            "the draft's and head's caches, the prompt store's entries) serves and counts only for that caller "
+            "(a token's name, a certificate's subject; anonymous callers share one); pooled (opt-in): any "
+            "caller, which lets a caller read off cached_tokens and time whether another sent a prompt that "
+            "starts like its own (docs/appliance.md, threat model; restart to change)", choices=SUFFIX_SCOPES),
     *_model("target"),
     Setting("target", "rpc_servers", L, [], "llama.cpp rpc-servers (host:port) that hold part of the target's "
             "layers, for a target larger than one box; needs a wheel built with RPC=1 and n_gpu_layers != 0",
@@ -308,6 +309,9 @@ SETTINGS: tuple[Setting, ...] = (
     _limits("max_messages", I, 1024, "chat messages in one request (Generate, Tokenize)", lo=1, hi=1 << 20),
     _limits("max_prompt_bytes", I, 1 << 20, "largest prompt in UTF-8 bytes: a prompt, the chat messages' "
             "contents together, or a Tokenize text", lo=1, hi=1 << 30),
+    _limits("max_constraint_bytes", I, 64 << 10, "largest structured-output constraint in UTF-8 bytes: a JSON "
+            "schema, regex or grammar (a request's own, or the one its tools make); it is compiled in the "
+            "request's handler thread, never the engine's", lo=1, hi=1 << 30),
     _limits("max_stop_strings", I, MAX_STOP_STRINGS, "stop strings in one request", lo=0, hi=MAX_STOP_STRINGS),
     _limits("max_stop_chars", I, 256, "longest stop string, in characters", lo=1, hi=4096),
     _limits("anonymous_rpcs", I, 8, "health calls without a valid token served at once (Watch streams "
@@ -318,8 +322,9 @@ SETTINGS: tuple[Setting, ...] = (
     _limits("caller_queued", I, 0, "requests one caller may have waiting for a slot beyond its running ones; "
             "beyond: 429 / RESOURCE_EXHAUSTED with Retry-After / grpc-retry-pushback-ms (0 = no cap: "
             "server.queue_size bounds every caller's together)", lo=0, hi=1 << 20),
-    _limits("caller_tokens_per_minute", I, 0, "prompt + completion tokens one caller may use in any 60 s; "
-            "beyond: refused until the window has room (0 = no cap)", lo=0, hi=1 << 40),
+    _limits("caller_tokens_per_minute", I, 0, "prompt + completion tokens one caller may use in any 60 s, "
+            "charged as each request ends (a dropped stream too), its requests in flight holding prompt + "
+            "max_tokens meanwhile; beyond: refused until the window has room (0 = no cap)", lo=0, hi=1 << 40),
     _limits("callers", L, [], "per-caller overrides, \"IDENTITY=CONCURRENT/QUEUED/TOKENS_PER_MINUTE\" or "
             "\"IDENTITY=CONCURRENT/TOKENS_PER_MINUTE\" (queued: caller_queued) (e.g. \"token:batch=2/4/20000\", "
             "\"anonymous=1/5000\"; 0 = no cap); the identities named here are the "
@@ -339,6 +344,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("http", "host", S, "127.0.0.1", "HTTP API address (a non-loopback one needs auth tokens or "
             "server.insecure)", check=check_host),
     Setting("http", "port", I, 8080, "HTTP API port (0 = pick a free one)", lo=0, hi=65535),
+    Setting("http", "header_timeout_seconds", F, 10.0, "a connection must send a request's headers within this "
+            "long of opening, or of its last request's end; else it is closed (idle and slow-header sockets)",
+            lo=0.5, hi=3600),
+    Setting("http", "max_connections", I, 1024, "open HTTP connections at most: one more closes the oldest "
+            "connection with no request in flight, so idle sockets never lock a client out (requests in flight "
+            "are capped apart, at server.parallel + server.queue_size + 32)", lo=16, hi=1 << 20),
     Setting("http", "strict", B, True, "refuse a request field OpenAI's API does not define, naming it (false: "
             "ignore it and name it in the x-edgespec-warning response header)"),
     Setting("metrics", "enabled", B, False, "serve Prometheus text metrics over HTTP"),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from edgespec.errors import BadRequest
 from edgespec.sampling import SamplingParams
@@ -72,6 +72,9 @@ class GenerationRequest:
     constraint: ConstraintSpec | None = None
     # who asks ("token:<name>", "cert:<subject>", "" for anonymous): the suffix cache's partition
     caller: str = ""
+    # `constraint` compiled already (a constraint.Matcher from Engine.compile_constraint, in the
+    # caller's thread), or None: the engine compiles it as the session opens
+    matcher: Any = None
 
 
 MAX_TOP_LOGPROBS = 20

@@ -70,3 +70,25 @@ def test_the_tokens_the_grammar_forces_ride_along_as_free_drafts(engine):
     n, kinds, draft_forwards = first["auto"]
     assert n >= 3 and draft_forwards == 0  # `{"`, `name`, then the target's own `":"`
     assert set(kinds) <= {"forced", "ngram"}
+
+
+def test_a_constraint_compiled_on_another_thread_decodes_the_same(engine, monkeypatch):
+    """Engine.compile_constraint in a handler's thread (the daemon's way), handed over as
+    GenerationRequest.matcher: the engine thread compiles nothing, and the output is the one it
+    gets compiling the constraint itself."""
+    import dataclasses
+    import threading
+
+    req = request(engine, PROMPTS[0], "chain")
+    want = engine.generate(req)
+    box = []
+    worker = threading.Thread(target=lambda: box.append(engine.compile_constraint(req.constraint)))
+    worker.start()
+    worker.join(60)
+
+    def refuse(spec):  # noqa: ANN001, ANN202
+        raise AssertionError("compiled on the engine thread")
+
+    monkeypatch.setattr(engine, "constraint_matcher", refuse)
+    got = engine.generate(dataclasses.replace(req, matcher=box[0]))
+    assert got.token_ids == want.token_ids and got.finish_reason == "eos"

@@ -43,8 +43,19 @@ def read_named_hashes(path: str | Path) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def read_token_file(path: str | Path) -> tuple[tuple[str, str], ...]:
+    """read_named_hashes of a configured token file, which must hold at least one hash: an empty,
+    comment-only or truncated file is a ConfigError (at start, in `config validate` and on reload),
+    never a daemon that answers everyone because no hash was loaded."""
+    out = read_named_hashes(path)
+    if not out:
+        raise ConfigError(str(path), "holds no token hash (an empty or truncated file locks nobody out: unset the "
+                          "setting to turn tokens off, or add a hash with `edgespec config hash-token`)")
+    return out
+
+
 def read_hashes(path: str | Path) -> tuple[str, ...]:
-    return tuple(h for _, h in read_named_hashes(path))
+    return tuple(h for _, h in read_token_file(path))
 
 
 def valid_name(name: str) -> bool:
@@ -77,27 +88,32 @@ class TokenAuth:
     names: tuple[tuple[str, str], ...] = ()  # (hash, name) of every token
     client_certs: bool = False  # mutual TLS: a verified client certificate is an identity
     admin_subjects: tuple[str, ...] = ()  # certificate subjects (or CNs) with admin rights
+    # token files are configured: callers must present a token (or a certificate), whatever the
+    # files held. Fail closed: no loaded hash never means "everyone"
+    required: bool = False
 
     @classmethod
     def from_files(cls, tokens_file: str = "", admin_tokens_file: str = "", *, client_certs: bool = False,
                    admin_subjects: tuple[str, ...] = ()) -> "TokenAuth":
-        users = read_named_hashes(tokens_file) if tokens_file else ()
-        admins = read_named_hashes(admin_tokens_file) if admin_tokens_file else ()
+        users = read_token_file(tokens_file) if tokens_file else ()
+        admins = read_token_file(admin_tokens_file) if admin_tokens_file else ()
         return cls(
             tokens=tuple(h for _, h in users),
             admin_tokens=tuple(h for _, h in admins),
             names=tuple((h, name) for name, h in (*users, *admins)),
             client_certs=client_certs,
             admin_subjects=tuple(admin_subjects),
+            required=bool(tokens_file or admin_tokens_file),
         )
 
     @property
     def enabled(self) -> bool:
-        return bool(self.tokens or self.admin_tokens or self.client_certs)
+        return bool(self.required or self.tokens or self.admin_tokens or self.client_certs)
 
     @property
     def has_tokens(self) -> bool:
-        return bool(self.tokens or self.admin_tokens)
+        """Bearer tokens are in force (token files configured, or hashes given): /metrics asks for one."""
+        return bool(self.required or self.tokens or self.admin_tokens)
 
     def needs_subject(self, authorization: str | None) -> bool:
         """Whether decide() depends on the client certificate: no bearer token, under mutual TLS.

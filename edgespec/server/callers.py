@@ -100,6 +100,12 @@ class Place:
     def __init__(self, limits: "CallerLimits", identity: str, state: str):
         self._limits, self.identity, self.state = limits, identity, state
         self.engine_held = False  # started by the engine loop: it releases the place, not the handler
+        self.reserved = 0  # tokens this request may still use (prompt + max_tokens), until released
+
+    def reserve(self, tokens: int) -> None:
+        """The most tokens the request may use: counted against its caller's tokens-per-minute
+        limit while it is in flight, so that concurrent requests cannot overshoot it together."""
+        self._limits._reserve(self, tokens)
 
     def start(self) -> bool:
         """Queued -> running if the caller is under its concurrent limit (the engine thread, as
@@ -130,6 +136,7 @@ class CallerLimits:
         self._lock = threading.Lock()
         self._counts: dict[str, _Counts] = {}  # identities with places now (none left: removed)
         self._used: dict[str, deque[tuple[float, int]]] = {}  # identity -> (time, tokens) in the window
+        self._reserved: dict[str, int] = {}  # identity -> tokens its requests in flight may still use
         self.figures: dict[str, Figures] = {k: Figures() for k in (*self.named, OTHER)}
 
     def caps(self, identity: str) -> Caps:
@@ -173,11 +180,13 @@ class CallerLimits:
                                    f"(limits.caller_concurrent / limits.callers)", RETRY_SECONDS)
             if caps.tokens_per_minute:
                 used = self._window(identity, now)
-                total = sum(t for _, t in used)
+                # what the window holds and what the caller's requests in flight may still use
+                total = sum(t for _, t in used) + self._reserved.get(identity, 0)
                 if total >= caps.tokens_per_minute:
                     wait = used[0][0] + WINDOW_SECONDS - now if used else RETRY_SECONDS
-                    raise self._refuse(fig, "tokens", f"{identity} used {total} tokens in the last minute, its "
-                                       f"limit (limits.caller_tokens_per_minute / limits.callers)", wait)
+                    raise self._refuse(fig, "tokens", f"{identity} used or holds in flight {total} tokens of the "
+                                       f"last minute, its limit (limits.caller_tokens_per_minute / limits.callers)",
+                                       wait)
             self._counts[identity] = n
             fig.requests += 1
             if queued:
@@ -225,8 +234,27 @@ class CallerLimits:
                 n.running -= 1
                 fig.running -= 1
             p.state = "released"
+            self._unreserve(p)
             if not n.running and not n.queued:
                 del self._counts[p.identity]
+
+    def _reserve(self, p: Place, tokens: int) -> None:
+        with self._lock:
+            if p.state == "released":
+                return
+            self._unreserve(p)
+            p.reserved = max(0, int(tokens))
+            if p.reserved:
+                self._reserved[p.identity] = self._reserved.get(p.identity, 0) + p.reserved
+
+    def _unreserve(self, p: Place) -> None:  # under the lock
+        if p.reserved:
+            left = self._reserved.get(p.identity, 0) - p.reserved
+            if left > 0:
+                self._reserved[p.identity] = left
+            else:
+                self._reserved.pop(p.identity, None)
+            p.reserved = 0
 
     def _count_tokens(self, identity: str, tokens: int) -> None:
         with self._lock:
@@ -264,6 +292,9 @@ class Unlimited:
     close = release
 
     def used(self, tokens: int) -> None:
+        pass
+
+    def reserve(self, tokens: int) -> None:
         pass
 
 

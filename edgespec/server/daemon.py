@@ -156,6 +156,26 @@ def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
+# gRPC connections: a socket that has not finished its HTTP/2 handshake within 10 s is closed,
+# one with no call for 5 minutes too, and any after an hour (GOAWAY: clients reconnect, the
+# calls it carries finish first); keepalive pings find dead peers, and a client may ping an
+# idle connection at most every 10 s (more often and the server closes it)
+GRPC_CONNECTION_OPTIONS = (
+    ("grpc.server_handshake_timeout_ms", 10_000),
+    ("grpc.max_connection_idle_ms", 300_000),
+    ("grpc.max_connection_age_ms", 3_600_000),
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_ping_strikes", 2),
+    ("grpc.max_concurrent_streams", 100),
+)
+# what a connection past its age is given for its running calls beyond the drain's grace: a
+# long generation (a few thousand tokens at a few tokens per second on a CPU)
+MAX_REQUEST_SECONDS = 3600
+
+
 def auth_from_config(cfg: DaemonConfig) -> TokenAuth:
     return TokenAuth.from_files(cfg.auth.tokens_file, cfg.auth.admin_tokens_file,
                                 client_certs=bool(cfg.tls.client_ca), admin_subjects=cfg.auth.admin_subjects)
@@ -339,6 +359,10 @@ class Daemon:
             ("grpc.max_receive_message_length", s.max_message_bytes),
             ("grpc.max_send_message_length", s.max_message_bytes),
             ("grpc.so_reuseport", 0),
+            *GRPC_CONNECTION_OPTIONS,
+            # a connection may live this long, then it is asked to go (GOAWAY); its running
+            # requests get the drain's grace and the longest a request may take to finish
+            ("grpc.max_connection_age_grace_ms", int(1000 * (s.grace_seconds + MAX_REQUEST_SECONDS))),
         ]
         # anonymous health calls (limits.anonymous_rpcs) run on the interceptor's own pool and
         # count on top of authorised work's `workers`, as do their momentary refusals
@@ -441,8 +465,22 @@ class Daemon:
         log.info("stopped")
 
 
+def _raise_open_files() -> None:
+    """The soft limit on open files up to the hard one: a login shell's soft 1,024 would cap the
+    three listeners' connections together (the unit's LimitNOFILE sets both)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else max(soft, 65536), hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
 def run(cfg: DaemonConfig, engine_factory: Callable[[], Any] | None = None) -> int:
     """The `edgespec serve` main loop. Returns the exit code (0 on SIGTERM/SIGINT)."""
+    _raise_open_files()
     daemon = Daemon(cfg, engine_factory)
     stop = threading.Event()
     reload = threading.Event()

@@ -51,6 +51,8 @@ class CallerPlace(Protocol):
 
     def release(self) -> None: ...  # the job left its slot or the queue
 
+    def used(self, tokens: int) -> None: ...  # tokens the job cost, charged to its caller's window
+
 
 @runtime_checkable
 class LoopEngine(Protocol):
@@ -115,6 +117,7 @@ class Job:
     prompt_tokens: tuple[int, ...] | None = None
     logprobs: int | None = None  # see GenerationRequest.logprobs
     constraint: Any = None  # a types.ConstraintSpec, or None
+    matcher: Any = None  # `constraint` compiled in the handler's thread (EngineLoop.compile), or None
     caller: str = ""  # the caller's identity (auth.Decision.identity): its suffix cache partition
     tools: Any = None  # an edgespec.tools.ToolSpec (its grammar is `constraint`): the answer is parsed for calls
     deadline: float | None = None  # time.monotonic() value
@@ -130,11 +133,17 @@ class Job:
     # its place under the caller's limits ([limits] caller_*): started as the job gets a slot,
     # released as it finishes; None: no per-caller limits
     place: CallerPlace | None = None
+    emitted: int = 0  # tokens it has emitted so far
+    charge_prompt: bool = True  # False: another job of the same request pays for the prompt (n > 1)
 
-    def finish(self) -> None:
-        """The job is done in the engine (a result, an error, or it left the queue)."""
+    def finish(self, charged: bool = False) -> None:
+        """The job is done in the engine (a result, an error, or it left the queue). `charged`:
+        it ran, and what it cost (its prompt and the tokens it emitted) goes into its caller's
+        tokens-per-minute window here, whether or not its client is still there to read the end."""
         self.finished = time.monotonic()
         if self.place is not None:
+            if charged:
+                self.place.used(len(self.prompt_tokens or ()) * self.charge_prompt + self.emitted)
             self.place.release()
 
     def cancel(self) -> None:
@@ -204,6 +213,8 @@ class EngineLoop:
         # attribute; the APIs refuse a request needing one it lacks
         self.capabilities: frozenset[str] = frozenset()
         self.encoder: Any = None  # set on the engine thread once the engine is built (see _run)
+        # the engine's thread-safe constraint compiler (Engine.compile_constraint), or None
+        self._compile: Callable[[Any], Any] | None = None
         self.tick_totals: dict[str, float] = {}  # the engine's tick phase totals, after each tick
         self.suffix_cache: dict[str, float] = {}  # the engine's suffix cache stats, after each tick
         self._idle_done = False  # no job, no call and no idle work left (see _run)
@@ -336,6 +347,15 @@ class EngineLoop:
                 **self.metrics.totals(),
             }
 
+    def compile(self, constraint: Any) -> Any:
+        """A request's constraint compiled in the calling handler thread (a grammar state for
+        Job.matcher: one per job, it is stateful), or None when there is none or the engine
+        compiles on its own thread; BadRequest naming the field when it does not compile. A
+        large schema or grammar then costs its own caller the time, never the engine thread."""
+        if constraint is None or self._compile is None:
+            return None
+        return self._compile(constraint)
+
     # ---- the engine thread -----------------------------------------------------------------
 
     def _run(self) -> None:
@@ -344,6 +364,7 @@ class EngineLoop:
             # the engine's thread-safe tokenizer and chat template, for the handler threads (None:
             # this engine has none; its jobs are then tokenised here, on the engine thread)
             self.encoder = engine.encoder
+            self._compile = getattr(engine, "compile_constraint", None)
             engine.warmup()
             self.capabilities = frozenset(engine.capabilities)
         except BaseException as exc:  # noqa: BLE001 - reported to the starter
@@ -513,6 +534,7 @@ class EngineLoop:
             req = GenerationRequest(
                 prompt_tokens=tuple(ids), sampling=job.sampling, speculation=job.speculation,
                 request_id=job.request_id, logprobs=job.logprobs, constraint=job.constraint, caller=job.caller,
+                matcher=job.matcher,
             )
             session = engine.open_session(req)
         except BaseException as exc:  # noqa: BLE001 - BadRequest etc. go back to the caller
@@ -552,7 +574,7 @@ class EngineLoop:
                 except BaseException:  # noqa: BLE001
                     pass
                 active.remove(a)
-                a.job.finish()
+                a.job.finish(charged=True)
                 self.metrics.requests.inc(label="error")
                 a.job.events.put(("error", exc))
             return
@@ -564,6 +586,7 @@ class EngineLoop:
             job = a.job
             if chunk.token_ids and job.first_token is None:
                 job.first_token = time.monotonic()
+            job.emitted += len(chunk.token_ids)
             if chunk.token_ids or chunk.text or chunk.finish_reason:
                 job.events.put(("chunk", chunk))
             if sess.breaker_state is not None:  # an auto request's breaker: the gauge's current state
@@ -590,7 +613,8 @@ class EngineLoop:
             result = GenerationResult("", [], close_reason or "error", len(job.prompt_tokens or ()), SpecStats())
         if close_reason is not None and result.finish_reason != close_reason:
             result.finish_reason = close_reason  # type: ignore[assignment]
-        job.finish()
+        job.emitted = max(job.emitted, len(result.token_ids))
+        job.finish(charged=True)
         if job.shadow_of is not None:
             self._shadow_done(job, result)
             return

@@ -45,7 +45,7 @@ from edgespec.errors import (BadRequest, Cancelled, ConfigError, DeadlineExceede
 from edgespec.logs import bind_request_id, clear_request, get_logger
 from edgespec.server import openai_api as oa
 from edgespec.server import embeddings as emb
-from edgespec.server import pipe
+from edgespec.server import convert, pipe
 from edgespec.server.auth import TokenAuth
 from edgespec.server.callers import UNLIMITED, CallerLimits, Place, Unlimited, current_caller, retry_after_seconds
 from edgespec.server.config import LimitsConfig
@@ -312,7 +312,6 @@ class HttpApi:
 
     async def _generate_admitted(self, request: Request, rid: str, *, chat: bool, hold: contextlib.ExitStack,
                                  place: Place | Unlimited) -> Response:
-        used = place.used
         body = await self._json(request)
         try:
             req = oa.parse_request(body, chat=chat, policy=self.policy(), models=(self.model_id,), limits=self.limits,
@@ -322,11 +321,13 @@ class HttpApi:
                 raise UnknownModel("model", str(exc).split(": ", 1)[-1]) from None
             raise
         caps = self.loop.capabilities
-        if req.constraint is not None and "constraint" not in caps:
+        if req.constraint is not None:
             field = "edgespec.constraint" if isinstance(body.get("edgespec"), dict) and \
                 body["edgespec"].get("constraint") is not None else \
                 "tools" if req.tools is not None and body.get("response_format") is None else "response_format"
-            raise BadRequest(field, "structured output is not available on this server's engine yet")
+            if "constraint" not in caps:
+                raise BadRequest(field, "structured output is not available on this server's engine yet")
+            convert.constraint_within(req.constraint, field, self.limits)
         piece: oa.Piece | None = None
         if req.logprobs is not None:
             pieces = await self._vocabulary()
@@ -335,7 +336,11 @@ class HttpApi:
         tokens = await self._prompt_tokens(req)
         rid_out = ("chatcmpl-" if chat else "cmpl-") + rid
         created = int(time.time())
-        jobs, events = self._submit(req, rid, tokens, deadline, hold, place)
+        # each choice's grammar state, compiled on a worker thread: neither this event loop nor
+        # the engine thread waits for a large schema or grammar
+        matchers = [await anyio.to_thread.run_sync(self.loop.compile, req.constraint, limiter=self.limiter)
+                    for _ in range(req.n)] if req.constraint is not None else [None] * req.n
+        jobs, events = self._submit(req, rid, tokens, deadline, hold, place, matchers)
         warning = _warning_headers(req)
         if req.stream:
             try:  # wait for the first events: an error the engine raises on admission is still a status code
@@ -344,7 +349,7 @@ class HttpApi:
                 for job in jobs:
                     job.cancel()
                 raise
-            return StreamingResponse(self._stream(req, jobs, events, first, rid_out, created, piece, hold, used),
+            return StreamingResponse(self._stream(req, jobs, events, first, rid_out, created, piece, hold),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache", **warning})
         try:
             results = [await self._unary(request, job) for job in jobs]
@@ -352,15 +357,15 @@ class HttpApi:
             for job in jobs:
                 if job.finished is None:
                     job.cancel()
-        n_prompt = len(jobs[0].prompt_tokens or ())
-        used(n_prompt + sum(len(r.token_ids) for r in results))
+        n_prompt = len(jobs[0].prompt_tokens or ())  # what they cost is charged by the engine as each ends
         bodies = [oa.completion_body(req, rid=rid_out, created=created, model=self.model_id, result=r,
                                      prompt_tokens=n_prompt, timings=j.timings(), piece=piece or (lambda t: b""))
                   for r, j in zip(results, jobs)]
         return JSONResponse(bodies[0] if req.n == 1 else oa.choices_body(bodies), headers=warning)
 
     def _submit(self, req: oa.CompletionRequest, rid: str, tokens: tuple[int, ...] | None, deadline: float | None,
-                hold: contextlib.ExitStack, place: Place | Unlimited) -> tuple[list[Job], queue.SimpleQueue]:
+                hold: contextlib.ExitStack, place: Place | Unlimited,
+                matchers: Sequence[Any] = ()) -> tuple[list[Job], queue.SimpleQueue]:
         """The request's n jobs of the one prompt, submitted together (each its own slot and its own
         place under the caller's limits, `place` the first's; with a seed, choice i samples with
         seed + i).
@@ -378,9 +383,15 @@ class HttpApi:
             for i in range(req.n):
                 s = req.sampling if req.sampling.seed is None else \
                     dataclasses.replace(req.sampling, seed=(req.sampling.seed + i) % (1 << 63))
+                # in flight until it ends, each choice holds its tokens (the prompt, once) against
+                # the caller's tokens-per-minute limit; the engine charges what it cost as it ends
+                places[i].reserve(len(tokens or ()) * (i == 0) + s.max_tokens)
                 job = Job(request_id=f"{rid}.{i}" if i else rid, sampling=s, speculation=req.speculation,
                           prompt=req.prompt, messages=req.messages, prompt_tokens=tokens, logprobs=req.logprobs,
-                          constraint=req.constraint, deadline=deadline, caller=caller, place=places[i])
+                          constraint=req.constraint, matcher=matchers[i] if matchers else None, deadline=deadline,
+                          caller=caller,
+                          place=places[i],
+                          charge_prompt=i == 0)
                 if req.stream:
                     job.events = _Tagged(shared, i)  # type: ignore[assignment]
                 self.loop.submit(job)
@@ -419,8 +430,7 @@ class HttpApi:
 
     async def _stream(self, req: oa.CompletionRequest, jobs: Sequence[Job], events: queue.SimpleQueue,
                       first: list[tuple[str, Any, int]], rid: str, created: int, piece: oa.Piece | None,
-                      hold: contextlib.ExitStack | None = None,
-                      used: Callable[[int], None] | None = None) -> AsyncIterator[bytes]:
+                      hold: contextlib.ExitStack | None = None) -> AsyncIterator[bytes]:
         """The choices' chunks interleaved as they come (choice i's at index i), each choice
         ending with its own finish_reason chunk; then the usage (with include_usage) and [DONE]
         once. A choice that fails ends the stream with the error event; the client going away,
@@ -450,10 +460,7 @@ class HttpApi:
                         offsets[i] += len(c.text)
                         continue
                     result: GenerationResult = value
-                    first_end = all(r is None for r in results)
                     results[i] = result
-                    if used is not None:  # the prompt counted once, with the first choice to end
-                        used(len(result.token_ids) + (len(jobs[i].prompt_tokens or ()) if first_end else 0))
                     self._check_end(result)
                     finish = result.finish_reason
                     if answer is not None:

@@ -33,6 +33,7 @@ from edgespec.server import embeddings as emb
 from edgespec.server.auth import TokenAuth
 from edgespec.server.callers import CallerLimits
 from edgespec.server.config import DaemonConfig
+from edgespec.server.connections import ConnectionGuard
 from edgespec.server.engine_loop import EngineLoop
 from edgespec.server.http_api import HttpApi
 from edgespec.server.policy import Policy
@@ -192,11 +193,15 @@ class HttpServer:
         except OSError as exc:
             sock.close()
             raise ConfigError("http.port", f"cannot listen on {h.host}:{h.port}: {exc}") from None
-        sock.listen(128)
+        sock.listen(max(128, min(h.max_connections, 4096)))
         sock.set_inheritable(True)
         self._sock = sock
         self.port = sock.getsockname()[1]
-        app: Callable = self.api.app
+        # idle and slow-header connections are timed out and never hold a request's place
+        # (edgespec/server/connections.py); uvicorn's own cap counted them
+        self.guard = ConnectionGuard(h.header_timeout_seconds, h.max_connections, self._workers)
+        app: Callable = self.guard.app(self.api.app)
+        protocol = import_from_string(HTTP_PROTOCOLS["h11"])
         tls: dict[str, Any] = {}
         if t.enabled:
             tls = {"ssl_certfile": str(Path(t.cert).expanduser()), "ssl_keyfile": str(Path(t.key).expanduser()),
@@ -204,12 +209,13 @@ class HttpServer:
             if t.client_ca:
                 peers = PeerCertificates()
                 app = peers.app(app)
-                tls.update(ssl_ca_certs=str(Path(t.client_ca).expanduser()), ssl_cert_reqs=ssl.CERT_REQUIRED,
-                           http=peers.protocol(import_from_string(HTTP_PROTOCOLS["h11"])))
+                tls.update(ssl_ca_certs=str(Path(t.client_ca).expanduser()), ssl_cert_reqs=ssl.CERT_REQUIRED)
+                protocol = peers.protocol(protocol)
         config = uvicorn.Config(
             app, log_config=None, access_log=False, lifespan="off", server_header=False,
-            limit_concurrency=self._workers, timeout_graceful_shutdown=self.cfg.server.grace_seconds,
-            timeout_keep_alive=5, **tls)
+            http=self.guard.protocol(protocol), limit_concurrency=None,
+            timeout_graceful_shutdown=self.cfg.server.grace_seconds, timeout_keep_alive=5,
+            backlog=max(128, min(h.max_connections, 4096)), **tls)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
                                         name="edgespec-http", daemon=True)

@@ -272,9 +272,65 @@ class Metrics:
         return encoder(self.registry), content_type
 
 
+# /metrics is a thread per connection (wsgiref): every read and write on a scrape's socket must
+# finish within this long, and at most METRICS_CONNECTIONS are open; one more closes the oldest that
+# is still sending its request line and headers (an idle or slow-header socket), never a scrape
+METRICS_TIMEOUT_SECONDS = 5.0
+METRICS_CONNECTIONS = 32
+
+
 class _QuietHandler(wsgiref.simple_server.WSGIRequestHandler):
+    timeout = METRICS_TIMEOUT_SECONDS  # socketserver.StreamRequestHandler: the socket's timeout
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the access line is not logged
         pass
+
+    def parse_request(self) -> bool:  # reads the request line's headers
+        ok = super().parse_request()
+        self.server.headers_read(self.connection)  # type: ignore[attr-defined]
+        return ok
+
+
+class _BoundedServer(ThreadingWSGIServer):
+    """ThreadingWSGIServer with at most METRICS_CONNECTIONS connections (threads) open."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self._reading: dict[socket.socket, None] = {}  # still sending their request, oldest first
+        self.evicted = 0
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._lock:
+            if len(self._open) >= METRICS_CONNECTIONS:
+                victim = next(iter(self._reading), None)
+                if victim is None:  # every connection is being answered: this one is refused
+                    request.close()
+                    return
+                del self._reading[victim]
+                self._open.discard(victim)  # counted no more, though its thread takes a moment to end
+                self.evicted += 1
+                try:
+                    victim.shutdown(socket.SHUT_RDWR)  # its thread's read ends; it closes the socket
+                except OSError:
+                    pass
+            self._open.add(request)
+            self._reading[request] = None
+        super().process_request(request, client_address)
+
+    def headers_read(self, request: socket.socket) -> None:
+        with self._lock:
+            self._reading.pop(request, None)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._lock:
+            self._open.discard(request)
+            self._reading.pop(request, None)
+        super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a timed-out, evicted or reset connection: nothing to report
 
 
 def serve_metrics(metrics: Metrics, host: str, port: int,
@@ -294,7 +350,8 @@ def serve_metrics(metrics: Metrics, host: str, port: int,
             return [b""]
         return exporter(environ, start_response)
 
-    class Server(ThreadingWSGIServer):
+    class Server(_BoundedServer):
+        request_queue_size = 128  # the listen backlog (socketserver's 5 dropped a burst's SYNs)
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
     srv = wsgiref.simple_server.make_server(host.strip("[]"), port, app, Server, handler_class=_QuietHandler)

@@ -80,13 +80,17 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             if constraint is not None and spec.calls_allowed:
                 raise BadRequest("sampling.constraint", "cannot be combined with tools unless tools.choice is none")
             constraint = constraint or spec.constraint()
-        if constraint is not None and "constraint" not in self.loop.capabilities:
+        if constraint is not None:
             field = "tools" if spec is not None else "sampling.constraint"
-            raise BadRequest(field, "structured output is not available on this server's engine yet")
+            if "constraint" not in self.loop.capabilities:
+                raise BadRequest(field, "structured output is not available on this server's engine yet")
+            convert.constraint_within(constraint, f"{field}.value" if spec is None else field, self.limits)
         tokens = self._prompt_tokens(prompt, messages, extras, spec)
+        matcher = self.loop.compile(constraint)  # here, in this handler's thread: not the engine's
+        place.reserve(len(tokens or ()) + sampling.max_tokens)  # in flight: counted at admission
         job = Job(request_id=rid, sampling=sampling, speculation=speculation, prompt=prompt,
                   messages=messages, prompt_tokens=tokens, deadline=deadline, logprobs=logprobs,
-                  constraint=constraint, tools=spec, caller=structlog.contextvars.get_contextvars().get("caller", ""),
+                  constraint=constraint, matcher=matcher, tools=spec, caller=structlog.contextvars.get_contextvars().get("caller", ""),
                   place=place)
         self.loop.submit(job)
         context.add_callback(job.cancel)  # client cancel / deadline / server stop -> engine stops within a step
@@ -115,11 +119,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     def _generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext,
                   place: Place | Unlimited) -> pb.GenerateResponse:
-        used = place.used
-        job = self._submit(request, context, place)
+        job = self._submit(request, context, place)  # the engine charges what it cost as it ends
         for kind, value in self._events(job):
             if kind == "result":
-                used(len(job.prompt_tokens or ()) + len(value.token_ids))
                 self._check_end(value)
                 return convert.response(value, text=value.text, token_ids=value.token_ids,
                                         timings=job.timings(), request_id=job.request_id,
@@ -134,8 +136,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     def _generate_stream(self, request: pb.GenerateRequest, context: grpc.ServicerContext,
                          place: Place | Unlimited) -> Iterator[pb.GenerateResponse]:
-        used = place.used
-        job = self._submit(request, context, place)
+        job = self._submit(request, context, place)  # the engine charges what it cost as it ends
         held = None  # the finishing chunk is merged into the final message
         for kind, value in self._events(job):
             if kind == "chunk":
@@ -145,7 +146,6 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     yield convert.response(None, text=value.text, token_ids=value.token_ids, timings=None,
                                            request_id=job.request_id, logprobs=value.logprobs)
             else:
-                used(len(job.prompt_tokens or ()) + len(value.token_ids))
                 self._check_end(value)
                 yield convert.response(value, text=held.text if held else "", token_ids=held.token_ids if held else (),
                                        timings=job.timings(), request_id=job.request_id,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 from edgespec import chat
 from edgespec.errors import BadRequest, Overloaded
@@ -135,6 +136,13 @@ class FakeEngine:
 
     def _touch(self) -> None:
         self.threads.add(threading.get_ident())
+
+    def compile_constraint(self, spec: Any) -> tuple[str, Any, int]:
+        """Engine.compile_constraint, from any thread: a stand-in grammar state naming the spec and
+        the thread that compiled it; a regex "(" does not compile."""
+        if spec.kind == "regex" and spec.value == "(":
+            raise BadRequest("constraint.value", "invalid regex: unbalanced parenthesis")
+        return ("matcher", spec, threading.get_ident())
 
     def warmup(self) -> None:
         self._touch()

@@ -26,3 +26,32 @@ def test_read_hashes(tmp_path):
     f.write_text("plaintext-token\n")
     with pytest.raises(ConfigError, match="line 1"):
         read_hashes(f)
+
+
+@pytest.mark.parametrize("text", ["", "# every token revoked\n\n", "   \n"])
+def test_a_token_file_without_a_hash_is_a_configuration_error(tmp_path, text):
+    """Empty, comment-only or truncated to nothing: refused at start and in `config validate`,
+    never read as "no tokens, everyone allowed" (with or without an admin file beside it)."""
+    from edgespec.server.config import InvalidConfig, load
+
+    empty, admins = tmp_path / "tokens", tmp_path / "admins"
+    empty.write_text(text)
+    admins.write_text(hash_token("a") + "\n")
+    for files in ({"tokens_file": str(empty)}, {"admin_tokens_file": str(empty)},
+                  {"tokens_file": str(empty), "admin_tokens_file": str(admins)}):
+        with pytest.raises(ConfigError, match="no token hash"):
+            TokenAuth.from_files(**files)
+        with pytest.raises(InvalidConfig) as e:
+            load(None, env={}, overrides={"server": {"host": "0.0.0.0"}, "auth": files})
+        assert [k for k, _ in e.value.problems] == [f"auth.{k}" for k, v in files.items() if v == str(empty)]
+
+
+def test_configured_token_files_fail_closed_whatever_they_hold():
+    """A TokenAuth whose files were configured allows no one without a valid token even if no
+    hash was loaded: Admin, Inference and the HTTP API refuse; Health stays open."""
+    a = TokenAuth(required=True)
+    assert a.enabled and a.has_tokens
+    for method in ("/edgespec.v1.Inference/Generate", "/edgespec.v1.Admin/Drain", "/edgespec.v1.Inference/HTTP"):
+        assert a.check(method, None) == "unauthenticated"
+        assert a.check(method, "Bearer anything") == "unauthenticated"
+    assert a.check("/grpc.health.v1.Health/Check", None) is None

@@ -282,3 +282,66 @@ def test_per_caller_figures_in_stats_and_metrics(make_daemon, named_tokens):  # 
     a1.cancel()
     a2.cancel()
     wait_for(lambda: r.daemon.callers.counts(DASH) == (0, 0))
+
+
+# ---- the tokens-per-minute limit under disconnects and concurrency -------------------------------
+
+
+def test_requests_in_flight_hold_their_tokens_against_the_limit():
+    """Admission counts what the caller's requests in flight may still use (prompt + max_tokens):
+    concurrent requests overshoot the limit by one request at most, not by all of them."""
+    lim = CallerLimits(LimitsConfig(caller_tokens_per_minute=100))
+    a = lim.place("anonymous")
+    a.reserve(60)
+    b = lim.place("anonymous")  # 60 < 100: admitted
+    b.reserve(60)
+    with pytest.raises(CallerLimited) as e:
+        lim.place("anonymous")  # 120 held in flight
+    assert e.value.reason == "tokens" and "in flight" in str(e.value)
+    a.used(10)  # a ended having used 10 of its 60
+    a.release()
+    lim.place("anonymous").release()  # 10 used + 60 held by b
+    b.release()
+    assert not lim._reserved
+
+
+def _tpm_daemon(make_daemon, cap: int):  # noqa: ANN001, ANN202
+    return make_daemon(http=HTTP, step_seconds=0.03, limits={"caller_tokens_per_minute": cap})
+
+
+@pytest.mark.parametrize("api", ["grpc", "http"])
+def test_a_stream_the_client_drops_is_still_charged(make_daemon, api):
+    """A client that reads a chunk and goes away (before the final message, which is where the
+    handler used to charge) is charged what the engine did for it: its next request is refused."""
+    r = _tpm_daemon(make_daemon, cap=2)  # the prompt and the first chunk reach it
+    lim = r.daemon.callers
+    if api == "grpc":
+        stream = r.inference.GenerateStream(req(max_tokens=40), timeout=20)
+        next(stream)
+        stream.cancel()
+    else:
+        import http.client
+        import json
+
+        conn = http.client.HTTPConnection("127.0.0.1", r.daemon.http_port, timeout=20)
+        conn.request("POST", "/v1/completions", body=json.dumps({"model": MODEL, "prompt": "Hello",
+                                                                 "max_tokens": 40, "stream": True}),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.readline().startswith(b"data: ")
+        conn.close()
+    wait_for(lambda: lim.counts("anonymous") == (0, 0) and r.daemon.loop.stats()["active_requests"] == 0)
+    assert lim.snapshot()[OTHER]["tokens"] >= 2  # the prompt and what it emitted
+    with pytest.raises(grpc.RpcError) as e:
+        r.inference.Generate(req(max_tokens=2), timeout=5)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "tokens" in e.value.details()
+
+
+def test_a_request_in_flight_holds_its_tokens_against_a_concurrent_one(make_daemon):
+    r = _tpm_daemon(make_daemon, cap=40)
+    stream = r.inference.GenerateStream(req(max_tokens=40), timeout=20)
+    next(stream)  # running, nothing charged yet: it holds prompt + 40 tokens
+    with pytest.raises(grpc.RpcError) as e:
+        r.inference.Generate(req(max_tokens=40), timeout=5)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "in flight" in e.value.details()
+    stream.cancel()

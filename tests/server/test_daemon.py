@@ -371,6 +371,26 @@ def test_auth(make_daemon, token_files):
     assert r.inference.Generate(req(max_tokens=2), timeout=5, metadata=admin).text
 
 
+def test_a_reload_that_reads_an_emptied_token_file_keeps_the_old_tokens(make_daemon, token_files):
+    """SIGHUP over a token file truncated to nothing (or to comments) fails, and the tokens in
+    force stay: the user's token still works, no token is still refused."""
+    from pathlib import Path
+
+    r = make_daemon(auth=token_files)
+    user = (("authorization", "Bearer user-secret"),)
+    for text in ("", "# revoked\n"):
+        Path(token_files["tokens_file"]).write_text(text)
+        assert not r.daemon.reload() and not r.daemon.last_reload["ok"]
+        assert "no token hash" in r.daemon.last_reload["error"]
+        assert r.inference.Generate(req(max_tokens=2), timeout=5, metadata=user).text
+        with pytest.raises(grpc.RpcError) as e:
+            r.inference.Generate(req(max_tokens=2), timeout=5)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as e:
+            r.admin.Drain(admin_pb2.DrainRequest(), timeout=5)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
 def _tls_daemon(make_daemon, certs, mtls: bool, **sections):  # noqa: ANN001, ANN202
     tls = {"cert": str(certs["server_cert"]), "key": str(certs["server_key"])}
     if mtls:

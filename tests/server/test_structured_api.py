@@ -93,3 +93,44 @@ def test_an_engine_without_the_capability_refuses_by_field(make_daemon, monkeypa
         assert e.value.body["param"] == param
     assert not r.engine.requests
     assert c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2, logprobs=True).choices[0].logprobs
+
+
+def test_constraints_compile_in_the_handlers_thread_never_the_engines(make_daemon):
+    """Over both APIs a constraint reaches the engine compiled (GenerationRequest.matcher), by a
+    thread that is not the engine's: a large schema or grammar costs its own caller the time.
+    One that does not compile is refused before it reaches the engine."""
+    r = make_daemon(http=HTTP)
+    g = req(max_tokens=3)
+    g.sampling.constraint.kind = "regex"
+    g.sampling.constraint.value = "[a-z]+"
+    r.inference.Generate(g, timeout=10)
+    client(r).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3, n=2,
+                                      extra_body={"edgespec": {"constraint": {"kind": "regex", "value": "[a-z]+"}}})
+    sent = r.engine.requests
+    assert len(sent) == 3 and len({id(s.matcher) for s in sent}) == 3  # one grammar state per job
+    for s in sent:
+        kind, spec, thread = s.matcher
+        assert spec == s.constraint == ConstraintSpec("regex", "[a-z]+") and thread not in r.engine.threads
+    g.sampling.constraint.value = "("
+    with pytest.raises(grpc.RpcError) as e:
+        r.inference.Generate(g, timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "unbalanced" in e.value.details()
+    assert len(r.engine.requests) == 3
+
+
+def test_a_constraint_over_its_size_limit_is_refused_naming_the_limit(make_daemon):
+    r = make_daemon(http=HTTP, limits={"max_constraint_bytes": 100})
+    g = req(max_tokens=3)
+    g.sampling.constraint.kind = "regex"
+    g.sampling.constraint.value = "a" * 101
+    with pytest.raises(grpc.RpcError) as e:
+        r.inference.Generate(g, timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "sampling.constraint.value" in e.value.details() and "limits.max_constraint_bytes" in e.value.details()
+    with pytest.raises(openai.BadRequestError) as h:
+        client(r).completions.create(model=MODEL, prompt="hi", max_tokens=3,
+                                     extra_body={"edgespec": {"constraint": {"kind": "regex", "value": "a" * 101}}})
+    assert "limits.max_constraint_bytes" in str(h.value) and "edgespec.constraint" in str(h.value)
+    g.sampling.constraint.value = "a" * 100
+    assert r.inference.Generate(g, timeout=10).token_ids
+    assert not r.engine.requests[:-1]  # the refused ones never reached it
