@@ -26,7 +26,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from edgespec import tools as tools_mod
 from edgespec.errors import (BadRequest, Cancelled, ConfigError, DeadlineExceeded, EdgespecError, NotReady,
                              Overloaded)
 from edgespec.logs import bind_request_id, clear_request, get_logger
+from edgespec.server import answer
 from edgespec.server import openai_api as oa
 from edgespec.server import embeddings as emb
 from edgespec.server import pipe
@@ -56,6 +57,8 @@ from edgespec.types import Chunk, GenerationResult
 log = get_logger("edgespec.server.http_api")
 
 POLL_SECONDS = pipe.POLL_SECONDS  # how often a waiting request looks whether the engine is still there
+KEEPALIVE_SECONDS = 5.0  # a stream silent this long (queued, or reading a long prompt) sends a keep-alive
+OPEN_WAIT_SECONDS = 1.0  # a stream's status line waits this long at most for its jobs to be opened
 RETRY_AFTER_SECONDS = 1
 AUTH_METHOD = "/edgespec.v1.Inference/HTTP"  # what TokenAuth.check sees for an HTTP route
 
@@ -114,16 +117,29 @@ def error_response(exc: BaseException, path: str = "") -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def _warning_headers(req: oa.CompletionRequest) -> dict[str, str]:
+def _warning_headers(ignored: Sequence[str]) -> dict[str, str]:
     """The header naming the unknown fields ignored under [http] strict = false (none: {})."""
-    if not req.ignored:
+    if not ignored:
         return {}
-    names = ", ".join(req.ignored).encode("ascii", "backslashreplace").decode()[:1000]
+    names = ", ".join(ignored).encode("ascii", "backslashreplace").decode()[:1000]
     return {"x-edgespec-warning": f"ignored unknown fields: {names}"}
 
 
-def _sse(obj: Any) -> bytes:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+def _parsed(events: Sequence[tuple[str, Any]], index: int) -> list[answer.Event]:
+    """AnswerStream's ("content", text) and ("call", CallDelta) events as answer events of choice `index`."""
+    return [answer.Text(index, v) if kind == "content" else answer.Call(index, v)
+            for kind, v in events if kind != "content" or v]
+
+
+@dataclasses.dataclass
+class _Run:
+    """A request's jobs on their way: `events` a stream's one queue; `first` the events its jobs
+    put while they were opened (None: a job waits in the queue)."""
+
+    jobs: list[Job]
+    events: queue.SimpleQueue
+    first: list[tuple] | None
+    created: int
 
 
 class _Tagged:
@@ -216,8 +232,7 @@ class HttpApi:
     async def _http_exception(self, request: Request, exc: HTTPException) -> Response:
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return JSONResponse(oa.error_body(f"{request.method} {request.url.path}: {exc.detail}", type_, code=code),
-                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
+        return JSONResponse(oa.error_body(f"{request.method} {request.url.path}: {exc.detail}", type_, code=code), status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     async def _json(self, request: Request) -> Any:
         size = 0
@@ -274,12 +289,14 @@ class HttpApi:
                                                     req.extras, req.tools, self.chat_template,
                                                     limiter=self.limiter))
 
-    async def _events(self, events: queue.SimpleQueue, until_result: bool = False) -> list[tuple]:
+    async def _events(self, events: queue.SimpleQueue, until_result: bool = False,
+                      wait: float | None = None) -> list[tuple]:
         """The next batch of events from a job's queue, or a stream's ((kind, value, choice index)
         each): pipe.next_events in a worker thread, one thread hop per batch, not per chunk;
-        raises the batch's first error (BadRequest from the engine, ...)."""
+        raises the batch's first error (BadRequest from the engine, ...). [] when none came
+        within `wait` seconds."""
         return list(pipe.raise_error(await anyio.to_thread.run_sync(lambda: pipe.next_events(
-            events, until_result=until_result, stopped=lambda: self.loop.stopped, poll=POLL_SECONDS),
+            events, until_result=until_result, stopped=lambda: self.loop.stopped, poll=POLL_SECONDS, wait=wait),
             limiter=self.limiter)))
 
     @staticmethod
@@ -289,20 +306,21 @@ class HttpApi:
     # ---- generation ----------------------------------------------------------------------------
 
     async def chat(self, request: Request, rid: str) -> Response:
-        return await self._generate(request, rid, chat=True)
+        return await self._admitted(lambda hold, place: self._openai(request, rid, True, hold, place))
 
     async def completions(self, request: Request, rid: str) -> Response:
-        return await self._generate(request, rid, chat=False)
+        return await self._admitted(lambda hold, place: self._openai(request, rid, False, hold, place))
 
-    async def _generate(self, request: Request, rid: str, *, chat: bool) -> Response:
-        """Admitted under the caller's own limits ([limits] caller_*) for as long as it runs (a
-        stream: until it ends)."""
+    async def _admitted(self, run: Callable[[contextlib.ExitStack, Place | Unlimited], Awaitable[Response]]
+                        ) -> Response:
+        """run(hold, place) admitted under the caller's own limits ([limits] caller_*) for as long
+        as it runs (a stream: until it ends; `hold` holds its places)."""
         hold = contextlib.ExitStack()
         place: Place | Unlimited = UNLIMITED
         if self.callers is not None:
             place = hold.enter_context(self.callers.admit(current_caller()))
         try:
-            resp = await self._generate_admitted(request, rid, chat=chat, hold=hold, place=place)
+            resp = await run(hold, place)
         except BaseException:
             hold.close()
             raise
@@ -310,54 +328,106 @@ class HttpApi:
             hold.close()
         return resp
 
-    async def _generate_admitted(self, request: Request, rid: str, *, chat: bool, hold: contextlib.ExitStack,
-                                 place: Place | Unlimited) -> Response:
-        used = place.used
-        body = await self._json(request)
+    def _parse(self, parse: Callable[[], oa.CompletionRequest]) -> oa.CompletionRequest:
+        """A parsed request; an unknown model is a 404."""
         try:
-            req = oa.parse_request(body, chat=chat, policy=self.policy(), models=(self.model_id,), limits=self.limits,
-                                   strict=self.strict)
+            return parse()
         except BadRequest as exc:
             if exc.field == "model":
                 raise UnknownModel("model", str(exc).split(": ", 1)[-1]) from None
             raise
-        caps = self.loop.capabilities
-        if req.constraint is not None and "constraint" not in caps:
-            field = "edgespec.constraint" if isinstance(body.get("edgespec"), dict) and \
-                body["edgespec"].get("constraint") is not None else \
-                "tools" if req.tools is not None and body.get("response_format") is None else "response_format"
+
+    def _check_capabilities(self, req: oa.CompletionRequest, field: str) -> None:
+        """A constraint (`field` names where the request asked for one) needs an engine that applies it."""
+        if req.constraint is not None and "constraint" not in self.loop.capabilities:
             raise BadRequest(field, "structured output is not available on this server's engine yet")
+
+    async def _openai(self, request: Request, rid: str, chat: bool, hold: contextlib.ExitStack,
+                      place: Place | Unlimited) -> Response:
+        body = await self._json(request)
+        req = self._parse(lambda: oa.parse_request(body, chat=chat, policy=self.policy(), models=(self.model_id,),
+                                                   limits=self.limits, strict=self.strict))
+        self._check_capabilities(req, "edgespec.constraint" if isinstance(body.get("edgespec"), dict) and
+                                 body["edgespec"].get("constraint") is not None else
+                                 "tools" if req.tools is not None and body.get("response_format") is None
+                                 else "response_format")
         piece: oa.Piece | None = None
         if req.logprobs is not None:
             pieces = await self._vocabulary()
             piece = lambda t: pieces[t] if 0 <= t < len(pieces) else b""  # noqa: E731
+        run = await self._start(req, rid, hold, place)
+        rid_out = ("chatcmpl-" if chat else "cmpl-") + rid
+        warning = _warning_headers(req.ignored)
+        if req.stream:
+            fmt = oa.CompletionStream(req, rid=rid_out, created=run.created, model=self.model_id, n=req.n,
+                                      piece=piece)
+            return self._stream_response(req, run, fmt, hold, place.used, warning)
+        results = await self._results(request, run.jobs)
+        n_prompt = len(run.jobs[0].prompt_tokens or ())
+        place.used(n_prompt + sum(len(r.token_ids) for r in results))
+        bodies = [oa.completion_body(req, rid=rid_out, created=run.created, model=self.model_id, result=r,
+                                     prompt_tokens=n_prompt, timings=j.timings(), piece=piece or (lambda t: b""))
+                  for r, j in zip(results, run.jobs)]
+        return JSONResponse(bodies[0] if req.n == 1 else oa.choices_body(bodies), headers=warning)
+
+    async def _start(self, req: oa.CompletionRequest, rid: str, hold: contextlib.ExitStack,
+                     place: Place | Unlimited) -> _Run:
+        """The request's jobs submitted; a stream's, once they are open (see _opening)."""
         deadline = time.monotonic() + req.timeout_seconds if req.timeout_seconds else None
         tokens = await self._prompt_tokens(req)
-        rid_out = ("chatcmpl-" if chat else "cmpl-") + rid
         created = int(time.time())
         jobs, events = self._submit(req, rid, tokens, deadline, hold, place)
-        warning = _warning_headers(req)
+        first: list[tuple] | None = None
         if req.stream:
-            try:  # wait for the first events: an error the engine raises on admission is still a status code
-                first = await self._events(events)
+            try:
+                first = await self._opening(jobs, events)
             except BaseException:
                 for job in jobs:
                     job.cancel()
                 raise
-            return StreamingResponse(self._stream(req, jobs, events, first, rid_out, created, piece, hold, used),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache", **warning})
+        return _Run(jobs, events, first, created)
+
+    async def _opening(self, jobs: Sequence[Job], events: queue.SimpleQueue) -> list[tuple] | None:
+        """Before a stream's status line: the events its jobs put while the engine opened them
+        (an error the engine raises then, a prompt too long say, is still a status code). None,
+        and the status line at once, when a job waits in the queue (behind other requests, or
+        for its caller's place for longer than OPEN_WAIT_SECONDS): the stream then begins with
+        a keep-alive, and such an error comes as the stream's error event."""
+        if any(job.queued for job in jobs):
+            return None
+
+        def wait() -> bool:
+            until = time.monotonic() + OPEN_WAIT_SECONDS
+            for job in jobs:
+                while not job.opened.wait(POLL_SECONDS):
+                    if self.loop.stopped:
+                        raise NotReady("the engine stopped")
+                    if time.monotonic() >= until:
+                        return False
+            return True
+
+        if not await anyio.to_thread.run_sync(wait, limiter=self.limiter):
+            return None
+        got: list[tuple] = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                got.append(events.get_nowait())
+        return list(pipe.raise_error(got))
+
+    async def _results(self, request: Request, jobs: Sequence[Job]) -> list[GenerationResult]:
         try:
-            results = [await self._unary(request, job) for job in jobs]
+            return [await self._unary(request, job) for job in jobs]
         finally:
             for job in jobs:
                 if job.finished is None:
                     job.cancel()
-        n_prompt = len(jobs[0].prompt_tokens or ())
-        used(n_prompt + sum(len(r.token_ids) for r in results))
-        bodies = [oa.completion_body(req, rid=rid_out, created=created, model=self.model_id, result=r,
-                                     prompt_tokens=n_prompt, timings=j.timings(), piece=piece or (lambda t: b""))
-                  for r, j in zip(results, jobs)]
-        return JSONResponse(bodies[0] if req.n == 1 else oa.choices_body(bodies), headers=warning)
+
+    def _stream_response(self, req: oa.CompletionRequest, run: _Run, fmt: answer.StreamFormat,
+                         hold: contextlib.ExitStack, used: Callable[[int], None],
+                         headers: dict[str, str]) -> StreamingResponse:
+        return StreamingResponse(self._sse(fmt, self._answer(req, run, used), run.jobs, hold),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
 
     def _submit(self, req: oa.CompletionRequest, rid: str, tokens: tuple[int, ...] | None, deadline: float | None,
                 hold: contextlib.ExitStack, place: Place | Unlimited) -> tuple[list[Job], queue.SimpleQueue]:
@@ -417,75 +487,93 @@ class HttpApi:
             if job.finished is None:
                 job.cancel()
 
-    async def _stream(self, req: oa.CompletionRequest, jobs: Sequence[Job], events: queue.SimpleQueue,
-                      first: list[tuple[str, Any, int]], rid: str, created: int, piece: oa.Piece | None,
-                      hold: contextlib.ExitStack | None = None,
-                      used: Callable[[int], None] | None = None) -> AsyncIterator[bytes]:
-        """The choices' chunks interleaved as they come (choice i's at index i), each choice
-        ending with its own finish_reason chunk; then the usage (with include_usage) and [DONE]
-        once. A choice that fails ends the stream with the error event; the client going away,
-        or the stream breaking, cancels every choice's job."""
-        kw = {"rid": rid, "created": created, "model": self.model_id}
+    async def _answer(self, req: oa.CompletionRequest, run: _Run,
+                      used: Callable[[int], None]) -> AsyncIterator[answer.Event]:
+        """A stream's answer events (edgespec.server.answer) from its jobs' chunks: the text, with
+        tool calls parsed out of it as they come when the request has tools (text that may still
+        open a call is held back until it cannot); each choice's End; then the Usage. Waiting
+        while nothing came for KEEPALIVE_SECONDS (or at once while queued). A result that did not
+        end on its own raises its error."""
+        jobs = run.jobs
         n = len(jobs)
         results: list[GenerationResult | None] = [None] * n
         offsets = [0] * n
         answers = [tools_mod.AnswerStream() if req.parses_calls else None for _ in jobs]
+        batch = run.first
+        if batch is None:
+            yield answer.Waiting()
+            batch = []
+        while True:
+            for kind, value, i in batch:
+                parsed = answers[i]
+                if kind == "chunk":
+                    c: Chunk = value
+                    if parsed is not None:  # text held back while it may open a call; calls as they come
+                        for ev in _parsed(parsed.feed(c.text), i):
+                            yield ev
+                    elif c.text or c.logprobs:
+                        yield answer.Text(i, c.text, c.logprobs, offsets[i])
+                    offsets[i] += len(c.text)
+                    continue
+                result: GenerationResult = value
+                first_end = all(r is None for r in results)
+                results[i] = result
+                # the prompt counted once, with the first choice to end
+                used(len(result.token_ids) + (len(jobs[i].prompt_tokens or ()) if first_end else 0))
+                self._check_end(result)
+                finish: str = result.finish_reason
+                if parsed is not None:
+                    for ev in _parsed(parsed.finish(), i):
+                        yield ev
+                    if parsed.calls and finish in ("stop", "eos"):
+                        finish = "tool_calls"
+                yield answer.End(i, result, finish, jobs[i].timings(), await self._stop_sequence(req, result))
+            if all(r is not None for r in results):
+                break
+            batch = await self._events(run.events, wait=KEEPALIVE_SECONDS)
+            if not batch:
+                yield answer.Waiting()
+        yield answer.Usage([r for r in results if r is not None], len(jobs[0].prompt_tokens or ()))
+
+    async def _stop_sequence(self, req: oa.CompletionRequest, result: GenerationResult) -> str | None:
+        """The stop string that ended a result (finish reason "stop"): the one its tokens' text
+        goes on with where the answer's text was cut."""
+        stops = req.sampling.stop
+        if result.finish_reason != "stop" or not stops:
+            return None
+        if len(stops) == 1:
+            return stops[0]
+        pieces = await self._vocabulary()
+        full = b"".join(pieces[t] for t in result.token_ids if 0 <= t < len(pieces)).decode("utf-8", "replace")
+        return next((s for s in stops if full.startswith(s, len(result.text))), None)
+
+    async def _sse(self, fmt: answer.StreamFormat, source: AsyncIterator[answer.Event], jobs: Sequence[Job],
+                   hold: contextlib.ExitStack) -> AsyncIterator[bytes]:
+        """A stream's bytes in the API's format. An error ends the stream with the format's error
+        event (the status line is sent); the client going away, or the stream breaking, cancels
+        every choice's job."""
         done = False
         try:
-            if req.chat:
-                for i in range(n):
-                    yield _sse(oa.chunk_body(req, text=None, role=True, index=i, **kw))
-            batch = first
-            while True:
-                for kind, value, i in batch:
-                    answer = answers[i]
-                    if kind == "chunk":
-                        c: Chunk = value
-                        if answer is not None:  # text held back while it may open a call; calls as they come
-                            for body in oa.tool_chunks(req, answer.feed(c.text), index=i, **kw):
-                                yield _sse(body)
-                        elif c.text or c.logprobs:
-                            yield _sse(oa.chunk_body(req, text=c.text, logprobs=c.logprobs, piece=piece,
-                                                     offset=offsets[i], index=i, **kw))
-                        offsets[i] += len(c.text)
-                        continue
-                    result: GenerationResult = value
-                    first_end = all(r is None for r in results)
-                    results[i] = result
-                    if used is not None:  # the prompt counted once, with the first choice to end
-                        used(len(result.token_ids) + (len(jobs[i].prompt_tokens or ()) if first_end else 0))
-                    self._check_end(result)
-                    finish = result.finish_reason
-                    if answer is not None:
-                        for body in oa.tool_chunks(req, answer.finish(), index=i, **kw):
-                            yield _sse(body)
-                        if answer.calls and finish in ("stop", "eos"):
-                            finish = "tool_calls"
-                    last = oa.chunk_body(req, text=None, finish=finish, index=i, **kw)
-                    last["edgespec"] = oa.speculation_stats(result, jobs[i].timings())
-                    yield _sse(last)
-                if all(r is not None for r in results):
-                    break
-                batch = await self._events(events)
+            if head := fmt.start():
+                yield head
+            async with contextlib.aclosing(source) as events:  # type: ignore[type-var]
+                async for ev in events:
+                    if data := fmt.event(ev):
+                        yield data
             done = True
-            if req.include_usage:
-                ended = [r for r in results if r is not None]
-                yield _sse({"id": rid, "object": "chat.completion.chunk" if req.chat else "text_completion",
-                            "created": created, "model": self.model_id, "choices": [],
-                            "usage": oa.choices_usage(ended, len(jobs[0].prompt_tokens or ()))})
         except Exception as exc:  # noqa: BLE001 - the status line is sent: the error goes in the stream
             done = True
-            _status, body = error_status(exc)
-            if _status == 500:
+            status, body = error_status(exc)
+            if status == 500:
                 log.error("http_stream_failed", error=repr(exc), exc_info=exc)
-            yield _sse(body)
+            yield fmt.error(status, body["error"]["message"], body)
         finally:
             for job in jobs:
                 if not done or job.finished is None:
                     job.cancel()  # the client went away (the generator was closed) or the stream broke
-            if hold is not None:
-                hold.close()  # the caller's places
-        yield b"data: [DONE]\n\n"
+            hold.close()  # the caller's places
+        if tail := fmt.end():
+            yield tail
 
     # ---- the rest ------------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from typing import Any
 from edgespec import tools as tools_mod
 from edgespec.errors import BadRequest
 from edgespec.sampling import SamplingParams
+from edgespec.server import answer
 from edgespec.server.config import LimitsConfig
 from edgespec.server.policy import Policy, sampling_for, speculation_for
 from edgespec.settings import SAMPLING, SPECULATION, Setting, check_fields, check_stop
@@ -514,6 +515,53 @@ def tool_chunks(req: CompletionRequest, events: Sequence[tuple[str, Any]], *, ri
         body["choices"][0]["delta"] = {"tool_calls": [delta]}
         out.append(body)
     return out
+
+
+def sse(obj: Any) -> bytes:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+
+
+class CompletionStream:
+    """OpenAI's stream (chat.completion.chunk or text_completion events, `data: [DONE]` at the
+    end) for a streamed answer's events (edgespec.server.answer): choice i's chunks at index i,
+    a role chunk per choice first (chat), its tool calls as delta.tool_calls, its finishing
+    chunk with the `edgespec` object, the usage chunk with include_usage; a keep-alive comment
+    while the request waits."""
+
+    def __init__(self, req: CompletionRequest, *, rid: str, created: int, model: str, n: int,
+                 piece: Piece | None = None):
+        self.req, self.n, self.piece = req, n, piece
+        self.kw: dict[str, Any] = {"rid": rid, "created": created, "model": model}
+
+    def start(self) -> bytes:
+        if not self.req.chat:
+            return b""
+        return b"".join(sse(chunk_body(self.req, text=None, role=True, index=i, **self.kw)) for i in range(self.n))
+
+    def event(self, ev: answer.Event) -> bytes:
+        req, kw = self.req, self.kw
+        if isinstance(ev, answer.Text):
+            return sse(chunk_body(req, text=ev.text, logprobs=ev.logprobs, piece=self.piece, offset=ev.offset,
+                                  index=ev.index, **kw))
+        if isinstance(ev, answer.Call):
+            return sse(tool_chunks(req, [("call", ev.delta)], index=ev.index, **kw)[0])
+        if isinstance(ev, answer.End):
+            last = chunk_body(req, text=None, finish=ev.finish, index=ev.index, **kw)
+            last["edgespec"] = speculation_stats(ev.result, ev.timings)
+            return sse(last)
+        if isinstance(ev, answer.Usage):
+            if not req.include_usage:
+                return b""
+            return sse({"id": kw["rid"], "object": "chat.completion.chunk" if req.chat else "text_completion",
+                        "created": kw["created"], "model": kw["model"], "choices": [],
+                        "usage": choices_usage(ev.results, ev.prompt_tokens)})
+        return b": ping\n\n"  # Waiting: an SSE comment keeps proxies from timing the stream out
+
+    def error(self, status: int, message: str, openai_body: Mapping) -> bytes:
+        return sse(openai_body)
+
+    def end(self) -> bytes:
+        return b"data: [DONE]\n\n"
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:

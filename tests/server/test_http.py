@@ -224,6 +224,34 @@ def test_overload_is_429_with_retry_after(make_daemon):
     held.close()
 
 
+def test_a_queued_stream_gets_its_headers_at_once_with_a_keep_alive(make_daemon):
+    r = make_daemon(http=HTTP, step_seconds=0.01, server={"parallel": 1, "queue_size": 1})
+    held = _open_stream(r)  # the one slot, for 40 s
+    conn = http.client.HTTPConnection("127.0.0.1", r.daemon.http_port, timeout=30)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": "y", "max_tokens": 2, "stream": True}),
+                 {"Content-Type": "application/json"})
+    resp = conn.getresponse()  # while the held stream still runs
+    assert resp.status == 200 and resp.getheader("content-type").startswith("text/event-stream")
+    assert resp.readline() == b": ping\n" and r.daemon.loop.stats()["active_requests"] == 1
+    held.close()  # the slot frees: the queued request runs
+    events = [ln[len("data: "):] for ln in resp.read().decode().splitlines() if ln.startswith("data: ")]
+    assert events[-1] == "[DONE]" and "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == \
+        "alpha beta "
+    conn.close()
+
+
+def test_a_silent_stream_sends_keep_alives(make_daemon, monkeypatch):
+    from edgespec.server import http_api
+
+    monkeypatch.setattr(http_api, "KEEPALIVE_SECONDS", 0.02)
+    r = make_daemon(http=HTTP, step_seconds=0.1)
+    status, _, out = raw(r, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 3, "stream": True})
+    lines = out.decode().splitlines()
+    assert status == 200 and ": ping" in lines
+    assert "".join(json.loads(ln[6:])["choices"][0]["text"] for ln in lines if ln.startswith("data: {")) == \
+        "alpha beta gamma "
+
+
 def test_client_disconnect_cancels_the_job(make_daemon):
     r = make_daemon(http=HTTP, step_seconds=0.01)
     resp = _open_stream(r)
