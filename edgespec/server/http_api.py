@@ -159,7 +159,7 @@ class HttpApi:
     def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], auth: Callable[[], TokenAuth], *,
                  model_id: str, created: int, max_body_bytes: int, threads: int, n_ctx: int,
                  limits: LimitsConfig | None = None, chat_template: str = "",
-                 embedder: emb.Embedder | None = None, strict: bool = True, callers: CallerLimits | None = None,
+                 embedder: emb.Embedder | None = None, strict: bool = False, callers: CallerLimits | None = None,
                  metrics: Callable[[str | None], tuple[bytes, str]] | None = None):
         self.loop = loop
         self.embedder = embedder

@@ -117,7 +117,7 @@ def test_speculation_options_and_stop_reach_the_engine(make_daemon):
     ({"frequency_penalty": 2.5}, "frequency_penalty"),
     ({"edgespec": {"draft_tokens": 999}}, "edgespec.draft_tokens"),
     ({"edgespec": {"mode": "fast"}}, "edgespec.mode"),
-    ({"bogus": 1}, "bogus"),
+    ({"bogus": 1}, "bogus"),  # under [http] strict = true
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
     # [limits], as for gRPC
     ({"messages": [{"role": "user", "content": "x"}] * 1025}, "messages"),
@@ -126,7 +126,7 @@ def test_speculation_options_and_stop_reach_the_engine(make_daemon):
     ({"messages": [{"role": "user", "content": "\ud800"}]}, "messages[0].content"),  # a lone surrogate escape
 ])
 def test_bad_params_are_400_naming_them(make_daemon, body, param):
-    r = make_daemon(http=HTTP)
+    r = make_daemon(http={**HTTP, "strict": True})
     full = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], **body}
     status, _, out = raw(r, "POST", "/v1/chat/completions", full)
     err = json.loads(out)["error"]
@@ -335,11 +335,11 @@ def test_unknown_route_and_wrong_method_say_so(make_daemon):
     assert status == 405 and json.loads(out)["error"]["code"] == "method_not_allowed" and "POST" in headers["allow"]
 
 
-def test_unknown_fields_refused_by_name_unless_strict_is_off(make_daemon):
+def test_unknown_fields_ignored_and_named_unless_strict(make_daemon):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "bogus": 1, "ünï": 2}
-    status, _, out = raw(make_daemon(http=HTTP), "POST", "/v1/chat/completions", body)
-    assert status == 400 and json.loads(out)["error"]["param"] == "bogus"  # the default: strict
-    lax = make_daemon(http={**HTTP, "strict": False})
+    status, _, out = raw(make_daemon(http={**HTTP, "strict": True}), "POST", "/v1/chat/completions", body)
+    assert status == 400 and json.loads(out)["error"]["param"] == "bogus"
+    lax = make_daemon(http=HTTP)  # the default: front-ends send fields of their own
     status, headers, out = raw(lax, "POST", "/v1/chat/completions", body)
     assert status == 200 and json.loads(out)["choices"][0]["message"]["content"]
     assert headers["x-edgespec-warning"] == "ignored unknown fields: bogus, \\xfcn\\xef"
