@@ -1,5 +1,5 @@
-"""The OpenAI-compatible HTTP API: a Starlette app, served by uvicorn in a thread of the daemon
-(edgespec/server/http_server.py).
+"""The HTTP APIs (OpenAI's, and Anthropic's Messages): a Starlette app, served by uvicorn in a
+thread of the daemon (edgespec/server/http_server.py).
 
 Starlette + uvicorn rather than FastAPI: the routes validate their bodies themselves
 (openai_api.py) so that a bad field is a 400 naming it in OpenAI's error shape, not pydantic's
@@ -12,9 +12,11 @@ that disconnects cancels its job. Errors are domain exceptions mapped to HTTP co
 (`STATUS` / `error_response`), as status.py maps them to gRPC codes.
 
 Routes: POST /v1/chat/completions, POST /v1/completions (unary, or server-sent events ending
-`data: [DONE]` with stream: true), GET /v1/models, GET /health (200 only when SERVING),
-POST /tokenize, POST /detokenize. Every route but /health needs a bearer token when tokens are
-configured (the gRPC token files).
+`data: [DONE]` with stream: true), POST /v1/messages and /v1/messages/count_tokens (Anthropic's:
+anthropic_api.py translates them to and from the chat pipeline), GET /v1/models, GET /health (200
+only when SERVING), POST /tokenize, POST /detokenize. Every route but /health needs a token when
+tokens are configured (the gRPC token files; `Authorization: Bearer` or `x-api-key`). A stream's
+answer is a sequence of typed events (answer.py) each API formats its own way.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from edgespec import tools as tools_mod
 from edgespec.errors import (BadRequest, Cancelled, ConfigError, DeadlineExceeded, EdgespecError, NotReady,
                              Overloaded)
 from edgespec.logs import bind_request_id, clear_request, get_logger
+from edgespec.server import anthropic_api as an
 from edgespec.server import answer
 from edgespec.server import openai_api as oa
 from edgespec.server import embeddings as emb
@@ -104,7 +107,14 @@ def error_status(exc: BaseException) -> tuple[int, dict]:
     return 500, oa.error_body(f"internal error (request id {rid})", "server_error", None, "internal_error")
 
 
-def error_response(exc: BaseException, path: str = "") -> JSONResponse:
+Shape = Callable[[int, dict], dict]  # (HTTP status, OpenAI's error body) -> an API's own error body
+
+
+def _anthropic_error(status: int, body: dict) -> dict:
+    return an.error_body(status, body["error"]["message"])
+
+
+def error_response(exc: BaseException, path: str = "", shape: Shape | None = None) -> JSONResponse:
     status, body = error_status(exc)
     if status == 500:
         log.error("http_failed", path=path, error=repr(exc), exc_info=exc)
@@ -114,7 +124,7 @@ def error_response(exc: BaseException, path: str = "") -> JSONResponse:
     headers = {"Retry-After": str(ra or RETRY_AFTER_SECONDS)} if status in (429, 503) else {}
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(shape(status, body) if shape else body, status_code=status, headers=headers)
 
 
 def _warning_headers(ignored: Sequence[str]) -> dict[str, str]:
@@ -183,6 +193,9 @@ class HttpApi:
                 Route("/v1/chat/completions", self._endpoint(self.chat), methods=["POST"]),
                 Route("/v1/completions", self._endpoint(self.completions), methods=["POST"]),
                 Route("/v1/models", self._endpoint(self.models), methods=["GET"]),
+                Route("/v1/messages", self._endpoint(self.messages, shape=_anthropic_error), methods=["POST"]),
+                Route("/v1/messages/count_tokens", self._endpoint(self.count_tokens, shape=_anthropic_error),
+                      methods=["POST"]),
                 Route("/v1/embeddings", self._endpoint(self.embeddings), methods=["POST"]),
                 *([Route("/metrics", self._endpoint(self.metrics_text), methods=["GET"])] if metrics else []),
                 Route("/health", self._endpoint(self.health, open_=True), methods=["GET"]),
@@ -194,8 +207,10 @@ class HttpApi:
 
     # ---- plumbing ------------------------------------------------------------------------------
 
-    def _endpoint(self, fn: Callable, open_: bool = False) -> Callable:
-        """Request id, auth and error mapping around a route."""
+    def _endpoint(self, fn: Callable, open_: bool = False, shape: Shape | None = None) -> Callable:
+        """Request id, auth and error mapping around a route (`shape`: the API's own error body
+        from the status and OpenAI's; None: OpenAI's). A token comes as `Authorization: Bearer`
+        or as `x-api-key` (Anthropic's header): the same tokens, the same identities."""
         async def handle(request: Request) -> Response:
             clear_request()
             started = time.monotonic()
@@ -205,8 +220,9 @@ class HttpApi:
             peer = f"{'ipv6' if client and ':' in client.host else 'ipv4'}:{client.host}:{client.port}" \
                 if client else "unknown"
             bind_request_id(request_id=rid, peer=peer)
-            decision = self.auth().decide(AUTH_METHOD, request.headers.get("authorization"),
-                                          client_subject(request.scope))
+            key = request.headers.get("x-api-key")
+            authorization = request.headers.get("authorization") or (f"Bearer {key}" if key else None)
+            decision = self.auth().decide(AUTH_METHOD, authorization, client_subject(request.scope))
             bind_request_id(caller=decision.identity)
             try:
                 caller_rid = pipe.request_id(caller_rid, "x-request-id")  # as over gRPC: refused by name
@@ -214,11 +230,11 @@ class HttpApi:
                     rid = caller_rid  # the job takes the caller's id
                     bind_request_id(request_id=rid, x_request_id=caller_rid)
                 if not open_ and decision.verdict is not None:
-                    raise Unauthenticated("missing or invalid bearer token (header 'Authorization: Bearer <token>') "
-                                          "or client certificate")
+                    raise Unauthenticated("missing or invalid bearer token (header 'Authorization: Bearer <token>' "
+                                          "or 'x-api-key: <token>') or client certificate")
                 resp = await fn(request, rid)
             except Exception as exc:  # noqa: BLE001 - mapped in one place
-                resp = error_response(exc, request.url.path)
+                resp = error_response(exc, request.url.path, shape)
             resp.headers["x-request-id"] = rid
             # the access line, as gRPC's `rpc` line: peer, caller, x_request_id bound above (a stream's
             # status is its first line's; how the stream ended is in the generation's own lines)
@@ -232,7 +248,10 @@ class HttpApi:
     async def _http_exception(self, request: Request, exc: HTTPException) -> Response:
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return JSONResponse(oa.error_body(f"{request.method} {request.url.path}: {exc.detail}", type_, code=code), status_code=exc.status_code, headers=getattr(exc, "headers", None))
+        body = oa.error_body(f"{request.method} {request.url.path}: {exc.detail}", type_, code=code)
+        if request.url.path.startswith("/v1/messages"):
+            body = _anthropic_error(exc.status_code, body)
+        return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     async def _json(self, request: Request) -> Any:
         size = 0
@@ -574,6 +593,55 @@ class HttpApi:
             hold.close()  # the caller's places
         if tail := fmt.end():
             yield tail
+
+    # ---- Anthropic's Messages API ------------------------------------------------------------
+
+    def _anthropic(self, body: Any, *, count: bool = False) -> tuple[oa.CompletionRequest, tuple[str, ...]]:
+        """A Messages body as the chat pipeline's request (fields named as the Messages API names
+        them), and the unknown fields ignored."""
+        chat, ignored, origin = an.to_chat(body, strict=self.strict, count=count)
+        try:
+            req = self._parse(lambda: oa.parse_request(chat, chat=True, policy=self.policy(), models=(self.model_id,),
+                                                       limits=self.limits))
+        except BadRequest as exc:
+            raise an.renamed(exc, origin) from None
+        return req, ignored
+
+    async def messages(self, request: Request, rid: str) -> Response:
+        return await self._admitted(lambda hold, place: self._messages(request, rid, hold, place))
+
+    async def _messages(self, request: Request, rid: str, hold: contextlib.ExitStack,
+                        place: Place | Unlimited) -> Response:
+        req, ignored = self._anthropic(await self._json(request))
+        self._check_capabilities(req, "tools")
+        run = await self._start(req, rid, hold, place)
+        rid_out = "msg_" + rid
+        n_prompt = len(run.jobs[0].prompt_tokens or ())
+        warning = _warning_headers(ignored)
+        if req.stream:
+            fmt = an.MessageStream(rid=rid_out, model=self.model_id, input_tokens=n_prompt)
+            return self._stream_response(req, run, fmt, hold, place.used, warning)
+        (result,) = await self._results(request, run.jobs)
+        place.used(n_prompt + len(result.token_ids))
+        content: str | None = result.text
+        calls: tuple[tools_mod.ToolCall, ...] = ()
+        finish: str = result.finish_reason
+        if req.parses_calls:
+            content, calls = tools_mod.parse_answer(result.text, truncated=finish == "length")
+            if calls and finish in ("stop", "eos"):
+                finish = "tool_calls"
+        body = an.message_body(rid=rid_out, model=self.model_id, content=content, calls=calls, finish=finish,
+                               stop_sequence=await self._stop_sequence(req, result),
+                               input_tokens=result.prompt_tokens or n_prompt, output_tokens=len(result.token_ids),
+                               stats=oa.speculation_stats(result, run.jobs[0].timings()))
+        return JSONResponse(body, headers=warning)
+
+    async def count_tokens(self, request: Request, rid: str) -> Response:
+        req, ignored = self._anthropic(await self._json(request), count=True)
+        tokens = await self._prompt_tokens(req)
+        if tokens is None:  # an engine without an encoder: on its own thread, the engine the tokenizer
+            tokens = tuple(await self._call(lambda tok: chat_encoding.encode_prompt(tok, req.prompt, req.messages)))
+        return JSONResponse({"input_tokens": len(tokens)}, headers=_warning_headers(ignored))
 
     # ---- the rest ------------------------------------------------------------------------------
 
