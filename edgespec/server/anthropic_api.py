@@ -149,7 +149,7 @@ def _block(b: Any, where: str, kinds: Sequence[str]) -> str:
     if kind not in kinds:
         shown = kind if kind is not None else type(b).__name__
         raise BadRequest(f"{where}.type", f"must be one of {', '.join(kinds)}, got {shown!r}")
-    return kind
+    return str(kind)
 
 
 def _user(blocks: list, where: str) -> list[dict]:
@@ -271,10 +271,9 @@ def field_name(name: str | None, origin: Sequence[int]) -> str | None:
 def renamed(exc: BadRequest, origin: Sequence[int]) -> BadRequest:
     """The chat pipeline's BadRequest with its field named as the Messages body names it."""
     name = field_name(exc.field, origin)
-    if name == exc.field:
+    if name is None or name == exc.field:
         return exc
-    out = type(exc)(name, str(exc).split(": ", 1)[-1])
-    return out
+    return type(exc)(name, str(exc).split(": ", 1)[-1])
 
 
 # ---- the answer --------------------------------------------------------------------------------
@@ -323,7 +322,7 @@ class MessageStream:
         self.ended: answer.End | None = None
 
     def start(self) -> bytes:
-        message = {"id": self.rid, "type": "message", "role": "assistant", "model": self.model, "content": [],
+        message: dict[str, Any] = {"id": self.rid, "type": "message", "role": "assistant", "model": self.model, "content": [],
                    "stop_reason": None, "stop_sequence": None,
                    "usage": {"input_tokens": self.input_tokens, "output_tokens": 0}}
         return _event("message_start", {"message": message}) + _event("ping", {})

@@ -120,6 +120,7 @@ def test_tool_use_streams_as_input_json_deltas(make_daemon):
 
     status, _, out = raw(r, "POST", "/v1/messages", {**kw, "stream": True})
     evs = events(out)
+    assert status == 200
     starts = [d["content_block"] for n, d in evs if n == "content_block_start"]
     assert [(b["type"], b["name"], b["input"]) for b in starts] == [("tool_use", "add", {})]
     parts = [d["delta"] for n, d in evs if n == "content_block_delta"]
