@@ -1,5 +1,5 @@
-"""The HTTP APIs (OpenAI's, and Anthropic's Messages): a Starlette app, served by uvicorn in a
-thread of the daemon (edgespec/server/http_server.py).
+"""The HTTP APIs (OpenAI's chat, completions and Responses; Anthropic's Messages): a Starlette
+app, served by uvicorn in a thread of the daemon (edgespec/server/http_server.py).
 
 Starlette + uvicorn rather than FastAPI: the routes validate their bodies themselves
 (openai_api.py) so that a bad field is a 400 naming it in OpenAI's error shape, not pydantic's
@@ -12,8 +12,9 @@ that disconnects cancels its job. Errors are domain exceptions mapped to HTTP co
 (`STATUS` / `error_response`), as status.py maps them to gRPC codes.
 
 Routes: POST /v1/chat/completions, POST /v1/completions (unary, or server-sent events ending
-`data: [DONE]` with stream: true), POST /v1/messages and /v1/messages/count_tokens (Anthropic's:
-anthropic_api.py translates them to and from the chat pipeline), GET /v1/models, GET /health (200
+`data: [DONE]` with stream: true), POST /v1/responses (OpenAI's Responses, stateless:
+responses_api.py), POST /v1/messages and /v1/messages/count_tokens (Anthropic's: anthropic_api.py;
+both translate to and from the chat pipeline), GET /v1/models, GET /health (200
 only when SERVING), POST /tokenize, POST /detokenize. Every route but /health needs a token when
 tokens are configured (the gRPC token files; `Authorization: Bearer` or `x-api-key`). A stream's
 answer is a sequence of typed events (answer.py) each API formats its own way.
@@ -48,6 +49,7 @@ from edgespec.logs import bind_request_id, clear_request, get_logger
 from edgespec.server import anthropic_api as an
 from edgespec.server import answer
 from edgespec.server import openai_api as oa
+from edgespec.server import responses_api as ra
 from edgespec.server import embeddings as emb
 from edgespec.server import pipe
 from edgespec.server.auth import TokenAuth
@@ -141,6 +143,18 @@ def _parsed(events: Sequence[tuple[str, Any]], index: int) -> list[answer.Event]
             for kind, v in events if kind != "content" or v]
 
 
+def _calls(req: oa.CompletionRequest, result: GenerationResult) -> tuple[str | None, tuple[tools_mod.ToolCall, ...],
+                                                                         str]:
+    """A unary answer's (content, tool calls, finish reason): "tool_calls" when it is calls."""
+    if not req.parses_calls:
+        return result.text, (), result.finish_reason
+    content, calls = tools_mod.parse_answer(result.text, truncated=result.finish_reason == "length")
+    finish: str = result.finish_reason
+    if calls and finish in ("stop", "eos"):
+        finish = "tool_calls"
+    return content, calls, finish
+
+
 @dataclasses.dataclass
 class _Run:
     """A request's jobs on their way: `events` a stream's one queue; `first` the events its jobs
@@ -196,6 +210,7 @@ class HttpApi:
                 Route("/v1/messages", self._endpoint(self.messages, shape=_anthropic_error), methods=["POST"]),
                 Route("/v1/messages/count_tokens", self._endpoint(self.count_tokens, shape=_anthropic_error),
                       methods=["POST"]),
+                Route("/v1/responses", self._endpoint(self.responses), methods=["POST"]),
                 Route("/v1/embeddings", self._endpoint(self.embeddings), methods=["POST"]),
                 *([Route("/metrics", self._endpoint(self.metrics_text), methods=["GET"])] if metrics else []),
                 Route("/health", self._endpoint(self.health, open_=True), methods=["GET"]),
@@ -623,13 +638,7 @@ class HttpApi:
             return self._stream_response(req, run, fmt, hold, place.used, warning)
         (result,) = await self._results(request, run.jobs)
         place.used(n_prompt + len(result.token_ids))
-        content: str | None = result.text
-        calls: tuple[tools_mod.ToolCall, ...] = ()
-        finish: str = result.finish_reason
-        if req.parses_calls:
-            content, calls = tools_mod.parse_answer(result.text, truncated=finish == "length")
-            if calls and finish in ("stop", "eos"):
-                finish = "tool_calls"
+        content, calls, finish = _calls(req, result)
         body = an.message_body(rid=rid_out, model=self.model_id, content=content, calls=calls, finish=finish,
                                stop_sequence=await self._stop_sequence(req, result),
                                input_tokens=result.prompt_tokens or n_prompt, output_tokens=len(result.token_ids),
@@ -642,6 +651,37 @@ class HttpApi:
         if tokens is None:  # an engine without an encoder: on its own thread, the engine the tokenizer
             tokens = tuple(await self._call(lambda tok: chat_encoding.encode_prompt(tok, req.prompt, req.messages)))
         return JSONResponse({"input_tokens": len(tokens)}, headers=_warning_headers(ignored))
+
+    # ---- OpenAI's Responses API ---------------------------------------------------------------
+
+    async def responses(self, request: Request, rid: str) -> Response:
+        return await self._admitted(lambda hold, place: self._responses(request, rid, hold, place))
+
+    async def _responses(self, request: Request, rid: str, hold: contextlib.ExitStack,
+                         place: Place | Unlimited) -> Response:
+        body = await self._json(request)
+        chat, ignored, origin = ra.to_chat(body, strict=self.strict)
+        try:
+            req = self._parse(lambda: oa.parse_request(chat, chat=True, policy=self.policy(), models=(self.model_id,),
+                                                       limits=self.limits))
+        except BadRequest as exc:
+            raise ra.renamed(exc, origin) from None
+        self._check_capabilities(req, "tools" if req.tools is not None and chat.get("response_format") is None
+                                 else "text.format")
+        run = await self._start(req, rid, hold, place)
+        base = ra.base_body(body, rid="resp_" + rid, created=run.created, model=self.model_id)
+        n_prompt = len(run.jobs[0].prompt_tokens or ())
+        warning = _warning_headers(ignored)
+        if req.stream:
+            return self._stream_response(req, run, ra.ResponseStream(base, prompt_tokens=n_prompt), hold, place.used,
+                                         warning)
+        (result,) = await self._results(request, run.jobs)
+        place.used(n_prompt + len(result.token_ids))
+        content, calls, finish = _calls(req, result)
+        out = ra.response_body(base, output=ra.output_items(content, calls, finish), finish=finish,
+                               usage=ra.usage([result], n_prompt),
+                               stats=oa.speculation_stats(result, run.jobs[0].timings()))
+        return JSONResponse(out, headers=warning)
 
     # ---- the rest ------------------------------------------------------------------------------
 

@@ -227,6 +227,37 @@ def test_anthropic_tool_round_trip(server):
     assert [b.type for b in answer.content] == ["text"] and answer.content[0].text.strip()
 
 
+def test_responses_unary_stream_and_function_tool(server):
+    """The `openai` client's responses.create: greedy, the streamed text is the unary text; a
+    forced function call's arguments validate, streamed as unary; its output goes back as an
+    input item and the model answers in text."""
+    c = server.client(retries=8)
+    kw = {"model": MODEL, "instructions": "You are a helpful assistant.", "input": "Name three colours.",
+          "max_output_tokens": 24, "temperature": 0}
+    resp = c.responses.create(**kw)
+    assert resp.status in ("completed", "incomplete") and len(resp.output_text) > 4
+    events = list(c.responses.create(**kw, stream=True))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == resp.output_text
+    assert events[0].type == "response.created" and events[-1].response.output_text == resp.output_text
+
+    tool = {"type": "function", "name": "get_weather", "description": "The current weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
+                           "required": ["city"]}}
+    ask = {"model": MODEL, "input": "What is the weather in Paris?", "tools": [tool], "max_output_tokens": 48,
+           "tool_choice": {"type": "function", "name": "get_weather"}, "temperature": 0}
+    called = c.responses.create(**ask)
+    (call,) = [o for o in called.output if o.type == "function_call"]
+    jsonschema.validate(json.loads(call.arguments), tool["parameters"])
+    streamed = list(c.responses.create(**ask, stream=True))
+    assert "".join(e.delta for e in streamed if e.type == "response.function_call_arguments.delta") == \
+        call.arguments
+    history = [{"role": "user", "content": ask["input"]}, call.model_dump(exclude_none=True),
+               {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 24 degrees Celsius."}]
+    answer = c.responses.create(model=MODEL, input=history, tools=[tool], tool_choice="none", max_output_tokens=32,
+                                temperature=0)
+    assert [o.type for o in answer.output] == ["message"] and answer.output_text.strip()
+
+
 def test_overload_is_429(server):
     """parallel 1, queue 0: a second request while a stream holds the slot is refused."""
     c = server.client()
