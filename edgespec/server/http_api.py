@@ -611,16 +611,19 @@ class HttpApi:
 
     # ---- Anthropic's Messages API ------------------------------------------------------------
 
-    def _anthropic(self, body: Any, *, count: bool = False) -> tuple[oa.CompletionRequest, tuple[str, ...]]:
-        """A Messages body as the chat pipeline's request (fields named as the Messages API names
-        them), and the unknown fields ignored."""
-        chat, ignored, origin = an.to_chat(body, strict=self.strict, count=count)
+    def _translated(self, chat: dict, rename: Callable[[BadRequest], BadRequest]) -> oa.CompletionRequest:
+        """A chat body translated from another API's (Messages, Responses) as the chat pipeline's
+        request; a field error renamed as that API names the field."""
         try:
-            req = self._parse(lambda: oa.parse_request(chat, chat=True, policy=self.policy(), models=(self.model_id,),
-                                                       limits=self.limits))
+            return self._parse(lambda: oa.parse_request(chat, chat=True, policy=self.policy(),
+                                                        models=(self.model_id,), limits=self.limits))
         except BadRequest as exc:
-            raise an.renamed(exc, origin) from None
-        return req, ignored
+            raise rename(exc) from None
+
+    def _anthropic(self, body: Any, *, count: bool = False) -> tuple[oa.CompletionRequest, tuple[str, ...]]:
+        """A Messages body as the chat pipeline's request, and the unknown fields ignored."""
+        chat, ignored, origin = an.to_chat(body, strict=self.strict, count=count)
+        return self._translated(chat, lambda exc: an.renamed(exc, origin)), ignored
 
     async def messages(self, request: Request, rid: str) -> Response:
         return await self._admitted(lambda hold, place: self._messages(request, rid, hold, place))
@@ -661,11 +664,7 @@ class HttpApi:
                          place: Place | Unlimited) -> Response:
         body = await self._json(request)
         chat, ignored, origin = ra.to_chat(body, strict=self.strict)
-        try:
-            req = self._parse(lambda: oa.parse_request(chat, chat=True, policy=self.policy(), models=(self.model_id,),
-                                                       limits=self.limits))
-        except BadRequest as exc:
-            raise ra.renamed(exc, origin) from None
+        req = self._translated(chat, lambda exc: ra.renamed(exc, origin))
         self._check_capabilities(req, "tools" if req.tools is not None and chat.get("response_format") is None
                                  else "text.format")
         run = await self._start(req, rid, hold, place)
