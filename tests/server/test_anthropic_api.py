@@ -199,3 +199,13 @@ def test_unknown_fields_are_ignored_by_default_and_named(make_daemon):
     strict = make_daemon(http={**HTTP, "strict": True})
     status, _, out = raw(strict, "POST", "/v1/messages", body)
     assert status == 400 and json.loads(out)["error"]["message"].startswith("container: ")
+
+
+def test_an_error_after_the_status_line_is_an_error_event(make_daemon):
+    r = make_daemon(http=HTTP, step_seconds=0.01)
+    body = {"model": MODEL, "max_tokens": 4000, "messages": MSGS, "stream": True, "edgespec": {"timeout_seconds": 0.2}}
+    status, _, out = raw(r, "POST", "/v1/messages", body)
+    evs = events(out)
+    assert status == 200 and evs[0][0] == "message_start"
+    name, data = evs[-1]
+    assert name == "error" and data["error"]["type"] == "timeout_error" and "timeout_seconds" in data["error"]["message"]

@@ -121,3 +121,14 @@ def test_bad_fields_are_400_naming_them(make_daemon, body, param):
     status, _, out = raw(r, "POST", "/v1/responses", {"model": MODEL, "input": "x", **body})
     err = json.loads(out)["error"]
     assert status == 400 and err["param"] == param and err["type"] == "invalid_request_error", err
+
+
+def test_an_error_after_the_status_line_is_an_error_event(make_daemon):
+    r = make_daemon(http=HTTP, step_seconds=0.01)
+    body = {"model": MODEL, "input": "x", "max_output_tokens": 4000, "stream": True,
+            "edgespec": {"timeout_seconds": 0.2}}
+    status, _, out = raw(r, "POST", "/v1/responses", body)
+    datas = [json.loads(ln[6:]) for ln in out.decode().splitlines() if ln.startswith("data: ")]
+    assert status == 200 and datas[0]["type"] == "response.created"
+    assert datas[-1]["type"] == "error" and datas[-1]["code"] == "deadline_exceeded"
+    assert datas[-1]["sequence_number"] == len(datas) - 1
