@@ -334,7 +334,8 @@ SETTINGS: tuple[Setting, ...] = (
             "server.insecure)", check=check_host),
     Setting("http", "port", I, 8080, "HTTP API port (0 = pick a free one)", lo=0, hi=65535),
     Setting("http", "strict", B, False, "refuse a request field the API (OpenAI's or Anthropic's) does not define, "
-            "naming it (false: ignore it and name it in the x-edgespec-warning response header)"),
+            "and a model this server does not serve, naming them (false: ignore the field, answer with the served "
+            "model, and name both in the x-edgespec-warning response header)"),
     Setting("metrics", "enabled", B, False, "serve Prometheus text metrics over HTTP"),
     Setting("metrics", "host", S, "127.0.0.1", "metrics address (loopback by default)", check=check_host),
     Setting("metrics", "port", I, 9464, "metrics port", lo=0, hi=65535),

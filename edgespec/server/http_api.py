@@ -129,12 +129,15 @@ def error_response(exc: BaseException, path: str = "", shape: Shape | None = Non
     return JSONResponse(shape(status, body) if shape else body, status_code=status, headers=headers)
 
 
-def _warning_headers(ignored: Sequence[str]) -> dict[str, str]:
-    """The header naming the unknown fields ignored under [http] strict = false (none: {})."""
-    if not ignored:
+def _warning_headers(ignored: Sequence[str], unserved_model: str = "", served: str = "") -> dict[str, str]:
+    """The header naming what [http] strict = false let through (nothing: {}): the unknown fields
+    ignored, and a model named that this server does not serve (`served` answered instead)."""
+    said = [f"ignored unknown fields: {', '.join(ignored)}"] if ignored else []
+    if unserved_model:
+        said.append(f"model {unserved_model!r} is not served here: {served} answered")
+    if not said:
         return {}
-    names = ", ".join(ignored).encode("ascii", "backslashreplace").decode()[:1000]
-    return {"x-edgespec-warning": f"ignored unknown fields: {names}"}
+    return {"x-edgespec-warning": "; ".join(said).encode("ascii", "backslashreplace").decode()[:1000]}
 
 
 def _parsed(events: Sequence[tuple[str, Any]], index: int) -> list[answer.Event]:
@@ -363,7 +366,7 @@ class HttpApi:
         return resp
 
     def _parse(self, parse: Callable[[], oa.CompletionRequest]) -> oa.CompletionRequest:
-        """A parsed request; an unknown model is a 404."""
+        """A parsed request; an unknown model is a 404 ([http] strict = true)."""
         try:
             return parse()
         except BadRequest as exc:
@@ -391,7 +394,7 @@ class HttpApi:
             piece = lambda t: pieces[t] if 0 <= t < len(pieces) else b""  # noqa: E731
         run = await self._start(req, rid, hold, place)
         rid_out = ("chatcmpl-" if chat else "cmpl-") + rid
-        warning = _warning_headers(req.ignored)
+        warning = _warning_headers(req.ignored, req.unserved_model, self.model_id)
         if req.stream:
             fmt = oa.CompletionStream(req, rid=rid_out, created=run.created, model=self.model_id, n=req.n,
                                       piece=piece)
@@ -616,7 +619,8 @@ class HttpApi:
         request; a field error renamed as that API names the field."""
         try:
             return self._parse(lambda: oa.parse_request(chat, chat=True, policy=self.policy(),
-                                                        models=(self.model_id,), limits=self.limits))
+                                                        models=(self.model_id,), limits=self.limits,
+                                                        strict=self.strict))
         except BadRequest as exc:
             raise rename(exc) from None
 
@@ -635,7 +639,7 @@ class HttpApi:
         run = await self._start(req, rid, hold, place)
         rid_out = "msg_" + rid
         n_prompt = len(run.jobs[0].prompt_tokens or ())
-        warning = _warning_headers(ignored)
+        warning = _warning_headers(ignored, req.unserved_model, self.model_id)
         if req.stream:
             fmt = an.MessageStream(rid=rid_out, model=self.model_id, input_tokens=n_prompt)
             return self._stream_response(req, run, fmt, hold, place.used, warning)
@@ -653,7 +657,8 @@ class HttpApi:
         tokens = await self._prompt_tokens(req)
         if tokens is None:  # an engine without an encoder: on its own thread, the engine the tokenizer
             tokens = tuple(await self._call(lambda tok: chat_encoding.encode_prompt(tok, req.prompt, req.messages)))
-        return JSONResponse({"input_tokens": len(tokens)}, headers=_warning_headers(ignored))
+        return JSONResponse({"input_tokens": len(tokens)},
+                            headers=_warning_headers(ignored, req.unserved_model, self.model_id))
 
     # ---- OpenAI's Responses API ---------------------------------------------------------------
 
@@ -670,7 +675,7 @@ class HttpApi:
         run = await self._start(req, rid, hold, place)
         base = ra.base_body(body, rid="resp_" + rid, created=run.created, model=self.model_id)
         n_prompt = len(run.jobs[0].prompt_tokens or ())
-        warning = _warning_headers(ignored)
+        warning = _warning_headers(ignored, req.unserved_model, self.model_id)
         if req.stream:
             return self._stream_response(req, run, ra.ResponseStream(base, prompt_tokens=n_prompt), hold, place.used,
                                          warning)

@@ -10,8 +10,9 @@ draft_tokens, tree_nodes, tree_depth, ngram, timeout_seconds, constraint {kind, 
 presence_penalty, frequency_penalty, repetition_penalty and logit_bias (exact under speculation:
 edgespec.penalties).
 Refused with a 400 naming the field: functions, function_call, audio, modalities, prediction, suffix, echo,
-best_of > 1, non-text message parts, token-id prompts; unknown fields unless [http] strict is
-false (then ignored, and named back to the caller).
+best_of > 1, non-text message parts, token-id prompts; unknown fields and a model this server
+does not serve only under [http] strict = true (else the fields are ignored and the served model
+answers, both named back to the caller).
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ class CompletionRequest:
     # tool_calls: tuple[ToolCall], a tool turn's tool_call_id); empty when no message has any
     extras: tuple[Mapping[str, Any], ...] = ()
     ignored: tuple[str, ...] = ()  # unknown fields ignored under [http] strict = false
+    # a model named that this server does not serve, answered by the one it serves ([http] strict = false)
+    unserved_model: str = ""
     n: int = 1  # choices: independent samples of one prompt (seed + i each when a seed is set)
 
     @property
@@ -255,8 +258,11 @@ def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str
     if ignored:
         body = {k: v for k, v in body.items() if k not in ignored}
     model = _str(body.get("model"), "model") if body.get("model") is not None else ""
+    unserved = ""
     if model and model not in models:
-        raise BadRequest("model", f"unknown model {model!r} (served: {', '.join(models)})")
+        if strict:
+            raise BadRequest("model", f"unknown model {model!r} (served: {', '.join(models)})")
+        unserved = model
     messages, extras, prompt = _input(body, chat, limits)
     tools = tools_mod.parse_tools(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls")) \
         if chat else None
@@ -285,7 +291,7 @@ def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str
     return CompletionRequest(chat=chat, model=model, prompt=prompt, messages=messages, sampling=sampling,
                              speculation=_speculation(ext, policy), stream=stream, include_usage=include_usage,
                              logprobs=logprobs, constraint=constraint, timeout_seconds=timeout, tools=tools,
-                             extras=extras, ignored=ignored, n=n)
+                             extras=extras, ignored=ignored, n=n, unserved_model=unserved)
 
 
 def _refuse_unsupported(body: Mapping, strict: bool = True) -> tuple[str, ...]:

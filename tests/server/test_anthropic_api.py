@@ -166,11 +166,15 @@ def test_bad_fields_are_400_in_anthropics_shape_naming_them(make_daemon, body, f
     assert err["error"]["message"].startswith(field + ": ")
 
 
-def test_unknown_model_route_and_errors_are_anthropic_errors(make_daemon):
-    r = make_daemon(http=HTTP)
-    c = client(r)
+def test_another_models_name_is_answered_unless_strict(make_daemon):
+    """A client written for Anthropic's service works with only its base URL changed."""
+    msg = client(make_daemon(http=HTTP)).messages.with_raw_response.create(model="claude-9", max_tokens=4,
+                                                                           messages=MSGS)
+    assert msg.parse().model == MODEL
+    assert msg.headers["x-edgespec-warning"] == f"model 'claude-9' is not served here: {MODEL} answered"
+    r = make_daemon(http={**HTTP, "strict": True})
     with pytest.raises(anthropic.NotFoundError) as e:
-        c.messages.create(model="claude-9", max_tokens=4, messages=MSGS)
+        client(r).messages.create(model="claude-9", max_tokens=4, messages=MSGS)
     assert e.value.body["error"]["type"] == "not_found_error" and "claude-9" in e.value.body["error"]["message"]
     status, _, out = raw(r, "GET", "/v1/messages")
     assert status == 405 and json.loads(out)["type"] == "error"

@@ -135,12 +135,12 @@ def test_bad_params_are_400_naming_them(make_daemon, body, param):
 
 
 def test_openai_client_sees_400_404_and_engine_side_errors(make_daemon):
-    r = make_daemon(http=HTTP, n_ctx=64)
+    r = make_daemon(http={**HTTP, "strict": True}, n_ctx=64)
     c = client(r)
     with pytest.raises(openai.BadRequestError) as e:
         c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], n=30)
     assert e.value.body["param"] == "n"
-    with pytest.raises(openai.NotFoundError) as e:
+    with pytest.raises(openai.NotFoundError) as e:  # strict: only the served model
         c.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "x"}])
     assert e.value.body["param"] == "model" and e.value.body["code"] == "model_not_found"
     for stream in (True, False):
@@ -345,6 +345,10 @@ def test_unknown_fields_ignored_and_named_unless_strict(make_daemon):
     assert headers["x-edgespec-warning"] == "ignored unknown fields: bogus, \\xfcn\\xef"
     status, _, out = raw(lax, "POST", "/v1/chat/completions", {**body, "temperature": -1})
     assert status == 400 and json.loads(out)["error"]["param"] == "temperature"  # known fields still checked
+    # another model's name: the served model answers, and says so
+    status, headers, out = raw(lax, "POST", "/v1/completions", {"model": "gpt-9", "prompt": "x", "max_tokens": 2})
+    assert status == 200 and json.loads(out)["model"] == MODEL
+    assert headers["x-edgespec-warning"] == f"model 'gpt-9' is not served here: {MODEL} answered"
 
 
 def test_sighup_rotates_the_https_certificate(make_daemon, certs, tmp_path):

@@ -44,8 +44,9 @@ def test_unary_and_stream_agree(make_daemon):
     assert events[-1].response.usage.output_tokens == 7
 
     r.engine.eos_after = 3
-    done = c.responses.create(model=MODEL, input=[{"role": "user", "content": "Hi"}], max_output_tokens=20)
+    done = c.responses.create(model="gpt-9", input=[{"role": "user", "content": "Hi"}], max_output_tokens=20)
     assert done.status == "completed" and done.incomplete_details is None and done.output_text == "alpha beta gamma "
+    assert done.model == MODEL  # the served model answers whatever the name
     s = r.engine.requests[-1].sampling
     assert (s.max_tokens, s.temperature) == (20, 1.0)
 
