@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from edgespec.errors import BadRequest
+from edgespec.tool_formats import FORMATS as TOOL_FORMATS
 
 # the limits a request's speculation shape may reach
 MAX_DRAFT_TOKENS = 16
@@ -253,6 +254,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("target", "chat_template", S, "", "a Jinja chat template file to render chat requests with (in a "
             "sandbox, with tools) instead of the GGUF's own; empty = the GGUF's tokenizer.chat_template "
             "(tool requests) and llama.cpp's built-in matcher (the others)", check=_file_or_empty),
+    Setting("target", "tool_format", S, "auto", "the format the model writes tool calls in, which the answer's "
+            "grammar and parser follow: auto = the one the chat template writes (Hermes' <tool_call> when it "
+            "shows none); hermes, qwen3_coder, glm45, llama3, mistral, deepseek_r1 or deepseek_v31 to force one",
+            choices=("auto", *TOOL_FORMATS)),
     *_model("draft"),
     Setting("draft", "enabled", B, True, "false = model-free (n-gram) drafting only"),
     Setting("draft", "head", S, "auto", "an EAGLE-3 head loaded beside the draft model: each request drafts with "

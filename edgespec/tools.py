@@ -646,6 +646,16 @@ def format_for(template: Any, forced: str = "auto") -> str:
     return tool_formats.detect(template.source) or "hermes"
 
 
+def call_format(tok: Any, override: str = "", forced: str = "auto") -> str:
+    """format_for the template a request is rendered with (the GGUF's own unless `override`, as
+    encode_request renders it); edgespec's without a tokenizer."""
+    if forced != "auto" or tok is None:
+        return forced if forced != "auto" else "hermes"
+    from edgespec import chat
+
+    return format_for(chat.template_of(tok, override or None))
+
+
 def native(template: Any) -> bool:
     """Whether a chat template shows tools and writes calls itself (it mentions `tools` and writes
     calls in a format tool_formats knows)."""

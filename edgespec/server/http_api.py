@@ -149,9 +149,9 @@ def _parsed(events: Sequence[tuple[str, Any]], index: int) -> list[answer.Event]
 def _calls(req: oa.CompletionRequest, result: GenerationResult) -> tuple[str | None, tuple[tools_mod.ToolCall, ...],
                                                                          str]:
     """A unary answer's (content, tool calls, finish reason): "tool_calls" when it is calls."""
-    if not req.parses_calls:
+    if not req.parses_calls or req.tools is None:
         return result.text, (), result.finish_reason
-    content, calls = tools_mod.parse_answer(result.text, truncated=result.finish_reason == "length")
+    content, calls = req.tools.parse(result.text, truncated=result.finish_reason == "length")
     finish: str = result.finish_reason
     if calls and finish in ("stop", "eos"):
         finish = "tool_calls"
@@ -187,6 +187,7 @@ class HttpApi:
                  model_id: str, created: int, max_body_bytes: int, threads: int, n_ctx: int,
                  limits: LimitsConfig | None = None, chat_template: str = "",
                  embedder: emb.Embedder | None = None, strict: bool = False, callers: CallerLimits | None = None,
+                 tool_format: str = "auto",
                  metrics: Callable[[str | None], tuple[bytes, str]] | None = None):
         self.loop = loop
         self.embedder = embedder
@@ -195,6 +196,7 @@ class HttpApi:
         self.callers = callers  # per-caller limits and figures (shared with gRPC), None: no limits
         self.strict = strict  # [http] strict: unknown request fields refused (else ignored with a warning header)
         self.chat_template = chat_template  # [target] chat_template's text ("" = the GGUF's own)
+        self.tool_format = tool_format  # [target] tool_format (auto: the template's)
         self.n_ctx = n_ctx
         self.limits = limits or LimitsConfig()
         self.policy = policy
@@ -374,6 +376,10 @@ class HttpApi:
                 raise UnknownModel("model", str(exc).split(": ", 1)[-1]) from None
             raise
 
+    def _tool_format(self) -> str:
+        """The call format the model writes: [target] tool_format, or the one its chat template writes."""
+        return tools_mod.call_format(self.loop.encoder, self.chat_template, self.tool_format)
+
     def _check_capabilities(self, req: oa.CompletionRequest, field: str) -> None:
         """A constraint (`field` names where the request asked for one) needs an engine that applies it."""
         if req.constraint is not None and "constraint" not in self.loop.capabilities:
@@ -383,7 +389,8 @@ class HttpApi:
                       place: Place | Unlimited) -> Response:
         body = await self._json(request)
         req = self._parse(lambda: oa.parse_request(body, chat=chat, policy=self.policy(), models=(self.model_id,),
-                                                   limits=self.limits, strict=self.strict))
+                                                   limits=self.limits, strict=self.strict,
+                                                   tool_format=self._tool_format()))
         self._check_capabilities(req, "edgespec.constraint" if isinstance(body.get("edgespec"), dict) and
                                  body["edgespec"].get("constraint") is not None else
                                  "tools" if req.tools is not None and body.get("response_format") is None
@@ -535,7 +542,7 @@ class HttpApi:
         n = len(jobs)
         results: list[GenerationResult | None] = [None] * n
         offsets = [0] * n
-        answers = [tools_mod.AnswerStream() if req.parses_calls else None for _ in jobs]
+        answers = [req.tools.stream() if req.parses_calls and req.tools is not None else None for _ in jobs]
         batch = run.first
         if batch is None:
             yield answer.Waiting()
@@ -620,7 +627,7 @@ class HttpApi:
         try:
             return self._parse(lambda: oa.parse_request(chat, chat=True, policy=self.policy(),
                                                         models=(self.model_id,), limits=self.limits,
-                                                        strict=self.strict))
+                                                        strict=self.strict, tool_format=self._tool_format()))
         except BadRequest as exc:
             raise rename(exc) from None
 

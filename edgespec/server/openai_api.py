@@ -250,8 +250,10 @@ def _extension(v: Any) -> Mapping:
 
 
 def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str],
-                  limits: LimitsConfig = DEFAULT_LIMITS, strict: bool = True) -> CompletionRequest:
-    """Validate a request body; BadRequest(field) names the first offending field."""
+                  limits: LimitsConfig = DEFAULT_LIMITS, strict: bool = True,
+                  tool_format: str = "hermes") -> CompletionRequest:
+    """Validate a request body; BadRequest(field) names the first offending field. `tool_format`:
+    the call format the model writes (tools.call_format)."""
     if not isinstance(body, Mapping):
         raise BadRequest("body", "must be a JSON object")
     ignored = _refuse_unsupported(body, strict)
@@ -264,8 +266,8 @@ def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str
             raise BadRequest("model", f"unknown model {model!r} (served: {', '.join(models)})")
         unserved = model
     messages, extras, prompt = _input(body, chat, limits)
-    tools = tools_mod.parse_tools(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls")) \
-        if chat else None
+    tools = tools_mod.parse_tools(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"),
+                                  tool_format) if chat else None
     if not chat:
         for k in ("tools", "tool_choice", "parallel_tool_calls"):
             if body.get(k) is not None:
@@ -445,8 +447,8 @@ def completion_body(req: CompletionRequest, *, rid: str, created: int, model: st
     lp = result.logprobs if req.logprobs is not None else None
     if req.chat:
         choice["message"] = {"role": "assistant", "content": result.text}
-        if req.parses_calls:
-            content, calls = tools_mod.parse_answer(result.text, truncated=result.finish_reason == "length")
+        if req.parses_calls and req.tools is not None:
+            content, calls = req.tools.parse(result.text, truncated=result.finish_reason == "length")
             if calls:
                 choice["message"] = {"role": "assistant", "content": content,
                                      "tool_calls": [c.as_openai() for c in calls]}
