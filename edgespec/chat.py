@@ -141,12 +141,15 @@ class ChatTemplate:
         self._vars = {"bos_token": bos_token, "eos_token": eos_token}
         self.has_tools = "tools" in source  # the template shows the tools itself
 
-    def render(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None) -> str:
+    def render(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None,
+               variables: Mapping[str, Any] | None = None) -> str:
+        """The template over `messages` (generation prompt appended); `variables`: more that it may
+        read (enable_thinking, reasoning_effort)."""
         import jinja2
 
         try:
             return self._template.render(messages=list(messages), tools=list(tools) if tools else None,
-                                         add_generation_prompt=True, **self._vars)
+                                         add_generation_prompt=True, **self._vars, **(variables or {}))
         except _TemplateRaised as exc:
             raise BadRequest("messages", f"the chat template refused the conversation: {exc}") from None
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:

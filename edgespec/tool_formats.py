@@ -177,9 +177,11 @@ class ToolFormat:
     def scan(self, text: str, tools: Mapping[str, "Tool"]) -> Scan:
         raise NotImplementedError
 
-    def grammar(self, tools: Sequence["Tool"], choice: str, parallel: bool) -> str:
-        """The answer's grammar: text that does not open a call, or calls (tools.ToolSpec's choices)."""
-        text = "TEXT: /(.|\\n)*/ & ~/(" + "|".join(_regex(o) for o in self.openers) + ")(.|\\n)*/"
+    def grammar(self, tools: Sequence["Tool"], choice: str, parallel: bool, not_text: Sequence[str] = ()) -> str:
+        """The answer's grammar: text that does not open a call (nor begin with `not_text`), or
+        calls (tools.ToolSpec's choices)."""
+        text = "TEXT: /(.|\\n)*/ & ~/[ \\t\\r\\n]*(" + "|".join(_regex(o) for o in (*self.openers, *not_text)) + \
+            ")(.|\\n)*/"
         if choice == "none":
             return f"start: TEXT\n{text}\n"
         rules = []

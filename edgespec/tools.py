@@ -86,28 +86,29 @@ class ToolSpec:
     def by_name(self) -> dict[str, Tool]:
         return {t.name: t for t in self.tools}
 
-    def grammar(self) -> str:
-        """The Lark grammar (llguidance's dialect) the answer must match."""
+    def grammar(self, not_text: Sequence[str] = ()) -> str:
+        """The Lark grammar (llguidance's dialect) the answer must match. Text (auto, none) begins
+        with none of the calls' openings, nor with `not_text` (leading whitespace aside)."""
         if self.choice.startswith("function:"):
             tools = [t for t in self.tools if t.name == self.choice.removeprefix("function:")]
         else:
             tools = list(self.tools)
         fmt = tool_formats.by_name(self.format)
         if fmt is not None:
-            return fmt.grammar(tools, self.choice, self.parallel)
+            return fmt.grammar(tools, self.choice, self.parallel, not_text)
         schema: dict[str, Any] = {"x-guidance": {"whitespace_flexible": False},
                                   "anyOf": [_call_schema(t) for t in tools]}
         one = f'"{_lark(OPEN)}\\n" call_body "\\n{_lark(CLOSE)}"'
         calls = "call" if not self.parallel or self.choice.startswith("function:") else 'call ("\\n" call)*'
-        text = "TEXT: /(.|\\n)*/ & ~/" + _regex(OPEN) + "(.|\\n)*/"
+        text = "TEXT: /(.|\\n)*/ & ~/[ \\t\\r\\n]*(" + "|".join(_regex(o) for o in (OPEN, *not_text)) + ")(.|\\n)*/"
         if self.choice == "none":
             return f"start: TEXT\n{text}\n"
         start = "calls" if self.choice != "auto" else "TEXT | calls"
         return (f"start: {start}\ncalls: {calls}\ncall: {one}\n{text}\n"
                 f"call_body: %json {json.dumps(schema)}\n")
 
-    def constraint(self) -> ConstraintSpec:
-        return ConstraintSpec("lark", self.grammar())
+    def constraint(self, not_text: Sequence[str] = ()) -> ConstraintSpec:
+        return ConstraintSpec("lark", self.grammar(not_text))
 
     def parse(self, text: str, *, truncated: bool = False) -> tuple[str | None, tuple[ToolCall, ...]]:
         """The answer as (content, calls) in this spec's format (parse_answer's contract)."""
