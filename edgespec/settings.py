@@ -258,6 +258,10 @@ SETTINGS: tuple[Setting, ...] = (
             "grammar and parser follow: auto = the one the chat template writes (Hermes' <tool_call> when it "
             "shows none); hermes, qwen3_coder, glm45, llama3, mistral, deepseek_r1 or deepseek_v31 to force one",
             choices=("auto", *TOOL_FORMATS)),
+    Setting("target", "reasoning_format", S, "auto", "whether the model writes its reasoning in a <think> block "
+            "(DeepSeek-R1, Qwen3, QwQ, GLM): think = split it from the content (reasoning_content, a reasoning "
+            "item, a thinking block) and hold a schema or tool grammar to what follows it; auto = think when "
+            "the chat template knows </think>; none = the answer is all content", choices=("auto", "none", "think")),
     *_model("draft"),
     Setting("draft", "enabled", B, True, "false = model-free (n-gram) drafting only"),
     Setting("draft", "head", S, "auto", "an EAGLE-3 head loaded beside the draft model: each request drafts with "

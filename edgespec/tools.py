@@ -704,15 +704,18 @@ def template_inputs(messages: Sequence[tuple[str, str]], extras: Sequence[Mappin
 
 
 def encode_request(tok: Any, prompt: str, messages: Sequence[tuple[str, str]], extras: Sequence[Mapping[str, Any]],
-                   spec: ToolSpec | None, override: str = "") -> list[int]:
-    """A chat or text request's prompt token ids. A chat request with tools, tool turns or a
-    configured template (`override`, [target] chat_template) renders the Jinja template (the
-    GGUF's own unless overridden) through template_inputs; the others keep the tokenizer's
-    built-in template (chat.encode_prompt)."""
+                   spec: ToolSpec | None, override: str = "", *, variables: Mapping[str, Any] | None = None,
+                   jinja: bool = False, rendered: list[str] | None = None) -> list[int]:
+    """A chat or text request's prompt token ids. A chat request with tools, tool turns, template
+    `variables` (enable_thinking, reasoning_effort), `jinja` (a reasoning model's: its prompt's
+    end is read) or a configured template (`override`, [target] chat_template) renders the Jinja
+    template (the GGUF's own unless overridden) through template_inputs, its text appended to
+    `rendered`; the others keep the tokenizer's built-in template (chat.encode_prompt)."""
     from edgespec import chat
 
-    if not messages or (spec is None and not extras and not override):
+    if not messages or (spec is None and not extras and not override and not variables and not jinja):
         return chat.encode_prompt(tok, prompt, messages)
     template = chat.template_of(tok, override or None)
     msgs, ex, tools = template_inputs(messages, extras, spec, template)
-    return chat.encode_chat(tok, msgs, template=template, tools=tools, extras=ex)
+    return chat.encode_chat(tok, msgs, template=template, tools=tools, extras=ex, variables=variables,
+                            rendered=rendered)

@@ -5,7 +5,7 @@ anthropic_api.MessageStream, responses_api.ResponseStream).
 
 One answer may hold n choices (OpenAI's `n`): every event names its choice's index. Order: for
 each choice, Text and Call events as the engine steps it, then its End; once every choice has
-ended, one Usage. Waiting comes whenever the request has waited a while with nothing to say (in
+ended, one Usage. A thinking model's Reasoning events come before its Text and Call events. Waiting comes whenever the request has waited a while with nothing to say (in
 the queue, or reading a long prompt): a formatter answers it with a keep-alive.
 
 Pure: no I/O."""
@@ -28,6 +28,14 @@ class Text:
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()
     offset: int = 0  # characters of this choice's text before this piece
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """Reasoning text of choice `index` (a thinking model's <think> block, its tags left out)."""
+
+    index: int
+    text: str
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,7 @@ class Waiting:
     """Nothing to say yet: the request waits (in the queue, or for its first token)."""
 
 
-Event = Text | Call | End | Usage | Waiting
+Event = Text | Reasoning | Call | End | Usage | Waiting
 
 
 class StreamFormat(Protocol):

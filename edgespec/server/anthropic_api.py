@@ -16,7 +16,9 @@ What maps to what:
                                             disable_parallel_tool_use -> parallel_tool_calls false
     output_config.format (json_schema)      response_format json_schema (the answer follows the schema)
     stop_sequences, max_tokens (required), temperature, top_p, top_k, stream, edgespec: as named
-    metadata, thinking, service_tier, cache_control, output_config.effort, speed, inference_geo,
+    thinking {type: enabled / disabled}     chat_template_kwargs enable_thinking; the reasoning of a
+                                            thinking model comes back as a thinking block
+    metadata, service_tier, cache_control, output_config.effort, speed, inference_geo,
     diagnostics, user_profile_id, workspace_id: accepted and ignored
 
 stop_reason: end_turn (end of sequence), stop_sequence (with the string), max_tokens, tool_use.
@@ -81,7 +83,19 @@ def to_chat(body: Any, *, strict: bool, count: bool = False) -> tuple[dict, tupl
         chat.update(_tool_choice(body["tool_choice"]))
     if not count and (fmt := _output_format(body.get("output_config"))) is not None:
         chat["response_format"] = fmt
+    if (thinking := _thinking(body.get("thinking"))) is not None:
+        chat["chat_template_kwargs"] = {"enable_thinking": thinking}
     return chat, unknown, origin
+
+
+def _thinking(v: Any) -> bool | None:
+    """thinking {type: enabled | disabled | adaptive, budget_tokens} as the template's enable_thinking
+    (None: leave the template's default); the budget is not enforced."""
+    if v is None:
+        return None
+    if not isinstance(v, Mapping) or v.get("type") not in ("enabled", "disabled", "adaptive"):
+        raise BadRequest("thinking.type", "must be 'enabled', 'disabled' or 'adaptive'")
+    return None if v["type"] == "adaptive" else v["type"] == "enabled"
 
 
 def _output_format(v: Any) -> dict | None:
@@ -290,8 +304,9 @@ def tool_use_id(call_id: str) -> str:
 
 def message_body(*, rid: str, model: str, content: str | None, calls: Sequence[ToolCall], finish: str,
                  stop_sequence: str | None, input_tokens: int, output_tokens: int,
-                 stats: Mapping[str, Any]) -> dict:
-    blocks: list[dict] = [{"type": "text", "text": content}] if content else []
+                 stats: Mapping[str, Any], thinking: str | None = None) -> dict:
+    blocks: list[dict] = [{"type": "thinking", "thinking": thinking, "signature": ""}] if thinking else []
+    blocks += [{"type": "text", "text": content}] if content else []
     blocks += [{"type": "tool_use", "id": tool_use_id(c.id), "name": c.name, "input": json.loads(c.arguments)}
                for c in calls]
     return {"id": rid, "type": "message", "role": "assistant", "model": model, "content": blocks,
@@ -340,6 +355,11 @@ class MessageStream:
         return out + _event("content_block_start", {"index": self.block, "content_block": block})
 
     def event(self, ev: answer.Event) -> bytes:
+        if isinstance(ev, answer.Reasoning):
+            out = b"" if self.open == "thinking" else self._begin({"type": "thinking", "thinking": "",
+                                                                   "signature": ""})
+            return out + _event("content_block_delta", {"index": self.block,
+                                                        "delta": {"type": "thinking_delta", "thinking": ev.text}})
         if isinstance(ev, answer.Text):
             out = b"" if self.open == "text" else self._begin({"type": "text", "text": ""})
             return out + _event("content_block_delta", {"index": self.block,

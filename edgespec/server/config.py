@@ -80,6 +80,7 @@ class DaemonConfig:
     rpc_servers: tuple[str, ...] = ()  # [target] rpc_servers: registered before the engine loads
     chat_template: str = ""  # [target] chat_template: the file's text ("" = the GGUF's own)
     tool_format: str = "auto"  # [target] tool_format: the call format (auto = the template's)
+    reasoning_format: str = "auto"  # [target] reasoning_format: think, none, or auto (the template's)
     source: str = ""  # the file it came from ("" = defaults only)
     http: HttpConfig = field(default_factory=HttpConfig)
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
@@ -219,7 +220,7 @@ def _head(values: dict[str, Any], target: str) -> ModelConfig | None:
 def _model(values: dict[str, Any], demo_name: str) -> ModelConfig:
     path = values["path"] or str(models_dir() / demo_name)
     return ModelConfig(path=str(Path(path).expanduser()),
-                       **{k: v for k, v in values.items() if k in SECTIONS["target"] and k not in ("path", "rpc_servers", "chat_template", "tool_format")})
+                       **{k: v for k, v in values.items() if k in SECTIONS["target"] and k not in ("path", "rpc_servers", "chat_template", "tool_format", "reasoning_format")})
 
 
 def load(
@@ -265,6 +266,7 @@ def load(
         rpc_servers=tuple(values["target"]["rpc_servers"]),
         chat_template=_chat_template(values["target"]["chat_template"]),
         tool_format=values["target"]["tool_format"],
+        reasoning_format=values["target"]["reasoning_format"],
     )
 
 

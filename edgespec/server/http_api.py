@@ -42,6 +42,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from edgespec import chat as chat_encoding
+from edgespec import reasoning
 from edgespec import tools as tools_mod
 from edgespec.errors import (BadRequest, Cancelled, ConfigError, DeadlineExceeded, EdgespecError, NotReady,
                              Overloaded)
@@ -146,16 +147,27 @@ def _parsed(events: Sequence[tuple[str, Any]], index: int) -> list[answer.Event]
             for kind, v in events if kind != "content" or v]
 
 
-def _calls(req: oa.CompletionRequest, result: GenerationResult) -> tuple[str | None, tuple[tools_mod.ToolCall, ...],
-                                                                         str]:
-    """A unary answer's (content, tool calls, finish reason): "tool_calls" when it is calls."""
+def _content(index: int, text: str, logprobs: Sequence, offset: int,
+             parsed: tools_mod.AnswerStream | tools_mod.FormatStream | None) -> list[answer.Event]:
+    """A piece of a choice's content as answer events: through the tool-call parser when the
+    answer may be calls (text that may still open one held back), else as it is."""
+    if parsed is not None:
+        return _parsed(parsed.feed(text), index)
+    return [answer.Text(index, text, tuple(logprobs), offset)] if text or logprobs else []
+
+
+def _calls(req: oa.CompletionRequest, result: GenerationResult, thinking: reasoning.Reasoning | None = None
+           ) -> tuple[str | None, str | None, tuple[tools_mod.ToolCall, ...], str]:
+    """A unary answer's (reasoning, content, tool calls, finish reason): reasoning when the model
+    thinks (`thinking`), finish "tool_calls" when the answer is calls."""
+    thought, text = thinking.split(result.text) if thinking is not None else (None, result.text)
     if not req.parses_calls or req.tools is None:
-        return result.text, (), result.finish_reason
-    content, calls = req.tools.parse(result.text, truncated=result.finish_reason == "length")
+        return thought, text, (), result.finish_reason
+    content, calls = req.tools.parse(text, truncated=result.finish_reason == "length")
     finish: str = result.finish_reason
     if calls and finish in ("stop", "eos"):
         finish = "tool_calls"
-    return content, calls, finish
+    return thought, content, calls, finish
 
 
 @dataclasses.dataclass
@@ -167,6 +179,7 @@ class _Run:
     events: queue.SimpleQueue
     first: list[tuple] | None
     created: int
+    reasoning: reasoning.Reasoning | None = None  # the model thinks: its <think> block is split off
 
 
 class _Tagged:
@@ -187,7 +200,7 @@ class HttpApi:
                  model_id: str, created: int, max_body_bytes: int, threads: int, n_ctx: int,
                  limits: LimitsConfig | None = None, chat_template: str = "",
                  embedder: emb.Embedder | None = None, strict: bool = False, callers: CallerLimits | None = None,
-                 tool_format: str = "auto",
+                 tool_format: str = "auto", reasoning_format: str = "auto",
                  metrics: Callable[[str | None], tuple[bytes, str]] | None = None):
         self.loop = loop
         self.embedder = embedder
@@ -197,6 +210,7 @@ class HttpApi:
         self.strict = strict  # [http] strict: unknown request fields refused (else ignored with a warning header)
         self.chat_template = chat_template  # [target] chat_template's text ("" = the GGUF's own)
         self.tool_format = tool_format  # [target] tool_format (auto: the template's)
+        self.reasoning_format = reasoning_format  # [target] reasoning_format (auto: the template's)
         self.n_ctx = n_ctx
         self.limits = limits or LimitsConfig()
         self.policy = policy
@@ -312,10 +326,12 @@ class HttpApi:
                 self._vocab = got
         return self._vocab
 
-    async def _prompt_tokens(self, req: oa.CompletionRequest) -> tuple[int, ...] | None:
+    async def _prompt_tokens(self, req: oa.CompletionRequest, rendered: list[str] | None = None
+                             ) -> tuple[int, ...] | None:
         """The prompt tokenised here (a worker thread), as the gRPC servicer does: the engine
         thread gets token ids. None for an engine without an encoder (its thread tokenises;
-        then a request with tools or tool turns is refused: they need the chat template here)."""
+        then a request with tools or tool turns is refused: they need the chat template here).
+        `rendered`: the chat template's text is appended (when the Jinja template was rendered)."""
         enc = self.loop.encoder
         if enc is None:
             if not self.loop.ready:
@@ -324,9 +340,11 @@ class HttpApi:
                 raise BadRequest("tools", "tool calling is not available on this server's engine")
             return None
 
-        return tuple(await anyio.to_thread.run_sync(tools_mod.encode_request, enc, req.prompt, req.messages,
-                                                    req.extras, req.tools, self.chat_template,
-                                                    limiter=self.limiter))
+        def encode() -> list[int]:
+            return tools_mod.encode_request(enc, req.prompt, req.messages, req.extras, req.tools, self.chat_template,
+                                            variables=dict(req.template_vars), jinja=req.reasons, rendered=rendered)
+
+        return tuple(await anyio.to_thread.run_sync(encode, limiter=self.limiter))
 
     async def _events(self, events: queue.SimpleQueue, until_result: bool = False,
                       wait: float | None = None) -> list[tuple]:
@@ -380,6 +398,13 @@ class HttpApi:
         """The call format the model writes: [target] tool_format, or the one its chat template writes."""
         return tools_mod.call_format(self.loop.encoder, self.chat_template, self.tool_format)
 
+    def _reasoning_format(self) -> str:
+        """Whether the model thinks: [target] reasoning_format, or what its chat template writes."""
+        enc = self.loop.encoder
+        if self.reasoning_format != "auto" or enc is None:
+            return self.reasoning_format if self.reasoning_format != "auto" else "none"
+        return reasoning.format_for(chat_encoding.template_of(enc, self.chat_template or None))
+
     def _check_capabilities(self, req: oa.CompletionRequest, field: str) -> None:
         """A constraint (`field` names where the request asked for one) needs an engine that applies it."""
         if req.constraint is not None and "constraint" not in self.loop.capabilities:
@@ -390,7 +415,8 @@ class HttpApi:
         body = await self._json(request)
         req = self._parse(lambda: oa.parse_request(body, chat=chat, policy=self.policy(), models=(self.model_id,),
                                                    limits=self.limits, strict=self.strict,
-                                                   tool_format=self._tool_format()))
+                                                   tool_format=self._tool_format(),
+                                                   reasoning_format=self._reasoning_format()))
         self._check_capabilities(req, "edgespec.constraint" if isinstance(body.get("edgespec"), dict) and
                                  body["edgespec"].get("constraint") is not None else
                                  "tools" if req.tools is not None and body.get("response_format") is None
@@ -410,7 +436,8 @@ class HttpApi:
         n_prompt = len(run.jobs[0].prompt_tokens or ())
         place.used(n_prompt + sum(len(r.token_ids) for r in results))
         bodies = [oa.completion_body(req, rid=rid_out, created=run.created, model=self.model_id, result=r,
-                                     prompt_tokens=n_prompt, timings=j.timings(), piece=piece or (lambda t: b""))
+                                     prompt_tokens=n_prompt, timings=j.timings(), piece=piece or (lambda t: b""),
+                                     reasoning=run.reasoning)
                   for r, j in zip(results, run.jobs)]
         return JSONResponse(bodies[0] if req.n == 1 else oa.choices_body(bodies), headers=warning)
 
@@ -418,9 +445,16 @@ class HttpApi:
                      place: Place | Unlimited) -> _Run:
         """The request's jobs submitted; a stream's, once they are open (see _opening)."""
         deadline = time.monotonic() + req.timeout_seconds if req.timeout_seconds else None
-        tokens = await self._prompt_tokens(req)
+        rendered: list[str] = []
+        tokens = await self._prompt_tokens(req, rendered)
         created = int(time.time())
-        jobs, events = self._submit(req, rid, tokens, deadline, hold, place)
+        thinking = reasoning.Reasoning(bool(rendered) and reasoning.opened(rendered[-1])) if req.reasons else None
+        sub = req
+        if thinking is not None and req.constraint is not None:  # the constraint holds after the reasoning
+            calls = req.tools is not None and req.tools.calls_allowed
+            inner = req.tools.constraint((reasoning.OPEN,)) if calls and req.tools is not None else req.constraint
+            sub = dataclasses.replace(req, constraint=thinking.constraint(inner))
+        jobs, events = self._submit(sub, rid, tokens, deadline, hold, place)
         first: list[tuple] | None = None
         if req.stream:
             try:
@@ -429,7 +463,7 @@ class HttpApi:
                 for job in jobs:
                     job.cancel()
                 raise
-        return _Run(jobs, events, first, created)
+        return _Run(jobs, events, first, created, thinking)
 
     async def _opening(self, jobs: Sequence[Job], events: queue.SimpleQueue) -> list[tuple] | None:
         """Before a stream's status line: the events its jobs put while the engine opened them
@@ -543,6 +577,8 @@ class HttpApi:
         results: list[GenerationResult | None] = [None] * n
         offsets = [0] * n
         answers = [req.tools.stream() if req.parses_calls and req.tools is not None else None for _ in jobs]
+        splitters = [reasoning.ReasoningSplitter(run.reasoning.opened) if run.reasoning is not None else None
+                     for _ in jobs]
         batch = run.first
         if batch is None:
             yield answer.Waiting()
@@ -550,14 +586,19 @@ class HttpApi:
         while True:
             for kind, value, i in batch:
                 parsed = answers[i]
+                split = splitters[i]
                 if kind == "chunk":
                     c: Chunk = value
-                    if parsed is not None:  # text held back while it may open a call; calls as they come
-                        for ev in _parsed(parsed.feed(c.text), i):
+                    if split is None:
+                        for ev in _content(i, c.text, c.logprobs, offsets[i], parsed):
                             yield ev
-                    elif c.text or c.logprobs:
-                        yield answer.Text(i, c.text, c.logprobs, offsets[i])
-                    offsets[i] += len(c.text)
+                        offsets[i] += len(c.text)
+                        continue
+                    for part, text in split.feed(c.text):  # the reasoning, then the content (no logprobs)
+                        for ev in [answer.Reasoning(i, text)] if part == "reasoning" else \
+                                _content(i, text, (), offsets[i], parsed):
+                            yield ev
+                        offsets[i] += len(text) if part == "content" else 0
                     continue
                 result: GenerationResult = value
                 first_end = all(r is None for r in results)
@@ -566,6 +607,10 @@ class HttpApi:
                 used(len(result.token_ids) + (len(jobs[i].prompt_tokens or ()) if first_end else 0))
                 self._check_end(result)
                 finish: str = result.finish_reason
+                for part, text in split.finish() if split is not None else ():
+                    for ev in [answer.Reasoning(i, text)] if part == "reasoning" else \
+                            _content(i, text, (), offsets[i], parsed):
+                        yield ev
                 if parsed is not None:
                     for ev in _parsed(parsed.finish(), i):
                         yield ev
@@ -627,7 +672,8 @@ class HttpApi:
         try:
             return self._parse(lambda: oa.parse_request(chat, chat=True, policy=self.policy(),
                                                         models=(self.model_id,), limits=self.limits,
-                                                        strict=self.strict, tool_format=self._tool_format()))
+                                                        strict=self.strict, tool_format=self._tool_format(),
+                                                        reasoning_format=self._reasoning_format()))
         except BadRequest as exc:
             raise rename(exc) from None
 
@@ -652,8 +698,9 @@ class HttpApi:
             return self._stream_response(req, run, fmt, hold, place.used, warning)
         (result,) = await self._results(request, run.jobs)
         place.used(n_prompt + len(result.token_ids))
-        content, calls, finish = _calls(req, result)
+        thought, content, calls, finish = _calls(req, result, run.reasoning)
         body = an.message_body(rid=rid_out, model=self.model_id, content=content, calls=calls, finish=finish,
+                               thinking=thought,
                                stop_sequence=await self._stop_sequence(req, result),
                                input_tokens=result.prompt_tokens or n_prompt, output_tokens=len(result.token_ids),
                                stats=oa.speculation_stats(result, run.jobs[0].timings()))
@@ -688,8 +735,8 @@ class HttpApi:
                                          warning)
         (result,) = await self._results(request, run.jobs)
         place.used(n_prompt + len(result.token_ids))
-        content, calls, finish = _calls(req, result)
-        out = ra.response_body(base, output=ra.output_items(content, calls, finish), finish=finish,
+        thought, content, calls, finish = _calls(req, result, run.reasoning)
+        out = ra.response_body(base, output=ra.output_items(content, calls, finish, thought), finish=finish,
                                usage=ra.usage([result], n_prompt),
                                stats=oa.speculation_stats(result, run.jobs[0].timings()))
         return JSONResponse(out, headers=warning)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from edgespec import reasoning as reasoning_mod
 from edgespec import tools as tools_mod
 from edgespec.errors import BadRequest
 from edgespec.sampling import SamplingParams
@@ -47,7 +48,7 @@ _NEUTRAL = {"echo": False, "best_of": 1, "store": False}
 _KNOWN = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
           "min_p", "seed", "stop", "n", "stream", "stream_options", "logprobs", "top_logprobs", "response_format",
           "user", "metadata", "edgespec", "service_tier", "reasoning_effort", "tools", "tool_choice",
-          "parallel_tool_calls", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", *_REFUSED, *_NEUTRAL}
+          "parallel_tool_calls", "chat_template_kwargs", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", *_REFUSED, *_NEUTRAL}
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,9 @@ class CompletionRequest:
     # a model named that this server does not serve, answered by the one it serves ([http] strict = false)
     unserved_model: str = ""
     n: int = 1  # choices: independent samples of one prompt (seed + i each when a seed is set)
+    # what the chat template is given besides the conversation (enable_thinking, reasoning_effort)
+    template_vars: tuple[tuple[str, Any], ...] = ()
+    reasons: bool = False  # the model writes a <think> block, split from the content (edgespec.reasoning)
 
     @property
     def parses_calls(self) -> bool:
@@ -251,9 +255,10 @@ def _extension(v: Any) -> Mapping:
 
 def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str],
                   limits: LimitsConfig = DEFAULT_LIMITS, strict: bool = True,
-                  tool_format: str = "hermes") -> CompletionRequest:
+                  tool_format: str = "hermes", reasoning_format: str = "none") -> CompletionRequest:
     """Validate a request body; BadRequest(field) names the first offending field. `tool_format`:
-    the call format the model writes (tools.call_format)."""
+    the call format the model writes (tools.call_format); `reasoning_format`: whether it writes
+    a <think> block (edgespec.reasoning)."""
     if not isinstance(body, Mapping):
         raise BadRequest("body", "must be a JSON object")
     ignored = _refuse_unsupported(body, strict)
@@ -293,7 +298,38 @@ def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str
     return CompletionRequest(chat=chat, model=model, prompt=prompt, messages=messages, sampling=sampling,
                              speculation=_speculation(ext, policy), stream=stream, include_usage=include_usage,
                              logprobs=logprobs, constraint=constraint, timeout_seconds=timeout, tools=tools,
-                             extras=extras, ignored=ignored, n=n, unserved_model=unserved)
+                             extras=extras, ignored=ignored, n=n, unserved_model=unserved,
+                             template_vars=_template_vars(body) if chat else (),
+                             reasons=chat and reasoning_format == "think")
+
+
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+_TEMPLATE_VARS = {"enable_thinking": bool, "thinking": bool, "reasoning_effort": str}
+
+
+def _template_vars(body: Mapping) -> tuple[tuple[str, Any], ...]:
+    """reasoning_effort and chat_template_kwargs (vLLM's and llama-server's) as the chat template's
+    variables: reasoning_effort as it is, and "none" as enable_thinking false too."""
+    out: dict[str, Any] = {}
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if effort not in EFFORTS:
+            raise BadRequest("reasoning_effort", f"must be one of {', '.join(EFFORTS)}, got {effort!r}")
+        out["reasoning_effort"] = effort
+        if effort == "none":
+            out["enable_thinking"] = False
+    kw = body.get("chat_template_kwargs")
+    if kw is not None:
+        if not isinstance(kw, Mapping):
+            raise BadRequest("chat_template_kwargs", "must be an object")
+        for k, v in kw.items():
+            kind = _TEMPLATE_VARS.get(k)
+            if kind is None:
+                raise BadRequest(f"chat_template_kwargs.{k}", f"unknown (known: {', '.join(_TEMPLATE_VARS)})")
+            if not isinstance(v, kind):
+                raise BadRequest(f"chat_template_kwargs.{k}", f"must be a {kind.__name__}, got {v!r}")
+            out[k] = v
+    return tuple(sorted(out.items()))
 
 
 def _refuse_unsupported(body: Mapping, strict: bool = True) -> tuple[str, ...]:
@@ -442,18 +478,23 @@ def completion_logprobs(items: Sequence[TokenLogprob], piece: Piece, offset: int
 
 
 def completion_body(req: CompletionRequest, *, rid: str, created: int, model: str, result: GenerationResult,
-                    prompt_tokens: int, timings: Mapping[str, float] | None, piece: Piece) -> dict:
+                    prompt_tokens: int, timings: Mapping[str, float] | None, piece: Piece,
+                    reasoning: reasoning_mod.Reasoning | None = None) -> dict:
+    """`reasoning`: the answer's <think> block goes to message.reasoning_content."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(result.finish_reason)}
     lp = result.logprobs if req.logprobs is not None else None
     if req.chat:
-        choice["message"] = {"role": "assistant", "content": result.text}
+        thought, text = reasoning.split(result.text) if reasoning is not None else (None, result.text)
+        choice["message"] = {"role": "assistant", "content": text}
         if req.parses_calls and req.tools is not None:
-            content, calls = req.tools.parse(result.text, truncated=result.finish_reason == "length")
+            content, calls = req.tools.parse(text, truncated=result.finish_reason == "length")
             if calls:
                 choice["message"] = {"role": "assistant", "content": content,
                                      "tool_calls": [c.as_openai() for c in calls]}
                 if result.finish_reason in ("stop", "eos"):
                     choice["finish_reason"] = "tool_calls"
+        if thought is not None:
+            choice["message"]["reasoning_content"] = thought
         choice["logprobs"] = chat_logprobs(lp, piece) if lp is not None else None
     else:
         choice["text"] = result.text
@@ -553,6 +594,10 @@ class CompletionStream:
                                   index=ev.index, **kw))
         if isinstance(ev, answer.Call):
             return sse(tool_chunks(req, [("call", ev.delta)], index=ev.index, **kw)[0])
+        if isinstance(ev, answer.Reasoning):  # llama-server's and vLLM's delta.reasoning_content
+            body = chunk_body(req, text=None, index=ev.index, **kw)
+            body["choices"][0]["delta"] = {"reasoning_content": ev.text}
+            return sse(body)
         if isinstance(ev, answer.End):
             last = chunk_body(req, text=None, finish=ev.finish, index=ev.index, **kw)
             last["edgespec"] = speculation_stats(ev.result, ev.timings)

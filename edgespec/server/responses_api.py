@@ -15,9 +15,11 @@ What maps to what:
     tool_choice, parallel_tool_calls        as for chat completions ({type: function, name})
     text.format                             response_format (text, json_object, json_schema)
     max_output_tokens, temperature, top_p, stream, edgespec: as named
+    reasoning.effort                        reasoning_effort (the chat template's variable); a
+                                            thinking model's reasoning is a reasoning output item
 
 Nothing is stored: `previous_response_id` and `conversation` are refused with a 400 naming them
-(send the whole conversation as input items), `background` too; `store`, `metadata`, `reasoning`,
+(send the whole conversation as input items), `background` too; `store`, `metadata`, `reasoning.summary`,
 `include`, `truncation` and the other bookkeeping fields are accepted and ignored.
 """
 
@@ -71,6 +73,12 @@ def to_chat(body: Any, *, strict: bool) -> tuple[dict, tuple[str, ...], list[int
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
     if (fmt := _format(body.get("text"))) is not None:
         chat["response_format"] = fmt
+    effort = body.get("reasoning")
+    if effort is not None:
+        if not isinstance(effort, Mapping):
+            raise BadRequest("reasoning", "must be an object {effort, summary}")
+        if effort.get("effort") is not None:
+            chat["reasoning_effort"] = effort["effort"]
     return chat, unknown, origin
 
 
@@ -182,6 +190,7 @@ _RENAMES = (
     (re.compile(r"^tools\[(\d+)\]\.function\."), r"tools[\1]."),
     (re.compile(r"^tool_choice\.function\.name"), "tool_choice.name"),
     (re.compile(r"^max_tokens"), "max_output_tokens"),
+    (re.compile(r"^reasoning_effort"), "reasoning.effort"),
 )
 
 
@@ -253,9 +262,15 @@ def response_body(base: Mapping, *, output: list[dict], finish: str, usage: dict
     return out
 
 
-def output_items(content: str | None, calls: Sequence[ToolCall], finish: str) -> list[dict]:
+def reasoning_item(text: str, status: str = "completed", item_id: str | None = None) -> dict:
+    return {"type": "reasoning", "id": item_id or _id("rs_"), "status": status, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}]}
+
+
+def output_items(content: str | None, calls: Sequence[ToolCall], finish: str, reasoning: str | None = None) -> list[dict]:
     status = "incomplete" if finish == "length" else "completed"
-    items = [message_item(content or "", status)] if content or not calls else []
+    items = [reasoning_item(reasoning, status)] if reasoning else []
+    items += [message_item(content or "", status)] if content or not calls else []
     return items + [call_item(c) for c in calls]
 
 
@@ -306,7 +321,10 @@ class ResponseStream:
         item["status"] = status
         index = len(self.output) - 1
         at = {"item_id": item["id"], "output_index": index}
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            out = self._ev("response.reasoning_text.done", {**at, "content_index": 0,
+                                                            "text": item["content"][0]["text"]})
+        elif item["type"] == "message":
             part = item["content"][0]
             out = self._ev("response.output_text.done", {**at, "content_index": 0, "text": part["text"],
                                                          "logprobs": []})
@@ -317,6 +335,15 @@ class ResponseStream:
         return out + self._ev("response.output_item.done", {"output_index": index, "item": item})
 
     def event(self, ev: answer.Event) -> bytes:
+        if isinstance(ev, answer.Reasoning):
+            item = self.open
+            out = b""
+            if item is None or item["type"] != "reasoning":
+                item = reasoning_item("", "in_progress")
+                out = self._begin(item)
+            item["content"][0]["text"] += ev.text
+            return out + self._ev("response.reasoning_text.delta", {
+                "item_id": item["id"], "output_index": len(self.output) - 1, "content_index": 0, "delta": ev.text})
         if isinstance(ev, answer.Text):
             item = self.open
             out = b""

@@ -81,7 +81,7 @@ def test_http_tool_choice_none_answers_text_and_history_calls_are_accepted(make_
             {"role": "tool", "tool_call_id": "call_1", "content": "3"}]
     resp = client(r).chat.completions.create(model=MODEL, messages=msgs, tools=[ADD], tool_choice="none", max_tokens=20)
     assert resp.choices[0].message.tool_calls is None  # none: nothing is parsed
-    assert "~/<tool_call>" in r.engine.requests[0].constraint.value and "call_body" not in \
+    assert "(<tool_call>)" in r.engine.requests[0].constraint.value and "call_body" not in \
         r.engine.requests[0].constraint.value
 
 
