@@ -15,7 +15,8 @@ and parsed back, whole or a character at a time.
 
 In the XML families (qwen3_coder, glm45) a value is written raw when its schema is a string
 (or an enum of strings), as JSON otherwise; the grammar writes the tool's properties in the
-schema's order, the required ones always, and nothing else, so the arguments validate. A
+schema's order, the required ones always, and nothing else, so the arguments validate (a raw
+string's minLength and maxLength are held; its pattern and format are not). A
 marker the family's vocabulary holds as a control token (Mistral's [TOOL_CALLS], Llama's
 <|python_tag|>) renders empty in the answer's text, so the grammar spells markers as text.
 
@@ -214,6 +215,11 @@ class _Xml(ToolFormat):
             if _stringlike(s) and ("enum" in s or "const" in s):
                 vals = s["enum"] if "enum" in s else [s["const"]]
                 body = "(" + " | ".join(lark_str(v + self.value_end) for v in vals if isinstance(v, str)) + ")"
+            elif _stringlike(s) and ("minLength" in s or "maxLength" in s):
+                body = f"S{i}_{j}"  # the raw string's length bounded: a terminal of its own
+                end = _regex(self.value_end)
+                rules.append(f"{body}: /(.|\\n){{{int(s.get('minLength', 0))},{s.get('maxLength', '')}}}{end}/ & "
+                             f"~/(.|\\n)*{end}(.|\\n)+/")
             elif _stringlike(s):
                 body = self.terminal
             elif s.get("type") == "boolean" and set(s) <= {"type", "description", "title"}:

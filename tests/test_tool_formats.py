@@ -32,7 +32,7 @@ def compiler() -> Compiler:
 
 
 WEATHER_PARAMS = {"type": "object", "properties": {
-    "city": {"type": "string"}, "unit": {"enum": ["c", "f"]}, "days": {"type": "integer", "minimum": 1},
+    "city": {"type": "string", "maxLength": 40}, "unit": {"enum": ["c", "f"]}, "days": {"type": "integer", "minimum": 1},
     "metric": {"type": "boolean"}, "where": {"type": "object", "properties": {"lat": {"type": "number"}},
                                              "required": ["lat"]}},
     "required": ["city", "unit"]}
@@ -206,7 +206,7 @@ def test_the_grammar_lets_valid_calls_through_and_refuses_the_rest(compiler, fmt
     assert accepts(compiler, auto, "Just text.") and not accepts(compiler, required, "Just text.")
     assert accepts(compiler, none, "Just text.") and not accepts(compiler, none, add)
     assert accepts(compiler, named, add) and not accepts(compiler, named, f.render([CALLS[0]]))
-    for bad in ({"city": "Oslo", "unit": "k"}, {"unit": "c"}, {"city": "Oslo", "unit": "c", "days": "three"},
+    for bad in ({"city": "x" * 41, "unit": "c"}, {"city": "Oslo", "unit": "k"}, {"unit": "c"}, {"city": "Oslo", "unit": "c", "days": "three"},
                 {"city": "Oslo", "unit": "c", "days": 0}, {"city": "Oslo", "unit": "c", "wind": 3}):
         assert not accepts(compiler, auto, f.render([("get_weather", bad)])), (fmt, bad)
     assert not accepts(compiler, auto, f.render([("nope", {})]))
