@@ -584,7 +584,9 @@ def parse_format(fmt: tool_formats.ToolFormat, text: str, tools: Mapping[str, To
 class FormatStream:
     """AnswerStream for another family's format: text held back while it may still open a call,
     then each call's header once its name is read and its arguments' JSON text as the format's
-    scan extends it."""
+    scan extends it. A scan reads the whole answer so far, so it runs once the answer has grown
+    by a sixteenth since the last (every feed while it is short): linear in the answer's length,
+    a long argument streamed in pieces of a sixteenth of the answer."""
 
     def __init__(self, fmt: tool_formats.ToolFormat, tools: Mapping[str, Tool]):
         self.fmt, self.tools = fmt, tools
@@ -592,6 +594,7 @@ class FormatStream:
         self._buf = ""
         self._ids: list[str] = []  # the headers sent
         self._sent: list[str] = []  # each call's arguments sent
+        self._scanned = 0  # the answer's length at the last scan
         self.calls: list[ToolCall] = []
 
     def feed(self, text: str) -> list[tuple[str, Any]]:
@@ -607,9 +610,12 @@ class FormatStream:
                 out, self._buf = self._buf, ""
                 return [("content", out)]
             self._mode = "calls"
+        if len(self._buf) - self._scanned < len(self._buf) // 16:
+            return []
         return self._deltas()
 
     def _deltas(self) -> list[tuple[str, Any]]:
+        self._scanned = len(self._buf)
         scan = self.fmt.scan(self._buf, self.tools)
         out: list[tuple[str, Any]] = []
         for k, c in enumerate(scan.calls):
@@ -628,7 +634,10 @@ class FormatStream:
     def finish(self) -> list[tuple[str, Any]]:
         """What is left: held-back text (no call came of it) as content; the whole calls in `calls`."""
         if self._mode == "calls":
+            out = self._deltas()  # what the last feeds left unscanned
             self.calls = _whole_calls(self.fmt.scan(self._buf, self.tools), self._ids) or []
+            if out:
+                return out
             if not self._ids:
                 rest, self._buf = self._buf, ""
                 return [("content", rest)] if rest.strip() else []
