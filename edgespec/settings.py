@@ -256,7 +256,7 @@ SETTINGS: tuple[Setting, ...] = (
             "(tool requests) and llama.cpp's built-in matcher (the others)", check=_file_or_empty),
     Setting("target", "tool_format", S, "auto", "the format the model writes tool calls in, which the answer's "
             "grammar and parser follow: auto = the one the chat template writes (Hermes' <tool_call> when it "
-            "shows none); hermes, qwen3_coder, glm45, llama3, mistral, deepseek_r1 or deepseek_v31 to force one",
+            "shows none); hermes, qwen3_coder, glm45, llama3, mistral, mistral_v11, deepseek_r1 or deepseek_v31 to force one",
             choices=("auto", *TOOL_FORMATS)),
     Setting("target", "reasoning_format", S, "auto", "whether the model writes its reasoning in a <think> block "
             "(DeepSeek-R1, Qwen3, QwQ, GLM): think = split it from the content (reasoning_content, a reasoning "

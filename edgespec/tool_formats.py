@@ -8,7 +8,8 @@ and parsed back, whole or a character at a time.
     glm45         <tool_call>NAME\\n<arg_key>KEY</arg_key>\\n<arg_value>VALUE</arg_value>\\n</tool_call>
     llama3        {"name": "NAME", "parameters": {...}}   (after <|python_tag|> too; one call)
     mistral       [TOOL_CALLS] [{"name": "NAME", "arguments": {...}, "id": "abcdefghi"}, ...]
-                  (parsed also in the v11 form [TOOL_CALLS]NAME[ARGS]{...})
+    mistral_v11   [TOOL_CALLS]NAME[ARGS]{...}, repeated (Magistral, Devstral, Mistral Small 3.2)
+                  (either Mistral form is parsed by both)
     deepseek_r1   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\n{...}\\n```
                   <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
     deepseek_v31  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from edgespec.tools import Tool
 
-FORMATS = ("hermes", "qwen3_coder", "glm45", "llama3", "mistral", "deepseek_r1", "deepseek_v31")
+FORMATS = ("hermes", "qwen3_coder", "glm45", "llama3", "mistral", "mistral_v11", "deepseek_r1", "deepseek_v31")
 
 
 @dataclass(frozen=True)
@@ -413,27 +414,39 @@ class Llama3(ToolFormat):
 
 
 class Mistral(ToolFormat):
-    name = "mistral"
+    """Mistral's v3 tokenizer's list of calls, or (`v11`) the later [TOOL_CALLS]NAME[ARGS]{...}."""
+
     openers = ("[TOOL_CALLS]",)
 
+    def __init__(self, v11: bool):
+        self.v11 = v11
+        self.name = "mistral_v11" if v11 else "mistral"
+
     def detect(self, source: str) -> bool:
-        return "[TOOL_CALLS]" in source
+        return "[TOOL_CALLS]" in source and ("[ARGS]" in source) == self.v11
 
     def render(self, calls: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
+        if self.v11:
+            return "".join(f"[TOOL_CALLS]{n}[ARGS]{json.dumps(a, ensure_ascii=False)}" for n, a in calls)
         return "[TOOL_CALLS] [" + ", ".join(json.dumps({"name": n, "arguments": a}, ensure_ascii=False)[:-1] +
                                             f', "id": "{i:09d}"}}' for i, (n, a) in enumerate(calls)) + "]"
 
     def calls_rule(self, parallel: bool) -> str:
+        if self.v11:
+            return "calls: call+" if parallel else "calls: call"
         more = ' (", " call)*' if parallel else ""
         return f'calls: "[TOOL_CALLS] [" call{more} "]"'
 
     def call_rules(self, tool: "Tool", i: int) -> list[str]:
+        if self.v11:
+            return [f"call_{i}: {lark_str('[TOOL_CALLS]' + tool.name + '[ARGS]')} args_{i}",
+                    f"args_{i}: {_json_rule(_closed(tool.parameters))}"]
         head = "{" + json.dumps("name") + ": " + json.dumps(tool.name) + ", " + json.dumps("arguments") + ": "
         return [f'call_{i}: {lark_str(head)} args_{i} call_id? "}}"',
                 f"args_{i}: {_json_rule(_closed(tool.parameters))}"]
 
     def shared_rules(self) -> list[str]:
-        return ['call_id: ", \\"id\\": \\"" /[A-Za-z0-9]{9}/ "\\""']
+        return [] if self.v11 else ['call_id: ", \\"id\\": \\"" /[A-Za-z0-9]{9}/ "\\""']
 
     def scan(self, text: str, tools: Mapping[str, "Tool"]) -> Scan:
         pos = _ws(text, 0)
@@ -609,8 +622,8 @@ class DeepSeek(ToolFormat):
 # ---- the registry ------------------------------------------------------------------------------
 
 # detection order: the more specific marks first (Qwen3-Coder's and GLM's calls open with Hermes's tag)
-_DETECTED: tuple[ToolFormat, ...] = (Qwen3Coder(), Glm45(), DeepSeek(v31=True), DeepSeek(v31=False), Mistral(),
-                                     Llama3())
+_DETECTED: tuple[ToolFormat, ...] = (Qwen3Coder(), Glm45(), DeepSeek(v31=True), DeepSeek(v31=False),
+                                     Mistral(v11=True), Mistral(v11=False), Llama3())
 _BY_NAME = {f.name: f for f in _DETECTED}
 
 

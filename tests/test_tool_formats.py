@@ -86,6 +86,7 @@ FAMILIES = {
     "glm-4.5.jinja": ("glm45", True),
     "llama-3.1.jinja": ("llama3", True),
     "mistral-small-3.1.jinja": ("mistral", True),
+    "mistral-v11.jinja": ("mistral_v11", True),
     "deepseek-r1-distill-qwen.jinja": ("deepseek_r1", False),
     "deepseek-v3.1.jinja": ("deepseek_v31", False),
 }
