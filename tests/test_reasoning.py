@@ -205,3 +205,20 @@ def test_tree_sampling_through_the_switch_matches_the_masked_target(engine):
     keys = sorted(set(e) | set(counts))
     p = chi_square_gof(np.array([counts.get(k, 0) for k in keys]), np.array([e.get(k, 0.0) for k in keys]))[2]
     assert p > ALPHA, counts
+
+
+def test_rows_masked_as_before_the_switch_are_rejected(engine, monkeypatch):
+    """A broken twin: the row after a </think> token masked with the reasoning's state (free
+    text: the switch one token late). A token the schema forbids reaches the grammar's commit."""
+    from edgespec import constraint
+
+    real = constraint.Matcher.node_bits
+
+    def late(self, tree):
+        nm = real(self, tree)
+        idx = [max(0, p) if t == 2 and i else i for i, (t, p) in enumerate(zip(tree.tokens, tree.parents))]
+        return constraint.NodeMasks(nm.bits[idx], nm.valid[idx], nm.n_vocab)
+
+    monkeypatch.setattr(constraint.Matcher, "node_bits", late)
+    with pytest.raises(RuntimeError, match="not allowed"):
+        sample(engine, 400)
