@@ -53,7 +53,8 @@ class ChatTokenizer(TemplateTokenizer, Protocol):
 
 
 def encode_chat(tok: ChatTokenizer, messages: Sequence[Message], *, template: "ChatTemplate | None" = None,
-                tools: Sequence[Mapping] | None = None, extras: Sequence[Mapping] | None = None) -> list[int]:
+                tools: Sequence[Mapping] | None = None, extras: Sequence[Mapping] | None = None,
+                variables: Mapping[str, Any] | None = None, rendered: list[str] | None = None) -> list[int]:
     """Prompt token ids for `messages` (generation prompt appended): special tokens from the
     template only, every content tokenised as text. `template`: a Jinja chat template rendered
     here (ChatTemplate) instead of the tokenizer's built-in one, given `tools` and each message's
@@ -70,7 +71,9 @@ def encode_chat(tok: ChatTokenizer, messages: Sequence[Message], *, template: "C
         for i, e in enumerate(extras or ()):
             _no_specials(e, f"messages[{i}]", specials)
         text = template.render([{"role": role, "content": m, **(extras[i] if extras else {})}
-                                for i, ((role, _), m) in enumerate(zip(messages, markers))], tools)
+                                for i, ((role, _), m) in enumerate(zip(messages, markers))], tools, variables)
+        if rendered is not None:  # the caller reads the template's text (its generation prompt)
+            rendered.append(text)
     find = _special_pattern(tuple(specials)) if specials else None
     lead, trail = special_edges(tok)
     ids = list(lead)
@@ -141,12 +144,15 @@ class ChatTemplate:
         self._vars = {"bos_token": bos_token, "eos_token": eos_token}
         self.has_tools = "tools" in source  # the template shows the tools itself
 
-    def render(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None) -> str:
+    def render(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None,
+               variables: Mapping[str, Any] | None = None) -> str:
+        """The template over `messages` (generation prompt appended); `variables`: more that it may
+        read (enable_thinking, reasoning_effort)."""
         import jinja2
 
         try:
             return self._template.render(messages=list(messages), tools=list(tools) if tools else None,
-                                         add_generation_prompt=True, **self._vars)
+                                         add_generation_prompt=True, **self._vars, **(variables or {}))
         except _TemplateRaised as exc:
             raise BadRequest("messages", f"the chat template refused the conversation: {exc}") from None
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from edgespec.errors import BadRequest
+from edgespec.tool_formats import FORMATS as TOOL_FORMATS
 
 # the limits a request's speculation shape may reach
 MAX_DRAFT_TOKENS = 16
@@ -260,6 +261,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("target", "chat_template", S, "", "a Jinja chat template file to render chat requests with (in a "
             "sandbox, with tools) instead of the GGUF's own; empty = the GGUF's tokenizer.chat_template "
             "(tool requests) and llama.cpp's built-in matcher (the others)", check=_file_or_empty),
+    Setting("target", "tool_format", S, "auto", "the format the model writes tool calls in, which the answer's "
+            "grammar and parser follow: auto = the one the chat template writes (Hermes' <tool_call> when it "
+            "shows none); hermes, qwen3_coder, glm45, llama3, mistral, mistral_v11, deepseek_r1 or deepseek_v31 to force one",
+            choices=("auto", *TOOL_FORMATS)),
+    Setting("target", "reasoning_format", S, "auto", "whether the model writes its reasoning in a <think> block "
+            "(DeepSeek-R1, Qwen3, QwQ, GLM): think = split it from the content (reasoning_content, a reasoning "
+            "item, a thinking block) and hold a schema or tool grammar to what follows it; auto = think when "
+            "the chat template knows </think>; none = the answer is all content", choices=("auto", "none", "think")),
     *_model("draft"),
     Setting("draft", "enabled", B, True, "false = model-free (n-gram) drafting only"),
     Setting("draft", "head", S, "auto", "an EAGLE-3 head loaded beside the draft model: each request drafts with "
@@ -350,8 +359,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("http", "max_connections", I, 1024, "open HTTP connections at most: one more closes the oldest "
             "connection with no request in flight, so idle sockets never lock a client out (requests in flight "
             "are capped apart, at server.parallel + server.queue_size + 32)", lo=16, hi=1 << 20),
-    Setting("http", "strict", B, True, "refuse a request field OpenAI's API does not define, naming it (false: "
-            "ignore it and name it in the x-edgespec-warning response header)"),
+    Setting("http", "strict", B, False, "refuse a request field the API (OpenAI's or Anthropic's) does not define, "
+            "and a model this server does not serve, naming them (false: ignore the field, answer with the served "
+            "model, and name both in the x-edgespec-warning response header)"),
     Setting("metrics", "enabled", B, False, "serve Prometheus text metrics over HTTP"),
     Setting("metrics", "host", S, "127.0.0.1", "metrics address (loopback by default)", check=check_host),
     Setting("metrics", "port", I, 9464, "metrics port", lo=0, hi=65535),

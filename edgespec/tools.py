@@ -9,7 +9,10 @@ templates already use):
     {"name":"get_weather","arguments":{"city":"Paris"}}
     </tool_call>
 
-one block per call, blocks separated by a newline. The answer is constrained (edgespec/constraint.py,
+one block per call, blocks separated by a newline. A chat template that writes calls in another
+family's format (Qwen3-Coder's XML, GLM's, Llama 3's JSON, Mistral's, DeepSeek's: tool_formats.py)
+gets that format instead (`ToolSpec.format`, from format_for): its grammar, its parser, its
+stream, and its spelling of the history's calls. The answer is constrained (edgespec/constraint.py,
 a Lark grammar with each call's JSON following its tool's schema), so every call parses and its
 arguments validate, in every speculative mode, with the masked distribution preserved exactly as
 for response_format. tool_choice:
@@ -31,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgespec import tool_formats
 from edgespec.errors import BadRequest
 from edgespec.types import ConstraintSpec
 
@@ -72,30 +76,51 @@ class ToolSpec:
     tools: tuple[Tool, ...]
     choice: str = "auto"  # auto | none | required | function:<name>
     parallel: bool = True
+    format: str = "hermes"  # the call format the model writes (tool_formats.FORMATS)
 
     @property
     def calls_allowed(self) -> bool:
         return self.choice != "none"
 
-    def grammar(self) -> str:
-        """The Lark grammar (llguidance's dialect) the answer must match."""
+    @property
+    def by_name(self) -> dict[str, Tool]:
+        return {t.name: t for t in self.tools}
+
+    def grammar(self, not_text: Sequence[str] = ()) -> str:
+        """The Lark grammar (llguidance's dialect) the answer must match. Text (auto, none) begins
+        with none of the calls' openings, nor with `not_text` (leading whitespace aside)."""
         if self.choice.startswith("function:"):
             tools = [t for t in self.tools if t.name == self.choice.removeprefix("function:")]
         else:
             tools = list(self.tools)
+        fmt = tool_formats.by_name(self.format)
+        if fmt is not None:
+            return fmt.grammar(tools, self.choice, self.parallel, not_text)
         schema: dict[str, Any] = {"x-guidance": {"whitespace_flexible": False},
                                   "anyOf": [_call_schema(t) for t in tools]}
         one = f'"{_lark(OPEN)}\\n" call_body "\\n{_lark(CLOSE)}"'
         calls = "call" if not self.parallel or self.choice.startswith("function:") else 'call ("\\n" call)*'
-        text = "TEXT: /(.|\\n)*/ & ~/" + _regex(OPEN) + "(.|\\n)*/"
+        text = "TEXT: /(.|\\n)*/ & ~/[ \\t\\r\\n]*(" + "|".join(_regex(o) for o in (OPEN, *not_text)) + ")(.|\\n)*/"
         if self.choice == "none":
             return f"start: TEXT\n{text}\n"
         start = "calls" if self.choice != "auto" else "TEXT | calls"
         return (f"start: {start}\ncalls: {calls}\ncall: {one}\n{text}\n"
                 f"call_body: %json {json.dumps(schema)}\n")
 
-    def constraint(self) -> ConstraintSpec:
-        return ConstraintSpec("lark", self.grammar())
+    def constraint(self, not_text: Sequence[str] = ()) -> ConstraintSpec:
+        return ConstraintSpec("lark", self.grammar(not_text))
+
+    def parse(self, text: str, *, truncated: bool = False) -> tuple[str | None, tuple[ToolCall, ...]]:
+        """The answer as (content, calls) in this spec's format (parse_answer's contract)."""
+        fmt = tool_formats.by_name(self.format)
+        if fmt is None:
+            return parse_answer(text, truncated=truncated)
+        return parse_format(fmt, text, self.by_name, truncated=truncated)
+
+    def stream(self) -> "AnswerStream | FormatStream":
+        """A reader of the answer as it streams, in this spec's format."""
+        fmt = tool_formats.by_name(self.format)
+        return AnswerStream() if fmt is None else FormatStream(fmt, self.by_name)
 
 
 def _call_schema(t: Tool) -> dict:
@@ -121,9 +146,10 @@ def _regex(s: str) -> str:
 # ---- the request's fields ----------------------------------------------------------------------
 
 
-def parse_tools(tools: Any, tool_choice: Any, parallel: Any) -> ToolSpec | None:
+def parse_tools(tools: Any, tool_choice: Any, parallel: Any, format: str = "hermes") -> ToolSpec | None:
     """OpenAI's tools / tool_choice / parallel_tool_calls; None when the request has no tools
-    (tool_choice none or absent). BadRequest names the field."""
+    (tool_choice none or absent). BadRequest names the field. `format`: the call format the
+    model writes (format_for)."""
     if tools is None or tools == []:
         if tool_choice not in (None, "none"):
             raise BadRequest("tool_choice", "needs tools")
@@ -141,7 +167,7 @@ def parse_tools(tools: Any, tool_choice: Any, parallel: Any) -> ToolSpec | None:
             raise BadRequest(f"tools[{i}].function.name", f"duplicate tool name {n!r}")
     if parallel is not None and not isinstance(parallel, bool):
         raise BadRequest("parallel_tool_calls", f"must be true or false, got {parallel!r}")
-    return ToolSpec(tuple(out), _choice(tool_choice, names), True if parallel is None else parallel)
+    return ToolSpec(tuple(out), _choice(tool_choice, names), True if parallel is None else parallel, format)
 
 
 def _tool(t: Any, where: str) -> Tool:
@@ -211,18 +237,25 @@ def parse_history_calls(v: Any, where: str) -> tuple[ToolCall, ...]:
 # ---- the conversation as the template sees it --------------------------------------------------
 
 
-def system_text(spec: ToolSpec) -> str:
-    """The tools, described for a template that has no tools of its own (edgespec's format)."""
+def system_text(spec: ToolSpec, fmt: tool_formats.ToolFormat | None = None) -> str:
+    """The tools, described for a template that has no tools of its own (edgespec's format, or
+    `fmt`'s, shown by an example call)."""
     lines = "\n".join(json.dumps(t.as_openai(), ensure_ascii=False) for t in spec.tools)
-    return ("You can call functions. They are described, one JSON object per line, inside <tools></tools>:\n"
-            f"<tools>\n{lines}\n</tools>\n"
-            "To call a function, answer with a JSON object inside <tool_call></tool_call> tags, one per call:\n"
+    head = ("You can call functions. They are described, one JSON object per line, inside <tools></tools>:\n"
+            f"<tools>\n{lines}\n</tools>\n")
+    if fmt is not None:
+        example = fmt.render([("<function name>", {"<argument name>": "<value>"})])
+        return head + f"To call a function, answer with the call alone, written like this:\n{example}\n" \
+            "A function's result comes back in a message of role tool."
+    return (head + "To call a function, answer with a JSON object inside <tool_call></tool_call> tags, one per call:\n"
             f'{OPEN}\n{{"name":"<function name>","arguments":{{<arguments>}}}}\n{CLOSE}\n'
             "A function's result comes back in a message of role tool.")
 
 
-def calls_text(calls: Sequence[ToolCall]) -> str:
-    """Calls as the model writes them (an assistant turn of the history, edgespec's format)."""
+def calls_text(calls: Sequence[ToolCall], fmt: tool_formats.ToolFormat | None = None) -> str:
+    """Calls as the model writes them (an assistant turn of the history, edgespec's format or `fmt`'s)."""
+    if fmt is not None:
+        return fmt.render([(c.name, json.loads(c.arguments)) for c in calls])
     return "\n".join(f'{OPEN}\n{{"name":{json.dumps(c.name, ensure_ascii=False)},"arguments":'
                      f'{json.dumps(json.loads(c.arguments), ensure_ascii=False, separators=(",", ":"))}}}\n{CLOSE}'
                      for c in calls)
@@ -286,7 +319,9 @@ class CallReader:
     it is whole. `broken`: the text is not an object of that shape (nothing more is read); a
     value's own validity is json.loads's to judge when the block is whole (_call)."""
 
-    def __init__(self) -> None:
+    def __init__(self, args_keys: tuple[str, ...] = ("arguments",)) -> None:
+        self._args_keys = args_keys  # the key the arguments come under ("parameters" in Llama's calls)
+        self.consumed = 0  # characters read, the closing brace included
         self.name: str | None = None
         self._arguments: list[str] = []  # the arguments' text, a character a piece
         self._taken = 0  # pieces handed out by take()
@@ -316,6 +351,7 @@ class CallReader:
         for ch in text:
             if self.broken or self.closed:
                 return
+            self.consumed += 1
             self._step(ch)
 
     def _step(self, ch: str) -> None:
@@ -334,7 +370,7 @@ class CallReader:
                 except ValueError:
                     self.broken = True
                     return
-                if key in self._keys and key in ("name", "arguments"):
+                if key in self._keys and (key == "name" or key in self._args_keys):
                     self.broken = True  # a second name or arguments: json.loads would keep the last
                 self._keys.add(key)
                 self._key, self._state = key, "colon"
@@ -353,7 +389,7 @@ class CallReader:
             self.broken = True
 
     def _take(self, ch: str) -> None:
-        if self._key == "arguments":
+        if self._key in self._args_keys:
             self._arguments.append(ch)
         elif self._key == "name":
             self._value += ch
@@ -397,7 +433,7 @@ class CallReader:
                 self.broken = True
                 return
             self.name = name
-        elif self._key == "arguments":
+        elif self._key in self._args_keys:
             self.arguments_done = True
 
 
@@ -507,10 +543,134 @@ class AnswerStream:
         return [("content", rest)] if rest else []
 
 
+def _whole_calls(scan: tool_formats.Scan, ids: Sequence[str] = ()) -> list[ToolCall] | None:
+    """The scan's whole calls as ToolCalls (ids in order, new ones past them); None when one's
+    arguments are not a JSON object."""
+    out = []
+    for k, c in enumerate(scan.calls):
+        if not c.done:
+            break
+        try:
+            ok = isinstance(json.loads(c.arguments), dict)
+        except ValueError:
+            ok = False
+        if not ok or c.name is None:
+            return None
+        out.append(ToolCall(ids[k] if k < len(ids) else new_call_id(), c.name, c.arguments))
+    return out
+
+
+def _opens(fmt: tool_formats.ToolFormat, text: str) -> str:
+    """'yes' when the text (leading whitespace aside) opens the format's calls, 'maybe' while it may still."""
+    s = text.lstrip()
+    if any(s.startswith(o) for o in fmt.openers):
+        return "yes"
+    return "maybe" if any(o.startswith(s) for o in fmt.openers) else "no"
+
+
+def parse_format(fmt: tool_formats.ToolFormat, text: str, tools: Mapping[str, Tool], *,
+                 truncated: bool = False) -> tuple[str | None, tuple[ToolCall, ...]]:
+    """parse_answer for another family's format: calls when the answer is nothing but whole calls
+    (`truncated`: whole calls before one cut short), else the text as content."""
+    if _opens(fmt, text) != "yes":
+        return text, ()
+    scan = fmt.scan(text, tools)
+    calls = _whole_calls(scan)
+    if scan.broken or not calls or not (scan.complete or truncated):
+        return text, ()
+    return None, tuple(calls)
+
+
+class FormatStream:
+    """AnswerStream for another family's format: text held back while it may still open a call,
+    then each call's header once its name is read and its arguments' JSON text as the format's
+    scan extends it. A scan reads the whole answer so far, so it runs once the answer has grown
+    by a sixteenth since the last (every feed while it is short): linear in the answer's length,
+    a long argument streamed in pieces of a sixteenth of the answer."""
+
+    def __init__(self, fmt: tool_formats.ToolFormat, tools: Mapping[str, Tool]):
+        self.fmt, self.tools = fmt, tools
+        self._mode = "undecided"  # -> text | calls
+        self._buf = ""
+        self._ids: list[str] = []  # the headers sent
+        self._sent: list[str] = []  # each call's arguments sent
+        self._scanned = 0  # the answer's length at the last scan
+        self.calls: list[ToolCall] = []
+
+    def feed(self, text: str) -> list[tuple[str, Any]]:
+        if self._mode == "text":
+            return [("content", text)] if text else []
+        self._buf += text
+        if self._mode == "undecided":
+            opens = _opens(self.fmt, self._buf)
+            if opens == "maybe":
+                return []
+            if opens == "no":
+                self._mode = "text"
+                out, self._buf = self._buf, ""
+                return [("content", out)]
+            self._mode = "calls"
+        if len(self._buf) - self._scanned < len(self._buf) // 16:
+            return []
+        return self._deltas()
+
+    def _deltas(self) -> list[tuple[str, Any]]:
+        self._scanned = len(self._buf)
+        scan = self.fmt.scan(self._buf, self.tools)
+        out: list[tuple[str, Any]] = []
+        for k, c in enumerate(scan.calls):
+            if c.name is None:
+                break
+            if k == len(self._ids):
+                self._ids.append(new_call_id())
+                self._sent.append("")
+                out.append(("call", CallDelta(k, self._ids[k], c.name)))
+            sent = self._sent[k]
+            if len(c.arguments) > len(sent) and c.arguments.startswith(sent):
+                out.append(("call", CallDelta(k, arguments=c.arguments[len(sent):])))
+                self._sent[k] = c.arguments
+        return out
+
+    def finish(self) -> list[tuple[str, Any]]:
+        """What is left: held-back text (no call came of it) as content; the whole calls in `calls`."""
+        if self._mode == "calls":
+            out = self._deltas()  # what the last feeds left unscanned
+            self.calls = _whole_calls(self.fmt.scan(self._buf, self.tools), self._ids) or []
+            if out:
+                return out
+            if not self._ids:
+                rest, self._buf = self._buf, ""
+                return [("content", rest)] if rest.strip() else []
+            return []
+        rest, self._buf = self._buf, ""
+        return [("content", rest)] if rest else []
+
+
+def format_for(template: Any, forced: str = "auto") -> str:
+    """The call format for a chat template: `forced` ([target] tool_format) unless auto, else the
+    one its text writes (tool_formats.detect), else edgespec's (hermes)."""
+    if forced != "auto":
+        return forced
+    if template is None:
+        return "hermes"
+    return tool_formats.detect(template.source) or "hermes"
+
+
+def call_format(tok: Any, override: str = "", forced: str = "auto") -> str:
+    """format_for the template a request is rendered with (the GGUF's own unless `override`, as
+    encode_request renders it); edgespec's without a tokenizer."""
+    if forced != "auto" or tok is None:
+        return forced if forced != "auto" else "hermes"
+    from edgespec import chat
+
+    return format_for(chat.template_of(tok, override or None))
+
+
 def native(template: Any) -> bool:
-    """Whether a chat template shows tools and calls itself in edgespec's call format (Hermes /
-    Qwen templates: they mention `tools` and write <tool_call> blocks)."""
-    return template is not None and getattr(template, "has_tools", False) and OPEN in template.source
+    """Whether a chat template shows tools and writes calls itself (it mentions `tools` and writes
+    calls in a format tool_formats knows)."""
+    return template is not None and getattr(template, "has_tools", False) and \
+        tool_formats.detect(template.source) is not None
 
 
 def template_inputs(messages: Sequence[tuple[str, str]], extras: Sequence[Mapping[str, Any]],
@@ -523,14 +683,16 @@ def template_inputs(messages: Sequence[tuple[str, str]], extras: Sequence[Mappin
     into its content as the model writes them; every piece of it is then content (tokenised as
     text, never as control tokens)."""
     extras = list(extras) or [{} for _ in messages]
+    fmt = tool_formats.by_name(spec.format if spec is not None else format_for(template))
     if native(template):
+        as_text = fmt is not None and fmt.text_arguments
         ex = []
         for e in extras:
             d: dict[str, Any] = {}
             if e.get("tool_calls"):
-                d["tool_calls"] = [{"id": c.id, "type": "function",
-                                    "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
-                                   for c in e["tool_calls"]]
+                d["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                    "name": c.name, "arguments": c.arguments if as_text else json.loads(c.arguments)}}
+                    for c in e["tool_calls"]]
             if e.get("tool_call_id"):
                 d["tool_call_id"] = e["tool_call_id"]
             ex.append(d)
@@ -539,10 +701,10 @@ def template_inputs(messages: Sequence[tuple[str, str]], extras: Sequence[Mappin
     out = []
     for (role, content), e in zip(messages, extras):
         if e.get("tool_calls"):
-            content = (content + "\n" if content else "") + calls_text(e["tool_calls"])
+            content = (content + "\n" if content else "") + calls_text(e["tool_calls"], fmt)
         out.append((role, content))
     if spec is not None:
-        head = system_text(spec)
+        head = system_text(spec, fmt)
         if out and out[0][0] == "system":
             out[0] = ("system", head + ("\n\n" + out[0][1] if out[0][1] else ""))
         else:
@@ -551,15 +713,18 @@ def template_inputs(messages: Sequence[tuple[str, str]], extras: Sequence[Mappin
 
 
 def encode_request(tok: Any, prompt: str, messages: Sequence[tuple[str, str]], extras: Sequence[Mapping[str, Any]],
-                   spec: ToolSpec | None, override: str = "") -> list[int]:
-    """A chat or text request's prompt token ids. A chat request with tools, tool turns or a
-    configured template (`override`, [target] chat_template) renders the Jinja template (the
-    GGUF's own unless overridden) through template_inputs; the others keep the tokenizer's
-    built-in template (chat.encode_prompt)."""
+                   spec: ToolSpec | None, override: str = "", *, variables: Mapping[str, Any] | None = None,
+                   jinja: bool = False, rendered: list[str] | None = None) -> list[int]:
+    """A chat or text request's prompt token ids. A chat request with tools, tool turns, template
+    `variables` (enable_thinking, reasoning_effort), `jinja` (a reasoning model's: its prompt's
+    end is read) or a configured template (`override`, [target] chat_template) renders the Jinja
+    template (the GGUF's own unless overridden) through template_inputs, its text appended to
+    `rendered`; the others keep the tokenizer's built-in template (chat.encode_prompt)."""
     from edgespec import chat
 
-    if not messages or (spec is None and not extras and not override):
+    if not messages or (spec is None and not extras and not override and not variables and not jinja):
         return chat.encode_prompt(tok, prompt, messages)
     template = chat.template_of(tok, override or None)
     msgs, ex, tools = template_inputs(messages, extras, spec, template)
-    return chat.encode_chat(tok, msgs, template=template, tools=tools, extras=ex)
+    return chat.encode_chat(tok, msgs, template=template, tools=tools, extras=ex, variables=variables,
+                            rendered=rendered)

@@ -79,6 +79,8 @@ class DaemonConfig:
     controller: dict = field(default_factory=dict)  # handed to edgespec.controller as-is
     rpc_servers: tuple[str, ...] = ()  # [target] rpc_servers: registered before the engine loads
     chat_template: str = ""  # [target] chat_template: the file's text ("" = the GGUF's own)
+    tool_format: str = "auto"  # [target] tool_format: the call format (auto = the template's)
+    reasoning_format: str = "auto"  # [target] reasoning_format: think, none, or auto (the template's)
     source: str = ""  # the file it came from ("" = defaults only)
     http: HttpConfig = field(default_factory=HttpConfig)
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
@@ -232,7 +234,7 @@ def _draft(values: dict[str, Any]) -> ModelConfig | None:
 def _model(values: dict[str, Any], demo_name: str) -> ModelConfig:
     path = values["path"] or str(models_dir() / demo_name)
     return ModelConfig(path=str(Path(path).expanduser()),
-                       **{k: v for k, v in values.items() if k in SECTIONS["target"] and k not in ("path", "rpc_servers", "chat_template", "fast_kernels")})
+                       **{k: v for k, v in values.items() if k in SECTIONS["target"] and k not in ("path", "rpc_servers", "chat_template", "tool_format", "reasoning_format", "fast_kernels")})
 
 
 def load(
@@ -277,6 +279,8 @@ def load(
         audit=AuditConfig(**values["audit"]),
         rpc_servers=tuple(values["target"]["rpc_servers"]),
         chat_template=_chat_template(values["target"]["chat_template"]),
+        tool_format=values["target"]["tool_format"],
+        reasoning_format=values["target"]["reasoning_format"],
     )
 
 

@@ -135,6 +135,10 @@ class Job:
     place: CallerPlace | None = None
     emitted: int = 0  # tokens it has emitted so far
     charge_prompt: bool = True  # False: another job of the same request pays for the prompt (n > 1)
+    # at submit, every slot was taken: the job waits in the queue behind other requests
+    queued: bool = False
+    # set once the engine opened the job (its session, or the error that refused it), or it ended
+    opened: threading.Event = field(default_factory=threading.Event)
 
     def finish(self, charged: bool = False) -> None:
         """The job is done in the engine (a result, an error, or it left the queue). `charged`:
@@ -296,6 +300,7 @@ class EngineLoop:
                     f"server busy: {self._active_n} active and {len(self._pending)} queued "
                     f"(parallel={self.parallel}, queue_size={self.queue_size})"
                 )
+            job.queued = len(self._pending) + self._active_n >= self.parallel
             self._pending.append(job)
             self._idle_done = False
             self.metrics.submitted.inc()
@@ -518,6 +523,7 @@ class EngineLoop:
         res = GenerationResult(text="", token_ids=[], finish_reason=reason, prompt_tokens=0, stats=SpecStats())
         self.metrics.requests.inc(label=reason)
         job.events.put(("result", res))
+        job.opened.set()  # after its answer: a reader of `opened` finds it
 
     def _open(self, engine: LoopEngine, job: Job, active: list[_Active]) -> None:
         now = time.monotonic()
@@ -540,11 +546,13 @@ class EngineLoop:
         except BaseException as exc:  # noqa: BLE001 - BadRequest etc. go back to the caller
             job.finish()
             job.events.put(("error", exc))
+            job.opened.set()
             return
         fields = {"prompt": job.prompt} if self._log_text and job.prompt else {}
         log.info("generation_started", request_id=job.request_id, prompt_tokens=len(ids),
                  mode=job.speculation.mode, queue_seconds=round(now - job.submitted, 4), **fields)
         active.append(_Active(job, session))
+        job.opened.set()
 
     def _tick(self, engine: LoopEngine, active: list[_Active]) -> None:
         """One engine tick over every active session; hand out the chunks."""
@@ -577,6 +585,7 @@ class EngineLoop:
                 a.job.finish(charged=True)
                 self.metrics.requests.inc(label="error")
                 a.job.events.put(("error", exc))
+                a.job.opened.set()
             return
         self.tick_totals = dict(engine.tick_totals)  # a snapshot for the handler threads
         if self._suffix_stats is not None:
@@ -628,6 +637,7 @@ class EngineLoop:
                  completion_tokens=len(result.token_ids), tau=round(st.tau, 3),
                  ttft_seconds=round(t["time_to_first_token_seconds"], 4), total_seconds=round(t["total_seconds"], 4), **fields)
         job.events.put(("result", result))
+        job.opened.set()
 
     def _maybe_shadow(self, job: Job, result: GenerationResult) -> None:
         """[audit]: queue a plain re-decode of a finished greedy speculative request (a fraction
@@ -670,6 +680,7 @@ class EngineLoop:
         for job in pending:
             job.finish()
             job.events.put(("error", NotReady("the server is shutting down")))
+            job.opened.set()
         for _fn, out in calls:
             out.put((False, NotReady("the server is shutting down")))
         try:

@@ -1,5 +1,5 @@
-"""The OpenAI-compatible HTTP API: a Starlette app, served by uvicorn in a thread of the daemon
-(edgespec/server/http_server.py).
+"""The HTTP APIs (OpenAI's chat, completions and Responses; Anthropic's Messages): a Starlette
+app, served by uvicorn in a thread of the daemon (edgespec/server/http_server.py).
 
 Starlette + uvicorn rather than FastAPI: the routes validate their bodies themselves
 (openai_api.py) so that a bad field is a 400 naming it in OpenAI's error shape, not pydantic's
@@ -12,9 +12,12 @@ that disconnects cancels its job. Errors are domain exceptions mapped to HTTP co
 (`STATUS` / `error_response`), as status.py maps them to gRPC codes.
 
 Routes: POST /v1/chat/completions, POST /v1/completions (unary, or server-sent events ending
-`data: [DONE]` with stream: true), GET /v1/models, GET /health (200 only when SERVING),
-POST /tokenize, POST /detokenize. Every route but /health needs a bearer token when tokens are
-configured (the gRPC token files).
+`data: [DONE]` with stream: true), POST /v1/responses (OpenAI's Responses, stateless:
+responses_api.py), POST /v1/messages and /v1/messages/count_tokens (Anthropic's: anthropic_api.py;
+both translate to and from the chat pipeline), GET /v1/models, GET /health (200
+only when SERVING), POST /tokenize, POST /detokenize. Every route but /health needs a token when
+tokens are configured (the gRPC token files; `Authorization: Bearer` or `x-api-key`). A stream's
+answer is a sequence of typed events (answer.py) each API formats its own way.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +42,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from edgespec import chat as chat_encoding
+from edgespec import reasoning
 from edgespec import tools as tools_mod
 from edgespec.errors import (BadRequest, Cancelled, ConfigError, DeadlineExceeded, EdgespecError, NotReady,
                              Overloaded)
 from edgespec.logs import bind_request_id, clear_request, get_logger
+from edgespec.server import anthropic_api as an
+from edgespec.server import answer
 from edgespec.server import openai_api as oa
+from edgespec.server import responses_api as ra
 from edgespec.server import embeddings as emb
 from edgespec.server import convert, pipe
 from edgespec.server.auth import TokenAuth
@@ -56,6 +63,8 @@ from edgespec.types import Chunk, GenerationResult
 log = get_logger("edgespec.server.http_api")
 
 POLL_SECONDS = pipe.POLL_SECONDS  # how often a waiting request looks whether the engine is still there
+KEEPALIVE_SECONDS = 5.0  # a stream silent this long (queued, or reading a long prompt) sends a keep-alive
+OPEN_WAIT_SECONDS = 1.0  # a stream's status line waits this long at most for its jobs to be opened
 RETRY_AFTER_SECONDS = 1
 AUTH_METHOD = "/edgespec.v1.Inference/HTTP"  # what TokenAuth.check sees for an HTTP route
 
@@ -101,7 +110,14 @@ def error_status(exc: BaseException) -> tuple[int, dict]:
     return 500, oa.error_body(f"internal error (request id {rid})", "server_error", None, "internal_error")
 
 
-def error_response(exc: BaseException, path: str = "") -> JSONResponse:
+Shape = Callable[[int, dict], dict]  # (HTTP status, OpenAI's error body) -> an API's own error body
+
+
+def _anthropic_error(status: int, body: dict) -> dict:
+    return an.error_body(status, body["error"]["message"])
+
+
+def error_response(exc: BaseException, path: str = "", shape: Shape | None = None) -> JSONResponse:
     status, body = error_status(exc)
     if status == 500:
         log.error("http_failed", path=path, error=repr(exc), exc_info=exc)
@@ -111,19 +127,59 @@ def error_response(exc: BaseException, path: str = "") -> JSONResponse:
     headers = {"Retry-After": str(ra or RETRY_AFTER_SECONDS)} if status in (429, 503) else {}
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(shape(status, body) if shape else body, status_code=status, headers=headers)
 
 
-def _warning_headers(req: oa.CompletionRequest) -> dict[str, str]:
-    """The header naming the unknown fields ignored under [http] strict = false (none: {})."""
-    if not req.ignored:
+def _warning_headers(ignored: Sequence[str], unserved_model: str = "", served: str = "") -> dict[str, str]:
+    """The header naming what [http] strict = false let through (nothing: {}): the unknown fields
+    ignored, and a model named that this server does not serve (`served` answered instead)."""
+    said = [f"ignored unknown fields: {', '.join(ignored)}"] if ignored else []
+    if unserved_model:
+        said.append(f"model {unserved_model!r} is not served here: {served} answered")
+    if not said:
         return {}
-    names = ", ".join(req.ignored).encode("ascii", "backslashreplace").decode()[:1000]
-    return {"x-edgespec-warning": f"ignored unknown fields: {names}"}
+    return {"x-edgespec-warning": "; ".join(said).encode("ascii", "backslashreplace").decode()[:1000]}
 
 
-def _sse(obj: Any) -> bytes:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+def _parsed(events: Sequence[tuple[str, Any]], index: int) -> list[answer.Event]:
+    """AnswerStream's ("content", text) and ("call", CallDelta) events as answer events of choice `index`."""
+    return [answer.Text(index, v) if kind == "content" else answer.Call(index, v)
+            for kind, v in events if kind != "content" or v]
+
+
+def _content(index: int, text: str, logprobs: Sequence, offset: int,
+             parsed: tools_mod.AnswerStream | tools_mod.FormatStream | None) -> list[answer.Event]:
+    """A piece of a choice's content as answer events: through the tool-call parser when the
+    answer may be calls (text that may still open one held back), else as it is."""
+    if parsed is not None:
+        return _parsed(parsed.feed(text), index)
+    return [answer.Text(index, text, tuple(logprobs), offset)] if text or logprobs else []
+
+
+def _calls(req: oa.CompletionRequest, result: GenerationResult, thinking: reasoning.Reasoning | None = None
+           ) -> tuple[str | None, str | None, tuple[tools_mod.ToolCall, ...], str]:
+    """A unary answer's (reasoning, content, tool calls, finish reason): reasoning when the model
+    thinks (`thinking`), finish "tool_calls" when the answer is calls."""
+    thought, text = thinking.split(result.text) if thinking is not None else (None, result.text)
+    if not req.parses_calls or req.tools is None:
+        return thought, text, (), result.finish_reason
+    content, calls = req.tools.parse(text, truncated=result.finish_reason == "length")
+    finish: str = result.finish_reason
+    if calls and finish in ("stop", "eos"):
+        finish = "tool_calls"
+    return thought, content, calls, finish
+
+
+@dataclasses.dataclass
+class _Run:
+    """A request's jobs on their way: `events` a stream's one queue; `first` the events its jobs
+    put while they were opened (None: a job waits in the queue)."""
+
+    jobs: list[Job]
+    events: queue.SimpleQueue
+    first: list[tuple] | None
+    created: int
+    reasoning: reasoning.Reasoning | None = None  # the model thinks: its <think> block is split off
 
 
 class _Tagged:
@@ -143,7 +199,8 @@ class HttpApi:
     def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], auth: Callable[[], TokenAuth], *,
                  model_id: str, created: int, max_body_bytes: int, threads: int, n_ctx: int,
                  limits: LimitsConfig | None = None, chat_template: str = "",
-                 embedder: emb.Embedder | None = None, strict: bool = True, callers: CallerLimits | None = None,
+                 embedder: emb.Embedder | None = None, strict: bool = False, callers: CallerLimits | None = None,
+                 tool_format: str = "auto", reasoning_format: str = "auto",
                  metrics: Callable[[str | None], tuple[bytes, str]] | None = None):
         self.loop = loop
         self.embedder = embedder
@@ -152,6 +209,8 @@ class HttpApi:
         self.callers = callers  # per-caller limits and figures (shared with gRPC), None: no limits
         self.strict = strict  # [http] strict: unknown request fields refused (else ignored with a warning header)
         self.chat_template = chat_template  # [target] chat_template's text ("" = the GGUF's own)
+        self.tool_format = tool_format  # [target] tool_format (auto: the template's)
+        self.reasoning_format = reasoning_format  # [target] reasoning_format (auto: the template's)
         self.n_ctx = n_ctx
         self.limits = limits or LimitsConfig()
         self.policy = policy
@@ -167,6 +226,10 @@ class HttpApi:
                 Route("/v1/chat/completions", self._endpoint(self.chat), methods=["POST"]),
                 Route("/v1/completions", self._endpoint(self.completions), methods=["POST"]),
                 Route("/v1/models", self._endpoint(self.models), methods=["GET"]),
+                Route("/v1/messages", self._endpoint(self.messages, shape=_anthropic_error), methods=["POST"]),
+                Route("/v1/messages/count_tokens", self._endpoint(self.count_tokens, shape=_anthropic_error),
+                      methods=["POST"]),
+                Route("/v1/responses", self._endpoint(self.responses), methods=["POST"]),
                 Route("/v1/embeddings", self._endpoint(self.embeddings), methods=["POST"]),
                 *([Route("/metrics", self._endpoint(self.metrics_text), methods=["GET"])] if metrics else []),
                 Route("/health", self._endpoint(self.health, open_=True), methods=["GET"]),
@@ -178,8 +241,10 @@ class HttpApi:
 
     # ---- plumbing ------------------------------------------------------------------------------
 
-    def _endpoint(self, fn: Callable, open_: bool = False) -> Callable:
-        """Request id, auth and error mapping around a route."""
+    def _endpoint(self, fn: Callable, open_: bool = False, shape: Shape | None = None) -> Callable:
+        """Request id, auth and error mapping around a route (`shape`: the API's own error body
+        from the status and OpenAI's; None: OpenAI's). A token comes as `Authorization: Bearer`
+        or as `x-api-key` (Anthropic's header): the same tokens, the same identities."""
         async def handle(request: Request) -> Response:
             clear_request()
             started = time.monotonic()
@@ -189,8 +254,9 @@ class HttpApi:
             peer = f"{'ipv6' if client and ':' in client.host else 'ipv4'}:{client.host}:{client.port}" \
                 if client else "unknown"
             bind_request_id(request_id=rid, peer=peer)
-            decision = self.auth().decide(AUTH_METHOD, request.headers.get("authorization"),
-                                          client_subject(request.scope))
+            key = request.headers.get("x-api-key")
+            authorization = request.headers.get("authorization") or (f"Bearer {key}" if key else None)
+            decision = self.auth().decide(AUTH_METHOD, authorization, client_subject(request.scope))
             bind_request_id(caller=decision.identity)
             try:
                 caller_rid = pipe.request_id(caller_rid, "x-request-id")  # as over gRPC: refused by name
@@ -198,11 +264,11 @@ class HttpApi:
                     rid = caller_rid  # the job takes the caller's id
                     bind_request_id(request_id=rid, x_request_id=caller_rid)
                 if not open_ and decision.verdict is not None:
-                    raise Unauthenticated("missing or invalid bearer token (header 'Authorization: Bearer <token>') "
-                                          "or client certificate")
+                    raise Unauthenticated("missing or invalid bearer token (header 'Authorization: Bearer <token>' "
+                                          "or 'x-api-key: <token>') or client certificate")
                 resp = await fn(request, rid)
             except Exception as exc:  # noqa: BLE001 - mapped in one place
-                resp = error_response(exc, request.url.path)
+                resp = error_response(exc, request.url.path, shape)
             resp.headers["x-request-id"] = rid
             # the access line, as gRPC's `rpc` line: peer, caller, x_request_id bound above (a stream's
             # status is its first line's; how the stream ended is in the generation's own lines)
@@ -216,8 +282,10 @@ class HttpApi:
     async def _http_exception(self, request: Request, exc: HTTPException) -> Response:
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return JSONResponse(oa.error_body(f"{request.method} {request.url.path}: {exc.detail}", type_, code=code),
-                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
+        body = oa.error_body(f"{request.method} {request.url.path}: {exc.detail}", type_, code=code)
+        if request.url.path.startswith("/v1/messages"):
+            body = _anthropic_error(exc.status_code, body)
+        return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     async def _json(self, request: Request) -> Any:
         size = 0
@@ -258,10 +326,12 @@ class HttpApi:
                 self._vocab = got
         return self._vocab
 
-    async def _prompt_tokens(self, req: oa.CompletionRequest) -> tuple[int, ...] | None:
+    async def _prompt_tokens(self, req: oa.CompletionRequest, rendered: list[str] | None = None
+                             ) -> tuple[int, ...] | None:
         """The prompt tokenised here (a worker thread), as the gRPC servicer does: the engine
         thread gets token ids. None for an engine without an encoder (its thread tokenises;
-        then a request with tools or tool turns is refused: they need the chat template here)."""
+        then a request with tools or tool turns is refused: they need the chat template here).
+        `rendered`: the chat template's text is appended (when the Jinja template was rendered)."""
         enc = self.loop.encoder
         if enc is None:
             if not self.loop.ready:
@@ -270,16 +340,20 @@ class HttpApi:
                 raise BadRequest("tools", "tool calling is not available on this server's engine")
             return None
 
-        return tuple(await anyio.to_thread.run_sync(tools_mod.encode_request, enc, req.prompt, req.messages,
-                                                    req.extras, req.tools, self.chat_template,
-                                                    limiter=self.limiter))
+        def encode() -> list[int]:
+            return tools_mod.encode_request(enc, req.prompt, req.messages, req.extras, req.tools, self.chat_template,
+                                            variables=dict(req.template_vars), jinja=req.reasons, rendered=rendered)
 
-    async def _events(self, events: queue.SimpleQueue, until_result: bool = False) -> list[tuple]:
+        return tuple(await anyio.to_thread.run_sync(encode, limiter=self.limiter))
+
+    async def _events(self, events: queue.SimpleQueue, until_result: bool = False,
+                      wait: float | None = None) -> list[tuple]:
         """The next batch of events from a job's queue, or a stream's ((kind, value, choice index)
         each): pipe.next_events in a worker thread, one thread hop per batch, not per chunk;
-        raises the batch's first error (BadRequest from the engine, ...)."""
+        raises the batch's first error (BadRequest from the engine, ...). [] when none came
+        within `wait` seconds."""
         return list(pipe.raise_error(await anyio.to_thread.run_sync(lambda: pipe.next_events(
-            events, until_result=until_result, stopped=lambda: self.loop.stopped, poll=POLL_SECONDS),
+            events, until_result=until_result, stopped=lambda: self.loop.stopped, poll=POLL_SECONDS, wait=wait),
             limiter=self.limiter)))
 
     @staticmethod
@@ -289,20 +363,21 @@ class HttpApi:
     # ---- generation ----------------------------------------------------------------------------
 
     async def chat(self, request: Request, rid: str) -> Response:
-        return await self._generate(request, rid, chat=True)
+        return await self._admitted(lambda hold, place: self._openai(request, rid, True, hold, place))
 
     async def completions(self, request: Request, rid: str) -> Response:
-        return await self._generate(request, rid, chat=False)
+        return await self._admitted(lambda hold, place: self._openai(request, rid, False, hold, place))
 
-    async def _generate(self, request: Request, rid: str, *, chat: bool) -> Response:
-        """Admitted under the caller's own limits ([limits] caller_*) for as long as it runs (a
-        stream: until it ends)."""
+    async def _admitted(self, run: Callable[[contextlib.ExitStack, Place | Unlimited], Awaitable[Response]]
+                        ) -> Response:
+        """run(hold, place) admitted under the caller's own limits ([limits] caller_*) for as long
+        as it runs (a stream: until it ends; `hold` holds its places)."""
         hold = contextlib.ExitStack()
         place: Place | Unlimited = UNLIMITED
         if self.callers is not None:
             place = hold.enter_context(self.callers.admit(current_caller()))
         try:
-            resp = await self._generate_admitted(request, rid, chat=chat, hold=hold, place=place)
+            resp = await run(hold, place)
         except BaseException:
             hold.close()
             raise
@@ -310,58 +385,132 @@ class HttpApi:
             hold.close()
         return resp
 
-    async def _generate_admitted(self, request: Request, rid: str, *, chat: bool, hold: contextlib.ExitStack,
-                                 place: Place | Unlimited) -> Response:
-        body = await self._json(request)
+    def _parse(self, parse: Callable[[], oa.CompletionRequest]) -> oa.CompletionRequest:
+        """A parsed request; an unknown model is a 404 ([http] strict = true)."""
         try:
-            req = oa.parse_request(body, chat=chat, policy=self.policy(), models=(self.model_id,), limits=self.limits,
-                                   strict=self.strict)
+            return parse()
         except BadRequest as exc:
             if exc.field == "model":
                 raise UnknownModel("model", str(exc).split(": ", 1)[-1]) from None
             raise
-        caps = self.loop.capabilities
+
+    def _tool_format(self) -> str:
+        """The call format the model writes: [target] tool_format, or the one its chat template writes."""
+        return tools_mod.call_format(self.loop.encoder, self.chat_template, self.tool_format)
+
+    def _reasoning_format(self) -> str:
+        """Whether the model thinks: [target] reasoning_format, or what its chat template writes."""
+        enc = self.loop.encoder
+        if self.reasoning_format != "auto" or enc is None:
+            return self.reasoning_format if self.reasoning_format != "auto" else "none"
+        return reasoning.format_for(chat_encoding.template_of(enc, self.chat_template or None))
+
+    def _check_capabilities(self, req: oa.CompletionRequest, field: str) -> None:
+        """A constraint (`field` names where the request asked for one) needs an engine that applies it."""
         if req.constraint is not None:
-            field = "edgespec.constraint" if isinstance(body.get("edgespec"), dict) and \
-                body["edgespec"].get("constraint") is not None else \
-                "tools" if req.tools is not None and body.get("response_format") is None else "response_format"
-            if "constraint" not in caps:
+            if "constraint" not in self.loop.capabilities:
                 raise BadRequest(field, "structured output is not available on this server's engine yet")
             convert.constraint_within(req.constraint, field, self.limits)
+
+    async def _openai(self, request: Request, rid: str, chat: bool, hold: contextlib.ExitStack,
+                      place: Place | Unlimited) -> Response:
+        body = await self._json(request)
+        req = self._parse(lambda: oa.parse_request(body, chat=chat, policy=self.policy(), models=(self.model_id,),
+                                                   limits=self.limits, strict=self.strict,
+                                                   tool_format=self._tool_format(),
+                                                   reasoning_format=self._reasoning_format()))
+        self._check_capabilities(req, "edgespec.constraint" if isinstance(body.get("edgespec"), dict) and
+                                 body["edgespec"].get("constraint") is not None else
+                                 "tools" if req.tools is not None and body.get("response_format") is None
+                                 else "response_format")
         piece: oa.Piece | None = None
         if req.logprobs is not None:
             pieces = await self._vocabulary()
             piece = lambda t: pieces[t] if 0 <= t < len(pieces) else b""  # noqa: E731
-        deadline = time.monotonic() + req.timeout_seconds if req.timeout_seconds else None
-        tokens = await self._prompt_tokens(req)
+        run = await self._start(req, rid, hold, place)
         rid_out = ("chatcmpl-" if chat else "cmpl-") + rid
+        warning = _warning_headers(req.ignored, req.unserved_model, self.model_id)
+        if req.stream:
+            fmt = oa.CompletionStream(req, rid=rid_out, created=run.created, model=self.model_id, n=req.n,
+                                      piece=piece)
+            return self._stream_response(req, run, fmt, hold, place.used, warning)
+        results = await self._results(request, run.jobs)
+        n_prompt = len(run.jobs[0].prompt_tokens or ())
+        bodies = [oa.completion_body(req, rid=rid_out, created=run.created, model=self.model_id, result=r,
+                                     prompt_tokens=n_prompt, timings=j.timings(), piece=piece or (lambda t: b""),
+                                     reasoning=run.reasoning)
+                  for r, j in zip(results, run.jobs)]
+        return JSONResponse(bodies[0] if req.n == 1 else oa.choices_body(bodies), headers=warning)
+
+    async def _start(self, req: oa.CompletionRequest, rid: str, hold: contextlib.ExitStack,
+                     place: Place | Unlimited) -> _Run:
+        """The request's jobs submitted; a stream's, once they are open (see _opening)."""
+        deadline = time.monotonic() + req.timeout_seconds if req.timeout_seconds else None
+        rendered: list[str] = []
+        tokens = await self._prompt_tokens(req, rendered)
         created = int(time.time())
+        thinking = reasoning.Reasoning(bool(rendered) and reasoning.opened(rendered[-1])) if req.reasons else None
+        sub = req
+        if thinking is not None and req.constraint is not None:  # the constraint holds after the reasoning
+            calls = req.tools is not None and req.tools.calls_allowed
+            inner = req.tools.constraint((reasoning.OPEN,)) if calls and req.tools is not None else req.constraint
+            sub = dataclasses.replace(req, constraint=thinking.constraint(inner))
         # each choice's grammar state, compiled on a worker thread: neither this event loop nor
         # the engine thread waits for a large schema or grammar
-        matchers = [await anyio.to_thread.run_sync(self.loop.compile, req.constraint, limiter=self.limiter)
-                    for _ in range(req.n)] if req.constraint is not None else [None] * req.n
-        jobs, events = self._submit(req, rid, tokens, deadline, hold, place, matchers)
-        warning = _warning_headers(req)
+        matchers = [await anyio.to_thread.run_sync(self.loop.compile, sub.constraint, limiter=self.limiter)
+                    for _ in range(sub.n)] if sub.constraint is not None else [None] * sub.n
+        jobs, events = self._submit(sub, rid, tokens, deadline, hold, place, matchers)
+        first: list[tuple] | None = None
         if req.stream:
-            try:  # wait for the first events: an error the engine raises on admission is still a status code
-                first = await self._events(events)
+            try:
+                first = await self._opening(jobs, events)
             except BaseException:
                 for job in jobs:
                     job.cancel()
                 raise
-            return StreamingResponse(self._stream(req, jobs, events, first, rid_out, created, piece, hold),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache", **warning})
+        return _Run(jobs, events, first, created, thinking)
+
+    async def _opening(self, jobs: Sequence[Job], events: queue.SimpleQueue) -> list[tuple] | None:
+        """Before a stream's status line: the events its jobs put while the engine opened them
+        (an error the engine raises then, a prompt too long say, is still a status code). None,
+        and the status line at once, when a job waits in the queue (behind other requests, or
+        for its caller's place for longer than OPEN_WAIT_SECONDS): the stream then begins with
+        a keep-alive, and such an error comes as the stream's error event."""
+        if any(job.queued for job in jobs):
+            return None
+
+        def wait() -> bool:
+            until = time.monotonic() + OPEN_WAIT_SECONDS
+            for job in jobs:
+                while not job.opened.wait(POLL_SECONDS):
+                    if self.loop.stopped:
+                        raise NotReady("the engine stopped")
+                    if time.monotonic() >= until:
+                        return False
+            return True
+
+        if not await anyio.to_thread.run_sync(wait, limiter=self.limiter):
+            return None
+        got: list[tuple] = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                got.append(events.get_nowait())
+        return list(pipe.raise_error(got))
+
+    async def _results(self, request: Request, jobs: Sequence[Job]) -> list[GenerationResult]:
         try:
-            results = [await self._unary(request, job) for job in jobs]
+            return [await self._unary(request, job) for job in jobs]
         finally:
             for job in jobs:
                 if job.finished is None:
                     job.cancel()
-        n_prompt = len(jobs[0].prompt_tokens or ())  # what they cost is charged by the engine as each ends
-        bodies = [oa.completion_body(req, rid=rid_out, created=created, model=self.model_id, result=r,
-                                     prompt_tokens=n_prompt, timings=j.timings(), piece=piece or (lambda t: b""))
-                  for r, j in zip(results, jobs)]
-        return JSONResponse(bodies[0] if req.n == 1 else oa.choices_body(bodies), headers=warning)
+
+    def _stream_response(self, req: oa.CompletionRequest, run: _Run, fmt: answer.StreamFormat,
+                         hold: contextlib.ExitStack, used: Callable[[int], None],
+                         headers: dict[str, str]) -> StreamingResponse:
+        return StreamingResponse(self._sse(fmt, self._answer(req, run, used), run.jobs, hold),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
 
     def _submit(self, req: oa.CompletionRequest, rid: str, tokens: tuple[int, ...] | None, deadline: float | None,
                 hold: contextlib.ExitStack, place: Place | Unlimited,
@@ -389,9 +538,7 @@ class HttpApi:
                 job = Job(request_id=f"{rid}.{i}" if i else rid, sampling=s, speculation=req.speculation,
                           prompt=req.prompt, messages=req.messages, prompt_tokens=tokens, logprobs=req.logprobs,
                           constraint=req.constraint, matcher=matchers[i] if matchers else None, deadline=deadline,
-                          caller=caller,
-                          place=places[i],
-                          charge_prompt=i == 0)
+                          caller=caller, place=places[i], charge_prompt=i == 0)
                 if req.stream:
                     job.events = _Tagged(shared, i)  # type: ignore[assignment]
                 self.loop.submit(job)
@@ -428,71 +575,176 @@ class HttpApi:
             if job.finished is None:
                 job.cancel()
 
-    async def _stream(self, req: oa.CompletionRequest, jobs: Sequence[Job], events: queue.SimpleQueue,
-                      first: list[tuple[str, Any, int]], rid: str, created: int, piece: oa.Piece | None,
-                      hold: contextlib.ExitStack | None = None) -> AsyncIterator[bytes]:
-        """The choices' chunks interleaved as they come (choice i's at index i), each choice
-        ending with its own finish_reason chunk; then the usage (with include_usage) and [DONE]
-        once. A choice that fails ends the stream with the error event; the client going away,
-        or the stream breaking, cancels every choice's job."""
-        kw = {"rid": rid, "created": created, "model": self.model_id}
+    async def _answer(self, req: oa.CompletionRequest, run: _Run,
+                      used: Callable[[int], None]) -> AsyncIterator[answer.Event]:
+        """A stream's answer events (edgespec.server.answer) from its jobs' chunks: the text, with
+        tool calls parsed out of it as they come when the request has tools (text that may still
+        open a call is held back until it cannot); each choice's End; then the Usage. Waiting
+        while nothing came for KEEPALIVE_SECONDS (or at once while queued). A result that did not
+        end on its own raises its error."""
+        jobs = run.jobs
         n = len(jobs)
         results: list[GenerationResult | None] = [None] * n
         offsets = [0] * n
-        answers = [tools_mod.AnswerStream() if req.parses_calls else None for _ in jobs]
-        done = False
-        try:
-            if req.chat:
-                for i in range(n):
-                    yield _sse(oa.chunk_body(req, text=None, role=True, index=i, **kw))
-            batch = first
-            while True:
-                for kind, value, i in batch:
-                    answer = answers[i]
-                    if kind == "chunk":
-                        c: Chunk = value
-                        if answer is not None:  # text held back while it may open a call; calls as they come
-                            for body in oa.tool_chunks(req, answer.feed(c.text), index=i, **kw):
-                                yield _sse(body)
-                        elif c.text or c.logprobs:
-                            yield _sse(oa.chunk_body(req, text=c.text, logprobs=c.logprobs, piece=piece,
-                                                     offset=offsets[i], index=i, **kw))
+        answers = [req.tools.stream() if req.parses_calls and req.tools is not None else None for _ in jobs]
+        splitters = [reasoning.ReasoningSplitter(run.reasoning.opened) if run.reasoning is not None else None
+                     for _ in jobs]
+        batch = run.first
+        if batch is None:
+            yield answer.Waiting()
+            batch = []
+        while True:
+            for kind, value, i in batch:
+                parsed = answers[i]
+                split = splitters[i]
+                if kind == "chunk":
+                    c: Chunk = value
+                    if split is None:
+                        for ev in _content(i, c.text, c.logprobs, offsets[i], parsed):
+                            yield ev
                         offsets[i] += len(c.text)
                         continue
-                    result: GenerationResult = value
-                    results[i] = result
-                    self._check_end(result)
-                    finish = result.finish_reason
-                    if answer is not None:
-                        for body in oa.tool_chunks(req, answer.finish(), index=i, **kw):
-                            yield _sse(body)
-                        if answer.calls and finish in ("stop", "eos"):
-                            finish = "tool_calls"
-                    last = oa.chunk_body(req, text=None, finish=finish, index=i, **kw)
-                    last["edgespec"] = oa.speculation_stats(result, jobs[i].timings())
-                    yield _sse(last)
-                if all(r is not None for r in results):
-                    break
-                batch = await self._events(events)
+                    for part, text in split.feed(c.text):  # the reasoning, then the content (no logprobs)
+                        for ev in [answer.Reasoning(i, text)] if part == "reasoning" else \
+                                _content(i, text, (), offsets[i], parsed):
+                            yield ev
+                        offsets[i] += len(text) if part == "content" else 0
+                    continue
+                result: GenerationResult = value
+                results[i] = result  # what it cost is charged by the engine as it ends
+                self._check_end(result)
+                finish: str = result.finish_reason
+                for part, text in split.finish() if split is not None else ():
+                    for ev in [answer.Reasoning(i, text)] if part == "reasoning" else \
+                            _content(i, text, (), offsets[i], parsed):
+                        yield ev
+                if parsed is not None:
+                    for ev in _parsed(parsed.finish(), i):
+                        yield ev
+                    if parsed.calls and finish in ("stop", "eos"):
+                        finish = "tool_calls"
+                yield answer.End(i, result, finish, jobs[i].timings(), await self._stop_sequence(req, result))
+            if all(r is not None for r in results):
+                break
+            batch = await self._events(run.events, wait=KEEPALIVE_SECONDS)
+            if not batch:
+                yield answer.Waiting()
+        yield answer.Usage([r for r in results if r is not None], len(jobs[0].prompt_tokens or ()))
+
+    async def _stop_sequence(self, req: oa.CompletionRequest, result: GenerationResult) -> str | None:
+        """The stop string that ended a result (finish reason "stop"): the one its tokens' text
+        goes on with where the answer's text was cut."""
+        stops = req.sampling.stop
+        if result.finish_reason != "stop" or not stops:
+            return None
+        if len(stops) == 1:
+            return stops[0]
+        pieces = await self._vocabulary()
+        full = b"".join(pieces[t] for t in result.token_ids if 0 <= t < len(pieces)).decode("utf-8", "replace")
+        return next((s for s in stops if full.startswith(s, len(result.text))), None)
+
+    async def _sse(self, fmt: answer.StreamFormat, source: AsyncIterator[answer.Event], jobs: Sequence[Job],
+                   hold: contextlib.ExitStack) -> AsyncIterator[bytes]:
+        """A stream's bytes in the API's format. An error ends the stream with the format's error
+        event (the status line is sent); the client going away, or the stream breaking, cancels
+        every choice's job."""
+        done = False
+        try:
+            if head := fmt.start():
+                yield head
+            async with contextlib.aclosing(source) as events:  # type: ignore[type-var]
+                async for ev in events:
+                    if data := fmt.event(ev):
+                        yield data
             done = True
-            if req.include_usage:
-                ended = [r for r in results if r is not None]
-                yield _sse({"id": rid, "object": "chat.completion.chunk" if req.chat else "text_completion",
-                            "created": created, "model": self.model_id, "choices": [],
-                            "usage": oa.choices_usage(ended, len(jobs[0].prompt_tokens or ()))})
         except Exception as exc:  # noqa: BLE001 - the status line is sent: the error goes in the stream
             done = True
-            _status, body = error_status(exc)
-            if _status == 500:
+            status, body = error_status(exc)
+            if status == 500:
                 log.error("http_stream_failed", error=repr(exc), exc_info=exc)
-            yield _sse(body)
+            yield fmt.error(status, body["error"]["message"], body)
         finally:
             for job in jobs:
                 if not done or job.finished is None:
                     job.cancel()  # the client went away (the generator was closed) or the stream broke
-            if hold is not None:
-                hold.close()  # the caller's places
-        yield b"data: [DONE]\n\n"
+            hold.close()  # the caller's places
+        if tail := fmt.end():
+            yield tail
+
+    # ---- Anthropic's Messages API ------------------------------------------------------------
+
+    def _translated(self, chat: dict, rename: Callable[[BadRequest], BadRequest]) -> oa.CompletionRequest:
+        """A chat body translated from another API's (Messages, Responses) as the chat pipeline's
+        request; a field error renamed as that API names the field."""
+        try:
+            return self._parse(lambda: oa.parse_request(chat, chat=True, policy=self.policy(),
+                                                        models=(self.model_id,), limits=self.limits,
+                                                        strict=self.strict, tool_format=self._tool_format(),
+                                                        reasoning_format=self._reasoning_format()))
+        except BadRequest as exc:
+            raise rename(exc) from None
+
+    def _anthropic(self, body: Any, *, count: bool = False) -> tuple[oa.CompletionRequest, tuple[str, ...]]:
+        """A Messages body as the chat pipeline's request, and the unknown fields ignored."""
+        chat, ignored, origin = an.to_chat(body, strict=self.strict, count=count)
+        return self._translated(chat, lambda exc: an.renamed(exc, origin)), ignored
+
+    async def messages(self, request: Request, rid: str) -> Response:
+        return await self._admitted(lambda hold, place: self._messages(request, rid, hold, place))
+
+    async def _messages(self, request: Request, rid: str, hold: contextlib.ExitStack,
+                        place: Place | Unlimited) -> Response:
+        req, ignored = self._anthropic(await self._json(request))
+        self._check_capabilities(req, "tools")
+        run = await self._start(req, rid, hold, place)
+        rid_out = "msg_" + rid
+        n_prompt = len(run.jobs[0].prompt_tokens or ())
+        warning = _warning_headers(ignored, req.unserved_model, self.model_id)
+        if req.stream:
+            fmt = an.MessageStream(rid=rid_out, model=self.model_id, input_tokens=n_prompt)
+            return self._stream_response(req, run, fmt, hold, place.used, warning)
+        (result,) = await self._results(request, run.jobs)
+        thought, content, calls, finish = _calls(req, result, run.reasoning)
+        body = an.message_body(rid=rid_out, model=self.model_id, content=content, calls=calls, finish=finish,
+                               thinking=thought,
+                               stop_sequence=await self._stop_sequence(req, result),
+                               input_tokens=result.prompt_tokens or n_prompt, output_tokens=len(result.token_ids),
+                               stats=oa.speculation_stats(result, run.jobs[0].timings()))
+        return JSONResponse(body, headers=warning)
+
+    async def count_tokens(self, request: Request, rid: str) -> Response:
+        req, ignored = self._anthropic(await self._json(request), count=True)
+        tokens = await self._prompt_tokens(req)
+        if tokens is None:  # an engine without an encoder: on its own thread, the engine the tokenizer
+            tokens = tuple(await self._call(lambda tok: chat_encoding.encode_prompt(tok, req.prompt, req.messages)))
+        return JSONResponse({"input_tokens": len(tokens)},
+                            headers=_warning_headers(ignored, req.unserved_model, self.model_id))
+
+    # ---- OpenAI's Responses API ---------------------------------------------------------------
+
+    async def responses(self, request: Request, rid: str) -> Response:
+        return await self._admitted(lambda hold, place: self._responses(request, rid, hold, place))
+
+    async def _responses(self, request: Request, rid: str, hold: contextlib.ExitStack,
+                         place: Place | Unlimited) -> Response:
+        body = await self._json(request)
+        chat, ignored, origin = ra.to_chat(body, strict=self.strict)
+        req = self._translated(chat, lambda exc: ra.renamed(exc, origin))
+        self._check_capabilities(req, "tools" if req.tools is not None and chat.get("response_format") is None
+                                 else "text.format")
+        run = await self._start(req, rid, hold, place)
+        base = ra.base_body(body, rid="resp_" + rid, created=run.created, model=self.model_id)
+        n_prompt = len(run.jobs[0].prompt_tokens or ())
+        warning = _warning_headers(ignored, req.unserved_model, self.model_id)
+        if req.stream:
+            return self._stream_response(req, run, ra.ResponseStream(base, prompt_tokens=n_prompt), hold, place.used,
+                                         warning)
+        (result,) = await self._results(request, run.jobs)
+        thought, content, calls, finish = _calls(req, result, run.reasoning)
+        out = ra.response_body(base, output=ra.output_items(content, calls, finish, thought), finish=finish,
+                               usage=ra.usage([result], n_prompt),
+                               stats=oa.speculation_stats(result, run.jobs[0].timings()))
+        return JSONResponse(out, headers=warning)
 
     # ---- the rest ------------------------------------------------------------------------------
 

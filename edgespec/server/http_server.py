@@ -163,6 +163,7 @@ class HttpServer:
         self.api = HttpApi(loop, policy, auth, model_id=target.name.removesuffix(".gguf"), created=created,
                            max_body_bytes=s.max_message_bytes, threads=workers, n_ctx=cfg.engine.target.n_ctx,
                            limits=cfg.limits, chat_template=cfg.chat_template, embedder=embedder,
+                           tool_format=cfg.tool_format, reasoning_format=cfg.reasoning_format,
                            strict=cfg.http.strict, callers=callers, metrics=metrics)
         self._workers = workers
         self._server: uvicorn.Server | None = None

@@ -10,8 +10,9 @@ draft_tokens, tree_nodes, tree_depth, ngram, timeout_seconds, constraint {kind, 
 presence_penalty, frequency_penalty, repetition_penalty and logit_bias (exact under speculation:
 edgespec.penalties).
 Refused with a 400 naming the field: functions, function_call, audio, modalities, prediction, suffix, echo,
-best_of > 1, non-text message parts, token-id prompts; unknown fields unless [http] strict is
-false (then ignored, and named back to the caller).
+best_of > 1, non-text message parts, token-id prompts; unknown fields and a model this server
+does not serve only under [http] strict = true (else the fields are ignored and the served model
+answers, both named back to the caller).
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from edgespec import reasoning as reasoning_mod
 from edgespec import tools as tools_mod
 from edgespec.errors import BadRequest
 from edgespec.sampling import SamplingParams
+from edgespec.server import answer
 from edgespec.server.config import LimitsConfig
 from edgespec.server.policy import Policy, sampling_for, speculation_for
 from edgespec.settings import SAMPLING, SPECULATION, Setting, check_fields, check_stop
@@ -45,7 +48,7 @@ _NEUTRAL = {"echo": False, "best_of": 1, "store": False}
 _KNOWN = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
           "min_p", "seed", "stop", "n", "stream", "stream_options", "logprobs", "top_logprobs", "response_format",
           "user", "metadata", "edgespec", "service_tier", "reasoning_effort", "tools", "tool_choice",
-          "parallel_tool_calls", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", *_REFUSED, *_NEUTRAL}
+          "parallel_tool_calls", "chat_template_kwargs", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", *_REFUSED, *_NEUTRAL}
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,12 @@ class CompletionRequest:
     # tool_calls: tuple[ToolCall], a tool turn's tool_call_id); empty when no message has any
     extras: tuple[Mapping[str, Any], ...] = ()
     ignored: tuple[str, ...] = ()  # unknown fields ignored under [http] strict = false
+    # a model named that this server does not serve, answered by the one it serves ([http] strict = false)
+    unserved_model: str = ""
     n: int = 1  # choices: independent samples of one prompt (seed + i each when a seed is set)
+    # what the chat template is given besides the conversation (enable_thinking, reasoning_effort)
+    template_vars: tuple[tuple[str, Any], ...] = ()
+    reasons: bool = False  # the model writes a <think> block, split from the content (edgespec.reasoning)
 
     @property
     def parses_calls(self) -> bool:
@@ -246,19 +254,25 @@ def _extension(v: Any) -> Mapping:
 
 
 def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str],
-                  limits: LimitsConfig = DEFAULT_LIMITS, strict: bool = True) -> CompletionRequest:
-    """Validate a request body; BadRequest(field) names the first offending field."""
+                  limits: LimitsConfig = DEFAULT_LIMITS, strict: bool = True,
+                  tool_format: str = "hermes", reasoning_format: str = "none") -> CompletionRequest:
+    """Validate a request body; BadRequest(field) names the first offending field. `tool_format`:
+    the call format the model writes (tools.call_format); `reasoning_format`: whether it writes
+    a <think> block (edgespec.reasoning)."""
     if not isinstance(body, Mapping):
         raise BadRequest("body", "must be a JSON object")
     ignored = _refuse_unsupported(body, strict)
     if ignored:
         body = {k: v for k, v in body.items() if k not in ignored}
     model = _str(body.get("model"), "model") if body.get("model") is not None else ""
+    unserved = ""
     if model and model not in models:
-        raise BadRequest("model", f"unknown model {model!r} (served: {', '.join(models)})")
+        if strict:
+            raise BadRequest("model", f"unknown model {model!r} (served: {', '.join(models)})")
+        unserved = model
     messages, extras, prompt = _input(body, chat, limits)
-    tools = tools_mod.parse_tools(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls")) \
-        if chat else None
+    tools = tools_mod.parse_tools(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"),
+                                  tool_format) if chat else None
     if not chat:
         for k in ("tools", "tool_choice", "parallel_tool_calls"):
             if body.get(k) is not None:
@@ -284,7 +298,38 @@ def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str
     return CompletionRequest(chat=chat, model=model, prompt=prompt, messages=messages, sampling=sampling,
                              speculation=_speculation(ext, policy), stream=stream, include_usage=include_usage,
                              logprobs=logprobs, constraint=constraint, timeout_seconds=timeout, tools=tools,
-                             extras=extras, ignored=ignored, n=n)
+                             extras=extras, ignored=ignored, n=n, unserved_model=unserved,
+                             template_vars=_template_vars(body) if chat else (),
+                             reasons=chat and reasoning_format == "think")
+
+
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+_TEMPLATE_VARS = {"enable_thinking": bool, "thinking": bool, "reasoning_effort": str}
+
+
+def _template_vars(body: Mapping) -> tuple[tuple[str, Any], ...]:
+    """reasoning_effort and chat_template_kwargs (vLLM's and llama-server's) as the chat template's
+    variables: reasoning_effort as it is, and "none" as enable_thinking false too."""
+    out: dict[str, Any] = {}
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if effort not in EFFORTS:
+            raise BadRequest("reasoning_effort", f"must be one of {', '.join(EFFORTS)}, got {effort!r}")
+        out["reasoning_effort"] = effort
+        if effort == "none":
+            out["enable_thinking"] = False
+    kw = body.get("chat_template_kwargs")
+    if kw is not None:
+        if not isinstance(kw, Mapping):
+            raise BadRequest("chat_template_kwargs", "must be an object")
+        for k, v in kw.items():
+            kind = _TEMPLATE_VARS.get(k)
+            if kind is None:
+                raise BadRequest(f"chat_template_kwargs.{k}", f"unknown (known: {', '.join(_TEMPLATE_VARS)})")
+            if not isinstance(v, kind):
+                raise BadRequest(f"chat_template_kwargs.{k}", f"must be a {kind.__name__}, got {v!r}")
+            out[k] = v
+    return tuple(sorted(out.items()))
 
 
 def _refuse_unsupported(body: Mapping, strict: bool = True) -> tuple[str, ...]:
@@ -433,18 +478,23 @@ def completion_logprobs(items: Sequence[TokenLogprob], piece: Piece, offset: int
 
 
 def completion_body(req: CompletionRequest, *, rid: str, created: int, model: str, result: GenerationResult,
-                    prompt_tokens: int, timings: Mapping[str, float] | None, piece: Piece) -> dict:
+                    prompt_tokens: int, timings: Mapping[str, float] | None, piece: Piece,
+                    reasoning: reasoning_mod.Reasoning | None = None) -> dict:
+    """`reasoning`: the answer's <think> block goes to message.reasoning_content."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(result.finish_reason)}
     lp = result.logprobs if req.logprobs is not None else None
     if req.chat:
-        choice["message"] = {"role": "assistant", "content": result.text}
-        if req.parses_calls:
-            content, calls = tools_mod.parse_answer(result.text, truncated=result.finish_reason == "length")
+        thought, text = reasoning.split(result.text) if reasoning is not None else (None, result.text)
+        choice["message"] = {"role": "assistant", "content": text}
+        if req.parses_calls and req.tools is not None:
+            content, calls = req.tools.parse(text, truncated=result.finish_reason == "length")
             if calls:
                 choice["message"] = {"role": "assistant", "content": content,
                                      "tool_calls": [c.as_openai() for c in calls]}
                 if result.finish_reason in ("stop", "eos"):
                     choice["finish_reason"] = "tool_calls"
+        if thought is not None:
+            choice["message"]["reasoning_content"] = thought
         choice["logprobs"] = chat_logprobs(lp, piece) if lp is not None else None
     else:
         choice["text"] = result.text
@@ -514,6 +564,57 @@ def tool_chunks(req: CompletionRequest, events: Sequence[tuple[str, Any]], *, ri
         body["choices"][0]["delta"] = {"tool_calls": [delta]}
         out.append(body)
     return out
+
+
+def sse(obj: Any) -> bytes:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+
+
+class CompletionStream:
+    """OpenAI's stream (chat.completion.chunk or text_completion events, `data: [DONE]` at the
+    end) for a streamed answer's events (edgespec.server.answer): choice i's chunks at index i,
+    a role chunk per choice first (chat), its tool calls as delta.tool_calls, its finishing
+    chunk with the `edgespec` object, the usage chunk with include_usage; a keep-alive comment
+    while the request waits."""
+
+    def __init__(self, req: CompletionRequest, *, rid: str, created: int, model: str, n: int,
+                 piece: Piece | None = None):
+        self.req, self.n, self.piece = req, n, piece
+        self.kw: dict[str, Any] = {"rid": rid, "created": created, "model": model}
+
+    def start(self) -> bytes:
+        if not self.req.chat:
+            return b""
+        return b"".join(sse(chunk_body(self.req, text=None, role=True, index=i, **self.kw)) for i in range(self.n))
+
+    def event(self, ev: answer.Event) -> bytes:
+        req, kw = self.req, self.kw
+        if isinstance(ev, answer.Text):
+            return sse(chunk_body(req, text=ev.text, logprobs=ev.logprobs, piece=self.piece, offset=ev.offset,
+                                  index=ev.index, **kw))
+        if isinstance(ev, answer.Call):
+            return sse(tool_chunks(req, [("call", ev.delta)], index=ev.index, **kw)[0])
+        if isinstance(ev, answer.Reasoning):  # llama-server's and vLLM's delta.reasoning_content
+            body = chunk_body(req, text=None, index=ev.index, **kw)
+            body["choices"][0]["delta"] = {"reasoning_content": ev.text}
+            return sse(body)
+        if isinstance(ev, answer.End):
+            last = chunk_body(req, text=None, finish=ev.finish, index=ev.index, **kw)
+            last["edgespec"] = speculation_stats(ev.result, ev.timings)
+            return sse(last)
+        if isinstance(ev, answer.Usage):
+            if not req.include_usage:
+                return b""
+            return sse({"id": kw["rid"], "object": "chat.completion.chunk" if req.chat else "text_completion",
+                        "created": kw["created"], "model": kw["model"], "choices": [],
+                        "usage": choices_usage(ev.results, ev.prompt_tokens)})
+        return b": ping\n\n"  # Waiting: an SSE comment keeps proxies from timing the stream out
+
+    def error(self, status: int, message: str, openai_body: Mapping) -> bytes:
+        return sse(openai_body)
+
+    def end(self) -> bytes:
+        return b"data: [DONE]\n\n"
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import queue
 import string
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -43,21 +44,26 @@ def request_id(rid: str, field: str = "request_id") -> str:
 
 
 def next_events(events: Events, *, until_result: bool, stopped: Callable[[], bool],
-                poll: float = POLL_SECONDS) -> list[tuple]:
+                poll: float = POLL_SECONDS, wait: float | None = None) -> list[tuple]:
     """Blocking: the events queued now (at least one), or all of them up to a result when
     `until_result`; a batch ends at a result or an error event (returned, not raised). Every
     `poll` seconds without an event, `stopped()` is asked: true (the engine thread is gone) raises
     NotReady. `events`: a job's own queue, or a stream's (its choices' events, tagged with their
-    index: (kind, value, i))."""
+    index: (kind, value, i)). `wait`: [] when no event came within that many seconds (a stream's
+    keep-alive is due)."""
     out: list[tuple] = []
+    until = None if wait is None else time.monotonic() + wait
     while True:
         try:
-            event = events.get(timeout=poll) if until_result or not out else events.get_nowait()
+            timeout = poll if until is None else max(0.0, min(poll, until - time.monotonic()))
+            event = events.get(timeout=timeout) if until_result or not out else events.get_nowait()
         except queue.Empty:
             if out and not until_result:
                 return out
             if stopped():
                 raise NotReady("the engine stopped") from None
+            if not out and until is not None and time.monotonic() >= until:
+                return out
             continue
         out.append(event)
         if event[0] in ("result", "error"):

@@ -3,6 +3,8 @@ as domain exceptions and mapped to status codes by status.ServerInterceptor."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import contextlib
 import time
 import uuid
@@ -21,7 +23,7 @@ from edgespec.server.callers import UNLIMITED, CallerLimits, Place, Unlimited, c
 from edgespec.server.config import LimitsConfig
 from edgespec.server.engine_loop import EngineLoop, Job
 from edgespec.server.policy import Policy
-from edgespec.tools import ToolSpec, encode_request, parse_answer
+from edgespec.tools import ToolSpec, call_format, encode_request
 from edgespec.types import GenerationResult
 
 POLL_SECONDS = pipe.POLL_SECONDS
@@ -34,11 +36,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], *, parallel: int,
                  limits: LimitsConfig = convert.DEFAULT_LIMITS,
                  digests: Callable[[], dict[str, tuple[str, str]]] = dict, chat_template: str = "",
-                 embedder: Any = None, callers: CallerLimits | None = None):
+                 tool_format: str = "auto", embedder: Any = None, callers: CallerLimits | None = None):
         self.loop = loop
         self.callers = callers  # per-caller limits and figures (shared with HTTP), None: no limits
         self.embedder = embedder  # an edgespec.server.embeddings.Embedder, None when [embedding] is off
         self.chat_template = chat_template  # [target] chat_template's text ("" = the GGUF's own)
+        self.tool_format = tool_format  # [target] tool_format (auto: the template's)
         self.policy = policy
         self.parallel = parallel
         self.limits = limits
@@ -77,6 +80,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         constraint, logprobs = convert.constraint_from(request.sampling), convert.logprobs_from(request)
         spec, extras = convert.tools_from(request), convert.message_extras(request.messages)
         if spec is not None:
+            spec = dataclasses.replace(spec, format=call_format(self.loop.encoder, self.chat_template,
+                                                                self.tool_format))
             if constraint is not None and spec.calls_allowed:
                 raise BadRequest("sampling.constraint", "cannot be combined with tools unless tools.choice is none")
             constraint = constraint or spec.constraint()
@@ -157,7 +162,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         spec = job.tools
         if spec is None or not spec.calls_allowed:
             return ()
-        return parse_answer(result.text, truncated=result.finish_reason == "length")[1]
+        return spec.parse(result.text, truncated=result.finish_reason == "length")[1]
 
     def Tokenize(self, request: pb.TokenizeRequest, context: grpc.ServicerContext) -> pb.TokenizeResponse:  # noqa: N802
         if request.text and request.messages:

@@ -1,7 +1,7 @@
 """Agents against a real daemon (the demo models, loopback, one daemon for the module): tool
 calling with the official `openai` client (a round trip, streamed deltas, tool_choice required
-on several tools with every call validated against its schema), and langchain-openai's
-bind_tools. Slow: CI runs it."""
+on several tools with every call validated against its schema), langchain-openai's
+bind_tools, and the OpenAI Agents SDK's default model class (the Responses API). Slow: CI runs it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Literal
 import jsonschema
 import pytest
 
-from tests.server.test_http_e2e import MODEL, server  # noqa: F401 - the module's daemon
+from tests.server.test_http_e2e import KEY, MODEL, server  # noqa: F401 - the module's daemon
 
 pytestmark = pytest.mark.slow
 
@@ -159,3 +159,38 @@ def test_embeddings_with_the_openai_client(server):  # noqa: F811
     ids = json.loads(urllib.request.urlopen(ask, timeout=60).read())["tokens"]
     tok = c.embeddings.create(model=MODEL, input=[ids], encoding_format="float")
     assert np.allclose(tok.data[0].embedding, floats.data[0].embedding, atol=1e-6)  # token ids = the text
+
+
+def test_openai_agents_sdk_runs_a_tool_using_agent(server):  # noqa: F811
+    """The Agents SDK with its default model class (OpenAIResponsesModel: POST /v1/responses) and
+    only the base URL changed: the agent calls the tool (forced: the demo model is too small to
+    choose it, and once shown a result it calls again), the SDK runs it, and the conversation with
+    the call and its output as input items goes back for a text answer."""
+    agents = pytest.importorskip("agents")
+    from openai import AsyncOpenAI
+
+    agents.set_tracing_disabled(True)
+    agents.set_default_openai_client(AsyncOpenAI(base_url=server.base + "/v1", api_key=KEY, max_retries=8),
+                                     use_for_tracing=False)
+    agents.set_default_openai_api("responses")
+    cities: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        cities.append(city)
+        return f"Sunny, 24 degrees Celsius in {city}."
+
+    settings = {"temperature": 0, "max_tokens": 48}
+    caller = agents.Agent(name="weather", instructions="Answer questions about the weather with the tool.",
+                          tools=[get_weather], model=MODEL, tool_use_behavior="stop_on_first_tool",
+                          model_settings=agents.ModelSettings(tool_choice="get_weather", **settings))
+    called = agents.Runner.run_sync(caller, "What is the weather in Paris?", max_turns=2)
+    assert len(cities) == 1 and cities[0] and called.final_output == f"Sunny, 24 degrees Celsius in {cities[0]}."
+    items = called.to_input_list()
+    assert [i.get("type") for i in items[1:]] == ["function_call", "function_call_output"]
+
+    answerer = caller.clone(tool_use_behavior="run_llm_again",
+                            model_settings=agents.ModelSettings(tool_choice="none", **settings))
+    answered = agents.Runner.run_sync(answerer, items, max_turns=2)
+    assert isinstance(answered.final_output, str) and answered.final_output.strip() and len(cities) == 1

@@ -117,7 +117,7 @@ def test_speculation_options_and_stop_reach_the_engine(make_daemon):
     ({"frequency_penalty": 2.5}, "frequency_penalty"),
     ({"edgespec": {"draft_tokens": 999}}, "edgespec.draft_tokens"),
     ({"edgespec": {"mode": "fast"}}, "edgespec.mode"),
-    ({"bogus": 1}, "bogus"),
+    ({"bogus": 1}, "bogus"),  # under [http] strict = true
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
     # [limits], as for gRPC
     ({"messages": [{"role": "user", "content": "x"}] * 1025}, "messages"),
@@ -126,7 +126,7 @@ def test_speculation_options_and_stop_reach_the_engine(make_daemon):
     ({"messages": [{"role": "user", "content": "\ud800"}]}, "messages[0].content"),  # a lone surrogate escape
 ])
 def test_bad_params_are_400_naming_them(make_daemon, body, param):
-    r = make_daemon(http=HTTP)
+    r = make_daemon(http={**HTTP, "strict": True})
     full = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], **body}
     status, _, out = raw(r, "POST", "/v1/chat/completions", full)
     err = json.loads(out)["error"]
@@ -135,12 +135,12 @@ def test_bad_params_are_400_naming_them(make_daemon, body, param):
 
 
 def test_openai_client_sees_400_404_and_engine_side_errors(make_daemon):
-    r = make_daemon(http=HTTP, n_ctx=64)
+    r = make_daemon(http={**HTTP, "strict": True}, n_ctx=64)
     c = client(r)
     with pytest.raises(openai.BadRequestError) as e:
         c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], n=30)
     assert e.value.body["param"] == "n"
-    with pytest.raises(openai.NotFoundError) as e:
+    with pytest.raises(openai.NotFoundError) as e:  # strict: only the served model
         c.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "x"}])
     assert e.value.body["param"] == "model" and e.value.body["code"] == "model_not_found"
     for stream in (True, False):
@@ -222,6 +222,34 @@ def test_overload_is_429_with_retry_after(make_daemon):
         client(r).completions.create(model=MODEL, prompt="y", max_tokens=2)
     assert e.value.response.headers["retry-after"] == "1" and e.value.body["code"] == "overloaded"
     held.close()
+
+
+def test_a_queued_stream_gets_its_headers_at_once_with_a_keep_alive(make_daemon):
+    r = make_daemon(http=HTTP, step_seconds=0.01, server={"parallel": 1, "queue_size": 1})
+    held = _open_stream(r)  # the one slot, for 40 s
+    conn = http.client.HTTPConnection("127.0.0.1", r.daemon.http_port, timeout=30)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": "y", "max_tokens": 2, "stream": True}),
+                 {"Content-Type": "application/json"})
+    resp = conn.getresponse()  # while the held stream still runs
+    assert resp.status == 200 and resp.getheader("content-type").startswith("text/event-stream")
+    assert resp.readline() == b": ping\n" and r.daemon.loop.stats()["active_requests"] == 1
+    held.close()  # the slot frees: the queued request runs
+    events = [ln[len("data: "):] for ln in resp.read().decode().splitlines() if ln.startswith("data: ")]
+    assert events[-1] == "[DONE]" and "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == \
+        "alpha beta "
+    conn.close()
+
+
+def test_a_silent_stream_sends_keep_alives(make_daemon, monkeypatch):
+    from edgespec.server import http_api
+
+    monkeypatch.setattr(http_api, "KEEPALIVE_SECONDS", 0.02)
+    r = make_daemon(http=HTTP, step_seconds=0.1)
+    status, _, out = raw(r, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 3, "stream": True})
+    lines = out.decode().splitlines()
+    assert status == 200 and ": ping" in lines
+    assert "".join(json.loads(ln[6:])["choices"][0]["text"] for ln in lines if ln.startswith("data: {")) == \
+        "alpha beta gamma "
 
 
 def test_client_disconnect_cancels_the_job(make_daemon):
@@ -307,16 +335,20 @@ def test_unknown_route_and_wrong_method_say_so(make_daemon):
     assert status == 405 and json.loads(out)["error"]["code"] == "method_not_allowed" and "POST" in headers["allow"]
 
 
-def test_unknown_fields_refused_by_name_unless_strict_is_off(make_daemon):
+def test_unknown_fields_ignored_and_named_unless_strict(make_daemon):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "bogus": 1, "ünï": 2}
-    status, _, out = raw(make_daemon(http=HTTP), "POST", "/v1/chat/completions", body)
-    assert status == 400 and json.loads(out)["error"]["param"] == "bogus"  # the default: strict
-    lax = make_daemon(http={**HTTP, "strict": False})
+    status, _, out = raw(make_daemon(http={**HTTP, "strict": True}), "POST", "/v1/chat/completions", body)
+    assert status == 400 and json.loads(out)["error"]["param"] == "bogus"
+    lax = make_daemon(http=HTTP)  # the default: front-ends send fields of their own
     status, headers, out = raw(lax, "POST", "/v1/chat/completions", body)
     assert status == 200 and json.loads(out)["choices"][0]["message"]["content"]
     assert headers["x-edgespec-warning"] == "ignored unknown fields: bogus, \\xfcn\\xef"
     status, _, out = raw(lax, "POST", "/v1/chat/completions", {**body, "temperature": -1})
     assert status == 400 and json.loads(out)["error"]["param"] == "temperature"  # known fields still checked
+    # another model's name: the served model answers, and says so
+    status, headers, out = raw(lax, "POST", "/v1/completions", {"model": "gpt-9", "prompt": "x", "max_tokens": 2})
+    assert status == 200 and json.loads(out)["model"] == MODEL
+    assert headers["x-edgespec-warning"] == f"model 'gpt-9' is not served here: {MODEL} answered"
 
 
 def test_sighup_rotates_the_https_certificate(make_daemon, certs, tmp_path):

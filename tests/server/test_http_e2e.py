@@ -11,6 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
+import anthropic
 import jsonschema
 import openai
 import pytest
@@ -168,6 +169,93 @@ def test_bad_params_400_and_no_key_401(server):
         assert e.value.body["param"] == param
     with pytest.raises(openai.AuthenticationError):
         server.client("wrong").chat.completions.create(model=MODEL, messages=msgs, max_tokens=2)
+
+
+def anthropic_client(server: Server) -> anthropic.Anthropic:
+    # retries: the client honours Retry-After while an earlier test's cancelled stream frees the one slot
+    return anthropic.Anthropic(base_url=server.base, api_key=KEY, max_retries=8, timeout=300)
+
+
+def test_anthropic_messages_unary_stream_and_stop_sequences(server):
+    """The official `anthropic` client: greedy, the streamed text is the unary text; a stop
+    sequence taken from that text ends the answer there and is named."""
+    c = anthropic_client(server)
+    kw = {"model": MODEL, "max_tokens": 24, "system": "You are a helpful assistant.",
+          "messages": [{"role": "user", "content": "Count from 1 to 10, separated by commas."}],
+          "extra_body": {"temperature": 0}}
+    msg = c.messages.create(**kw)
+    text = msg.content[0].text
+    assert msg.stop_reason in ("end_turn", "max_tokens") and len(text) > 4
+    assert msg.usage.input_tokens > 10 and 1 <= msg.usage.output_tokens <= 24
+    assert c.messages.count_tokens(model=MODEL, system=kw["system"], messages=kw["messages"]).input_tokens == \
+        msg.usage.input_tokens
+    with c.messages.stream(**kw) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert streamed == text and final.stop_reason == msg.stop_reason
+    assert final.usage.output_tokens == msg.usage.output_tokens
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    cut = c.messages.create(**kw, stop_sequences=["\u00a7\u00a7", stop])
+    assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == stop
+    assert cut.content[0].text == text[:text.index(stop)]
+
+
+def test_anthropic_tool_round_trip(server):
+    """tool_use then tool_result: a forced call's input validates against its input_schema,
+    streamed (input_json_delta) as unary; its result goes back and the model answers in text."""
+    c = anthropic_client(server)
+    tool = {"name": "get_weather", "description": "The current weather in a city.", "input_schema": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 40}}, "required": ["city"]}}
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    kw = {"model": MODEL, "max_tokens": 48, "messages": ask, "tools": [tool],
+          "tool_choice": {"type": "tool", "name": "get_weather"}, "extra_body": {"temperature": 0}}
+    msg = c.messages.create(**kw)
+    assert msg.stop_reason == "tool_use"
+    (use,) = [b for b in msg.content if b.type == "tool_use"]
+    assert use.name == "get_weather"
+    jsonschema.validate(use.input, tool["input_schema"])
+    with c.messages.stream(**kw) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "tool_use" and final.content[-1].input == use.input
+
+    history = [*ask, {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in msg.content]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                             "content": "Sunny, 24 degrees Celsius."}]}]
+    answer = c.messages.create(model=MODEL, max_tokens=32, messages=history, tools=[tool],
+                               tool_choice={"type": "none"}, extra_body={"temperature": 0})
+    assert answer.stop_reason in ("end_turn", "max_tokens")
+    assert [b.type for b in answer.content] == ["text"] and answer.content[0].text.strip()
+
+
+def test_responses_unary_stream_and_function_tool(server):
+    """The `openai` client's responses.create: greedy, the streamed text is the unary text; a
+    forced function call's arguments validate, streamed as unary; its output goes back as an
+    input item and the model answers in text."""
+    c = server.client(retries=8)
+    kw = {"model": MODEL, "instructions": "You are a helpful assistant.", "input": "Name three colours.",
+          "max_output_tokens": 24, "temperature": 0}
+    resp = c.responses.create(**kw)
+    assert resp.status in ("completed", "incomplete") and len(resp.output_text) > 4
+    events = list(c.responses.create(**kw, stream=True))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == resp.output_text
+    assert events[0].type == "response.created" and events[-1].response.output_text == resp.output_text
+
+    tool = {"type": "function", "name": "get_weather", "description": "The current weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
+                           "required": ["city"]}}
+    ask = {"model": MODEL, "input": "What is the weather in Paris?", "tools": [tool], "max_output_tokens": 48,
+           "tool_choice": {"type": "function", "name": "get_weather"}, "temperature": 0}
+    called = c.responses.create(**ask)
+    (call,) = [o for o in called.output if o.type == "function_call"]
+    jsonschema.validate(json.loads(call.arguments), tool["parameters"])
+    streamed = list(c.responses.create(**ask, stream=True))
+    assert "".join(e.delta for e in streamed if e.type == "response.function_call_arguments.delta") == \
+        call.arguments
+    history = [{"role": "user", "content": ask["input"]}, call.model_dump(exclude_none=True),
+               {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 24 degrees Celsius."}]
+    answer = c.responses.create(model=MODEL, input=history, tools=[tool], tool_choice="none", max_output_tokens=32,
+                                temperature=0)
+    assert [o.type for o in answer.output] == ["message"] and answer.output_text.strip()
 
 
 def test_overload_is_429(server):

@@ -5,6 +5,7 @@ and bad tool fields are refused by name."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import grpc
 import pytest
@@ -80,7 +81,7 @@ def test_http_tool_choice_none_answers_text_and_history_calls_are_accepted(make_
             {"role": "tool", "tool_call_id": "call_1", "content": "3"}]
     resp = client(r).chat.completions.create(model=MODEL, messages=msgs, tools=[ADD], tool_choice="none", max_tokens=20)
     assert resp.choices[0].message.tool_calls is None  # none: nothing is parsed
-    assert "~/<tool_call>" in r.engine.requests[0].constraint.value and "call_body" not in \
+    assert "(<tool_call>)" in r.engine.requests[0].constraint.value and "call_body" not in \
         r.engine.requests[0].constraint.value
 
 
@@ -142,3 +143,50 @@ def test_grpc_bad_tool_fields_are_invalid_argument_naming_them(make_daemon, tool
     with pytest.raises(grpc.RpcError) as e:
         r.inference.Generate(_grpc_req(**tools))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.value.details()
+
+
+# Qwen3-Coder's XML, written over several tokens
+QWEN3_CODER = ("<tool_call>\n<function=add>\n", "<parameter=a>\n1\n</parameter>\n", "<parameter=b>\n2",
+               "\n</parameter>\n", "</function>\n</tool_call>", "\n")
+
+
+def test_a_forced_format_is_the_grammar_and_the_parser_of_every_api(make_daemon):
+    """[target] tool_format = qwen3_coder: the engine gets that format's grammar, and the answer
+    in that format is a call in chat completions (unary and streamed in pieces), the Messages
+    API and gRPC."""
+    r = make_daemon(http=HTTP, target={"tool_format": "qwen3_coder"})
+    r.engine.words, r.engine.eos_after = QWEN3_CODER, 5
+    c = client(r)
+    kw = {"model": MODEL, "messages": [{"role": "user", "content": "1+2?"}], "tools": [ADD], "max_tokens": 20}
+    resp = c.chat.completions.create(**kw)
+    assert "<function=add>" in r.engine.requests[0].constraint.value
+    (call,) = resp.choices[0].message.tool_calls
+    assert resp.choices[0].finish_reason == "tool_calls" and json.loads(call.function.arguments) == {"a": 1, "b": 2}
+    deltas = [d for ch in c.chat.completions.create(**kw, stream=True) if ch.choices
+              for d in ch.choices[0].delta.tool_calls or ()]
+    assert deltas[0].function.name == "add" and len(deltas) > 2  # the header, then the arguments in pieces
+    assert json.loads("".join(d.function.arguments for d in deltas)) == {"a": 1, "b": 2}
+
+    status, _, out = raw(r, "POST", "/v1/messages", {
+        "model": MODEL, "max_tokens": 20, "messages": [{"role": "user", "content": "1+2?"}],
+        "tools": [{"name": "add", "input_schema": ADD["function"]["parameters"]}]})
+    body = json.loads(out)
+    assert status == 200 and body["stop_reason"] == "tool_use"
+    assert [(b["name"], b["input"]) for b in body["content"] if b["type"] == "tool_use"] == [("add", {"a": 1, "b": 2})]
+
+    tool = pb.Tool(name="add", parameters_json=json.dumps(ADD["function"]["parameters"]))
+    out = r.inference.Generate(_grpc_req(tools=[tool], choice="required"))
+    assert [(c.name, json.loads(c.arguments)) for c in out.tool_calls] == [("add", {"a": 1, "b": 2})]
+
+
+def test_the_format_is_the_one_the_configured_template_writes(make_daemon):
+    glm = Path(__file__).parents[1] / "templates" / "glm-4.5.jinja"
+    r = make_daemon(http=HTTP, target={"chat_template": str(glm)})
+    r.engine.words = ("<tool_call>add\n", "<arg_key>a</arg_key>\n<arg_value>1</arg_value>\n",
+                      "<arg_key>b</arg_key>\n<arg_value>2</arg_value>\n", "</tool_call>")
+    r.engine.eos_after = 4
+    resp = client(r).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "1+2?"}],
+                                             tools=[ADD], max_tokens=20)
+    assert "<arg_key>a</arg_key>" in r.engine.requests[0].constraint.value
+    (call,) = resp.choices[0].message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == ("add", {"a": 1, "b": 2})

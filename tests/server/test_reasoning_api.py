@@ -1,0 +1,134 @@
+"""Reasoning output through the HTTP APIs on the fake engine: a thinking model's <think> block is
+chat completions' reasoning_content (unary, and streamed as its own deltas), a Responses
+reasoning item and a Messages thinking block; a schema or a tool grammar holds after </think>;
+reasoning_effort, chat_template_kwargs and Messages' thinking reach the chat template, and the
+prompt's open block is read from it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.server.test_http import HTTP, MODEL, client, raw
+from tests.server.test_tools_api import ADD
+
+THINKING = ("<think>", "\nI add", " 1 and 2.\n", "</think>", "\n\n", "It is 3.")
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "1+2?"}], "max_tokens": 20}
+# prints the template variables, and opens the block unless told not to think (as R1's and V3.1's do)
+TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+            "[effort={{ reasoning_effort | default('-') }}]<assistant>"
+            "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% else %}<think>\n{% endif %}")
+
+
+def thinking(r, words=THINKING) -> None:
+    r.engine.words, r.engine.eos_after = words, len(words)
+
+
+def sse_events(out: bytes) -> list[dict]:
+    return [json.loads(line[6:]) for line in out.decode().splitlines()
+            if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def test_chat_completions_split_reasoning_unary_and_streamed(make_daemon):
+    r = make_daemon(http=HTTP, target={"reasoning_format": "think"})
+    thinking(r)
+    msg = client(r).chat.completions.create(**CHAT).choices[0].message
+    assert (msg.reasoning_content, msg.content) == ("\nI add 1 and 2.\n", "It is 3.")
+    status, _, out = raw(r, "POST", "/v1/chat/completions", {**CHAT, "stream": True})
+    deltas = [e["choices"][0]["delta"] for e in sse_events(out) if e.get("choices")]
+    assert status == 200
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "\nI add 1 and 2.\n"
+    assert "".join(d.get("content") or "" for d in deltas) == "It is 3."
+    first_content = next(i for i, d in enumerate(deltas) if d.get("content"))
+    assert all("reasoning_content" not in d for d in deltas[first_content:])  # reasoning first, tags never sent
+    # a model that does not think: the format off, the answer all content
+    r2 = make_daemon(http=HTTP)
+    thinking(r2)
+    msg = client(r2).chat.completions.create(**CHAT).choices[0].message
+    assert msg.content.startswith("<think>") and getattr(msg, "reasoning_content", None) is None
+
+
+def test_a_schema_and_a_tool_grammar_hold_after_the_reasoning(make_daemon):
+    r = make_daemon(http=HTTP, target={"reasoning_format": "think"})
+    thinking(r, ("<think>", "Sum.", "</think>", "\n", '{"a":', "3}"))
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    out = client(r).chat.completions.create(**CHAT, response_format={
+        "type": "json_schema", "json_schema": {"name": "s", "schema": schema}}).choices[0].message
+    grammar = r.engine.requests[-1].constraint
+    assert grammar.kind == "lark" and "THINK" in grammar.value and "%json" in grammar.value
+    assert (out.reasoning_content, json.loads(out.content)) == ("Sum.", {"a": 3})
+
+    thinking(r, ("<think>", "I call add.", "</think>", "\n\n", "<tool_call>\n",
+                 '{"name":"add","arguments":{"a":1,"b":2}}', "\n</tool_call>"))
+    resp = client(r).chat.completions.create(**CHAT, tools=[ADD])
+    grammar = r.engine.requests[-1].constraint.value
+    assert "THINK" in grammar and "<think>" in grammar and '"const": "add"' in grammar
+    ch = resp.choices[0]
+    assert ch.finish_reason == "tool_calls" and ch.message.reasoning_content == "I call add."
+    assert json.loads(ch.message.tool_calls[0].function.arguments) == {"a": 1, "b": 2}
+
+
+def test_the_messages_api_answers_a_thinking_block(make_daemon):
+    r = make_daemon(http=HTTP, target={"reasoning_format": "think"})
+    thinking(r)
+    body = {"model": MODEL, "max_tokens": 20, "messages": [{"role": "user", "content": "1+2?"}]}
+    status, _, out = raw(r, "POST", "/v1/messages", body)
+    blocks = json.loads(out)["content"]
+    assert status == 200 and [b["type"] for b in blocks] == ["thinking", "text"]
+    assert (blocks[0]["thinking"], blocks[1]["text"]) == ("\nI add 1 and 2.\n", "It is 3.")
+    status, _, out = raw(r, "POST", "/v1/messages", {**body, "stream": True})
+    events = sse_events(out)
+    starts = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
+    thought = "".join(e["delta"]["thinking"] for e in events if e["type"] == "content_block_delta"
+                      and e["delta"]["type"] == "thinking_delta")
+    assert starts == ["thinking", "text"] and thought == "\nI add 1 and 2.\n"
+
+
+def test_the_responses_api_answers_a_reasoning_item(make_daemon):
+    r = make_daemon(http=HTTP, target={"reasoning_format": "think"})
+    thinking(r)
+    body = {"model": MODEL, "input": "1+2?", "max_output_tokens": 20}
+    status, _, out = raw(r, "POST", "/v1/responses", body)
+    items = json.loads(out)["output"]
+    assert status == 200 and [i["type"] for i in items] == ["reasoning", "message"]
+    assert items[0]["content"][0]["text"] == "\nI add 1 and 2.\n"
+    assert items[1]["content"][0]["text"] == "It is 3."
+    events = sse_events(raw(r, "POST", "/v1/responses", {**body, "stream": True})[2])
+    kinds = [e["type"] for e in events]
+    assert "response.reasoning_text.delta" in kinds
+    assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
+    done = events[-1]["response"]["output"]
+    assert [i["type"] for i in done] == ["reasoning", "message"]
+
+
+def test_the_request_reaches_the_template_and_its_prompt_opens_the_block(make_daemon, tmp_path):
+    path = tmp_path / "t.jinja"
+    path.write_text(TEMPLATE)
+    r = make_daemon(http=HTTP, target={"chat_template": str(path), "reasoning_format": "think"})
+    opened = ("I add.", "</think>", "3")
+    thinking(r, opened)
+    msg = client(r).chat.completions.create(**CHAT, reasoning_effort="high").choices[0].message
+    prompt = "".join(chr(t - 20) for t in r.engine.requests[-1].prompt_tokens if t >= 20)
+    assert "[effort=high]" in prompt and prompt.endswith("<think>\n")
+    assert (msg.reasoning_content, msg.content) == ("I add.", "3")  # the prompt opened the block
+    msg = client(r).chat.completions.create(**CHAT, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert r.engine.requests[-1].prompt_tokens  # rendered with <think></think>: the answer is all content
+    assert (getattr(msg.choices[0].message, "reasoning_content", None), msg.choices[0].message.content) == \
+        (None, "I add.</think>3")
+    status, _, out = raw(r, "POST", "/v1/messages", {"model": MODEL, "max_tokens": 20, "thinking": {
+        "type": "disabled"}, "messages": [{"role": "user", "content": "1+2?"}]})
+    assert [b["type"] for b in json.loads(out)["content"]] == ["text"]
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/chat/completions", {**CHAT, "reasoning_effort": "extreme"}, "reasoning_effort"),
+    ("/v1/chat/completions", {**CHAT, "chat_template_kwargs": {"enable_thinking": "yes"}},
+     "chat_template_kwargs.enable_thinking"),
+    ("/v1/chat/completions", {**CHAT, "chat_template_kwargs": {"messages": []}}, "chat_template_kwargs.messages"),
+    ("/v1/responses", {"model": MODEL, "input": "x", "reasoning": {"effort": "max"}}, "reasoning.effort"),
+])
+def test_bad_reasoning_fields_are_400_naming_them(make_daemon, path, body, param):
+    r = make_daemon(http=HTTP)
+    status, _, out = raw(r, "POST", path, body)
+    assert status == 400 and json.loads(out)["error"]["param"] == param

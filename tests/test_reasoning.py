@@ -1,0 +1,224 @@
+"""Reasoning output (edgespec.reasoning): the <think> block split from the content whole and a
+character at a time (opened by the model, or by the prompt), the family detected from the real
+templates, the grammar that holds the answer to a schema or a tool grammar only after </think>,
+and speculation exact through the switch: tree-mode sampling at T = 1 on the fake engine under
+that grammar matches the target's masked distribution (chi-square, as
+tests/test_constrained_sampling.py does for a bare schema)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgespec import chat, reasoning, tool_formats, tools
+from edgespec.constraint import Compiler, Vocabulary, apply_mask
+from edgespec.sampling import SamplingParams, logits_to_probs
+from edgespec.selftest import ALPHA, chi_square_gof
+from edgespec.types import ConstraintSpec, GenerationRequest, SpeculationParams
+from tests import fake_backend
+from tests.fake_backend import EOS, VOCAB, FakeModel
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+def split_streamed(opened: bool, pieces: list[str]) -> tuple[str, str]:
+    s = reasoning.ReasoningSplitter(opened)
+    events = [ev for p in pieces for ev in s.feed(p)] + s.finish()
+    assert all(v for _, v in events)  # nothing empty is sent
+    return "".join(v for k, v in events if k == "reasoning"), "".join(v for k, v in events if k == "content")
+
+
+CASES = [  # (opened, answer, reasoning, content)
+    (False, "<think>\nLet me see.\n</think>\n\nIt is 3.", "\nLet me see.\n", "It is 3."),
+    (True, "Let me see: 1 < 2 </thin but not closed.\n</think>\n\nIt is 3.", "Let me see: 1 < 2 </thin but not closed.\n",
+     "It is 3."),
+    (False, "It is 3.", None, "It is 3."),
+    (False, "<thin is not a tag", None, "<thin is not a tag"),
+    (False, "<think>cut short by max_tokens", "cut short by max_tokens", ""),
+    (True, "</think>It is 3.", "", "It is 3."),
+]
+
+
+@pytest.mark.parametrize("opened, answer, want_reasoning, want_content", CASES)
+def test_the_block_is_split_whole_and_in_any_pieces(opened, answer, want_reasoning, want_content):
+    r = reasoning.Reasoning(opened)
+    assert r.split(answer) == (want_reasoning, want_content)
+    for cuts in (list(range(1, len(answer))), [3, 9, 17]):
+        pieces = [answer[a:b] for a, b in zip([0, *cuts], [*cuts, len(answer)])]
+        assert split_streamed(opened, pieces) == (want_reasoning or "", want_content)
+
+
+@pytest.mark.parametrize("name, fmt", [("deepseek-r1-distill-qwen.jinja", "think"), ("deepseek-v3.1.jinja", "think"),
+                                       ("glm-4.5.jinja", "think"), ("llama-3.1.jinja", "none")])
+def test_the_format_and_the_open_block_come_from_the_template(name, fmt):
+    template = chat.ChatTemplate((TEMPLATES / name).read_text())
+    assert reasoning.format_for(template) == fmt
+    assert reasoning.format_for(template, "none") == "none"
+    if name.startswith("deepseek-r1"):  # R1 opens the block in the generation prompt
+        assert reasoning.opened(template.render([{"role": "user", "content": "hi"}]))
+    if name.startswith("glm"):  # GLM writes <think> itself, and closes it empty when asked not to think
+        assert not reasoning.opened(template.render([{"role": "user", "content": "hi"}]))
+        assert template.render([{"role": "user", "content": "hi"}], variables={"enable_thinking": False}) \
+            .endswith("<think></think>")
+    if name.startswith("deepseek-v3.1"):  # V3.1 thinks only when asked to
+        assert reasoning.opened(template.render([{"role": "user", "content": "hi"}],
+                                                variables={"enable_thinking": True}))
+        assert not reasoning.opened(template.render([{"role": "user", "content": "hi"}]))
+
+
+# ---- the grammar after the reasoning ----------------------------------------------------------
+
+BYTES = tuple(bytes([i]) for i in range(256)) + (b"\xff<eos>",)
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
+ADD = {"type": "function", "function": {"name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}
+
+
+@pytest.fixture(scope="module")
+def compiler() -> Compiler:
+    return Compiler(Vocabulary(BYTES, (256,), (256,), None, lambda s: list(s.encode())))
+
+
+def accepts(compiler: Compiler, spec: ConstraintSpec, text: str) -> bool:
+    m = compiler.matcher(spec)
+    toks = list(text.encode())
+    return m.allows(toks) and (m.commit(toks) or m.accepting)
+
+
+def test_a_schema_holds_only_after_the_reasoning(compiler):
+    inner = ConstraintSpec("json_schema", json.dumps(SCHEMA))
+    free = reasoning.after_reasoning(inner, opened=False)
+    inside = reasoning.after_reasoning(inner, opened=True)
+    assert accepts(compiler, free, '<think>{"a": "no"} is wrong; </thin\n</think>\n\n{"a":1}')
+    assert accepts(compiler, free, '{"a":1}')  # no reasoning at all
+    assert not accepts(compiler, free, '<think>x</think>\n{"a":"x"}')
+    assert not accepts(compiler, free, "<think>x</think>\nhello")
+    assert accepts(compiler, inside, 'x</think>{"a":1}') and not accepts(compiler, inside, '{"a":1}')
+    assert not accepts(compiler, inside, 'x</think>{"a":1}</think>')
+    regex = reasoning.after_reasoning(ConstraintSpec("regex", "[0-9]+/[0-9]+"), opened=True)
+    assert accepts(compiler, regex, "hmm</think>12/34") and not accepts(compiler, regex, "hmm</think>x")
+    gbnf = ConstraintSpec("grammar", 'root ::= "x"')
+    assert reasoning.after_reasoning(gbnf, opened=True) == gbnf  # GBNF cannot be composed
+
+
+@pytest.mark.parametrize("fmt", tool_formats.FORMATS)
+def test_a_tool_grammar_holds_only_after_the_reasoning(compiler, fmt):
+    s = tools.parse_tools([ADD], None, None, fmt)
+    f = tool_formats.by_name(fmt)
+    call = f.render([("add", {"a": 1})]) if f else '<tool_call>\n{"name":"add","arguments":{"a":1}}\n</tool_call>'
+    bad = call.replace("1", '"x"')
+    g = reasoning.after_reasoning(s.constraint(not_text=(reasoning.OPEN,)), opened=False)
+    assert accepts(compiler, g, f"<think>I will call add.</think>\n\n{call}")
+    assert accepts(compiler, g, "<think>No tool.</think>\n\nHello") and accepts(compiler, g, "Hello")
+    assert not accepts(compiler, g, f"<think>x</think>\n\n{bad}")  # nor as text: text may not open a call
+
+
+# ---- exact through the switch -------------------------------------------------------------------
+
+PIECES = ["</think>", "{", "}", '"', ":", ",", '{"', '":', '"}', " ", "\n", "</", "think", ">"]
+PIECES += list("0123456789") + list("abcdefghijklmnopqrstuvwxyz") + ["ab", "ba", "12", "42", "th", "in", "nk", "<", "cd",
+           "dc", "xy", "yx"]
+PIECES = PIECES[:VOCAB - 2]
+STRING_SCHEMA = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 8}}, "required": ["a"],
+                 "additionalProperties": False}
+SPEC = reasoning.after_reasoning(ConstraintSpec("json_schema", json.dumps(STRING_SCHEMA)), opened=True)
+L, TOP_K, SAMPLES = 6, 3, 2000
+PROMPT = (0, 7, 21)
+
+
+class PieceModel(FakeModel):
+    def piece(self, t: int) -> bytes:
+        return b"" if t < 2 else PIECES[t - 2].encode()
+
+    def token_text(self, t: int) -> bytes:
+        return {0: b"<s>", 1: b"</s>"}.get(t, b"")
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        out, i = ([0] if add_special else []), 0
+        while i < len(text):  # longest piece first
+            k = max((j for j, p in enumerate(PIECES) if text.startswith(p, i)), key=lambda j: len(PIECES[j]))
+            out.append(k + 2)
+            i += len(PIECES[k])
+        return out
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    monkeypatch.setattr(fake_backend, "FakeModel", PieceModel)
+    eng = fake_backend.fake_engine(parallel=8, draft_noise=1.5)
+    eng.target.table[:, 2] += 4.0  # </think> likely, so that the first L tokens cross the switch often
+    return eng
+
+
+def exact(engine) -> dict:
+    """P(first L emitted tokens): the target's rows masked by the grammar's state after each path."""
+    m = Compiler(Vocabulary.from_model(engine.target)).matcher(SPEC)
+    s = SamplingParams(temperature=1.0, top_k=TOP_K)
+    out: dict = {}
+
+    def walk(path: list[int], last: int, prob: float) -> None:
+        if len(path) == L:
+            out[tuple(path)] = out.get(tuple(path), 0.0) + prob
+            return
+        p = logits_to_probs(apply_mask(engine.target.table[last], m.mask_after(path)), s)
+        for x in np.flatnonzero(p):
+            if x == EOS:
+                out[tuple(path)] = out.get(tuple(path), 0.0) + prob * p[x]
+            else:
+                walk(path + [int(x)], int(x), prob * p[x])
+
+    walk([], PROMPT[-1], 1.0)
+    return out
+
+
+def sample(engine, n: int) -> dict:
+    counts: dict = {}
+    todo, active = list(range(n)), []
+    while todo or active:
+        while todo and engine.free_slots:
+            seed = todo.pop()
+            req = GenerationRequest(PROMPT, SamplingParams(temperature=1.0, top_k=TOP_K, max_tokens=L, seed=seed),
+                                    SpeculationParams(mode="tree", tree_depth=3, tree_nodes=6), constraint=SPEC)
+            active.append(engine.open_session(req))
+        engine.tick(active)
+        for s in list(active):
+            if s.done:
+                k = tuple(s.out[:L])
+                counts[k] = counts.get(k, 0) + 1
+                s.close()
+                active.remove(s)
+    return counts
+
+
+def test_tree_sampling_through_the_switch_matches_the_masked_target(engine):
+    e = exact(engine)
+    assert abs(sum(e.values()) - 1) < 1e-9
+    switched = sum(p for k, p in e.items() if 2 in k)
+    assert 0.3 < switched < 1  # most paths cross </think> within L tokens, some do not
+    counts = sample(engine, SAMPLES)
+    texts = [engine.target.detokenize(list(k)) for k in counts]
+    after = [t.split("</think>", 1)[1].lstrip()[:6] for t in texts if "</think>" in t]
+    assert after and all('{"a":"'.startswith(a) for a in after), after  # the schema held after the switch
+    keys = sorted(set(e) | set(counts))
+    p = chi_square_gof(np.array([counts.get(k, 0) for k in keys]), np.array([e.get(k, 0.0) for k in keys]))[2]
+    assert p > ALPHA, counts
+
+
+def test_rows_masked_as_before_the_switch_are_rejected(engine, monkeypatch):
+    """A broken twin: the row after a </think> token masked with the reasoning's state (free
+    text: the switch one token late). A token the schema forbids reaches the grammar's commit."""
+    from edgespec import constraint
+
+    real = constraint.Matcher.node_bits
+
+    def late(self, tree):
+        nm = real(self, tree)
+        idx = [max(0, p) if t == 2 and i else i for i, (t, p) in enumerate(zip(tree.tokens, tree.parents))]
+        return constraint.NodeMasks(nm.bits[idx], nm.valid[idx], nm.n_vocab)
+
+    monkeypatch.setattr(constraint.Matcher, "node_bits", late)
+    with pytest.raises(RuntimeError, match="not allowed"):
+        sample(engine, 400)
