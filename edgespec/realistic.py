@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -146,10 +146,14 @@ def widened_tensor(src: Source, w: Widening, spec: TensorSpec) -> np.ndarray:
 
 
 def widen(src_path: Path, w: Widening, out: Path, ftype: str = "q4_k_m",
-          log: Callable[[str], None] = lambda s: None) -> Path:
-    """Write the widened model of `src_path` (the demo target, F32) quantized to `ftype`."""
+          log: Callable[[str], None] = lambda s: None, layers: int | None = None) -> Path:
+    """Write the widened model of `src_path` (the demo target, F32) quantized to `ftype`.
+    `layers`: keep the first N blocks only, for cost checks of a big shape on a small box (the
+    text is then not the source's)."""
     src = read_source(src_path)
     check_widening(src, w)
+    if layers is not None:
+        w = replace(w, n_layer=layers)
     tok = tokenizer_fields(src_path)
     n_vocab = src.tensors["token_embd.weight"].shape[0]
     dims = dict(n_embd=w.n_embd, n_head=w.n_head, n_head_kv=w.n_head_kv, n_ff=w.n_ff, head_dim=src.head_dim)
@@ -185,3 +189,67 @@ def prepare_cost_target(cost: str, src_path: Path, ftype: str = "q4_k_m", direct
         log(f"{out} exists")
         return out
     return widen(src_path, COSTS[cost][0], out, ftype, log)
+
+
+def greedy_tokens(path: Path, prompts: list[str], n_tokens: int = 64, threads: int | None = None) -> list[list[int]]:
+    """Each prompt's greedy continuation (`n_tokens`, one-token forwards, chat template not
+    applied): the text a widened target must share with its source."""
+    from edgespec import backend
+    from edgespec.config import ModelConfig
+
+    m = backend.Model(path)
+    out = []
+    try:
+        for text in prompts:
+            toks = m.tokenize(text)
+            ctx = backend.Context(m, ModelConfig(str(path), n_ctx=len(toks) + n_tokens + 8, n_batch=512,
+                                                 threads=threads or 0))
+            try:
+                n = len(toks)
+                ctx.decode_rows(toks, list(range(n)), [(0,)] * n, [False] * (n - 1) + [True])
+                gen: list[int] = []
+                for i in range(n_tokens):
+                    t = int(np.argmax(ctx.logits(-1)))
+                    gen.append(t)
+                    if m.is_eog(t):
+                        break
+                    ctx.decode_rows([t], [n + i], [(0,)], [True])
+                out.append(gen)
+            finally:
+                ctx.close()
+    finally:
+        m.close()
+    return out
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[int, int]:
+    """(tokens before the first difference, summed over prompts; tokens compared)."""
+    same = total = 0
+    for x, y in zip(a, b):
+        n = min(len(x), len(y))
+        k = next((i for i in range(n) if x[i] != y[i]), n)
+        same, total = same + k, total + max(len(x), len(y))
+    return same, total
+
+
+def next_token_argmax(path: Path, sequences: list[list[int]], threads: int | None = None) -> list[np.ndarray]:
+    """For each token sequence, the model's greedy next token after every prefix (one forward of
+    the whole sequence): two models' rows agree where a greedy draft of one would be accepted by
+    the other, teacher-forced on the same text."""
+    from edgespec import backend
+    from edgespec.config import ModelConfig
+
+    m = backend.Model(path)
+    out = []
+    try:
+        for toks in sequences:
+            n = len(toks)
+            ctx = backend.Context(m, ModelConfig(str(path), n_ctx=n + 8, n_batch=max(512, n), threads=threads or 0))
+            try:
+                ctx.decode_rows(toks, list(range(n)), [(0,)] * n, [True] * n)
+                out.append(np.argmax(ctx.logits_rows(n), axis=1))
+            finally:
+                ctx.close()
+    finally:
+        m.close()
+    return out

@@ -98,3 +98,13 @@ def test_synth_writes_a_loadable_real_shape(tiny: Path, tmp_path: Path) -> None:
         synth("llama3-8b", "q8_0", tmp_path / "x.gguf", layers=33, donor=tiny)
     with pytest.raises(BadRequest, match="shape"):
         synth("llama9-1t", "q8_0", tmp_path / "x.gguf", donor=tiny)
+
+
+def test_greedy_text_is_shared(tiny: Path, tmp_path: Path) -> None:
+    from edgespec.realistic import agreement, greedy_tokens
+
+    prompts = ["hello", "a b c d"]
+    ref = greedy_tokens(tiny, prompts, 12, threads=1)
+    got = greedy_tokens(widen(tiny, WIDE, tmp_path / "w.f32.gguf", "f32"), prompts, 12, threads=1)
+    assert agreement(got, ref) == (sum(map(len, ref)), sum(map(len, ref)))
+    assert agreement([[1, 2, 3]], [[1, 5, 3]]) == (1, 3)
