@@ -52,6 +52,7 @@ class Widening:
     n_head: int
     n_head_kv: int
     n_ff: int
+    tied: bool = True  # False: an output.weight of its own (the embedding's values), as Llama-3-8B has
 
 
 # --cost NAME -> (widened shape, the real shape of about the same bytes at the demo's vocabulary)
@@ -59,7 +60,7 @@ COSTS: dict[str, tuple[Widening, str]] = {
     # Llama-3.2-1B's body (16 x 60.8M) in 30 thinner blocks of 34.1M, plus half its tied embedding
     "1B": (Widening(n_embd=1024, n_layer=30, n_head=16, n_head_kv=4, n_ff=10240), "llama3.2-1b"),
     # Llama-3-8B's own block shape: q 4096 and kv 1024 wide (64 x 64 and 16 x 64), 32 layers
-    "8B": (Widening(n_embd=4096, n_layer=32, n_head=64, n_head_kv=16, n_ff=14336), "llama3-8b"),
+    "8B": (Widening(n_embd=4096, n_layer=32, n_head=64, n_head_kv=16, n_ff=14336, tied=False), "llama3-8b"),
 }
 
 
@@ -129,7 +130,7 @@ def widened_tensor(src: Source, w: Widening, spec: TensorSpec) -> np.ndarray:
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", spec.name)
     if m and int(m.group(1)) >= src.n_layer:
         return out  # an added block: all zero, the identity on the residual stream
-    old = src.tensors[spec.name]
+    old = src.tensors["token_embd.weight" if spec.name == "output.weight" else spec.name]
     e, d = src.n_embd, src.head_dim
     kind = m.group(2) if m else spec.name
     if kind.endswith("norm") or kind == "output_norm.weight":
@@ -140,7 +141,7 @@ def widened_tensor(src: Source, w: Widening, spec: TensorSpec) -> np.ndarray:
                 out[p * d:(p + 1) * d, :e] = old[h * d:(h + 1) * d]
             else:
                 out[:e, p * d:(p + 1) * d] = old[:, h * d:(h + 1) * d]
-    else:  # token_embd, attn_k, attn_v, ffn_gate, ffn_up, ffn_down: the source in the top-left corner
+    else:  # token_embd, output, attn_k, attn_v, ffn_gate, ffn_up, ffn_down: the source in the top-left corner
         out[:old.shape[0], :old.shape[1]] = old
     return out
 
@@ -160,7 +161,7 @@ def widen(src_path: Path, w: Widening, out: Path, ftype: str = "q4_k_m",
     meta = arch_meta("llama", n_layer=w.n_layer, n_vocab=n_vocab, rope_theta=src.rope_theta,
                      eps=src.eps * src.n_embd / w.n_embd, n_ctx=src.n_ctx,
                      name=f"demo target widened to {w}", **dims) + tok
-    specs = model_specs(n_vocab, w.n_embd, True, (layer_specs(i, **dims) for i in range(w.n_layer)))
+    specs = model_specs(n_vocab, w.n_embd, w.tied, (layer_specs(i, **dims) for i in range(w.n_layer)))
     out.parent.mkdir(parents=True, exist_ok=True)
     f16 = out.with_name(out.name + ".f16.part")
     log(f"writing the demo target widened to {w} as F16 ({f16})")

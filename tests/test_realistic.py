@@ -4,6 +4,7 @@ logits are the source's."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -59,8 +60,8 @@ def test_zero_blocks_dequantize_to_exact_zeros(tiny: Path, tmp_path: Path) -> No
 
 def test_widened_logits_are_the_source_s(tiny: Path, tmp_path: Path) -> None:
     ref = _logits(tiny)
-    for w in (WIDE, SAME_GROUPS):  # F32 kernels: equal up to the order of the sums
-        got = _logits(widen(tiny, w, tmp_path / f"{w.n_head}.f32.gguf", "f32"))
+    for i, w in enumerate((WIDE, SAME_GROUPS, replace(WIDE, tied=False))):  # F32: up to the order of the sums
+        got = _logits(widen(tiny, w, tmp_path / f"{i}.f32.gguf", "f32"))
         np.testing.assert_allclose(got, ref, atol=1e-4 * np.abs(ref).max())
 
 
@@ -108,3 +109,16 @@ def test_greedy_text_is_shared(tiny: Path, tmp_path: Path) -> None:
     got = greedy_tokens(widen(tiny, WIDE, tmp_path / "w.f32.gguf", "f32"), prompts, 12, threads=1)
     assert agreement(got, ref) == (sum(map(len, ref)), sum(map(len, ref)))
     assert agreement([[1, 2, 3]], [[1, 5, 3]]) == (1, 3)
+
+
+@pytest.mark.slow
+def test_models_synth_command(demo_pair, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from edgespec.cli.main import app
+
+    out = tmp_path / "s.gguf"
+    r = CliRunner().invoke(app, ["models", "synth", "--shape", "qwen2.5-0.5b", "--type", "q8_0", "--layers", "1",
+                                 "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert out.is_file() and not list(tmp_path.glob("*.part"))
