@@ -150,8 +150,11 @@ class _Timer:
             e = min(context, s + 256)
             self.ctx.decode_rows(self.toks[s:e], list(range(s, e)), [(0,)] * (e - s), [False] * (e - s - 1) + [True])
 
-    def __call__(self, n: int) -> float:
+    def __call__(self, n: int, alternate: bool = False) -> float:
         p = self.context
+        if alternate:  # a one-token forward first: the shape changes before every timed forward
+            self.ctx.decode_rows(self.toks[p:p + 1], [p], [(0,)], [True])
+            self.ctx.seq_rm(0, p, -1)
         t0 = time.perf_counter()
         self.ctx.decode_rows(self.toks[p:p + n], list(range(p, p + n)), [(0,)] * n, [True] * n)
         dt = time.perf_counter() - t0
@@ -164,11 +167,13 @@ class _Timer:
 
 
 def measure(models: Sequence[tuple[Path, Sequence[int]]], context: int = 256, rounds: int = 5,
-            threads: int | None = None, n_gpu_layers: int = 0,
+            threads: int | None = None, n_gpu_layers: int = 0, alternate: bool = False,
             log: Callable[[str], None] = lambda s: None) -> list[dict[int, float]]:
     """Median seconds of a forward of n tokens after `context` tokens, for each (model, sizes).
     The models and sizes take turns within every round, so a neighbour's load falls on all alike;
-    the ratios between them mean more than any one figure."""
+    the ratios between them mean more than any one figure. `alternate`: each timed forward follows
+    an untimed one-token forward of the same model (a GPU's cached graphs then meet a new shape
+    every call, as a target that verifies between draft steps does)."""
     timers = [_Timer(p, context, threads, max(sizes), n_gpu_layers) for p, sizes in models]
     try:
         for t, (_, sizes) in zip(timers, models):  # warm-up: buffers allocated, pages faulted in
@@ -180,7 +185,7 @@ def measure(models: Sequence[tuple[Path, Sequence[int]]], context: int = 256, ro
             for n in every:
                 for t, s in zip(timers, samples):
                     if n in s:
-                        s[n].append(t(n))
+                        s[n].append(t(n, alternate))
             log(f"round {r + 1}/{rounds}")
         return [{n: statistics.median(v) for n, v in s.items()} for s in samples]
     finally:

@@ -66,9 +66,11 @@ def test_plan_measure_on_the_demo_pair(demo_pair) -> None:
     from edgespec.cli.main import app
 
     r = CliRunner().invoke(app, ["plan", "--measure", "--cpu", "--target", str(demo_pair.target), "--draft",
-                                 str(demo_pair.draft), "--rounds", "1", "--context", "64", "--json"])
+                                 str(demo_pair.draft), "--rounds", "1", "--context", "64", "--threads", "1", "--alternate",
+                                 "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
+    assert d["alternate"] and d["n_gpu_layers"] == 0
     assert set(d["t_target_seconds"]) >= {"1", "2", "64"}
     assert 0 < d["draft_share"] < 2
     assert {x["k"] for x in d["depths"]} >= {1, 4, 63}

@@ -76,13 +76,17 @@ def plan_cmd(
     context: int = typer.Option(256, "--context", help="--measure: tokens of context before the timed forwards."),
     rounds: int = typer.Option(5, "--rounds", help="--measure: rounds over all sizes (each figure a median)."),
     threads: int = typer.Option(0, "--threads", help="--measure: CPU threads (0: all cores)."),
+    alternate: bool = typer.Option(False, "--alternate", help="--measure: time each forward right after a "
+                                   "one-token forward (shapes alternate every call: on a GPU, CUDA graphs "
+                                   "warm up again)."),
 ) -> None:
     """Memory plan from GGUF metadata; exit 0 if it fits, 1 if it does not. With --measure: will
     speculation pay on this box?"""
     from dataclasses import replace
 
     if measure:
-        _measure(target, draft, context=context, rounds=rounds, threads=threads, gpu=not cpu, as_json=as_json)
+        _measure(target, draft, context=context, rounds=rounds, threads=threads, gpu=not cpu, alternate=alternate,
+                 as_json=as_json)
         return
 
     from edgespec.plan import GIB, embedding_plan, plan_memory, read_model_facts, with_head
@@ -125,7 +129,7 @@ def plan_cmd(
 
 
 def _measure(target: Path, draft: Path | None, *, context: int, rounds: int, threads: int, gpu: bool,
-             as_json: bool) -> None:
+             alternate: bool, as_json: bool) -> None:
     from edgespec.economics import SIZES, economics, measure, render
 
     with user_errors():
@@ -135,11 +139,12 @@ def _measure(target: Path, draft: Path | None, *, context: int, rounds: int, thr
         log = (lambda s: None) if as_json else (lambda s: typer.echo(s, err=True))
         log(f"timing {target.name}" + (f" and {draft.name}" if draft else "") + f" ({rounds} rounds)")
         tables = measure([(target, SIZES), *([(draft, (1,))] if draft else [])], context=context, rounds=rounds,
-                         threads=threads or None, n_gpu_layers=n_gpu, log=log)
+                         threads=threads or None, n_gpu_layers=n_gpu, alternate=alternate, log=log)
         e = economics(tables[0], tables[1][1] if draft else 0.0)
     if as_json:
         typer.echo(json.dumps({"target": str(target), "draft": str(draft) if draft else None,
-                               "context": context, "rounds": rounds, **e.as_dict()}, indent=2))
+                               "context": context, "rounds": rounds, "alternate": alternate, "n_gpu_layers": n_gpu,
+                               **e.as_dict()}, indent=2))
     else:
         typer.echo(render(e, f"draft {draft.name}" if draft else "model-free drafts (cost taken as 0)"))
 
