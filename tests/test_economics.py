@@ -66,8 +66,8 @@ def test_plan_measure_on_the_demo_pair(demo_pair) -> None:
     from edgespec.cli.main import app
 
     r = CliRunner().invoke(app, ["plan", "--measure", "--cpu", "--target", str(demo_pair.target), "--draft",
-                                 str(demo_pair.draft), "--rounds", "1", "--context", "64", "--threads", "1", "--alternate",
-                                 "--json"])
+                                 str(demo_pair.draft), "--rounds", "1", "--context", "64", "--threads", "1",
+                                 "--alternate", "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert d["alternate"] and d["n_gpu_layers"] == 0

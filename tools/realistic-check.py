@@ -108,7 +108,8 @@ def main() -> int:
         rows = {p: next_token_argmax(p, seqs, a.threads or None) for p in (demo, requant, widened)}
         print("\nnext-token agreement on the F32 demo's greedy text (teacher-forced, continuation positions)\n")
         print("| pair | same next token |\n|---|---:|")
-        for name, x, y in (("widened vs demo target F32", widened, demo), ("widened vs demo target Q4_K_M", widened, requant),
+        for name, x, y in (("widened vs demo target F32", widened, demo),
+                           ("widened vs demo target Q4_K_M", widened, requant),
                            ("demo Q4_K_M vs demo F32", requant, demo)):
             same = total = 0
             for seq, g, rx, ry in zip(seqs, ref, rows[x], rows[y]):

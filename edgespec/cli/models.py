@@ -55,7 +55,8 @@ def synth_cmd(
     vocab: Annotated[Optional[int], typer.Option(help="vocabulary size (default: the demo's 49,152 tokens, "
                                                       "whose tokenizer the file carries; a larger size pads "
                                                       "it with unused tokens, e.g. 128256 for Llama 3)")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="default: $EDGESPEC_HOME/models/synth-SHAPE[-LAYERS].TYPE.gguf")] = None,
+    out: Annotated[Optional[Path], typer.Option(
+        help="default: $EDGESPEC_HOME/models/synth-SHAPE[-LAYERS].TYPE.gguf")] = None,
     seed: int = 0,
 ) -> None:
     """Write a random-weight GGUF of a real model's shape, quantized by llama.cpp, to time its
