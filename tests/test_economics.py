@@ -74,3 +74,12 @@ def test_plan_measure_on_the_demo_pair(demo_pair) -> None:
     assert set(d["t_target_seconds"]) >= {"1", "2", "64"}
     assert 0 < d["draft_share"] < 2
     assert {x["k"] for x in d["depths"]} >= {1, 4, 63}
+
+
+def test_plan_measure_refuses_an_acceptance_outside_0_1(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from edgespec.cli.main import app
+
+    r = CliRunner().invoke(app, ["plan", "--measure", "--target", str(tmp_path / "t.gguf"), "--acceptance", "0.7,1.2"])
+    assert r.exit_code == 2 and "acceptance" in r.output
