@@ -136,11 +136,12 @@ class _Timer:
     """One model's context holding `context` tokens; times forwards of n tokens after them (every
     row's logits, as verification reads them) and drops their cells again."""
 
-    def __init__(self, path: Path, context: int, threads: int | None, n_max: int, n_gpu_layers: int = 0):
+    def __init__(self, path: Path, context: int, threads: int | None, n_max: int, n_gpu_layers: int = 0,
+                 repack: bool = True):
         from edgespec import backend
         from edgespec.config import ModelConfig
 
-        self.model = backend.Model(path, n_gpu_layers=n_gpu_layers)
+        self.model = backend.Model(path, n_gpu_layers=n_gpu_layers, repack=repack)
         cfg = ModelConfig(path=str(path), n_ctx=context + n_max + 16, n_batch=max(512, n_max),
                           threads=threads or 0, n_gpu_layers=n_gpu_layers)
         self.ctx = backend.Context(self.model, cfg)
@@ -167,14 +168,17 @@ class _Timer:
 
 
 def measure(models: Sequence[tuple[Path, Sequence[int]]], context: int = 256, rounds: int = 5,
-            threads: int | None = None, n_gpu_layers: int = 0, alternate: bool = False,
+            threads: int | None = None, n_gpu_layers: int = 0, alternate: bool = False, n_targets: int = 1,
             log: Callable[[str], None] = lambda s: None) -> list[dict[int, float]]:
     """Median seconds of a forward of n tokens after `context` tokens, for each (model, sizes).
     The models and sizes take turns within every round, so a neighbour's load falls on all alike;
     the ratios between them mean more than any one figure. `alternate`: each timed forward follows
     an untimed one-token forward of the same model (a GPU's cached graphs then meet a new shape
-    every call, as a target that verifies between draft steps does)."""
-    timers = [_Timer(p, context, threads, max(sizes), n_gpu_layers) for p, sizes in models]
+    every call, as a target that verifies between draft steps does). The first `n_targets` models
+    are loaded as the engine loads a target (on a CPU without ggml's repacked layouts, for exact
+    verification: edgespec/engine.py), the others as drafts."""
+    timers = [_Timer(p, context, threads, max(sizes), n_gpu_layers, repack=i >= n_targets or n_gpu_layers != 0)
+              for i, (p, sizes) in enumerate(models)]
     try:
         for t, (_, sizes) in zip(timers, models):  # warm-up: buffers allocated, pages faulted in
             t(max(sizes))

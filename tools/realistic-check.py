@@ -121,7 +121,7 @@ def main() -> int:
     if a.skip_timing:
         return 0
     log("timing")
-    tw, tr = measure([(widened, SIZES), (real, SIZES)], context=a.context, rounds=a.rounds,
+    tw, tr = measure([(widened, SIZES), (real, SIZES)], context=a.context, rounds=a.rounds, n_targets=2,
                      threads=a.threads or None, log=log)
     print(f"\nT(n), ms, median of {a.rounds} interleaved rounds after {a.context} tokens, "
           f"{a.threads or 'all'} threads\n")
