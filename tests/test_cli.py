@@ -65,12 +65,13 @@ def test_incompatible_draft_is_refused_naming_the_difference(demo_pair, tmp_path
     bad = tmp_path / "other-vocab.gguf"
     shutil.copy(demo_pair.draft, bad)
     reader = GGUFReader(bad, "r+")
-    field = reader.fields["tokenizer.ggml.eos_token_id"]
-    field.parts[field.data[0]][0] = 7  # a different EOS token: not the target's vocabulary
+    field = reader.fields["tokenizer.ggml.add_bos_token"]
+    part = field.parts[field.data[0]]
+    part[0] = not part[0]  # BOS added by one and not the other: not the target's tokenization
     del reader
     r = run("generate", "hi", "--draft", str(bad), "--max-tokens", "4")
     assert r.returncode == 2, r.stderr
-    assert "cannot draft for target" in r.stderr and "EOS" in r.stderr
+    assert "cannot draft for target" in r.stderr and "add_bos" in r.stderr
     assert "Traceback" not in r.stderr
 
 
