@@ -35,6 +35,7 @@ from typing import Any
 
 from edgespec.errors import BadRequest
 from edgespec.server import answer
+from edgespec.server.fields import FieldNames
 from edgespec.tools import ToolCall
 
 # fields the Messages API defines that we accept: translated, or ignored (_IGNORED)
@@ -268,26 +269,9 @@ _RENAMES = (
 )
 
 
-def field_name(name: str | None, origin: Sequence[int]) -> str | None:
-    """A field of the translated chat body named as the Messages body names it."""
-    if name is None:
-        return None
-    m = re.match(r"^messages\[(\d+)\]", name)
-    if m:
-        k = int(m.group(1))
-        i = origin[k] if k < len(origin) else -1
-        return "system" if i < 0 else f"messages[{i}].content"
-    for pattern, repl in _RENAMES:
-        name = pattern.sub(repl, name)
-    return name
-
-
-def renamed(exc: BadRequest, origin: Sequence[int]) -> BadRequest:
-    """The chat pipeline's BadRequest with its field named as the Messages body names it."""
-    name = field_name(exc.field, origin)
-    if name is None or name == exc.field:
-        return exc
-    return type(exc)(name, str(exc).split(": ", 1)[-1])
+# the chat body's fields as the Messages body names them
+NAMES = FieldNames(_RENAMES, "system", "messages[{}].content")
+renamed = NAMES.renamed
 
 
 # ---- the answer --------------------------------------------------------------------------------

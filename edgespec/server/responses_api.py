@@ -33,6 +33,7 @@ from typing import Any
 
 from edgespec.errors import BadRequest
 from edgespec.server import answer
+from edgespec.server.fields import FieldNames
 from edgespec.tools import ToolCall
 from edgespec.types import GenerationResult
 
@@ -194,23 +195,9 @@ _RENAMES = (
 )
 
 
-def field_name(name: str | None, origin: Sequence[int]) -> str | None:
-    """A field of the translated chat body named as the Responses body names it."""
-    if name is None:
-        return None
-    m = re.match(r"^messages\[(\d+)\]", name)
-    if m:
-        k = int(m.group(1))
-        i = origin[k] if k < len(origin) else -1
-        return "instructions" if i < 0 else f"input[{i}]"
-    for pattern, repl in _RENAMES:
-        name = pattern.sub(repl, name)
-    return name
-
-
-def renamed(exc: BadRequest, origin: Sequence[int]) -> BadRequest:
-    name = field_name(exc.field, origin)
-    return exc if name is None or name == exc.field else type(exc)(name, str(exc).split(": ", 1)[-1])
+# the chat body's fields as the Responses body names them
+NAMES = FieldNames(_RENAMES, "instructions", "input[{}]")
+renamed = NAMES.renamed
 
 
 # ---- the answer --------------------------------------------------------------------------------
