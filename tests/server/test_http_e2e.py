@@ -4,11 +4,8 @@ driven over loopback by the official `openai` client. Slow: CI runs it."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import anthropic
@@ -19,10 +16,9 @@ import pytest
 from edgespec.config import models_dir
 from edgespec.server.auth import hash_token
 from edgespec.server.config import DEMO_DRAFT, DEMO_TARGET
-from tests.server.processes import stop
+from tests.server.processes import start_http_daemon, stop
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
 LOAD_TIMEOUT = 600
 MODEL = DEMO_TARGET.removesuffix(".gguf")
 KEY = "e2e-key"
@@ -42,28 +38,10 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         pytest.skip("demo models missing: run `edgespec models prepare-demo`")
     d = tmp_path_factory.mktemp("http")
     (d / "tokens").write_text(hash_token(KEY) + "\n")
-    env = {**os.environ, "EDGESPEC_SERVER_GRACE_SECONDS": "30", "EDGESPEC_TARGET_N_CTX": "1024",
-           "EDGESPEC_DRAFT_N_CTX": "1024", "EDGESPEC_SERVER_QUEUE_SIZE": "0", "EDGESPEC_HTTP_ENABLED": "true",
-           "EDGESPEC_HTTP_PORT": "0", "EDGESPEC_AUTH_TOKENS_FILE": str(d / "tokens")}
-    err = open(d / "serve.log", "w")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen([sys.executable, "-m", "edgespec.cli.main", "serve", "--port", "0", "--parallel", "1"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
-    lines: list[str] = []
-
-    def read() -> None:
-        while True:
-            line = proc.stdout.readline()
-            lines.append(line)
-            if not line or line.startswith("SERVING "):
-                return
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(LOAD_TIMEOUT)
-    base = next((ln.split()[1] for ln in lines if ln.startswith("HTTP ")), "")
-    if not base or not lines[-1].startswith("SERVING "):
-        proc.kill()
-        pytest.fail(f"daemon did not start: {lines!r}\n{(d / 'serve.log').read_text()[-3000:]}")
+    proc, _, base = start_http_daemon(d, {
+        "EDGESPEC_SERVER_GRACE_SECONDS": "30", "EDGESPEC_TARGET_N_CTX": "1024", "EDGESPEC_DRAFT_N_CTX": "1024",
+        "EDGESPEC_SERVER_QUEUE_SIZE": "0", "EDGESPEC_AUTH_TOKENS_FILE": str(d / "tokens")}, parallel=1,
+        load_timeout=LOAD_TIMEOUT)
     s = Server(proc, base, d / "serve.log")
     yield s
     stop(proc)

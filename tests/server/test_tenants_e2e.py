@@ -7,14 +7,10 @@ answering. A servicer that dropped the caller would fail here. Slow: CI runs it.
 
 from __future__ import annotations
 
-import os
 import resource
 import socket
 import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
 
 import grpc
 import httpx
@@ -26,10 +22,9 @@ from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2 
 from edgespec.server.auth import hash_token
 from edgespec.server.config import DEMO_DRAFT, DEMO_TARGET
 from tests.server.floods import flood, timed
-from tests.server.processes import stop
+from tests.server.processes import start_http_daemon, stop
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
 LOAD_TIMEOUT = 600
 TOKENS = {"alice": "alice-secret", "bob": "bob-secret"}
 ADMIN = "ops-secret"
@@ -72,31 +67,12 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     (d / "tokens").write_text("".join(f"{name}:{hash_token(t)}\n" for name, t in TOKENS.items()))
     (d / "admin_tokens").write_text(f"ops:{hash_token(ADMIN)}\n")
     metrics_port = _free_port()
-    env = {**os.environ, "EDGESPEC_SERVER_GRACE_SECONDS": "5", "EDGESPEC_TARGET_N_CTX": "1024",
-           "EDGESPEC_DRAFT_N_CTX": "1024", "EDGESPEC_SERVER_QUEUE_SIZE": "4", "EDGESPEC_HTTP_ENABLED": "true",
-           "EDGESPEC_HTTP_PORT": "0", "EDGESPEC_AUTH_TOKENS_FILE": str(d / "tokens"),
-           "EDGESPEC_AUTH_ADMIN_TOKENS_FILE": str(d / "admin_tokens"), "EDGESPEC_METRICS_ENABLED": "true",
-           "EDGESPEC_METRICS_PORT": str(metrics_port)}
-    err = open(d / "serve.log", "w")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen([sys.executable, "-m", "edgespec.cli.main", "serve", "--port", "0", "--parallel", "2"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
-    lines: list[str] = []
-
-    def read() -> None:
-        while True:
-            line = proc.stdout.readline()
-            lines.append(line)
-            if not line or line.startswith("SERVING "):
-                return
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(LOAD_TIMEOUT)
-    base = next((ln.split()[1] for ln in lines if ln.startswith("HTTP ")), "")
-    if not base or not lines[-1].startswith("SERVING "):
-        proc.kill()
-        pytest.fail(f"daemon did not start: {lines!r}\n{(d / 'serve.log').read_text()[-3000:]}")
-    s = Server(proc, lines[-1].split()[1], base, metrics_port)
+    proc, addr, base = start_http_daemon(d, {
+        "EDGESPEC_SERVER_GRACE_SECONDS": "5", "EDGESPEC_TARGET_N_CTX": "1024", "EDGESPEC_DRAFT_N_CTX": "1024",
+        "EDGESPEC_SERVER_QUEUE_SIZE": "4", "EDGESPEC_AUTH_TOKENS_FILE": str(d / "tokens"),
+        "EDGESPEC_AUTH_ADMIN_TOKENS_FILE": str(d / "admin_tokens"), "EDGESPEC_METRICS_ENABLED": "true",
+        "EDGESPEC_METRICS_PORT": str(metrics_port)}, parallel=2, load_timeout=LOAD_TIMEOUT)
+    s = Server(proc, addr, base, metrics_port)
     yield s
     s.channel.close()
     stop(proc)
