@@ -10,7 +10,6 @@ import http.client
 import json
 import socket
 
-import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edgespec.proto.edgespec.v1 import inference_pb2 as pb
