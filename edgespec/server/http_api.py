@@ -433,7 +433,7 @@ class HttpApi:
         if req.stream:
             fmt = oa.CompletionStream(req, rid=rid_out, created=run.created, model=self.model_id, n=req.n,
                                       piece=piece)
-            return self._stream_response(req, run, fmt, hold, place.used, warning)
+            return self._stream_response(req, run, fmt, hold, warning)
         results = await self._results(request, run.jobs)
         n_prompt = len(run.jobs[0].prompt_tokens or ())
         bodies = [oa.completion_body(req, rid=rid_out, created=run.created, model=self.model_id, result=r,
@@ -506,9 +506,9 @@ class HttpApi:
                     job.cancel()
 
     def _stream_response(self, req: oa.CompletionRequest, run: _Run, fmt: answer.StreamFormat,
-                         hold: contextlib.ExitStack, used: Callable[[int], None],
+                         hold: contextlib.ExitStack,
                          headers: dict[str, str]) -> StreamingResponse:
-        return StreamingResponse(self._sse(fmt, self._answer(req, run, used), run.jobs, hold),
+        return StreamingResponse(self._sse(fmt, self._answer(req, run), run.jobs, hold),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
 
@@ -575,8 +575,7 @@ class HttpApi:
             if job.finished is None:
                 job.cancel()
 
-    async def _answer(self, req: oa.CompletionRequest, run: _Run,
-                      used: Callable[[int], None]) -> AsyncIterator[answer.Event]:
+    async def _answer(self, req: oa.CompletionRequest, run: _Run) -> AsyncIterator[answer.Event]:
         """A stream's answer events (edgespec.server.answer) from its jobs' chunks: the text, with
         tool calls parsed out of it as they come when the request has tools (text that may still
         open a call is held back until it cannot); each choice's End; then the Usage. Waiting
@@ -702,7 +701,7 @@ class HttpApi:
         warning = _warning_headers(ignored, req.unserved_model, self.model_id)
         if req.stream:
             fmt = an.MessageStream(rid=rid_out, model=self.model_id, input_tokens=n_prompt)
-            return self._stream_response(req, run, fmt, hold, place.used, warning)
+            return self._stream_response(req, run, fmt, hold, warning)
         (result,) = await self._results(request, run.jobs)
         thought, content, calls, finish = _calls(req, result, run.reasoning)
         body = an.message_body(rid=rid_out, model=self.model_id, content=content, calls=calls, finish=finish,
@@ -737,7 +736,7 @@ class HttpApi:
         n_prompt = len(run.jobs[0].prompt_tokens or ())
         warning = _warning_headers(ignored, req.unserved_model, self.model_id)
         if req.stream:
-            return self._stream_response(req, run, ra.ResponseStream(base, prompt_tokens=n_prompt), hold, place.used,
+            return self._stream_response(req, run, ra.ResponseStream(base, prompt_tokens=n_prompt), hold,
                                          warning)
         (result,) = await self._results(request, run.jobs)
         thought, content, calls, finish = _calls(req, result, run.reasoning)
