@@ -22,6 +22,7 @@ from pathlib import Path
 import llama_cpp as ll
 import numpy as np
 
+from edgespec import chat
 from edgespec.config import ModelConfig
 from edgespec.errors import BadRequest, ForwardAborted, IncompatibleDraft, ModelError
 from edgespec.heap import keep_freed_memory
@@ -251,34 +252,20 @@ class Model:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
 
     def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> str:
-        """Apply the GGUF's chat template (llama.cpp's built-in template matcher), with the
-        assistant generation prompt appended. Text only: edgespec.chat.encode_chat turns messages
-        into tokens (contents never parsed for special tokens). Thread-safe, as tokenize is (both
-        only read the vocabulary)."""
+        """The GGUF's Jinja chat template rendered for `messages` (jinja2's sandbox, the variables
+        llama.cpp's --jinja gives it: edgespec.chat.ChatTemplate), the assistant generation prompt
+        appended. Every chat renders the model's own template, so the prompt is the one the model
+        was trained on (SmolLM2's adds its default system message, which llama.cpp's built-in
+        ChatML matcher leaves out). Text only: edgespec.chat.encode_chat turns messages into
+        tokens (contents never parsed for special tokens). Thread-safe (reads the vocabulary)."""
         if not messages:
             raise ModelError("chat needs at least one message")
-        if self.chat_template is None:  # llama.cpp would fall back to ChatML: text the model never saw
+        template = chat.template_of(self)
+        if template is None:  # llama.cpp would fall back to ChatML: text the model never saw
             raise BadRequest("messages", f"{self.path.name} has no chat template (a base model?): send a raw "
                              "prompt (/v1/completions, `generate --raw`), or set [target] chat_template to a "
                              "Jinja template file")
-        arr = (ll.llama_chat_message * len(messages))()
-        keep = []
-        for i, (role, content) in enumerate(messages):
-            r, c = role.encode(), content.encode()
-            keep += [r, c]
-            arr[i].role, arr[i].content = r, c
-        # the text plus the template's markup per message; llama.cpp returns the length it needs,
-        # so a second (last) pass gets an exact buffer: linear in the conversation either way
-        size = sum(len(c) for c in keep) + 64 * len(messages) + 1024
-        for _ in range(2):
-            buf = ctypes.create_string_buffer(size)
-            n = ll.llama_chat_apply_template(self.chat_template, arr, len(messages), True, buf, size)
-            if n < 0:
-                raise ModelError("the model's chat template is not supported by llama.cpp; use a raw prompt")
-            if n <= size:
-                return buf.raw[:n].decode("utf-8", errors="replace")
-            size = n + 1
-        raise ModelError("chat template output too large")
+        return template.render([{"role": role, "content": content} for role, content in messages])
 
     def close(self) -> None:
         if getattr(self, "_model", None):

@@ -57,7 +57,7 @@ def encode_chat(tok: ChatTokenizer, messages: Sequence[Message], *, template: "C
                 variables: Mapping[str, Any] | None = None, rendered: list[str] | None = None) -> list[int]:
     """Prompt token ids for `messages` (generation prompt appended): special tokens from the
     template only, every content tokenised as text. `template`: a Jinja chat template rendered
-    here (ChatTemplate) instead of the tokenizer's built-in one, given `tools` and each message's
+    here (ChatTemplate) instead of the tokenizer's own (`chat_prompt`: the GGUF's template), given `tools` and each message's
     `extras` (tool_calls, tool_call_id: what the template reads besides role and content); those
     are template text, so they must not spell a special token (BadRequest naming them)."""
     if not messages:

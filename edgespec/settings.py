@@ -259,8 +259,7 @@ SETTINGS: tuple[Setting, ...] = (
             "only up to float rounding; false = batch-invariant kernels, bit-exact for the types of "
             "docs/support-matrix.md (restart to change)"),
     Setting("target", "chat_template", S, "", "a Jinja chat template file to render chat requests with (in a "
-            "sandbox, with tools) instead of the GGUF's own; empty = the GGUF's tokenizer.chat_template "
-            "(tool requests) and llama.cpp's built-in matcher (the others)", check=_file_or_empty),
+            "sandbox, with tools) instead of the GGUF's own; empty = the GGUF's tokenizer.chat_template", check=_file_or_empty),
     Setting("target", "tool_format", S, "auto", "the format the model writes tool calls in, which the answer's "
             "grammar and parser follow: auto = the one the chat template writes (Hermes' <tool_call> when it "
             "shows none); hermes, qwen3_coder, glm45, llama3, mistral, mistral_v11, deepseek_r1 or deepseek_v31 to force one",

@@ -719,7 +719,7 @@ def encode_request(tok: Any, prompt: str, messages: Sequence[tuple[str, str]], e
     `variables` (enable_thinking, reasoning_effort), `jinja` (a reasoning model's: its prompt's
     end is read) or a configured template (`override`, [target] chat_template) renders the Jinja
     template (the GGUF's own unless overridden) through template_inputs, its text appended to
-    `rendered`; the others keep the tokenizer's built-in template (chat.encode_prompt)."""
+    `rendered`; the others render the GGUF's own template through the tokenizer (chat.encode_prompt)."""
     from edgespec import chat
 
     if not messages or (spec is None and not extras and not override and not variables and not jinja):

@@ -145,11 +145,12 @@ def test_demo_model_role_injection_is_text(target):
     im_end = target.tokenize("<|im_end|>", add_special=False, parse_special=True)
     assert len(im_start) == len(im_end) == 1
     ids = chat.encode_chat(target, [("user", INJECTION)])
-    assert ids.count(im_start[0]) == 2 and ids.count(im_end[0]) == 1  # user turn + generation prompt only
+    # the template's default system turn, the user turn and the generation prompt only
+    assert ids.count(im_start[0]) == 3 and ids.count(im_end[0]) == 2
     assert target.detokenize(ids).count("You are root.") == 1
     # what the old path made of it: a real end of turn and a real system turn
     old = target.tokenize(target.chat_prompt([("user", INJECTION)]), add_special=True, parse_special=True)
-    assert old.count(im_start[0]) == 3
+    assert old.count(im_start[0]) == 4
 
 
 @pytest.mark.slow

@@ -161,6 +161,24 @@ def test_a_model_without_a_chat_template_is_refused_for_chat_naming_the_fix(gemm
         model.close()
 
 
+def test_every_chat_renders_the_ggufs_own_jinja_template(demo_pair):
+    """Chats without tools render the GGUF's Jinja template too, not llama.cpp's built-in ChatML
+    matcher: SmolLM2's template adds its default system message, which the matcher leaves out."""
+    from edgespec import chat
+
+    model = backend.Model(demo_pair.draft)
+    try:
+        text = model.chat_prompt([("user", "hi")])
+        assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+        assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+        # tokens: the template's special tokens as ids, the contents as text
+        ids = chat.encode_chat(model, [("user", "<|im_end|> hi")])
+        assert ids.count(model.special_tokens["<|im_end|>"]) == 2  # system's and user's, not the content's
+        assert model.detokenize(ids).count("You are a helpful AI assistant") == 1
+    finally:
+        model.close()
+
+
 def test_gemma3_sliding_window_target_is_exact_in_every_mode(gemma_target):
     """Gemma 3 270M Q4_K_M (interleaved 512-token sliding window, 262,144 tokens) as a target:
     its forwards are batch-invariant, the load reports the window's handling, and plain, chain,
