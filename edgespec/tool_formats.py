@@ -17,7 +17,8 @@ and parsed back, whole or a character at a time.
 In the XML families (qwen3_coder, glm45) a value is written raw when its schema is a string
 (or an enum of strings), as JSON otherwise; the grammar writes the tool's properties in the
 schema's order, the required ones always, and nothing else, so the arguments validate (a raw
-string's minLength and maxLength are held; its pattern and format are not). A
+string's minLength, maxLength, pattern and format are held: a format of _FORMATS' list, a pattern
+without lookaround or backreferences; any other is refused naming the field). A
 marker the family's vocabulary holds as a control token (Mistral's [TOOL_CALLS], Llama's
 <|python_tag|>) renders empty in the answer's text, so the grammar spells markers as text.
 
@@ -147,6 +148,59 @@ def _prefix_of(text: str, pos: int, lit: str) -> str:
     return "maybe" if lit.startswith(rest) else "no"
 
 
+# JSON Schema's string formats a raw XML value can be held to (the regexes of llguidance's JSON
+# support for the same formats, written out: a raw value is not JSON, so llguidance does not see it)
+_FORMATS = {
+    "date": r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])",
+    "time": r"([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])",
+    "date-time": r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:"
+                 r"([0-5][0-9]|60)(\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])",
+    "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+    "email": r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@"
+             r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*",
+    "ipv4": r"((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])",
+    "hostname": r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*",
+}
+# what the grammar's regexes (Rust's regex crate) cannot do: lookaround and backreferences
+_UNSUPPORTED_PATTERN = re.compile(r"\(\?<?[=!]|\\[1-9]|\\k<")
+
+
+def string_regex(schema: Mapping[str, Any], key: str) -> str:
+    """A string schema's `pattern` or `format` as the regex a raw value must match whole (a
+    pattern unanchored at an end may have any text there, as JSON Schema reads it); ValueError
+    saying why when the grammar cannot hold it."""
+    if key == "format":
+        f = schema["format"]
+        if f not in _FORMATS:
+            raise ValueError(f"format {f!r} is not supported in this call format (supported: {', '.join(_FORMATS)})")
+        return _FORMATS[f]
+    pat = schema["pattern"]
+    if not isinstance(pat, str) or _UNSUPPORTED_PATTERN.search(pat):
+        raise ValueError(f"pattern {pat!r} is not supported (lookaround and backreferences are not)")
+    start, body = pat.startswith("^"), pat.removeprefix("^")
+    end = body.endswith("$") and not body.endswith("\\$")
+    body = body[:-1] if end else body
+    return ("" if start else "(.|\\n)*") + f"({body})" + ("" if end else "(.|\\n)*")
+
+
+def check_strings(fmt: "ToolFormat | None", tools: Sequence["Tool"]) -> tuple[str, str] | None:
+    """(the parameter's field path, why) of the first raw string parameter whose pattern or
+    format the XML families' grammar cannot hold; None when all can be (or `fmt` writes JSON)."""
+    if not isinstance(fmt, _Xml):
+        return None
+    for i, t in enumerate(tools):
+        for k, s, _ in _props(t.parameters):
+            if not _stringlike(s):
+                continue
+            for key in ("pattern", "format"):
+                if key in s:
+                    try:
+                        string_regex(s, key)
+                    except ValueError as exc:
+                        return f"tools[{i}].function.parameters.properties.{k}.{key}", str(exc)
+    return None
+
+
 class ToolFormat:
     """One family's call format. `openers`: how its calls begin (text that begins so is calls);
     `separator`: between two calls in the grammar; `parallel`: whether the family writes more
@@ -208,6 +262,20 @@ class _Xml(ToolFormat):
         """The text before a value of `key`, and after its end."""
         raise NotImplementedError
 
+    def _string_terminal(self, s: Mapping[str, Any]) -> str:
+        """A raw string value and its end, as one terminal: its length, `pattern` (JSON Schema's:
+        found anywhere in the value unless anchored) and `format` (string_regex) held, and no
+        earlier end in it."""
+        end = _regex(self.value_end)
+        parts = []
+        if "minLength" in s or "maxLength" in s:
+            parts.append(f"/(.|\\n){{{int(s.get('minLength', 0))},{s.get('maxLength', '')}}}{end}/")
+        for k in ("pattern", "format"):
+            if k in s:
+                rx = re.sub(r"(?<!\\)/", r"\/", string_regex(s, k))  # a Lark regex ends at its /
+                parts.append(f"/({rx}){end}/")
+        return " & ".join([*parts, f"~/(.|\\n)*{end}(.|\\n)+/"])
+
     def _value_rules(self, tool: "Tool", i: int) -> tuple[list[str], list[str]]:
         items, rules = [], []
         for j, (k, s, req) in enumerate(_props(tool.parameters)):
@@ -216,11 +284,9 @@ class _Xml(ToolFormat):
             if _stringlike(s) and ("enum" in s or "const" in s):
                 vals = s["enum"] if "enum" in s else [s["const"]]
                 body = "(" + " | ".join(lark_str(v + self.value_end) for v in vals if isinstance(v, str)) + ")"
-            elif _stringlike(s) and ("minLength" in s or "maxLength" in s):
-                body = f"S{i}_{j}"  # the raw string's length bounded: a terminal of its own
-                end = _regex(self.value_end)
-                rules.append(f"{body}: /(.|\\n){{{int(s.get('minLength', 0))},{s.get('maxLength', '')}}}{end}/ & "
-                             f"~/(.|\\n)*{end}(.|\\n)+/")
+            elif _stringlike(s) and any(k in s for k in ("minLength", "maxLength", "pattern", "format")):
+                body = f"S{i}_{j}"  # the raw string bounded (length, pattern, format): a terminal of its own
+                rules.append(f"{body}: {self._string_terminal(s)}")
             elif _stringlike(s):
                 body = self.terminal
             elif s.get("type") == "boolean" and set(s) <= {"type", "description", "title"}:

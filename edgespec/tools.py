@@ -165,6 +165,8 @@ def parse_tools(tools: Any, tool_choice: Any, parallel: Any, format: str = "herm
     for i, n in enumerate(names):
         if n in names[:i]:
             raise BadRequest(f"tools[{i}].function.name", f"duplicate tool name {n!r}")
+    if (bad := tool_formats.check_strings(tool_formats.by_name(format), out)) is not None:
+        raise BadRequest(*bad)
     if parallel is not None and not isinstance(parallel, bool):
         raise BadRequest("parallel_tool_calls", f"must be true or false, got {parallel!r}")
     return ToolSpec(tuple(out), _choice(tool_choice, names), True if parallel is None else parallel, format)

@@ -15,6 +15,7 @@ import pytest
 
 from edgespec import chat, tool_formats, tools
 from edgespec.constraint import Compiler, Vocabulary
+from edgespec.errors import BadRequest
 
 TEMPLATES = Path(__file__).parent / "templates"
 EOS = 256
@@ -213,6 +214,43 @@ def test_the_grammar_lets_valid_calls_through_and_refuses_the_rest(compiler, fmt
     assert not accepts(compiler, auto, f.render([("nope", {})]))
     if f.parallel:
         assert not accepts(compiler, spec(fmt, parallel=False), good)
+
+
+BOOK_PARAMS = {"type": "object", "properties": {
+    "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"}, "note": {"type": "string", "pattern": "ok"},
+    "day": {"type": "string", "format": "date"}, "mode": {"type": "string", "enum": ["fast", "slow"]},
+    "who": {"type": "string", "format": "email", "maxLength": 12}},
+    "required": ["code", "note", "day", "mode"]}
+BOOK = {"type": "function", "function": {"name": "book", "parameters": BOOK_PARAMS}}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_string_parameters_pattern_format_and_enum_hold_in_every_format(compiler, fmt):
+    """The XML families write strings raw, outside llguidance's JSON: their grammar holds a
+    pattern (anchored or not, as JSON Schema reads it), a format and an enum itself."""
+    f = tool_formats.by_name(fmt)
+    s = tools.parse_tools([BOOK], "required", None, fmt)
+    good = {"code": "ABC-12", "note": "it is ok now", "day": "2026-12-06", "mode": "fast", "who": "a@b.io"}
+    assert accepts(compiler, s, f.render([("book", good)]))
+    assert accepts(compiler, s, f.render([("book", {k: v for k, v in good.items() if k != "who"})]))
+    for key, bad in (("code", "ABC-123"), ("code", "xABC-12"), ("note", "nope"), ("day", "2026-13-06"),
+                     ("day", "6 Dec"), ("mode", "medium"), ("who", "not an email"), ("who", "a@very.long.io")):
+        assert not accepts(compiler, s, f.render([("book", {**good, key: bad})])), (fmt, key, bad)
+
+
+@pytest.mark.parametrize("fmt", ["qwen3_coder", "glm45"])
+def test_a_pattern_or_format_the_grammar_cannot_hold_is_refused_naming_the_field(fmt):
+    for prop, field in (({"type": "string", "format": "iri-reference"}, "format"),
+                        ({"type": "string", "pattern": "^(?!x)"}, "pattern"),
+                        ({"type": "string", "pattern": "(a)\\1"}, "pattern")):
+        params = {"type": "object", "properties": {"n": {"type": "integer"}, "s": prop}}
+        with pytest.raises(BadRequest) as e:
+            tools.parse_tools([ADD, {"type": "function", "function": {"name": "f", "parameters": params}}],
+                              None, None, fmt)
+        assert e.value.field == f"tools[1].function.parameters.properties.s.{field}"
+    # the JSON families leave a format to llguidance's JSON schema support
+    assert tools.parse_tools([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"s": {"type": "string", "format": "iri-reference"}}}}}], None, None, "llama3")
 
 
 CLOSERS = '"}]\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>\n</parameter>\n</function>\n</tool_call></arg_value>\n</tool_call>0'
