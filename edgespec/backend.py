@@ -22,7 +22,7 @@ from pathlib import Path
 import llama_cpp as ll
 import numpy as np
 
-from edgespec import chat
+from edgespec import chat, markers
 from edgespec.config import ModelConfig
 from edgespec.errors import BadRequest, ForwardAborted, IncompatibleDraft, ModelError
 from edgespec.heap import keep_freed_memory
@@ -208,12 +208,16 @@ class Model:
         # what edgespec.chat lets only the chat template produce
         special = ll.LLAMA_TOKEN_ATTR_CONTROL | ll.LLAMA_TOKEN_ATTR_UNKNOWN
         self.special_tokens: dict[str, int] = {}
+        # control tokens that are a reasoning or tool-call marker (`<think>` one token): rendered as
+        # their text, by id, so that the answer's parsers and the grammar see them (edgespec.markers)
+        self.kept_markers: dict[int, bytes] = {}
         for t in range(self.n_vocab):
             if ll.llama_vocab_get_attr(self._vocab, t) & special:
                 text = self.token_text(t).decode("utf-8", errors="replace")
                 if text:
                     self.special_tokens.setdefault(text, t)
-        self._piece_cache: dict[int, bytes] = {}
+                    self.kept_markers.update(markers.preserved({text: t}))
+        self._piece_cache: dict[int, bytes] = dict(self.kept_markers)
         tmpl = ll.llama_model_chat_template(self._model, None)
         self.chat_template: bytes | None = tmpl if tmpl else None
 
@@ -236,7 +240,8 @@ class Model:
         return list(arr[:n])
 
     def piece(self, token: int) -> bytes:
-        """The bytes a token renders as (special tokens rendered empty)."""
+        """The bytes a token renders as (control tokens rendered empty, but the markers in
+        `kept_markers`: their text)."""
         b = self._piece_cache.get(token)
         if b is None:
             buf = ctypes.create_string_buffer(64)

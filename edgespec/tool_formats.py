@@ -20,7 +20,8 @@ schema's order, the required ones always, and nothing else, so the arguments val
 string's minLength, maxLength, pattern and format are held: a format of _FORMATS' list, a pattern
 without lookaround or backreferences; any other is refused naming the field). A
 marker the family's vocabulary holds as a control token (Mistral's [TOOL_CALLS], Llama's
-<|python_tag|>) renders empty in the answer's text, so the grammar spells markers as text.
+<|python_tag|>) renders as its text (edgespec.markers), so the parsers read it and the grammar's
+spelling of it allows the control token as well as the text.
 
 Every parser reads a prefix of the answer (`scan`): the calls seen so far, each with its name once
 it is whole and the arguments' JSON text so far (what a later read returns only extends it), so
@@ -40,6 +41,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from edgespec.tools import Tool
 
+# the tags the call formats are parsed by (edgespec.markers: kept as text when a control token)
+MARKERS = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "[TOOL_CALLS]",
+           "[ARGS]", "[CALL_ID]", "<|python_tag|>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
+           "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>")
 FORMATS = ("hermes", "qwen3_coder", "glm45", "llama3", "mistral", "mistral_v11", "deepseek_r1", "deepseek_v31")
 
 

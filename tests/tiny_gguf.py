@@ -3,6 +3,7 @@ of files edgespec writes (edgespec/synth.py, edgespec/realistic.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -22,24 +23,25 @@ def byte_tokens() -> list[str]:
     return [chr(c) for c in cs]
 
 
-def tokenizer() -> list[tuple[str, object, object, object]]:
+def tokenizer(controls: Sequence[str] = ()) -> list[tuple[str, object, object, object]]:
+    """`controls`: control tokens after <s> and </s> (ids 258, 259, ...)."""
     from gguf import GGUFValueType as T
 
-    toks = [*byte_tokens(), "<s>", "</s>"]
+    toks = [*byte_tokens(), "<s>", "</s>", *controls]
     return [("tokenizer.ggml.model", "gpt2", T.STRING, None), ("tokenizer.ggml.pre", "default", T.STRING, None),
             ("tokenizer.ggml.tokens", toks, T.ARRAY, T.STRING),
-            ("tokenizer.ggml.token_type", [1] * 256 + [3, 3], T.ARRAY, T.INT32),
+            ("tokenizer.ggml.token_type", [1] * 256 + [3] * (2 + len(controls)), T.ARRAY, T.INT32),
             ("tokenizer.ggml.merges", ["Ġ t"], T.ARRAY, T.STRING),
             ("tokenizer.ggml.bos_token_id", 256, T.UINT32, None), ("tokenizer.ggml.eos_token_id", 257, T.UINT32, None)]
 
 
 def write_tiny(path: Path, n_embd: int = 64, n_layer: int = 2, n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128,
-               seed: int = 0) -> Path:
+               seed: int = 0, controls: Sequence[str] = ()) -> Path:
     """An F32 llama with tied embeddings whose values are F16-representable (an F16 copy is
-    lossless)."""
+    lossless); `controls`: control tokens its vocabulary holds besides <s> and </s>."""
     from gguf import GGUFValueType as T
 
-    tok = tokenizer()
+    tok = tokenizer(controls)
     n_vocab = len(tok[2][1])  # type: ignore[arg-type]
     dims = dict(n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, head_dim=n_embd // n_head)
     meta = [("general.file_type", 0, T.UINT32, None) if k == "general.file_type" else (k, v, t, s)
