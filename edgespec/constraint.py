@@ -130,7 +130,12 @@ class Compiler:
         return g
 
     def matcher(self, spec: ConstraintSpec) -> "Matcher":
-        return Matcher(llg.LLMatcher(self.tokenizer, self.grammar(spec), log_level=0), self.n_vocab)
+        m = Matcher(llg.LLMatcher(self.tokenizer, self.grammar(spec), log_level=0), self.n_vocab)
+        if spec.budget is None:
+            return m
+        from edgespec.budget import BudgetMatcher
+
+        return BudgetMatcher(m, spec.budget, self.vocab.tokens, self.vocab.tokenize(spec.budget.close))  # type: ignore[return-value]
 
 
 def _first_line(s: str) -> str:

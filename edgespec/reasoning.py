@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from edgespec.types import ConstraintSpec
+from edgespec.types import ConstraintSpec, ReasoningBudget
 
 OPEN, CLOSE = "<think>", "</think>"
 FORMATS = ("none", "think")  # [target] reasoning_format, besides auto
@@ -47,12 +47,17 @@ def opened(prompt_text: str) -> bool:
     return tail.endswith(OPEN)
 
 
+# free text: what a budget (edgespec/budget.py) is composed with when the request has no constraint
+FREE = ConstraintSpec("lark", "start: TEXT\nTEXT: /(.|\\n)*/\n")
+
+
 @dataclass(frozen=True)
 class Reasoning:
     """A request's reasoning: the answer's reasoning is split from its content; `opened` when the
-    prompt opened the block."""
+    prompt opened the block; `budget`: the most tokens the block may take (None: no limit)."""
 
     opened: bool = False
+    budget: int | None = None
 
     def split(self, text: str) -> tuple[str | None, str]:
         """(reasoning or None, content) of a whole answer. A block never closed (max_tokens) is all
@@ -64,7 +69,12 @@ class Reasoning:
         return (reasoning if s.had_reasoning else None), content
 
     def constraint(self, inner: ConstraintSpec | None) -> ConstraintSpec | None:
-        return None if inner is None else after_reasoning(inner, self.opened)
+        """`inner` held after the block, and the budget on the block (then free text after it
+        when `inner` is None)."""
+        if self.budget is None:
+            return None if inner is None else after_reasoning(inner, self.opened)
+        spec = after_reasoning(inner or FREE, self.opened)
+        return replace(spec, budget=ReasoningBudget(self.budget, opened=self.opened))
 
 
 class ReasoningSplitter:

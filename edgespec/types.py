@@ -44,6 +44,17 @@ CONSTRAINT_KINDS: tuple[str, ...] = ("json_schema", "json_object", "regex", "gra
 
 
 @dataclass(frozen=True)
+class ReasoningBudget:
+    """A thinking model's <think> block held to at most `tokens` tokens (its opening tag
+    included); when they are spent, `close` (the text the template closes a block with) is forced
+    and the answer follows. `opened`: the prompt opened the block (edgespec/budget.py)."""
+
+    tokens: int
+    close: str = "\n</think>\n\n"
+    opened: bool = False
+
+
+@dataclass(frozen=True)
 class ConstraintSpec:
     """Structured output: the text the request may produce. `value` is a JSON schema (as JSON
     text), a regular expression, a GBNF grammar or a Lark grammar; empty for json_object (any
@@ -52,6 +63,7 @@ class ConstraintSpec:
 
     kind: ConstraintKind
     value: str = ""
+    budget: ReasoningBudget | None = None  # a reasoning budget the mask holds besides `value`
 
     def __post_init__(self) -> None:
         if self.kind not in CONSTRAINT_KINDS:

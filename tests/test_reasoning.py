@@ -7,6 +7,7 @@ tests/test_constrained_sampling.py does for a bare schema)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from edgespec import chat, reasoning, tool_formats, tools
 from edgespec.constraint import Compiler, Vocabulary, apply_mask
 from edgespec.sampling import SamplingParams, logits_to_probs
 from edgespec.selftest import ALPHA, chi_square_gof
-from edgespec.types import ConstraintSpec, GenerationRequest, SpeculationParams
+from edgespec.types import ConstraintSpec, GenerationRequest, ReasoningBudget, SpeculationParams
 from tests import fake_backend
 from tests.fake_backend import EOS, VOCAB, FakeModel
 
@@ -153,9 +154,9 @@ def engine(monkeypatch):
     return eng
 
 
-def exact(engine) -> dict:
+def exact(engine, spec: ConstraintSpec = SPEC) -> dict:
     """P(first L emitted tokens): the target's rows masked by the grammar's state after each path."""
-    m = Compiler(Vocabulary.from_model(engine.target)).matcher(SPEC)
+    m = Compiler(Vocabulary.from_model(engine.target)).matcher(spec)
     s = SamplingParams(temperature=1.0, top_k=TOP_K)
     out: dict = {}
 
@@ -174,14 +175,14 @@ def exact(engine) -> dict:
     return out
 
 
-def sample(engine, n: int) -> dict:
+def sample(engine, n: int, spec: ConstraintSpec = SPEC) -> dict:
     counts: dict = {}
     todo, active = list(range(n)), []
     while todo or active:
         while todo and engine.free_slots:
             seed = todo.pop()
             req = GenerationRequest(PROMPT, SamplingParams(temperature=1.0, top_k=TOP_K, max_tokens=L, seed=seed),
-                                    SpeculationParams(mode="tree", tree_depth=3, tree_nodes=6), constraint=SPEC)
+                                    SpeculationParams(mode="tree", tree_depth=3, tree_nodes=6), constraint=spec)
             active.append(engine.open_session(req))
         engine.tick(active)
         for s in list(active):
@@ -222,3 +223,50 @@ def test_rows_masked_as_before_the_switch_are_rejected(engine, monkeypatch):
     monkeypatch.setattr(constraint.Matcher, "node_bits", late)
     with pytest.raises(RuntimeError, match="not allowed"):
         sample(engine, 400)
+
+
+# ---- the reasoning budget -----------------------------------------------------------------------
+
+BUDGET = dataclasses.replace(SPEC, budget=ReasoningBudget(2, close="</think>", opened=True))
+
+
+def test_the_budget_closes_the_block_and_tree_sampling_stays_exact(engine):
+    """Two tokens of reasoning at most, then </think> forced, then the schema: the tree's samples
+    follow the masked target through the forced close."""
+    e = exact(engine, BUDGET)
+    assert abs(sum(e.values()) - 1) < 1e-9
+    for k in e:
+        if len(k) > 2 and 2 not in k[:2]:
+            assert k[2] == 2, k  # the budget spent: </think> next
+    assert sum(p for k, p in e.items() if 2 not in k[:2]) > 0.3  # the close is forced often
+    counts = sample(engine, SAMPLES, BUDGET)
+    keys = sorted(set(e) | set(counts))
+    p = chi_square_gof(np.array([counts.get(k, 0) for k in keys]), np.array([e.get(k, 0.0) for k in keys]))[2]
+    assert p > ALPHA, counts
+
+
+def test_verifying_without_the_budgets_mask_is_rejected(engine, monkeypatch):
+    """A broken twin: the tree's rows masked by the grammar alone (the budget only in drafting):
+    a token other than the forced close reaches the budget's commit."""
+    from edgespec import budget
+
+    monkeypatch.setattr(budget.BudgetMatcher, "node_bits", lambda self, tree: self.inner.node_bits(tree))
+    with pytest.raises(RuntimeError, match="reasoning budget"):
+        sample(engine, 400, BUDGET)
+
+
+def test_the_budget_opens_with_the_answers_own_think_and_ends_at_its_close():
+    from edgespec.budget import BudgetMatcher, State
+
+    toks = [b"<think>", b"a", b"b", b"</think>", b"x", b" ", b"<", b"think>"]
+    m = BudgetMatcher.__new__(BudgetMatcher)
+    m.budget, m._bytes, m.close = ReasoningBudget(3), toks, [3]
+    st = State("start")
+    assert m.step(st, 5) == State("start", seen=b"")  # leading whitespace: the block may still open
+    st = m.step(m.step(State("start"), 6), 7)
+    assert st is not None and st.phase == "think" and st.count == 1
+    st = m.step(m.step(st, 1), 2)
+    assert st == State("close") and m.forced_token(st) == 3 and m.step(st, 1) is None
+    assert m.step(st, 3) == State("free")
+    assert m.step(m.step(m.step(State("start"), 0), 1), 3) == State("free")  # closed by the model in budget
+    assert m.step(State("start"), 4) == State("free")  # no block: no budget
