@@ -680,17 +680,21 @@ def template_inputs(messages: Sequence[tuple[str, str]], extras: Sequence[Mappin
                     ) -> tuple[tuple[tuple[str, str], ...], tuple[dict, ...] | None, list[dict] | None]:
     """(messages, extras, tools) for chat.encode_chat. A template that shows tools itself
     (`native`) gets them as the `tools` variable and each assistant turn's calls as tool_calls
-    (arguments as objects, as Hugging Face templates read them). Otherwise edgespec's format:
+    (arguments as objects, as Hugging Face templates read them), and each its reasoning_content.
+    Otherwise edgespec's format:
     the tools described in the (first) system message, and each assistant turn's calls written
     into its content as the model writes them; every piece of it is then content (tokenised as
     text, never as control tokens)."""
     extras = list(extras) or [{} for _ in messages]
     fmt = tool_formats.by_name(spec.format if spec is not None else format_for(template))
+    # an assistant turn's reasoning, for a template that shows it (Qwen3's and GLM's, after the
+    # last user turn); a template that does not read reasoning_content drops it
+    thoughts = [{"reasoning_content": e["reasoning_content"]} if e.get("reasoning_content") else {} for e in extras]
     if native(template):
         as_text = fmt is not None and fmt.text_arguments
         ex = []
-        for e in extras:
-            d: dict[str, Any] = {}
+        for e, thought in zip(extras, thoughts):
+            d: dict[str, Any] = dict(thought)
             if e.get("tool_calls"):
                 d["tool_calls"] = [{"id": c.id, "type": "function", "function": {
                     "name": c.name, "arguments": c.arguments if as_text else json.loads(c.arguments)}}
@@ -711,7 +715,8 @@ def template_inputs(messages: Sequence[tuple[str, str]], extras: Sequence[Mappin
             out[0] = ("system", head + ("\n\n" + out[0][1] if out[0][1] else ""))
         else:
             out.insert(0, ("system", head))
-    return tuple(out), None, None
+            thoughts.insert(0, {})
+    return tuple(out), (tuple(thoughts) if any(thoughts) else None), None
 
 
 def encode_request(tok: Any, prompt: str, messages: Sequence[tuple[str, str]], extras: Sequence[Mapping[str, Any]],

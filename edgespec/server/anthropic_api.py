@@ -10,7 +10,10 @@ What maps to what:
     an assistant turn's tool_use blocks     its tool_calls (input -> arguments' JSON text)
     a user turn's tool_result blocks        one tool message each (tool_use_id -> tool_call_id;
                                             is_error: the content after "Error: ")
-    thinking / redacted_thinking blocks     dropped (the chat template shows no reasoning)
+    an assistant turn's thinking blocks     its reasoning_content, shown as the chat template shows
+                                            earlier reasoning (Qwen3's and GLM's: after the last user
+                                            turn; before it, and in other templates, dropped)
+    redacted_thinking blocks                dropped
     tools [{name, description, input_schema}]   function tools (grammar-constrained calls)
     tool_choice auto / any / tool / none    auto / required / that function / none;
                                             disable_parallel_tool_use -> parallel_tool_calls false
@@ -18,6 +21,8 @@ What maps to what:
     stop_sequences, max_tokens (required), temperature, top_p, top_k, stream, edgespec: as named
     thinking {type: enabled / disabled}     chat_template_kwargs enable_thinking; the reasoning of a
                                             thinking model comes back as a thinking block
+    thinking.budget_tokens                  the <think> block's budget (edgespec.reasoning_budget:
+                                            closed by force once spent, edgespec/budget.py)
     metadata, service_tier, cache_control, output_config.effort, speed, inference_geo,
     diagnostics, user_profile_id, workspace_id: accepted and ignored
 
@@ -84,19 +89,29 @@ def to_chat(body: Any, *, strict: bool, count: bool = False) -> tuple[dict, tupl
         chat.update(_tool_choice(body["tool_choice"]))
     if not count and (fmt := _output_format(body.get("output_config"))) is not None:
         chat["response_format"] = fmt
-    if (thinking := _thinking(body.get("thinking"))) is not None:
-        chat["chat_template_kwargs"] = {"enable_thinking": thinking}
+    enable, budget = _thinking(body.get("thinking"))
+    if enable is not None:
+        chat["chat_template_kwargs"] = {"enable_thinking": enable}
+    if budget is not None and not count:
+        ext = chat.get("edgespec")
+        chat["edgespec"] = {**(ext if isinstance(ext, Mapping) else {}), "reasoning_budget": budget}
     return chat, unknown, origin
 
 
-def _thinking(v: Any) -> bool | None:
-    """thinking {type: enabled | disabled | adaptive, budget_tokens} as the template's enable_thinking
-    (None: leave the template's default); the budget is not enforced."""
+def _thinking(v: Any) -> tuple[bool | None, int | None]:
+    """thinking {type: enabled | disabled | adaptive, budget_tokens} as (the template's
+    enable_thinking, None: leave the template's default; the reasoning budget, edgespec/budget.py)."""
     if v is None:
-        return None
+        return None, None
     if not isinstance(v, Mapping) or v.get("type") not in ("enabled", "disabled", "adaptive"):
         raise BadRequest("thinking.type", "must be 'enabled', 'disabled' or 'adaptive'")
-    return None if v["type"] == "adaptive" else v["type"] == "enabled"
+    budget = v.get("budget_tokens")
+    if v["type"] == "enabled" and budget is not None:
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+            raise BadRequest("thinking.budget_tokens", f"must be an integer >= 1, got {budget!r}")
+    else:
+        budget = None
+    return (None if v["type"] == "adaptive" else v["type"] == "enabled"), budget
 
 
 def _output_format(v: Any) -> dict | None:
@@ -202,14 +217,18 @@ def _result(v: Any, where: str) -> str:
 
 
 def _assistant(blocks: list, where: str) -> list[dict]:
-    """An assistant turn's blocks: its text, and its tool_use blocks as tool_calls."""
+    """An assistant turn's blocks: its text, its tool_use blocks as tool_calls, its thinking as
+    reasoning_content."""
     texts: list[str] = []
+    thoughts: list[str] = []
     calls: list[dict] = []
     for j, b in enumerate(blocks):
         w = f"{where}.content[{j}]"
         kind = _block(b, w, ("text", "tool_use", "thinking", "redacted_thinking"))
         if kind == "text":
             texts.append(_text(b.get("text"), f"{w}.text"))
+        elif kind == "thinking":
+            thoughts.append(_text(b.get("thinking"), f"{w}.thinking"))
         elif kind == "tool_use":
             args = b.get("input", {})
             if not isinstance(args, Mapping):
@@ -220,6 +239,8 @@ def _assistant(blocks: list, where: str) -> list[dict]:
     turn: dict[str, Any] = {"role": "assistant", "content": "\n\n".join(texts)}
     if calls:
         turn["tool_calls"] = calls
+    if thoughts:
+        turn["reasoning_content"] = "\n\n".join(thoughts)
     return [turn]
 
 
@@ -266,6 +287,7 @@ _RENAMES = (
     (re.compile(r"^max_completion_tokens"), "max_tokens"),
     (re.compile(r"^response_format\.json_schema"), "output_config.format"),
     (re.compile(r"^response_format"), "output_config.format"),
+    (re.compile(r"^edgespec\.reasoning_budget"), "thinking.budget_tokens"),
 )
 
 

@@ -449,9 +449,13 @@ class HttpApi:
         rendered: list[str] = []
         tokens = await self._prompt_tokens(req, rendered)
         created = int(time.time())
-        thinking = reasoning.Reasoning(bool(rendered) and reasoning.opened(rendered[-1])) if req.reasons else None
+        thinking = reasoning.Reasoning(bool(rendered) and reasoning.opened(rendered[-1]), req.reasoning_budget) \
+            if req.reasons else None
         sub = req
-        if thinking is not None and req.constraint is not None:  # the constraint holds after the reasoning
+        if thinking is not None and thinking.budget is not None and "constraint" not in self.loop.capabilities:
+            raise BadRequest("edgespec.reasoning_budget", "a reasoning budget is not available on this server's engine")
+        if thinking is not None and (req.constraint is not None or thinking.budget is not None):
+            # the constraint holds after the reasoning; the budget on it (edgespec/budget.py)
             calls = req.tools is not None and req.tools.calls_allowed
             inner = req.tools.constraint((reasoning.OPEN,)) if calls and req.tools is not None else req.constraint
             sub = dataclasses.replace(req, constraint=thinking.constraint(inner))

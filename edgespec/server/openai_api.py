@@ -77,6 +77,8 @@ class CompletionRequest:
     # what the chat template is given besides the conversation (enable_thinking, reasoning_effort)
     template_vars: tuple[tuple[str, Any], ...] = ()
     reasons: bool = False  # the model writes a <think> block, split from the content (edgespec.reasoning)
+    # the most tokens its <think> block may take (edgespec.reasoning_budget, or reasoning_effort's: EFFORT_BUDGETS)
+    reasoning_budget: int | None = None
 
     @property
     def parses_calls(self) -> bool:
@@ -160,7 +162,8 @@ def _turns(v: Any, limits: LimitsConfig = DEFAULT_LIMITS) -> tuple[tuple[tuple[s
                                                                    tuple[Mapping[str, Any], ...]]:
     """(messages, extras): checked before any of it is looked at further: the count, then each
     message, with the contents' total size bounded as it goes. extras: per message, an assistant
-    turn's tool_calls and a tool turn's tool_call_id (empty when no message has either)."""
+    turn's tool_calls and reasoning_content, a tool turn's tool_call_id (empty when no message
+    has any)."""
     if not isinstance(v, list) or not v:
         raise BadRequest("messages", "must be a non-empty list of {role, content} objects")
     if len(v) > limits.max_messages:
@@ -182,6 +185,9 @@ def _turns(v: Any, limits: LimitsConfig = DEFAULT_LIMITS) -> tuple[tuple[tuple[s
             size += sum(len(c.arguments.encode("utf-8")) + len(c.name) for c in extra["tool_calls"])
         if role == "tool" and m.get("tool_call_id") is not None:
             extra["tool_call_id"] = _str(m["tool_call_id"], f"messages[{i}].tool_call_id")
+        if role == "assistant" and m.get("reasoning_content"):  # llama-server's and vLLM's field
+            extra["reasoning_content"] = _str(m["reasoning_content"], f"messages[{i}].reasoning_content")
+            size += len(extra["reasoning_content"].encode("utf-8"))
         content = _content(m.get("content"), f"messages[{i}].content")
         size += len(content.encode("utf-8"))
         if size > limits.max_prompt_bytes:
@@ -242,8 +248,9 @@ def _extension(v: Any) -> Mapping:
         return {}
     if not isinstance(v, Mapping):
         raise BadRequest("edgespec", "must be an object (mode, draft_tokens, tree_nodes, tree_depth, ngram, "
-                                     "timeout_seconds, constraint)")
-    known = {"mode", "draft_tokens", "tree_nodes", "tree_depth", "ngram", "timeout_seconds", "constraint"}
+                                     "timeout_seconds, constraint, reasoning_budget)")
+    known = {"mode", "draft_tokens", "tree_nodes", "tree_depth", "ngram", "timeout_seconds", "constraint",
+             "reasoning_budget"}
     for k in v:
         if k not in known:
             raise BadRequest(f"edgespec.{k}", f"unknown field (known: {', '.join(sorted(known))})")
@@ -300,10 +307,24 @@ def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str
                              logprobs=logprobs, constraint=constraint, timeout_seconds=timeout, tools=tools,
                              extras=extras, ignored=ignored, n=n, unserved_model=unserved,
                              template_vars=_template_vars(body) if chat else (),
-                             reasons=chat and reasoning_format == "think")
+                             reasons=chat and reasoning_format == "think",
+                             reasoning_budget=_reasoning_budget(body, ext) if chat else None)
 
 
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+# reasoning_effort -> the <think> block's token budget (edgespec/budget.py); medium and above: the
+# model's own length (none: no block at all, enable_thinking false)
+EFFORT_BUDGETS = {"minimal": 256, "low": 1024}
+
+
+def _reasoning_budget(body: Mapping, ext: Mapping) -> int | None:
+    """edgespec.reasoning_budget (an integer >= 1), else reasoning_effort's (EFFORT_BUDGETS)."""
+    v = ext.get("reasoning_budget")
+    if v is None:
+        return EFFORT_BUDGETS.get(body.get("reasoning_effort"))  # type: ignore[arg-type]
+    if not _is_int(v) or v < 1:
+        raise BadRequest("edgespec.reasoning_budget", f"must be an integer >= 1, got {v!r}")
+    return v
 _TEMPLATE_VARS = {"enable_thinking": bool, "thinking": bool, "reasoning_effort": str}
 
 

@@ -10,13 +10,18 @@ What maps to what:
     input items: message {role, content}    a message (input_text / output_text parts joined)
                  function_call              an assistant turn's tool_calls (call_id -> id)
                  function_call_output       a tool message (call_id -> tool_call_id)
-                 reasoning                  dropped (the chat template shows no reasoning)
+                 reasoning                  the next assistant turn's reasoning_content (its
+                                            reasoning_text, else its summary), shown as the chat
+                                            template shows earlier reasoning (Qwen3, GLM: after the
+                                            last user turn) or dropped
     tools [{type: function, name, description, parameters, strict}]   function tools
     tool_choice, parallel_tool_calls        as for chat completions ({type: function, name})
     text.format                             response_format (text, json_object, json_schema)
     max_output_tokens, temperature, top_p, stream, edgespec: as named
-    reasoning.effort                        reasoning_effort (the chat template's variable); a
-                                            thinking model's reasoning is a reasoning output item
+    reasoning.effort                        reasoning_effort (the chat template's variable; none:
+                                            enable_thinking false; minimal, low: a 256- or 1024-token
+                                            budget on the <think> block); a thinking model's
+                                            reasoning is a reasoning output item
 
 Nothing is stored: `previous_response_id` and `conversation` are refused with a 400 naming them
 (send the whole conversation as input items), `background` too; `store`, `metadata`, `reasoning.summary`,
@@ -117,6 +122,7 @@ def _input(instructions: Any, v: Any) -> tuple[list[dict], list[int]]:
         return [*out, {"role": "user", "content": v}], [*origin, 0]
     if not isinstance(v, list) or not v:
         raise BadRequest("input", "must be a string or a non-empty list of input items")
+    thought = ""  # a reasoning item's text: the next assistant turn's reasoning_content
     for i, item in enumerate(v):
         where = f"input[{i}]"
         if not isinstance(item, Mapping):
@@ -127,19 +133,24 @@ def _input(instructions: Any, v: Any) -> tuple[list[dict], list[int]]:
             if role not in ("user", "assistant", "system", "developer"):
                 raise BadRequest(f"{where}.role", f"must be user, assistant, system or developer, got {role!r}")
             out.append({"role": role, "content": _parts(item.get("content"), f"{where}.content")})
+            if role == "assistant" and thought:
+                out[-1]["reasoning_content"], thought = thought, ""
         elif kind == "function_call":
             call = {"id": _str(item.get("call_id"), f"{where}.call_id"), "type": "function",
                     "function": {"name": _str(item.get("name"), f"{where}.name"),
                                  "arguments": _str(item.get("arguments", "{}"), f"{where}.arguments")}}
-            if out and out[-1]["role"] == "assistant" and origin[-1] >= 0:
+            if out and out[-1]["role"] == "assistant" and origin[-1] >= 0 and not thought:
                 out[-1].setdefault("tool_calls", []).append(call)  # the calls of one turn
                 continue
             out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            if thought:
+                out[-1]["reasoning_content"], thought = thought, ""
         elif kind == "function_call_output":
             output = item.get("output")
             out.append({"role": "tool", "tool_call_id": _str(item.get("call_id"), f"{where}.call_id"),
                         "content": _parts(output, f"{where}.output") if output is not None else ""})
         elif kind == "reasoning":
+            thought = _reasoning_text(item, where)
             continue
         else:
             raise BadRequest(f"{where}.type", "must be message, function_call, function_call_output or reasoning, "
@@ -148,6 +159,22 @@ def _input(instructions: Any, v: Any) -> tuple[list[dict], list[int]]:
     if not out or all(m["role"] == "system" for m in out):
         raise BadRequest("input", "holds no message")
     return out, origin
+
+
+def _reasoning_text(item: Mapping, where: str) -> str:
+    """A reasoning item's text: its reasoning_text content (as this server sends it), else its
+    summary's text (encrypted_content, which only OpenAI can read, is ignored)."""
+    for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = item.get(key)
+        if parts is None:
+            continue
+        if not isinstance(parts, list):
+            raise BadRequest(f"{where}.{key}", f"must be a list of {kind} parts")
+        texts = [_str(p.get("text"), f"{where}.{key}[{j}].text") for j, p in enumerate(parts)
+                 if isinstance(p, Mapping) and p.get("type") == kind]
+        if texts:
+            return "\n\n".join(texts)
+    return ""
 
 
 def _tools(v: Any) -> Any:

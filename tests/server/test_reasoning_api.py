@@ -132,3 +132,79 @@ def test_bad_reasoning_fields_are_400_naming_them(make_daemon, path, body, param
     r = make_daemon(http=HTTP)
     status, _, out = raw(r, "POST", path, body)
     assert status == 400 and json.loads(out)["error"]["param"] == param
+
+
+# ---- the reasoning budget and the reasoning of earlier turns -------------------------------------
+
+
+def test_a_reasoning_budget_reaches_the_engine_from_each_api(make_daemon):
+    """edgespec.reasoning_budget, reasoning_effort minimal / low, Messages' thinking.budget_tokens
+    and Responses' reasoning.effort become a budget on the <think> block (edgespec/budget.py)."""
+    from edgespec.types import ReasoningBudget
+
+    r = make_daemon(http=HTTP, target={"reasoning_format": "think"})
+    thinking(r)
+
+    def budget():
+        c = r.engine.requests[-1].constraint
+        return None if c is None else c.budget
+
+    client(r).chat.completions.create(**CHAT, extra_body={"edgespec": {"reasoning_budget": 64}})
+    assert budget() == ReasoningBudget(64)
+    assert "THINK" in r.engine.requests[-1].constraint.value  # free text after the block
+    client(r).chat.completions.create(**CHAT, reasoning_effort="low")
+    assert budget() == ReasoningBudget(1024)
+    client(r).chat.completions.create(**CHAT, reasoning_effort="high")
+    assert budget() is None
+    status, _, _ = raw(r, "POST", "/v1/messages", {"model": MODEL, "max_tokens": 20, "thinking": {
+        "type": "enabled", "budget_tokens": 2048}, "messages": [{"role": "user", "content": "1+2?"}]})
+    assert status == 200 and budget() == ReasoningBudget(2048)
+    status, _, _ = raw(r, "POST", "/v1/responses", {"model": MODEL, "input": "1+2?", "reasoning": {"effort": "minimal"}})
+    assert status == 200 and budget() == ReasoningBudget(256)
+    status, _, out = raw(r, "POST", "/v1/messages", {"model": MODEL, "max_tokens": 20, "thinking": {
+        "type": "enabled", "budget_tokens": 0}, "messages": [{"role": "user", "content": "1+2?"}]})
+    assert status == 400 and "thinking.budget_tokens" in json.loads(out)["error"]["message"]
+    status, _, out = raw(r, "POST", "/v1/chat/completions", {**CHAT, "edgespec": {"reasoning_budget": "x"}})
+    assert status == 400 and json.loads(out)["error"]["param"] == "edgespec.reasoning_budget"
+
+
+def test_earlier_reasoning_reaches_the_template_as_it_shows_it(make_daemon):
+    """An assistant turn's reasoning (a Messages thinking block, a Responses reasoning item, chat's
+    reasoning_content) is the template's reasoning_content: GLM 4.5's shows it after the last user
+    turn (an agent's tool round trip) and drops it before."""
+    from pathlib import Path
+
+    glm = Path(__file__).parent.parent / "templates" / "glm-4.5.jinja"
+    r = make_daemon(http=HTTP, target={"chat_template": str(glm), "reasoning_format": "think"})
+    thinking(r, ("<think>", "ok", "</think>", "Done."))
+
+    def prompt() -> str:
+        return "".join(chr(t - 20) for t in r.engine.requests[-1].prompt_tokens if t >= 20)
+
+    call = {"type": "tool_use", "id": "toolu_1", "name": "add", "input": {"a": 1, "b": 2}}
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "3"}
+    thought = {"type": "thinking", "thinking": "I should add.", "signature": ""}
+    msgs = [{"role": "user", "content": "1+2?"}, {"role": "assistant", "content": [thought, call]},
+            {"role": "user", "content": [result]}]
+    body = {"model": MODEL, "max_tokens": 20, "tools": [{"name": "add", "input_schema": ADD["function"]["parameters"]}]}
+    status, _, _ = raw(r, "POST", "/v1/messages", {**body, "messages": msgs})
+    assert status == 200 and "<think>I should add.</think>" in prompt()
+    status, _, _ = raw(r, "POST", "/v1/messages", {**body, "messages": [
+        *msgs, {"role": "assistant", "content": "3."}, {"role": "user", "content": "And 2+2?"}]})
+    assert status == 200 and "I should add." not in prompt()  # before the last user turn: dropped
+
+    items = [{"role": "user", "content": "1+2?"},
+             {"type": "reasoning", "id": "rs_1", "summary": [],
+              "content": [{"type": "reasoning_text", "text": "I should add."}]},
+             {"type": "function_call", "call_id": "call_1", "name": "add", "arguments": '{"a":1,"b":2}'},
+             {"type": "function_call_output", "call_id": "call_1", "output": "3"}]
+    status, _, _ = raw(r, "POST", "/v1/responses", {"model": MODEL, "input": items, "tools": [
+        {"type": "function", "name": "add", "parameters": ADD["function"]["parameters"]}]})
+    assert status == 200 and "<think>I should add.</think>" in prompt()
+
+    client(r).chat.completions.create(**{**CHAT, "messages": [
+        {"role": "user", "content": "1+2?"},
+        {"role": "assistant", "content": "", "reasoning_content": "I should add.", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a":1,"b":2}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "3"}]}, tools=[ADD])
+    assert "<think>I should add.</think>" in prompt()
