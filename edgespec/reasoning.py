@@ -30,6 +30,25 @@ OPEN, CLOSE = "<think>", "</think>"
 FORMATS = ("none", "think")  # [target] reasoning_format, besides auto
 
 
+# OpenAI's reasoning_effort values, and the <think> block's budget (edgespec/budget.py) each sets:
+# minimal and low hold it short; medium and above leave the model its own length; none turns
+# thinking off (the template's enable_thinking false)
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+EFFORT_BUDGETS = {"minimal": 256, "low": 1024}
+
+
+def template_variables(effort: str | None, enable_thinking: bool | None) -> dict[str, Any]:
+    """The chat template's variables for a request's effort and enable_thinking (None: unset)."""
+    out: dict[str, Any] = {}
+    if effort is not None:
+        out["reasoning_effort"] = effort
+        if effort == "none":
+            out["enable_thinking"] = False
+    if enable_thinking is not None:
+        out["enable_thinking"] = enable_thinking
+    return out
+
+
 def detect(source: str) -> str:
     """The reasoning format a chat template's text writes: think when it knows </think>."""
     return "think" if CLOSE in source else "none"

@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 
 from edgespec.errors import BadRequest
+from edgespec.reasoning import EFFORT_BUDGETS, EFFORTS, template_variables
 from edgespec.proto.edgespec.v1 import admin_pb2, inference_pb2 as pb
 from edgespec.sampling import SamplingParams
 from edgespec.server.config import LimitsConfig
@@ -74,6 +75,22 @@ def tools_from(req: pb.GenerateRequest) -> ToolSpec | None:
         raise BadRequest(f"tools.{field}", str(exc).split(": ", 1)[-1]) from None
 
 
+def reasoning_from(req: pb.GenerateRequest) -> tuple[dict, int | None]:
+    """GenerateRequest.reasoning as (the chat template's variables, the <think> block's budget)."""
+    if not req.HasField("reasoning"):
+        return {}, None
+    r = req.reasoning
+    if r.effort and r.effort not in EFFORTS:
+        raise BadRequest("reasoning.effort", f"must be one of {', '.join(EFFORTS)}, got {r.effort!r}")
+    if r.HasField("budget_tokens") and r.budget_tokens < 1:
+        raise BadRequest("reasoning.budget_tokens", f"must be >= 1, got {r.budget_tokens}")
+    if not req.messages and (r.effort or r.HasField("enable_thinking") or r.HasField("budget_tokens")):
+        raise BadRequest("reasoning", "is for messages, not a prompt")
+    variables = template_variables(r.effort or None, r.enable_thinking if r.HasField("enable_thinking") else None)
+    budget = r.budget_tokens if r.HasField("budget_tokens") else EFFORT_BUDGETS.get(r.effort)
+    return variables, budget
+
+
 def message_extras(msgs: object) -> tuple[dict, ...]:
     """Each ChatMessage's tool_calls / tool_call_id, as edgespec.tools reads them (empty when none has any)."""
     out: list[dict] = []
@@ -87,6 +104,10 @@ def message_extras(msgs: object) -> tuple[dict, ...]:
                  for c in m.tool_calls], f"messages[{i}].tool_calls")
         if m.tool_call_id:
             e["tool_call_id"] = m.tool_call_id
+        if m.reasoning_content:
+            if m.role != "assistant":
+                raise BadRequest(f"messages[{i}].reasoning_content", "only assistant messages carry reasoning")
+            e["reasoning_content"] = m.reasoning_content
         out.append(e)
     return tuple(out) if any(out) else ()
 
@@ -103,7 +124,8 @@ def messages_from(msgs: object, field: str = "messages",
     for i, m in enumerate(msgs):  # type: ignore[attr-defined]
         if m.role not in ROLES:
             raise BadRequest(f"{field}[{i}].role", f"must be one of {', '.join(ROLES)}, got {m.role!r}")
-        size += len(m.content.encode("utf-8")) + sum(len(c.arguments.encode("utf-8")) for c in m.tool_calls)
+        size += len(m.content.encode("utf-8")) + sum(len(c.arguments.encode("utf-8")) for c in m.tool_calls) + \
+            len(m.reasoning_content.encode("utf-8"))
         if size > limits.max_prompt_bytes:
             raise BadRequest(f"{field}[{i}].content", f"the messages' contents together at most "
                              f"{limits.max_prompt_bytes} bytes (limits.max_prompt_bytes)")
@@ -163,11 +185,12 @@ def prompt_from(req: pb.GenerateRequest, limits: LimitsConfig = DEFAULT_LIMITS) 
 def response(result: GenerationResult | None, *, text: str, token_ids: list[int] | tuple[int, ...],
              timings: dict[str, float] | None, request_id: str, prompt_tokens: int = 0,
              logprobs: tuple[TokenLogprob, ...] | list[TokenLogprob] = (),
-             tool_calls: Sequence[ToolCall] = ()) -> pb.GenerateResponse:
+             tool_calls: Sequence[ToolCall] = (), reasoning: str = "") -> pb.GenerateResponse:
     """A unary response / a final stream chunk (when `result` is set) / a plain chunk (result None).
-    `logprobs`: one per token id of this message, when the request asked for them."""
+    `logprobs`: one per token id of this message, when the request asked for them; `reasoning`:
+    the reasoning split from `text` (a thinking model's)."""
     out = pb.GenerateResponse(text=text, token_ids=list(token_ids), request_id=request_id,
-                              logprobs=logprobs_to_pb(logprobs))
+                              logprobs=logprobs_to_pb(logprobs), reasoning=reasoning)
     if result is None:
         return out
     st = result.stats

@@ -376,7 +376,7 @@ class Daemon:
         inference_pb2_grpc.add_InferenceServicer_to_server(
             InferenceServicer(self.loop, self.policy, parallel=s.parallel, limits=self.cfg.limits,
                               digests=lambda: self.model_digests, chat_template=self.cfg.chat_template,
-                              tool_format=self.cfg.tool_format,
+                              tool_format=self.cfg.tool_format, reasoning_format=self.cfg.reasoning_format,
                               embedder=self.embedder, callers=self.callers), server)
         admin_pb2_grpc.add_AdminServicer_to_server(
             AdminServicer(self.loop, self.policy, self.update_policy, self._drain, self.started,

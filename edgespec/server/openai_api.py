@@ -311,10 +311,8 @@ def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str
                              reasoning_budget=_reasoning_budget(body, ext) if chat else None)
 
 
-EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
-# reasoning_effort -> the <think> block's token budget (edgespec/budget.py); medium and above: the
-# model's own length (none: no block at all, enable_thinking false)
-EFFORT_BUDGETS = {"minimal": 256, "low": 1024}
+EFFORTS = reasoning_mod.EFFORTS
+EFFORT_BUDGETS = reasoning_mod.EFFORT_BUDGETS  # reasoning_effort -> the <think> block's budget
 
 
 def _reasoning_budget(body: Mapping, ext: Mapping) -> int | None:

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import structlog
 
-from edgespec import chat
+from edgespec import chat, reasoning, tool_formats
 from edgespec.errors import BadRequest, NotReady
 from edgespec.logs import bind_request_id
 from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2 as pb, inference_pb2_grpc
@@ -36,12 +36,14 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     def __init__(self, loop: EngineLoop, policy: Callable[[], Policy], *, parallel: int,
                  limits: LimitsConfig = convert.DEFAULT_LIMITS,
                  digests: Callable[[], dict[str, tuple[str, str]]] = dict, chat_template: str = "",
-                 tool_format: str = "auto", embedder: Any = None, callers: CallerLimits | None = None):
+                 tool_format: str = "auto", reasoning_format: str = "auto", embedder: Any = None,
+                 callers: CallerLimits | None = None):
         self.loop = loop
         self.callers = callers  # per-caller limits and figures (shared with HTTP), None: no limits
         self.embedder = embedder  # an edgespec.server.embeddings.Embedder, None when [embedding] is off
         self.chat_template = chat_template  # [target] chat_template's text ("" = the GGUF's own)
         self.tool_format = tool_format  # [target] tool_format (auto: the template's)
+        self.reasoning_format = reasoning_format  # [target] reasoning_format (auto: the template's)
         self.policy = policy
         self.parallel = parallel
         self.limits = limits
@@ -59,15 +61,28 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         return enc
 
     def _prompt_tokens(self, prompt: str, messages: tuple[tuple[str, str], ...], extras: tuple[dict, ...] = (),
-                       spec: ToolSpec | None = None) -> tuple[int, ...] | None:
+                       spec: ToolSpec | None = None, variables: dict | None = None, jinja: bool = False,
+                       rendered: list[str] | None = None) -> tuple[int, ...] | None:
         enc = self._encoder()
         if enc is None:
             if spec is not None or extras:
                 raise BadRequest("tools", "tool calling is not available on this server's engine")
             return None
-        return tuple(encode_request(enc, prompt, messages, extras, spec, self.chat_template))
+        return tuple(encode_request(enc, prompt, messages, extras, spec, self.chat_template, variables=variables,
+                                    jinja=jinja, rendered=rendered))
 
-    def _submit(self, request: pb.GenerateRequest, context: grpc.ServicerContext, place: Place | Unlimited) -> Job:
+    def _reasons(self, messages: tuple) -> bool:
+        """Whether the model writes a <think> block: [target] reasoning_format, or its template's."""
+        if not messages:
+            return False
+        if self.reasoning_format != "auto":
+            return self.reasoning_format == "think"
+        enc = self.loop.encoder
+        return enc is not None and reasoning.format_for(chat.template_of(enc, self.chat_template or None)) == "think"
+
+    def _submit(self, request: pb.GenerateRequest, context: grpc.ServicerContext, place: Place | Unlimited
+                ) -> tuple[Job, reasoning.Reasoning | None]:
+        """The request's job, submitted; and its reasoning (None: the model does not think)."""
         rid = (pipe.request_id(request.request_id, "request_id")
                or structlog.contextvars.get_contextvars().get("x_request_id") or uuid.uuid4().hex[:16])
         bind_request_id(request_id=rid)
@@ -82,6 +97,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         if spec is not None:
             spec = dataclasses.replace(spec, format=call_format(self.loop.encoder, self.chat_template,
                                                                 self.tool_format))
+            if (bad := tool_formats.check_strings(tool_formats.by_name(spec.format), spec.tools)) is not None:
+                where, why = bad  # tools[i].function.parameters.<path>: named as this API names it
+                i = where[where.index("[") + 1:where.index("]")]
+                raise BadRequest(f"tools.tools[{i}].parameters_json", f"{where.split('.parameters.', 1)[1]}: {why}")
             if constraint is not None and spec.calls_allowed:
                 raise BadRequest("sampling.constraint", "cannot be combined with tools unless tools.choice is none")
             constraint = constraint or spec.constraint()
@@ -90,7 +109,17 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             if "constraint" not in self.loop.capabilities:
                 raise BadRequest(field, "structured output is not available on this server's engine yet")
             convert.constraint_within(constraint, f"{field}.value" if spec is None else field, self.limits)
-        tokens = self._prompt_tokens(prompt, messages, extras, spec)
+        variables, budget = convert.reasoning_from(request)
+        reasons = self._reasons(messages)
+        rendered: list[str] = []
+        tokens = self._prompt_tokens(prompt, messages, extras, spec, variables, reasons, rendered)
+        thinking = reasoning.Reasoning(bool(rendered) and reasoning.opened(rendered[-1]), budget) if reasons else None
+        if thinking is not None and (constraint is not None or budget is not None):
+            if budget is not None and "constraint" not in self.loop.capabilities:
+                raise BadRequest("reasoning.budget_tokens", "a reasoning budget is not available on this server's engine")
+            # the constraint holds after the reasoning; the budget on it (edgespec/budget.py)
+            calls = spec is not None and spec.calls_allowed
+            constraint = thinking.constraint(spec.constraint((reasoning.OPEN,)) if calls and spec else constraint)
         matcher = self.loop.compile(constraint)  # here, in this handler's thread: not the engine's
         place.reserve(len(tokens or ()) + sampling.max_tokens)  # in flight: counted at admission
         job = Job(request_id=rid, sampling=sampling, speculation=speculation, prompt=prompt,
@@ -99,7 +128,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                   place=place)
         self.loop.submit(job)
         context.add_callback(job.cancel)  # client cancel / deadline / server stop -> engine stops within a step
-        return job
+        return job, thinking
 
     def _events(self, job: Job) -> Iterator[tuple[str, Any]]:
         """("chunk", Chunk) ... ("result", GenerationResult); raises the job's error (pipe.job_events)."""
@@ -124,15 +153,16 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     def _generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext,
                   place: Place | Unlimited) -> pb.GenerateResponse:
-        job = self._submit(request, context, place)  # the engine charges what it cost as it ends
+        job, thinking = self._submit(request, context, place)  # the engine charges what it cost as it ends
         for kind, value in self._events(job):
             if kind == "result":
                 self._check_end(value)
-                return convert.response(value, text=value.text, token_ids=value.token_ids,
+                thought, text = thinking.split(value.text) if thinking is not None else (None, value.text)
+                return convert.response(value, text=text, token_ids=value.token_ids,
                                         timings=job.timings(), request_id=job.request_id,
                                         prompt_tokens=len(job.prompt_tokens or ()),
                                         logprobs=value.logprobs if job.logprobs is not None else (),
-                                        tool_calls=self._calls(job, value))
+                                        tool_calls=self._calls(job, value, text), reasoning=thought or "")
         raise NotReady("the engine stopped")  # pragma: no cover
 
     def GenerateStream(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:  # noqa: N802
@@ -141,28 +171,34 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     def _generate_stream(self, request: pb.GenerateRequest, context: grpc.ServicerContext,
                          place: Place | Unlimited) -> Iterator[pb.GenerateResponse]:
-        job = self._submit(request, context, place)  # the engine charges what it cost as it ends
+        job, thinking = self._submit(request, context, place)  # the engine charges what it cost as it ends
+        split = reasoning.ReasoningSplitter(thinking.opened) if thinking is not None else None
         held = None  # the finishing chunk is merged into the final message
         for kind, value in self._events(job):
             if kind == "chunk":
                 if value.finish_reason:
                     held = value
                 elif value.token_ids or value.text:
-                    yield convert.response(None, text=value.text, token_ids=value.token_ids, timings=None,
-                                           request_id=job.request_id, logprobs=value.logprobs)
+                    thought, text = _parts(split.feed(value.text)) if split is not None else ("", value.text)
+                    yield convert.response(None, text=text, token_ids=value.token_ids, timings=None,
+                                           request_id=job.request_id, logprobs=value.logprobs, reasoning=thought)
             else:
                 self._check_end(value)
-                yield convert.response(value, text=held.text if held else "", token_ids=held.token_ids if held else (),
+                thought, text = _parts(split.feed(held.text if held else "") + split.finish()) \
+                    if split is not None else ("", held.text if held else "")
+                content = thinking.split(value.text)[1] if thinking is not None else value.text
+                yield convert.response(value, text=text, token_ids=held.token_ids if held else (),
                                        timings=job.timings(), request_id=job.request_id,
                                        prompt_tokens=len(job.prompt_tokens or ()), logprobs=held.logprobs if held else (),
-                                       tool_calls=self._calls(job, value))
+                                       tool_calls=self._calls(job, value, content), reasoning=thought)
 
     @staticmethod
-    def _calls(job: Job, result: GenerationResult) -> tuple:
+    def _calls(job: Job, result: GenerationResult, content: str) -> tuple:
+        """The calls in the answer's content (its reasoning split off)."""
         spec = job.tools
         if spec is None or not spec.calls_allowed:
             return ()
-        return spec.parse(result.text, truncated=result.finish_reason == "length")[1]
+        return spec.parse(content, truncated=result.finish_reason == "length")[1]
 
     def Tokenize(self, request: pb.TokenizeRequest, context: grpc.ServicerContext) -> pb.TokenizeResponse:  # noqa: N802
         if request.text and request.messages:
@@ -224,6 +260,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         for key, value in info.items():
             out.details[str(key)] = str(value)
         return out
+
+
+def _parts(events: list[tuple[str, str]]) -> tuple[str, str]:
+    """ReasoningSplitter's events as (the reasoning, the content) they hold."""
+    return "".join(v for k, v in events if k == "reasoning"), "".join(v for k, v in events if k == "content")
 
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):

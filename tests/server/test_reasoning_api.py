@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import grpc
 import pytest
 
 from tests.server.test_http import HTTP, MODEL, client, raw
@@ -208,3 +209,46 @@ def test_earlier_reasoning_reaches_the_template_as_it_shows_it(make_daemon):
             {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a":1,"b":2}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "3"}]}, tools=[ADD])
     assert "<think>I should add.</think>" in prompt()
+
+
+def test_grpc_splits_the_reasoning_unary_and_streamed(make_daemon, tmp_path):
+    """GenerateResponse.reasoning holds the <think> block, `text` the content; a stream's chunks
+    carry each its pieces; ReasoningOptions reach the template and the budget the engine; an
+    assistant turn's reasoning_content reaches the template."""
+    from edgespec.proto.edgespec.v1 import inference_pb2 as pb
+    from edgespec.types import ReasoningBudget
+
+    r = make_daemon(target={"reasoning_format": "think"})
+    thinking(r)
+    req = pb.GenerateRequest(messages=[pb.ChatMessage(role="user", content="1+2?")],
+                             sampling=pb.SamplingOptions(max_tokens=20))
+    out = r.inference.Generate(req)
+    assert (out.reasoning, out.text) == ("\nI add 1 and 2.\n", "It is 3.")
+    msgs = list(r.inference.GenerateStream(req))
+    assert "".join(m.reasoning for m in msgs) == "\nI add 1 and 2.\n" and "".join(m.text for m in msgs) == "It is 3."
+    first_text = next(i for i, m in enumerate(msgs) if m.text)
+    assert not any(m.reasoning for m in msgs[first_text:])
+    assert r.engine.requests[-1].constraint is None
+    r.inference.Generate(pb.GenerateRequest(messages=req.messages, sampling=req.sampling,
+                                            reasoning=pb.ReasoningOptions(budget_tokens=99)))
+    assert r.engine.requests[-1].constraint.budget == ReasoningBudget(99)
+    r.inference.Generate(pb.GenerateRequest(messages=req.messages, sampling=req.sampling,
+                                            reasoning=pb.ReasoningOptions(effort="minimal")))
+    assert r.engine.requests[-1].constraint.budget == ReasoningBudget(256)
+    for bad, field in ((pb.ReasoningOptions(effort="max"), "reasoning.effort"),
+                       (pb.ReasoningOptions(budget_tokens=0), "reasoning.budget_tokens")):
+        with pytest.raises(grpc.RpcError) as e:
+            r.inference.Generate(pb.GenerateRequest(messages=req.messages, reasoning=bad))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.value.details()
+
+    path = tmp_path / "t.jinja"
+    path.write_text(TEMPLATE.replace("{{ m.content }}", "{{ m.reasoning_content | default('') }}{{ m.content }}"))
+    r2 = make_daemon(target={"chat_template": str(path), "reasoning_format": "think"})
+    thinking(r2, ("I add.", "</think>", "3"))
+    out = r2.inference.Generate(pb.GenerateRequest(messages=[
+        pb.ChatMessage(role="user", content="1+1?"), pb.ChatMessage(role="assistant", content="2",
+                                                                    reasoning_content="Easy."),
+        pb.ChatMessage(role="user", content="1+2?")], reasoning=pb.ReasoningOptions(effort="high")))
+    prompt = "".join(chr(t - 20) for t in r2.engine.requests[-1].prompt_tokens if t >= 20)
+    assert "Easy.2" in prompt and "[effort=high]" in prompt and prompt.endswith("<think>\n")
+    assert (out.reasoning, out.text) == ("I add.", "3")  # the prompt opened the block
