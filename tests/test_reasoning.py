@@ -53,7 +53,8 @@ def test_the_block_is_split_whole_and_in_any_pieces(opened, answer, want_reasoni
 
 
 @pytest.mark.parametrize("name, fmt", [("deepseek-r1-distill-qwen.jinja", "think"), ("deepseek-v3.1.jinja", "think"),
-                                       ("glm-4.5.jinja", "think"), ("llama-3.1.jinja", "none")])
+                                       ("glm-4.5.jinja", "think"), ("qwen3.jinja", "think"),
+                                       ("llama-3.1.jinja", "none")])
 def test_the_format_and_the_open_block_come_from_the_template(name, fmt):
     template = chat.ChatTemplate((TEMPLATES / name).read_text())
     assert reasoning.format_for(template) == fmt
@@ -64,10 +65,31 @@ def test_the_format_and_the_open_block_come_from_the_template(name, fmt):
         assert not reasoning.opened(template.render([{"role": "user", "content": "hi"}]))
         assert template.render([{"role": "user", "content": "hi"}], variables={"enable_thinking": False}) \
             .endswith("<think></think>")
+    if name.startswith("qwen3"):  # Qwen3 writes <think> itself; asked not to think, an empty block closes
+        assert not reasoning.opened(template.render([{"role": "user", "content": "hi"}]))
+        assert template.render([{"role": "user", "content": "hi"}], variables={"enable_thinking": False}) \
+            .endswith("<think>\n\n</think>\n\n")
     if name.startswith("deepseek-v3.1"):  # V3.1 thinks only when asked to
         assert reasoning.opened(template.render([{"role": "user", "content": "hi"}],
                                                 variables={"enable_thinking": True}))
         assert not reasoning.opened(template.render([{"role": "user", "content": "hi"}]))
+
+
+@pytest.mark.parametrize("name", ["qwen3.jinja", "glm-4.5.jinja"])
+def test_earlier_reasoning_is_shown_after_the_last_user_turn_and_dropped_before(name):
+    """An assistant turn's reasoning_content (tools.template_inputs passes it through): Qwen3's and
+    GLM's templates show it in the turns after the last user query (a tool round trip) only."""
+    template = chat.ChatTemplate((TEMPLATES / name).read_text())
+    call = tools.ToolCall("call_1", "add", '{"a": 1}')
+    msgs = (("user", "1+1?"), ("assistant", ""), ("tool", "2"))
+    extras = ({}, {"tool_calls": (call,), "reasoning_content": "Add them."}, {"tool_call_id": "call_1"})
+    spec = tools.parse_tools([ADD], None, None, tools.format_for(template))
+    m, ex, t = tools.template_inputs(msgs, extras, spec, template)
+    assert "Add them." in template.render([{"role": r, "content": c, **e} for (r, c), e in zip(m, ex)], t)
+    msgs += (("assistant", "It is 2."), ("user", "And 2+2?"))
+    extras += ({}, {})
+    m, ex, t = tools.template_inputs(msgs, extras, spec, template)
+    assert "Add them." not in template.render([{"role": r, "content": c, **e} for (r, c), e in zip(m, ex)], t)
 
 
 # ---- the grammar after the reasoning ----------------------------------------------------------

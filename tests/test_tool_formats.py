@@ -135,6 +135,22 @@ def test_a_call_the_template_renders_parses_back_whole_and_a_character_at_a_time
     assert [c.arguments for c in calls] == [a for _, a in parts.values()]
 
 
+def test_qwen3s_template_writes_hermes_calls_that_parse_back():
+    """Qwen3 (and Qwen2.5) write edgespec's own Hermes format: detected, rendered, parsed back whole
+    and a character at a time."""
+    template = chat.ChatTemplate((TEMPLATES / "qwen3.jinja").read_text(), eos_token="<|im_end|>")
+    assert tools.format_for(template) == "hermes" and tools.native(template)
+    calls = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
+             for i, (n, a) in enumerate(CALLS)]
+    rendered = template.render([{"role": "user", "content": "Weather?"},
+                                {"role": "assistant", "content": "", "tool_calls": calls}], [WEATHER, ADD])
+    text = rendered[rendered.index("<tool_call>", rendered.rindex("Weather?")):rendered.rindex("<|im_end|>")]
+    s = spec("hermes")
+    content, got = s.parse(text)
+    assert content is None and [(c.name, json.loads(c.arguments)) for c in got] == CALLS
+    assert [(n, json.loads(a)) for n, a in streamed(s, list(text))[1].values()] == CALLS
+
+
 # ---- the parsers ---------------------------------------------------------------------------------
 
 
