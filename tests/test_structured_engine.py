@@ -92,3 +92,24 @@ def test_a_constraint_compiled_on_another_thread_decodes_the_same(engine, monkey
     monkeypatch.setattr(engine, "constraint_matcher", refuse)
     got = engine.generate(dataclasses.replace(req, matcher=box[0]))
     assert got.token_ids == want.token_ids and got.finish_reason == "eos"
+
+
+def test_a_reasoning_budget_closes_the_block_on_the_real_model_in_every_mode(engine):
+    """The demo model is no thinking model, so its answer, taken as a block the prompt opened,
+    runs until max_tokens unless the budget closes it: with a budget of 6 the first 6 tokens
+    are plain greedy's, then the close is forced (whatever its tokenization under the real
+    vocabulary), then the answer goes on, the same in every mode."""
+    from edgespec.reasoning import Reasoning
+
+    toks = tuple(engine.encode_chat([("user", PROMPTS[1])]))
+    free = engine.generate(GenerationRequest(toks, SamplingParams(max_tokens=6), SpeculationParams(mode="plain")))
+    spec = Reasoning(opened=True, budget=6).constraint(None)
+    out = {m: engine.generate(GenerationRequest(toks, SamplingParams(max_tokens=24), SpeculationParams(mode=m),
+                                                constraint=spec)) for m in ("plain", "chain", "tree", "auto")}
+    ref = out["plain"]
+    assert ref.token_ids[:6] == free.token_ids and "</think>" not in free.text
+    assert ref.text.startswith(free.text + "\n</think>\n\n")
+    thought, content = Reasoning(opened=True).split(ref.text)
+    assert thought == free.text + "\n" and content
+    for m, r in out.items():
+        assert r.token_ids == ref.token_ids, m
