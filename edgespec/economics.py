@@ -99,6 +99,23 @@ def economics(t_target: Mapping[int, float], t_draft: float,
     return Economics(dict(t_target), t_draft, tuple(acceptances), depths)
 
 
+def drafter_verdict(t_target: Mapping[int, float], t_draft: float,
+                    acceptances: Sequence[float] = ACCEPTANCES) -> dict | None:
+    """What the engine's calibration says of one drafter: whether some chain pays at the highest
+    acceptance asked about (`plan --measure`'s verdict, from the same arithmetic), the ceiling
+    there and the draft's share of a target forward; None when the table is too short to judge.
+    Where no chain pays, auto requests draft model-free (prompt n-grams, the suffix cache):
+    the draft model's forwards cost more than its accepted tokens save on this box."""
+    if 1 not in t_target or len(t_target) < 2 or t_target[1] <= 0:
+        return None
+    e = economics(t_target, t_draft, acceptances)
+    a = max(e.acceptances)
+    best = e.best(a)
+    return {"pays": e.pays, "acceptance": a, "ceiling": round(best.speedups[a], 3), "depth": best.k,
+            "draft_share": round(t_draft / t_target[1], 3),
+            "break_even": None if best.break_even is None else round(best.break_even, 3)}
+
+
 def render(e: Economics, draft_label: str = "draft") -> str:
     t1 = e.t_target[1]
     lines = ["target forward cost T(n) (median):",

@@ -35,6 +35,7 @@ from edgespec.drafters.eagle3 import HeadCache, reusable as head_reusable
 from edgespec.drafters.model import DraftCache
 from edgespec.drafters.ngram import ReachPriors
 from edgespec.drafters.suffix import SuffixCache, SuffixDrafter
+from edgespec.economics import drafter_verdict
 from edgespec.errors import BadRequest, ForwardAborted, ModelError, Overloaded
 from edgespec.kv import SeqRange
 from edgespec.logs import get_logger
@@ -47,6 +48,10 @@ log = get_logger("edgespec.engine")
 
 # llama.cpp's limit on sequence ids in one context (LLAMA_MAX_SEQ)
 MAX_SEQ = 256
+# a drafter is left idle when no chain of it pays even at this per-token acceptance (a good draft's:
+# the demo's Q8_0 twin reaches 0.9-0.95, real 3-5 % drafts 0.6-0.8), so a noisy calibration does
+# not idle a draft that would pay
+JUDGED_AT = 0.9
 # calibration times every size up to this one whatever its budget: a tick of 8 sessions verifies
 # 8 to 40 tokens, and a curve extrapolated from sizes 1-4 priced each of them at the 3-to-4 slope
 CALIBRATE_AT_LEAST = 16
@@ -170,6 +175,7 @@ class Engine:
         self.priors = {k: AcceptancePrior() for k in self.drafter_kinds or ("model",)}
         self.prior = self.priors[self.drafter_kinds[0] if self.drafter_kinds else "model"]
         self.drafter_choice = DrafterChoice()  # which drafter a request drafts with (two loaded)
+        self.draft_verdicts: dict[str, dict] = {}  # cost curve -> economics.drafter_verdict at calibration
         self.goodput = GoodputGuard()  # auto falls back to plain where speculating measured slower
         from edgespec.controller.threads import ThreadGovernor
 
@@ -261,6 +267,11 @@ class Engine:
                  head=str(cfg.head.path) if second is not None else None, slots=cfg.parallel, seqs_per_slot=n_seq,
                  backend=eng.backend_name, **({"pairing": pairing.describe()} if pairing is not None else {}))
         log.info("exactness", promise=eng.exactness(), **({"sliding_window": target.n_swa} if target.n_swa else {}))
+        for kind, v in eng.draft_verdicts.items():
+            log.info("draft_economics", drafter=kind, **v, **({} if v["pays"] else {
+                "hint": "no chain of this drafter pays on this box even at the acceptance shown: auto requests "
+                        "draft from prompt n-grams and the suffix cache only (`edgespec plan --measure` shows "
+                        "the table); a cheaper draft or a faster box changes that"}))
         if draft is None:
             log.info("model_free_drafting", hint="no draft model: requests draft from prompt n-grams and the suffix "
                      "cache; to draft with a model set [draft] path to a small model of the target's family (its "
@@ -360,11 +371,17 @@ class Engine:
 
         spec = req.speculation
         kind = kind or self.draft_kind
-        has_draft = kind is not None and slot.drafter_range(kind) is not None
+        has_draft = kind is not None and slot.drafter_range(kind) is not None and self.drafter_pays(kind)
         return Controller(self.controller_cfg, self.cost.drafting(self.cost_kind(kind)),
                           self.priors.get(kind, self.prior), max_depth=spec.tree_depth,
                           max_nodes=spec.tree_nodes, has_draft_model=has_draft,
                           max_leaves=slot.target.n_seq_max, request_id=req.request_id, refine_costs=False)
+
+    def drafter_pays(self, kind: str) -> bool:
+        """Whether calibration found a chain of drafter `kind` ("model", "eagle3") that pays on this
+        box (economics.drafter_verdict); true before calibration and for an unjudged drafter."""
+        v = self.draft_verdicts.get(self.cost_kind(kind))
+        return v is None or bool(v["pays"])
 
     def new_suffix_drafter(self, req: GenerationRequest) -> SuffixDrafter | None:
         """A request's view of the suffix cache: None when the cache is off, or the request does
@@ -512,6 +529,9 @@ class Engine:
         for kind in kinds:  # each on the sizes it was timed at (a slow draft model reaches fewer)
             self.cost.calibrate(lambda k, n: table[k][n], sizes=tuple(sorted(table[kind])), kinds=(kind,),
                                 draft_row=rows or None, context=32)
+        # will each drafter pay on this box (plan --measure's arithmetic on these timings)?
+        self.draft_verdicts = {k: v for k in kinds[1:] if 1 in table[k] and
+                               (v := drafter_verdict(table["target"], table[k][1], (JUDGED_AT,))) is not None}
         for s in self.slots:
             s.reset()
 
@@ -571,6 +591,7 @@ class Engine:
             "n_vocab": t.n_vocab,
             **({"pairing": self.pairing.describe()} if self.pairing is not None else {}),
             "exactness": self.exactness(),
+            **({"draft_economics": dict(self.draft_verdicts)} if self.draft_verdicts else {}),
             **({"sliding_window": f"{t.n_swa} tokens: a full-size window cache, tree verification, prompt "
                 "reuse off"} if t.n_swa else {}),
             "n_ctx": self.n_ctx,

@@ -71,6 +71,8 @@ class Session:
         self.drafter_kind = drafter or engine.draft_kind
         # drafters/base.py: Drafter, in its range of the drafter's shared context (draft_range)
         self.draft_range = slot.drafter_range(self.drafter_kind)
+        if self.spec.mode == "auto" and self.drafter_kind and not engine.drafter_pays(self.drafter_kind):
+            self.draft_range = None  # calibration found that no chain of it pays here: model-free drafts only
         has_draft = self.draft_range is not None
         self.drafter = engine.new_drafter(slot, self.drafter_kind) if has_draft else None
         # its prompt lookups and their learnt reach, starting from what recent requests' achieved

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from edgespec.economics import break_even, economics, render, speedup, tokens_per_step
+from edgespec.economics import break_even, drafter_verdict, economics, render, speedup, tokens_per_step
 
 FLAT = {n: 0.010 for n in range(1, 65)}  # verification free: a GPU's small batches
 LINEAR = {n: 0.010 * n + 0.001 * (n > 1) for n in range(1, 65)}  # dearer than n forwards: never pays
@@ -52,6 +52,18 @@ def test_economics_says_plainly_when_nothing_pays() -> None:
     assert not e.pays
     assert all(d.break_even is None for d in e.depths)
     assert "no chain depth pays on this box" in render(e)
+
+
+def test_drafter_verdict_is_plan_measures_verdict() -> None:
+    cheap = drafter_verdict(FLAT, 0.001)
+    assert cheap is not None and cheap["pays"] and cheap["ceiling"] > 2.0 and cheap["draft_share"] == 0.1
+    dear = drafter_verdict(LINEAR, 0.003)
+    assert dear is not None and not dear["pays"] and dear["ceiling"] < 1.0
+    # the demo's F32 curve (plan --measure's table): its Q8_0 draft at 0.59 of a forward pays 1.08x
+    # at 0.8 (depth 1); at 0.85 of a forward nothing does
+    demo = {1: 0.0706, 2: 0.0763, 3: 0.0855, 4: 0.0897, 5: 0.094, 6: 0.1022, 8: 0.116}
+    assert drafter_verdict(demo, 0.0414)["pays"] and not drafter_verdict(demo, 0.060)["pays"]
+    assert drafter_verdict({1: 0.01}, 0.001) is None  # one size: nothing to judge
 
 
 def test_economics_needs_one_token_and_a_wider_forward() -> None:

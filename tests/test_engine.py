@@ -581,3 +581,22 @@ def test_draft_cache_limits(engine):
         assert fits.begin(toks, kept) == held and slot.draft.pos_max(0) == held - 1
     finally:
         d.end()
+
+
+def test_a_draft_that_cannot_pay_on_this_box_leaves_auto_to_model_free_drafts(engine):
+    """Calibration judges each drafter by plan --measure's arithmetic; where no chain pays, auto
+    requests never run the draft model (n-grams and the suffix cache only), and the text holds."""
+    prompt = engine.encode_chat([("user", PROMPTS[0])])
+    plain = run(engine, prompt, "plain", max_tokens=24)
+    saved = dict(engine.draft_verdicts)
+    engine.draft_verdicts["draft"] = {"pays": False, "acceptance": 0.8, "ceiling": 0.7, "depth": 1,
+                                      "draft_share": 0.6, "break_even": None}
+    try:
+        assert not engine.drafter_pays("model")
+        got = run(engine, prompt, "auto", max_tokens=24)
+    finally:
+        engine.draft_verdicts.clear()
+        engine.draft_verdicts.update(saved)
+    assert got.stats.draft_forwards == 0 and got.token_ids == plain.token_ids
+    # the calibrated engine reports its own verdict (whatever this host makes of it)
+    assert set(engine.model_info()["draft_economics"]["draft"]) >= {"pays", "ceiling", "draft_share"}
