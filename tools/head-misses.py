@@ -29,7 +29,7 @@ def answers(target, suite: str, max_new: int):  # noqa: ANN001, ANN201
         d = json.loads(Path(suite).read_text())
         return d["sequences"], d["prompt_len"], ["held-out"] * len(d["sequences"])
     from edgespec.bench.suite import load_suite
-    from edgespec.heads.evaluate import suite_answers
+    from edgespec.headtrain.evaluate import suite_answers
 
     prompts = load_suite(suite)
     seqs, starts = suite_answers(target, [p.prompt for p in prompts], max_new)
@@ -39,7 +39,7 @@ def answers(target, suite: str, max_new: int):  # noqa: ANN001, ANN201
 def records(target, head, d2t: set[int], seqs, starts, cats) -> list[tuple[str, float, int, int]]:  # noqa: ANN001
     """(category, the target's top-1 probability, head right, label in the draft vocabulary) per
     answer position: `evaluate.acceptance`'s walk, a chain of one."""
-    from edgespec.heads.evaluate import acceptance
+    from edgespec.headtrain.evaluate import acceptance
 
     pos: list[tuple[int, float, int, int]] = []
     acceptance(target, head, seqs, starts, depth=1, positions=pos)

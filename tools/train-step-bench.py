@@ -14,7 +14,7 @@ does not depend on the values):
   float32, 8 windows of 128 rows, a log-softmax loss, glibc's default heap;
 - `f32`, `bf16`: this trainer as `edgespec models train-head` runs it (`keep_training_heap`, 4 packed
   windows of 256 rows, `--precision f32` or `bf16`);
-- `f32@REF`, `bf16@REF`: the same, with `edgespec/heads/model_jax.py` as committed at git REF.
+- `f32@REF`, `bf16@REF`: the same, with `edgespec/headtrain/model_jax.py` as committed at git REF.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ def one(case: str, src: str | None) -> float:
     import jax.numpy as jnp
     import numpy as np
 
-    from edgespec.heads.train import target_embeddings
     from edgespec.heads.weights import HeadWeights, config_for_target
+    from edgespec.headtrain.train import target_embeddings
 
     cfg = config_for_target(MODEL, V)
     rng = np.random.default_rng(0)
@@ -58,7 +58,7 @@ def one(case: str, src: str | None) -> float:
         mj = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mj)
     else:
-        from edgespec.heads import model_jax as mj
+        from edgespec.headtrain import model_jax as mj
     if case == "first":
         B, W, step = 8, 128, mj.make_train_step(cfg, TTT)
         extra: tuple = ()

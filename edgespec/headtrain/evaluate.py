@@ -10,9 +10,9 @@ import numpy as np
 
 from edgespec.backend import FeatureContext, HeadContext, Model, target_layer_ids
 from edgespec.config import ModelConfig
-from edgespec.shape import Shape
 from edgespec.drafters.eagle3 import Eagle3Drafter
 from edgespec.sampling import SamplingParams
+from edgespec.shape import Shape
 from edgespec.tree import DraftTree
 
 
@@ -106,7 +106,7 @@ def suite_answers(target: Model, prompts: Sequence[str], max_new: int = 64,
                   threads: int = 0) -> tuple[list[list[int]], list[int]]:
     """The target's greedy answers (`max_new` tokens) to `prompts` in its chat template, as whole
     sequences, and where each answer starts."""
-    from edgespec.heads.data import self_distill
+    from edgespec.headtrain.data import self_distill
 
     seqs = self_distill(target, prompts, max_new, n_seq=min(16, len(prompts)), threads=threads)
     starts = [len(target.tokenize(target.chat_prompt([("user", p)]), add_special=True, parse_special=True))
