@@ -40,7 +40,7 @@ def acceptance(target: Model, head: Model, sequences: Sequence[Sequence[int]], s
     tokens after the prompt), draft a greedy chain of `depth` from context seq[:p+1] and count how
     many leading tokens equal the target's greedy continuation. `positions`, when given, gets
     (sequence index, the target's top-1 probability, leading tokens right, the target's greedy
-    token) for every position (tools/head-misses.py)."""
+    token) for every position."""
     n_ctx = max(len(s) for s in sequences) + depth + 8
     cfg = ModelConfig(path=str(target.path), n_ctx=n_ctx, n_batch=min(512, n_ctx), threads=threads)
     tctx = FeatureContext(target, cfg, target_layer_ids(head))

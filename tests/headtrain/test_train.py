@@ -157,38 +157,6 @@ def test_scored_text_is_built_in_shards_that_a_larger_count_extends(tiny_head, t
     assert five_sq.features.shape == (160, 3 * 576) and five_sq.features.dtype == np.float16
 
 
-def test_head_misses_tool_counts_what_eval_counts(tiny_head, target):
-    """tools/head-misses.py: its depth-1 rate on the held-out answers is eval's, its bands split
-    the positions, and its vocabulary share is the labels' share in the head's d2t."""
-    import importlib.util
-    import json
-    from pathlib import Path
-
-    from edgespec.headtrain.evaluate import acceptance
-
-    path = Path(__file__).resolve().parents[2] / "tools" / "head-misses.py"
-    spec = importlib.util.spec_from_file_location("head_misses", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    held = json.loads((tiny_head["work"] / "heldout.json").read_text())
-    head = backend.Model(tiny_head["path"])
-    try:
-        d2t = {int(t) for t in read_gguf(tiny_head["path"]).d2t}
-        seqs, starts, cats = tool.answers(target, str(tiny_head["work"] / "heldout.json"), 64)
-        assert seqs == held["sequences"] and starts == held["prompt_len"]
-        recs = tool.records(target, head, d2t, seqs, starts, cats)
-        ref = acceptance(target, head, seqs, starts, depth=1, threads=1)
-    finally:
-        head.close()
-    s = tool.summary(recs)
-    assert s["positions"] == ref.positions == len(recs) > 20
-    assert s["depth1"] == pytest.approx(ref.rates[0])
-    assert sum(b["share"] for b in s["by_target_confidence"]) == pytest.approx(1.0)
-    labels = [seq[p + 1] for seq, st in zip(seqs, starts) for p in range(st, len(seq) - 1)]
-    assert s["in_draft_vocab"] == pytest.approx(np.mean([t in d2t for t in labels]))
-    assert all(0 < r[1] <= 1 for r in recs) and s["by_category"]["held-out"]["positions"] == len(recs)
-
-
 def test_training_resumes_from_its_checkpoint(tiny_head):
     from dataclasses import replace
 
