@@ -1,10 +1,11 @@
 """The lab stays apart from the product: tools/ holds at most 18 entries, each named in the
 Makefile, the README or docs/ (a script no document names is a lab script: git keeps it), and the
 benchmark page stays a product document of at most 400 lines (dated runs live in
-docs/benchmarks/results/)."""
+docs/benchmarks/results/) whose sections the links into it name."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,3 +50,24 @@ def test_a_tool_no_document_names_fails_the_check(tmp_path):
         (tmp_path / name).write_text("")
     text = "run tools/install.sh, or one-off-probe.py by hand"
     assert unnamed(tool_entries(tmp_path), text) == ["one-off-probe.py"]
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_into_the_benchmark_page_name_its_sections():
+    """Sections moved to results/ when the page was cut down: an anchor that names a section it no
+    longer has is a broken link, though the file exists."""
+    page = ROOT / "docs/benchmarks/README.md"
+    anchors = {slug(h) for h in re.findall(r"^#+ (.*)$", page.read_text(encoding="utf-8"), flags=re.MULTILINE)}
+    broken = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text(encoding="utf-8")):
+            path, _, anchor = target.partition("#")
+            points_here = (doc.parent / path).resolve() == page if path else doc == page
+            if anchor and points_here and anchor not in anchors:
+                broken.append(f"{doc.relative_to(ROOT)}: {target}")
+    assert not broken, broken
+    assert slug("What decides speculation on a CPU and on a GPU") in anchors and slug("EAGLE-3 head") == "eagle-3-head"
