@@ -3,6 +3,8 @@ engine. Tests that use them are end-to-end and marked slow; CI runs them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from edgespec.models import DemoPair
@@ -75,3 +77,22 @@ def gemma_target():
 
     path = gemma.default_output_path()
     return path if path.is_file() else gemma.assemble(path)
+
+
+# A tiny EAGLE-3 head for the demo target, trained by the real trainer on a few of the target's own
+# answers (a fixed number of epochs, so the result does not depend on this machine's speed); the
+# head's serving tests (tests/heads/) and the trainer's (tests/headtrain/) share one training.
+TRAIN_PROMPTS = 4
+
+
+@pytest.fixture(scope="session")
+def tiny_head(demo_pair, tmp_path_factory) -> dict:
+    pytest.importorskip("jax")
+    from edgespec.headtrain.train import TrainSpec, train
+
+    wd: Path = tmp_path_factory.mktemp("tiny-head")
+    spec = TrainSpec(target=demo_pair.target, out=wd / "head.gguf", work_dir=wd, epochs=60, distill_prompts=TRAIN_PROMPTS,
+                     heldout_prompts=1, max_new=48, text_windows=2, window=64, batch=4, draft_vocab=2048, n_ff=512,
+                     hf_dir=wd / "hf", threads=1)
+    report = train(spec, log=lambda s: None)
+    return {"path": spec.out, "hf": spec.hf_dir, "report": report, "spec": spec, "work": wd}

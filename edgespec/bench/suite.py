@@ -17,11 +17,11 @@ SUITES_DIR = Path(__file__).parent / "suites"
 SHIPPED = ("code", "json", "legal", "rag", "chat", "chinese", "drift")
 # structured work with long inputs (370-2400 prompt tokens: a knowledge base, records, a module,
 # a contract; categories long-rag, long-json, long-code, long-legal), written by
-# tools/make-long-suite.py; not part of `all`
+# edgespec/bench/suites_long.py; not part of `all`
 LONG = "long"
 # repetitive intranet work as a stream of requests (templated extraction, SQL over one schema, a
 # ticket form, an agent loop's JSON actions; categories repetitive-*), written by
-# tools/make-repetitive-suite.py; run in order, its modes with +suffix draft from the cross-request
+# edgespec/bench/suites_repetitive.py; run in order, its modes with +suffix draft from the cross-request
 # suffix cache the earlier requests filled; not part of `all`
 REPETITIVE = "repetitive"
 VIRTUAL = {

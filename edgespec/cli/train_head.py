@@ -28,7 +28,7 @@ def train_head(
                                                  "code, JSON, legal, RAG, chat, Chinese)")] = 256,
     wide_prompts: Annotated[int, typer.Option(help="prompts built around installed packages' text (functions, "
                                               "documentation, licences) and open topic lists, answered by the "
-                                              "target too (edgespec/heads/wide.py)")] = 0,
+                                              "target too (edgespec/headtrain/wide.py)")] = 0,
     init: Annotated[Optional[Path], typer.Option(help="start from this head GGUF (its weights and draft vocabulary): "
                                                  "fine-tune a head on new data")] = None,
     max_new: Annotated[int, typer.Option(help="answer tokens per prompt")] = 160,
@@ -49,7 +49,7 @@ def train_head(
     threads: Annotated[int, typer.Option(help="llama.cpp threads (0: all cores)")] = 0,
     seed: int = 0,
     features: Annotated[str, typer.Option(help="who runs the target to build the data: llama (llama.cpp, the CPU) or jax "
-                                          "(edgespec/heads/target_jax.py: a GPU when jax has one)")] = "llama",
+                                          "(edgespec/headtrain/target_jax.py: a GPU when jax has one)")] = "llama",
     sampled: Annotated[int, typer.Option(help="extra answers per training prompt, sampled (the labels stay the target's "
                                          "greedy tokens); --features jax")] = 0,
     sample_temperature: Annotated[float, typer.Option(help="temperature of the --sampled answers")] = 0.8,
@@ -66,7 +66,7 @@ def train_head(
     llama.cpp's eagle3 loader reads, and report held-out acceptance at depth 1, 2, 3."""
     with user_errors():
         try:
-            from edgespec.heads.train import PRECISIONS, TrainSpec, train
+            from edgespec.headtrain.train import PRECISIONS, TrainSpec, train
         except ImportError as e:  # pragma: no cover
             fail(f"train-head needs the [train] extra (pip install 'edgespec[train]'): {e}")
         if target is None:
@@ -145,8 +145,8 @@ def eval_head(
     box), then write its card beside it; or, with --suite, its acceptance on your own prompts."""
     with user_errors():
         from edgespec.backend import Model, check_head
-        from edgespec.heads.evaluate import acceptance
-        from edgespec.heads.train import TrainSpec
+        from edgespec.headtrain.evaluate import acceptance
+        from edgespec.headtrain.train import TrainSpec
 
         if target is None:
             from edgespec.models import default_pair
@@ -188,10 +188,11 @@ def eval_head(
 def _eval_suite(head: Path, target: Path, suite: str, max_new: int, threads: int, as_json: bool) -> None:
     """Depth-1..3 acceptance of `head` on the target's greedy answers to a suite's prompts, per
     category and overall."""
+    from tqdm import tqdm
+
     from edgespec.backend import Model, check_head
     from edgespec.bench.suite import load_suite
-    from edgespec.heads.evaluate import Acceptance, suite_acceptance
-    from tqdm import tqdm
+    from edgespec.headtrain.evaluate import Acceptance, suite_acceptance
 
     if max_new < 2:
         fail(f"--max-new must be >= 2, got {max_new}")
@@ -227,7 +228,7 @@ def _write_card(spec, rep: dict) -> None:  # noqa: ANN001
     card = {
         "head": spec.out.name, "sha256": sha256_file(spec.out), "size": spec.out.stat().st_size,
         "target": spec.target.name, "target_sha256": sha256_file(spec.target),
-        "command": rep.get("command"),  # the train-head command line (edgespec.heads.train)
+        "command": rep.get("command"),  # the train-head command line (edgespec.headtrain.train)
         "seed": spec.seed,
         "data": {"distill_prompts": spec.distill_prompts, "heldout_prompts": spec.heldout_prompts, "max_new": spec.max_new,
                  "wide_prompts": spec.wide_prompts, "text_windows": spec.text_windows, "train_tokens": rep["train_tokens"],
@@ -261,7 +262,7 @@ def head_cost(
     """A head's bytes and forward time as fractions of its target's (timed in one process, interleaved)."""
     with user_errors():
         from edgespec.backend import Model, check_head
-        from edgespec.heads.evaluate import forward_costs
+        from edgespec.headtrain.evaluate import forward_costs
 
         if target is None:
             from edgespec.models import default_pair

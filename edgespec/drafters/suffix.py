@@ -26,7 +26,7 @@ P(node accepted | its parent accepted), looked up by three features of the node 
 how long the context matched, the node's share of its parent's votes (all agree, a majority, a
 minority) and how many votes its parent had. Each partition learns these from the shadow
 evaluation of every proposal against what the target then emitted (`SuffixDrafter.score`), with
-a Beta prior and forgetting. Replayed on the shipped repetitive suite (tools/suffix-replay.py),
+a Beta prior and forgetting. Replayed on the shipped repetitive suite,
 a continuation several earlier replies agree on after a match of more than 7 tokens was accepted
 0.93-0.99 of the time, a lone earlier reply's 0.89 there and 0.68 after a 3-token match, a
 minority continuation 0.15-0.35. The proposal is ordered by

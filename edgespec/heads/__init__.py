@@ -1,2 +1,3 @@
-"""EAGLE-3 heads: their weights (`HeadWeights`), the GGUF that llama.cpp's eagle3 loader reads,
-and the public HF layout. The trainer lives in `edgespec.heads.train` (optional extra [train])."""
+"""EAGLE-3 heads at serving time: their weights (`HeadWeights`), the GGUF that llama.cpp's eagle3
+loader reads, and the public HF layout. The trainer lives apart, in `edgespec.headtrain`
+(optional extra [train]); the daemon never imports it."""

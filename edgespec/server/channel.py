@@ -1,5 +1,5 @@
 """Client side: a channel to the daemon with optional TLS / mutual TLS and a bearer token.
-Used by `edgespec client`, `edgespec health|stats`, tools/soak.py and the tests.
+Used by `edgespec client`, `edgespec health|stats` and the tests.
 
 Several appliances: `addr` may list several addresses (`10.0.0.5:50051,10.0.0.6:50051`) or name a
 DNS record gRPC resolves and re-resolves (`dns:///edgespec.site:50051`, one A/AAAA record per

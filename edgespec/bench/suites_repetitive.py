@@ -1,9 +1,9 @@
-#!/usr/bin/env python3
-"""Write edgespec/bench/suites/repetitive.jsonl: repetitive intranet work run as a stream of
-requests (`edgespec bench --suite repetitive --modes plain,auto,auto+suffix`): templated invoice
-extraction, SQL over one schema, a ticket form, an agent loop re-emitting JSON actions. The four
-kinds interleave (extraction, sql, form, agent, extraction, ...), each request a new record in the
-same template, so the suffix cache learns the template while the stream runs. Deterministic."""
+"""The `repetitive` suite (edgespec/bench/suites/repetitive.jsonl): repetitive intranet work run
+as a stream of requests (`edgespec bench --suite repetitive --modes plain,auto,auto+suffix`):
+templated invoice extraction, SQL over one schema, a ticket form, an agent loop re-emitting JSON
+actions. The four kinds interleave (extraction, sql, form, agent, extraction, ...), each request a new record in the
+same template, so the suffix cache learns the template while the stream runs. Deterministic:
+`python -m edgespec.bench.suites_repetitive` rewrites the shipped file."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import json
 import random
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent.parent / "edgespec/bench/suites/repetitive.jsonl"
+OUT = Path(__file__).resolve().parent / "suites" / "repetitive.jsonl"
 N_PER_KIND = 30
 
 VENDORS = ["Acme Tools GmbH", "Nordlicht Papier AG", "Bauer & Sohn KG", "Helix Labs Ltd", "Rivera Logistics SL",
@@ -73,15 +73,18 @@ def agent(r: random.Random, i: int) -> str:
             f"{', '.join(files)}.")
 
 
-def main() -> None:
+def lines() -> list[dict]:
+    """The suite's JSON lines, in order: the four kinds interleaved, N_PER_KIND of each."""
     r = random.Random(26)
     kinds = [("extraction", extraction), ("sql", sql), ("form", form), ("agent", agent)]
-    lines = []
-    for i in range(N_PER_KIND):
-        for cat, fn in kinds:
-            lines.append({"id": f"{cat}-{i:02d}", "category": f"repetitive-{cat}", "prompt": fn(r, i)})
-    OUT.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines), encoding="utf-8")
-    print(f"{len(lines)} prompts -> {OUT}")
+    return [{"id": f"{cat}-{i:02d}", "category": f"repetitive-{cat}", "prompt": fn(r, i)}
+            for i in range(N_PER_KIND) for cat, fn in kinds]
+
+
+def main(out: Path = OUT) -> None:
+    rows = lines()
+    out.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in rows), encoding="utf-8")
+    print(f"{len(rows)} prompts -> {out}")
 
 
 if __name__ == "__main__":

@@ -10,9 +10,9 @@ import numpy as np
 
 from edgespec.backend import FeatureContext, HeadContext, Model, target_layer_ids
 from edgespec.config import ModelConfig
-from edgespec.shape import Shape
 from edgespec.drafters.eagle3 import Eagle3Drafter
 from edgespec.sampling import SamplingParams
+from edgespec.shape import Shape
 from edgespec.tree import DraftTree
 
 
@@ -40,7 +40,7 @@ def acceptance(target: Model, head: Model, sequences: Sequence[Sequence[int]], s
     tokens after the prompt), draft a greedy chain of `depth` from context seq[:p+1] and count how
     many leading tokens equal the target's greedy continuation. `positions`, when given, gets
     (sequence index, the target's top-1 probability, leading tokens right, the target's greedy
-    token) for every position (tools/head-misses.py)."""
+    token) for every position."""
     n_ctx = max(len(s) for s in sequences) + depth + 8
     cfg = ModelConfig(path=str(target.path), n_ctx=n_ctx, n_batch=min(512, n_ctx), threads=threads)
     tctx = FeatureContext(target, cfg, target_layer_ids(head))
@@ -106,7 +106,7 @@ def suite_answers(target: Model, prompts: Sequence[str], max_new: int = 64,
                   threads: int = 0) -> tuple[list[list[int]], list[int]]:
     """The target's greedy answers (`max_new` tokens) to `prompts` in its chat template, as whole
     sequences, and where each answer starts."""
-    from edgespec.heads.data import self_distill
+    from edgespec.headtrain.data import self_distill
 
     seqs = self_distill(target, prompts, max_new, n_seq=min(16, len(prompts)), threads=threads)
     starts = [len(target.tokenize(target.chat_prompt([("user", p)]), add_special=True, parse_special=True))

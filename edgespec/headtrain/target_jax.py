@@ -6,7 +6,7 @@ CPU path (`data.distill_features`, through llama.cpp) makes about 100 a minute.
 
 The maths is llama.cpp's `llm_build_llama` for the GGUF as converted (q/k rows in llama.cpp's
 adjacent-pair rope layout, `model_jax.rope`), in float32 with the highest matmul precision.
-Features agree with llama.cpp's to float rounding (tests/heads/test_target_jax.py); greedy
+Features agree with llama.cpp's to float rounding (tests/headtrain/test_target_jax.py); greedy
 answers may part where two tokens tie to rounding, which only makes another training sequence.
 
 Batches are left-padded: every sequence writes its next key at the same cache column, and its
@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from edgespec.heads.model_jax import rms, rope
+from edgespec.headtrain.model_jax import rms, rope
 
 LAYER_NAMES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
 
@@ -231,7 +231,7 @@ def generate(cfg: TargetConfig, w: dict, prompts: Sequence[Sequence[int]], max_n
 def to_sequences(gen: Generated):  # noqa: ANN201
     """`data.Sequences` (rows tokens[:-1]; labels the greedy token after each row, -1 inside the
     prompt but for its last row)."""
-    from edgespec.heads.data import Sequences
+    from edgespec.headtrain.data import Sequences
 
     toks, labs, feats, st, plen = [], [], [], [0], []
     for t, g, f in zip(gen.tokens, gen.greedy, gen.features):
@@ -260,7 +260,7 @@ def prompt_tokens(spec, log) -> dict:  # noqa: ANN001
     kept in the work directory, so that a box without llama.cpp can build the data from it."""
     import json
 
-    from edgespec.heads.prompts import prompt_sources
+    from edgespec.headtrain.prompts import prompt_sources
 
     wide = f"-w{spec.wide_prompts}" if spec.wide_prompts else ""
     path = spec.work_dir / "data" / f"prompt-tokens-s{spec.seed}-h{spec.heldout_prompts}-n{spec.distill_prompts}{wide}.json"
@@ -310,7 +310,7 @@ def build_sequences_jax(spec, layers, log):  # noqa: ANN001, ANN201
 
     from tqdm import tqdm
 
-    from edgespec.heads.data import Sequences
+    from edgespec.headtrain.data import Sequences
 
     d = spec.work_dir / "data"
     d.mkdir(parents=True, exist_ok=True)

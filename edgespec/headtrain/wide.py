@@ -23,8 +23,8 @@ import random
 import re
 from collections.abc import Iterable
 
-from edgespec.heads.data import package_files
-from edgespec.heads.prompts import round_robin
+from edgespec.headtrain.data import package_files
+from edgespec.headtrain.prompts import round_robin
 
 _CODE_T = [
     "Explain what this Python function does:\n```python\n{code}\n```",

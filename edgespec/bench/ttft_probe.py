@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Time to first token on long chat prompts: `edgespec serve` against llama.cpp's llama-server
 (the anchor, tools/llama-anchor.sh build), the same target model, threads and context, plain
 decoding, alternating fresh processes A B A B. Each process gets a short warm-up request, then one
@@ -7,7 +6,7 @@ streamed; the time to first token is taken by the client from sending to the fir
 chunk. Prints a table and writes JSON; only the ratio within this one interleaved run is meant to
 be read.
 
-usage: .venv/bin/python tools/ttft-probe.py --anchor-bin DIR [--sizes 560,2800] [--rounds 3]
+usage: python -m edgespec.bench.ttft_probe --anchor-bin DIR [--sizes 560,2800] [--rounds 3]
            [--threads 2] [--json out.json] [--target T.gguf]
 """
 
@@ -16,18 +15,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from edgespec.bench.serve_systems import (
+    daemon_sections,
+    start_daemon,
+    start_llama_server,
+)
+from edgespec.bench.suite import SUITES_DIR
 
-from edgespec.bench.serve_systems import daemon_sections, start_daemon, start_llama_server  # noqa: E402
-
-SUITE = ROOT / "edgespec/bench/suites/long.jsonl"
+SUITE = SUITES_DIR / "long.jsonl"
 CHARS_PER_TOKEN = 3.6  # SmolLM2's tokenizer on this English text (the daemon reports the real count)
 
 
@@ -46,7 +46,8 @@ def context(n_tokens: int, round_no: int) -> str:
 def ttft_edgespec(addr: str, text: str, max_tokens: int) -> tuple[float, int]:
     import grpc
 
-    from edgespec.proto.edgespec.v1 import inference_pb2 as pb, inference_pb2_grpc
+    from edgespec.proto.edgespec.v1 import inference_pb2 as pb
+    from edgespec.proto.edgespec.v1 import inference_pb2_grpc
 
     with grpc.insecure_channel(addr) as ch:
         stub = inference_pb2_grpc.InferenceStub(ch)
@@ -77,7 +78,7 @@ def ttft_llama(addr: str, text: str, max_tokens: int) -> tuple[float, int]:
     return first or float("nan"), 0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--anchor-bin", required=True, type=Path)
     ap.add_argument("--target", default="")
@@ -86,7 +87,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=4)
     ap.add_argument("--json", type=Path)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     from edgespec.config import models_dir
     from edgespec.server.config import DEMO_TARGET
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.heads.train import training_precision
 from edgespec.heads.weights import HeadConfig, HeadWeights
+from edgespec.headtrain.train import training_precision
 
 
 @pytest.mark.parametrize(("asked", "backend", "flags", "chosen"), [
@@ -27,7 +27,7 @@ def test_auto_precision_follows_the_hardware(asked, backend, flags, chosen):
 def test_an_unknown_precision_is_refused_naming_it():
     with pytest.raises(ValueError, match="fp8"):
         training_precision("fp8", "cpu", frozenset())
-    mj = pytest.importorskip("edgespec.heads.model_jax")
+    mj = pytest.importorskip("edgespec.headtrain.model_jax")
     with pytest.raises(ValueError, match="fp8"):
         mj.make_train_step(_cfg(), 1, precision="fp8")
 
@@ -43,7 +43,7 @@ def test_bf16_products_and_their_gradients_track_float32():
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
 
-    from edgespec.heads.model_jax import linear
+    from edgespec.headtrain.model_jax import linear
 
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((3, 16, 96)), jnp.float32)
@@ -69,7 +69,7 @@ def test_bf16_attention_products_and_their_gradients_track_float32(spec):
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
 
-    from edgespec.heads.model_jax import einsum
+    from edgespec.headtrain.model_jax import einsum
 
     B, T, G, R, d = 2, 12, 2, 3, 16
     rng = np.random.default_rng(2)
@@ -94,7 +94,7 @@ def test_rope_on_split_pairs_gives_the_attention_scores_of_llama_cpp_rope():
     pytest.importorskip("jax")
     import jax.numpy as jnp
 
-    from edgespec.heads.model_jax import _halves, _rope_halves, rope
+    from edgespec.headtrain.model_jax import _halves, _rope_halves, rope
 
     H, d, T, e = 3, 16, 10, 24
     rng = np.random.default_rng(3)
@@ -122,7 +122,7 @@ def test_the_training_accuracy_is_the_argmax_accuracy():
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
 
-    from edgespec.heads import model_jax as mj
+    from edgespec.headtrain import model_jax as mj
 
     V, n_tok, B, T = 64, 50, 2, 16
     cfg = _cfg(V)
@@ -159,7 +159,7 @@ def test_a_bf16_train_step_learns_what_an_f32_one_learns():
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
 
-    from edgespec.heads import model_jax as mj
+    from edgespec.headtrain import model_jax as mj
 
     V, n_tok, B, T = 64, 200, 4, 32
     cfg = _cfg(V)
@@ -196,7 +196,7 @@ def test_causal_query_blocks_give_every_row_its_causal_prefix_only():
     pytest.importorskip("jax")
     import jax.numpy as jnp
 
-    from edgespec.heads import model_jax as mj
+    from edgespec.headtrain import model_jax as mj
 
     cfg = _cfg(64)
     rng = np.random.default_rng(5)

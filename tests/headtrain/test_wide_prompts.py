@@ -1,4 +1,4 @@
-"""Wide prompts (edgespec/heads/wide.py): real material from installed packages in the six
+"""Wide prompts (edgespec/headtrain/wide.py): real material from installed packages in the six
 categories, deterministic in the seed, distinct, never a benchmark suite's prompt."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from edgespec.heads.prompts import CATEGORIES
-from edgespec.heads.wide import _functions, _paragraphs, wide_prompts
+from edgespec.headtrain.prompts import CATEGORIES
+from edgespec.headtrain.wide import _functions, _paragraphs, wide_prompts
 
 
 def test_wide_prompts_are_balanced_distinct_deterministic_and_not_the_benchmarks():
@@ -37,7 +37,7 @@ def test_material_is_cut_where_a_reader_would():
 def test_a_category_whose_material_is_missing_drops_out(monkeypatch):
     """Packages with documentation but no Python functions or licences: code, JSON (it draws on
     sentences and signatures) and legal prompts are not made; the rest still are."""
-    from edgespec.heads import wide
+    from edgespec.headtrain import wide
 
     prose = " ".join(f"Word{i} is explained here in detail." for i in range(6))
     monkeypatch.setattr(wide, "package_files", lambda **kw: iter([("README.md", prose + "\n\n" + prose.upper())]))

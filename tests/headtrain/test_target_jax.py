@@ -1,4 +1,4 @@
-"""The target in jax (edgespec/heads/target_jax.py), which builds a head's training data on a GPU
+"""The target in jax (edgespec/headtrain/target_jax.py), which builds a head's training data on a GPU
 box without llama.cpp: its answers and features are llama.cpp's, its sampled answers keep the
 greedy labels, and `train-head --features jax` then `eval-head` make a head and its card."""
 
@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from edgespec.heads.target_jax import sampled_repeats
+from edgespec.headtrain.target_jax import sampled_repeats
 
 PROMPTS = ["Write a Python function that reverses a list.", "请简单介绍一下数据安全。",
            "Extract name and city as JSON: Anna Lee lives in Berlin."]
@@ -28,8 +28,8 @@ def jax_target(demo_pair):
     import jax.numpy as jnp
 
     from edgespec.backend import Model
-    from edgespec.heads import target_jax as tj
     from edgespec.heads.weights import config_for_target
+    from edgespec.headtrain import target_jax as tj
 
     target = Model(demo_pair.target)
     cfg, w = tj.read_gguf(demo_pair.target)
@@ -42,7 +42,7 @@ def jax_target(demo_pair):
 @pytest.mark.slow
 def test_the_demo_source_gguf_dequantizes_to_the_f32_target_bit_for_bit(demo_pair):
     """Why the GPU box may be sent the 94 MiB Q4_1 source instead of the 515 MiB F32 target."""
-    from edgespec.heads.target_jax import read_gguf
+    from edgespec.headtrain.target_jax import read_gguf
     from edgespec.models import _source_gguf
 
     src = _source_gguf(demo_pair.target.parent / ".source", lambda s: None)
@@ -59,8 +59,8 @@ def test_greedy_answers_and_features_are_llama_cpps(jax_target):
     features equal to float16 rounding."""
     import jax
 
-    from edgespec.heads import target_jax as tj
-    from edgespec.heads.data import distill_features
+    from edgespec.headtrain import target_jax as tj
+    from edgespec.headtrain.data import distill_features
 
     t = jax_target
     ref = distill_features(t["target"], t["layers"], PROMPTS, 24, n_seq=3, threads=2)
@@ -82,7 +82,7 @@ def test_sampled_answers_keep_the_targets_greedy_token_as_label(jax_target):
 
     from edgespec.backend import Context
     from edgespec.config import ModelConfig
-    from edgespec.heads import target_jax as tj
+    from edgespec.headtrain import target_jax as tj
 
     t = jax_target
     with jax.default_matmul_precision("highest"):

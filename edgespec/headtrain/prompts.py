@@ -194,12 +194,12 @@ def category_prompts(n: int, seed: int = 0, categories=CATEGORIES) -> list[tuple
 
 def prompt_sources(heldout: int, distill: int, wide: int, seed: int) -> list[tuple[str, list[tuple[str, str]]]]:
     """The training prompts by source, (shard-name prefix, (category, prompt) pairs): `heldout`
-    + `distill` category prompts, and `heldout` + `wide` wide prompts (edgespec/heads/wide.py)
+    + `distill` category prompts, and `heldout` + `wide` wide prompts (edgespec/headtrain/wide.py)
     when `wide` > 0, none of them a category prompt. The first `heldout` of each source are held
     out."""
     sources = [("", category_prompts(heldout + distill, seed))]
     if wide:
-        from edgespec.heads.wide import wide_prompts
+        from edgespec.headtrain.wide import wide_prompts
 
         sources.append(("wide-", wide_prompts(heldout + wide, seed, exclude=[p for _, p in sources[0][1]])))
     return sources

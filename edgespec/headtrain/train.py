@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from edgespec.heads.data import Sequences, package_texts, windows
 from edgespec.heads.weights import HeadWeights, config_for_target, read_gguf, write_gguf
+from edgespec.headtrain.data import Sequences, package_texts, windows
 
 DRAFT_VOCABS = (1024, 2048, 4096, 8192, 16384, 32768)
 
@@ -68,7 +68,7 @@ BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # x86 units that multiply bfloat16
 
 
 def training_precision(precision: str, backend: str, cpu_flags: frozenset[str] | set[str]) -> str:
-    """The precision of the head's weight and attention products (edgespec.heads.model_jax.linear,
+    """The precision of the head's weight and attention products (edgespec.headtrain.model_jax.linear,
     einsum). `auto`: bf16 (float32 sums) on an accelerator, and on a CPU with AMX or AVX512-BF16,
     where XLA's bfloat16 products run 2.6x (the whole step) to 5x (a mat-mul alone) faster than
     float32 ones; f32 elsewhere, where bfloat16 would be emulated."""
@@ -108,14 +108,14 @@ PROMPTS_PER_SHARD = 96
 
 
 def build_sequences(spec: TrainSpec, target, layers, log: Callable[[str], None] = _log):  # noqa: ANN001, ANN201
-    """The target's greedy answers to the category prompts (edgespec/heads/prompts.py), and to
-    `wide_prompts` prompts built around installed packages' text (edgespec/heads/wide.py), with
+    """The target's greedy answers to the category prompts (edgespec/headtrain/prompts.py), and to
+    `wide_prompts` prompts built around installed packages' text (edgespec/headtrain/wide.py), with
     their features captured while generating, in shards of PROMPTS_PER_SHARD prompts under
     work_dir/data (a shard on disk is kept: a rerun resumes, and a larger count adds shards).
     Returns (train Sequences, held-out Sequences): the first `heldout_prompts` prompts of each
     source (round-robin over the categories) are held out, the rest trained on."""
-    from edgespec.heads.data import Sequences
-    from edgespec.heads.prompts import prompt_sources
+    from edgespec.headtrain.data import Sequences
+    from edgespec.headtrain.prompts import prompt_sources
 
     d = spec.work_dir / "data"
     d.mkdir(parents=True, exist_ok=True)
@@ -133,7 +133,7 @@ def build_sequences(spec: TrainSpec, target, layers, log: Callable[[str], None] 
 def _shards(spec: TrainSpec, target, layers, held_p: list[str], train_p: list[str], d: Path, tag: str,  # noqa: ANN001
             log: Callable[[str], None]):  # noqa: ANN202
     """(held-out Sequences, [train Sequences per shard]) of one prompt source, built or loaded."""
-    from edgespec.heads.data import Sequences, distill_features
+    from edgespec.headtrain.data import Sequences, distill_features
 
     held_path = d / f"heldout-{tag}-{len(held_p)}.npz"
     _build_once(held_path, lambda: distill_features(target, layers, held_p, spec.max_new, n_seq=spec.streams,
@@ -231,7 +231,7 @@ def scored_text(spec: TrainSpec, target, layers, log: Callable[[str], None] = _l
     TEXT_WINDOWS_PER_SHARD windows under work_dir/data, as the answers are (`_build_shards`): a
     shard on disk is kept, a larger `text_windows` adds shards, and several processes may build
     one work directory at once."""
-    from edgespec.heads.data import Sequences, extract
+    from edgespec.headtrain.data import Sequences, extract
 
     if not spec.text_windows:
         return None
@@ -282,12 +282,12 @@ def train(spec: TrainSpec, log: Callable[[str], None] = _log, command: str | Non
     command line that ran it, for the card)."""
     if spec.threads == 1 and "XLA_FLAGS" not in os.environ:  # before jax starts its CPU client
         os.environ["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-    from edgespec.heads.data import Sequences, pack
+    from edgespec.headtrain.data import Sequences, pack
 
     t_start = time.time()
     probe = config_for_target(spec.target, 1, n_ff=spec.n_ff)
     if spec.features == "jax":
-        from edgespec.heads.target_jax import build_sequences_jax
+        from edgespec.headtrain.target_jax import build_sequences_jax
 
         target = None
         data, held, n_vocab = build_sequences_jax(spec, probe.layers, log)
@@ -340,7 +340,7 @@ def train(spec: TrainSpec, log: Callable[[str], None] = _log, command: str | Non
         hm, acc = None, None
     else:
         from edgespec.backend import Model
-        from edgespec.heads.evaluate import acceptance
+        from edgespec.headtrain.evaluate import acceptance
 
         target = target or Model(spec.target)
         hm = Model(spec.out)  # llama.cpp's eagle3 loader accepts it (or this raises)
@@ -420,7 +420,7 @@ def _fit(spec: TrainSpec, head: HeadWeights, embed: np.ndarray, feats: np.ndarra
     import jax
     import jax.numpy as jnp
 
-    from edgespec.heads import model_jax as mj
+    from edgespec.headtrain import model_jax as mj
 
     ckpt = spec.work_dir / "checkpoint.npz"
     params, opt, step_i, trained_s, best, curve = _resume(ckpt, head, log)
@@ -517,7 +517,7 @@ def _resume(ckpt: Path, head: HeadWeights, log: Callable[[str], None]):  # noqa:
     checkpoint's when it is for this draft vocabulary, else the head's initial weights at step 0."""
     import jax.numpy as jnp
 
-    from edgespec.heads import model_jax as mj
+    from edgespec.headtrain import model_jax as mj
 
     params = {k: jnp.asarray(v) for k, v in head.w.items()}
     if ckpt.is_file():
