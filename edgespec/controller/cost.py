@@ -158,7 +158,7 @@ class OnlineCurve:
         return self._host
 
     def observe(self, n: int, seconds: float) -> None:
-        r = seconds / self.calib(n)
+        r = seconds / self.calib.raw(n)  # against n's own calibrated time, not the envelope's
         b = self._nearest(n)
         self.per_size[b].append(r)
         self.long.append(r)

@@ -75,3 +75,13 @@ def test_the_policy_reports_the_padded_width_of_its_choice() -> None:
     # a chain of 11 verifies 12 tokens, priced (and run) as 16
     _, secs = policy.evaluate(chain(11), a, cost)
     assert secs == pytest.approx(0.0001 + 10 * 0.0001 + GPU[16])
+
+
+def test_a_table_that_dips_learns_each_size_against_its_own_time() -> None:
+    """Forwards of 12 tokens that run as the table says leave 12's level at 1: its own time, not
+    the envelope's (T(16)) it is priced at, is the yardstick."""
+    m = CostModel.from_tables(GPU, {1: 0.0005})
+    for _ in range(5):
+        m.observe("target", 12, GPU[12])
+    assert m.as_dict()["online"]["target"]["level"]["12"] == pytest.approx(1.0)
+    assert m.pad_to(12) == 16 and m.verify_seconds(12) == pytest.approx(GPU[16])
