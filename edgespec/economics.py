@@ -154,13 +154,13 @@ class _Timer:
     row's logits, as verification reads them) and drops their cells again."""
 
     def __init__(self, path: Path, context: int, threads: int | None, n_max: int, n_gpu_layers: int = 0,
-                 repack: bool = True):
+                 repack: bool = True, flash_attn: bool = True):
         from edgespec import backend
         from edgespec.config import ModelConfig
 
         self.model = backend.Model(path, n_gpu_layers=n_gpu_layers, repack=repack)
         cfg = ModelConfig(path=str(path), n_ctx=context + n_max + 16, n_batch=max(512, n_max),
-                          threads=threads or 0, n_gpu_layers=n_gpu_layers)
+                          threads=threads or 0, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn)
         self.ctx = backend.Context(self.model, cfg)
         self.context = context
         self.toks = _context_tokens(self.model.n_vocab, context + n_max)
@@ -168,11 +168,16 @@ class _Timer:
             e = min(context, s + 256)
             self.ctx.decode_rows(self.toks[s:e], list(range(s, e)), [(0,)] * (e - s), [False] * (e - s - 1) + [True])
 
-    def __call__(self, n: int, alternate: bool = False) -> float:
-        p = self.context
+    def __call__(self, n: int, alternate: bool = False, repeat: int = 0) -> float:
+        for _ in range(repeat):  # untimed forwards of the same shape first
+            self._forward(n)
         if alternate:  # a one-token forward first: the shape changes before every timed forward
-            self.ctx.decode_rows(self.toks[p:p + 1], [p], [(0,)], [True])
-            self.ctx.seq_rm(0, p, -1)
+            self._forward(1)
+        return self._forward(n)
+
+    def _forward(self, n: int) -> float:
+        """Seconds of one forward of n tokens after the context (its cells dropped after)."""
+        p = self.context
         t0 = time.perf_counter()
         self.ctx.decode_rows(self.toks[p:p + n], list(range(p, p + n)), [(0,)] * n, [True] * n)
         dt = time.perf_counter() - t0
@@ -186,15 +191,21 @@ class _Timer:
 
 def measure(models: Sequence[tuple[Path, Sequence[int]]], context: int = 256, rounds: int = 5,
             threads: int | None = None, n_gpu_layers: int = 0, alternate: bool = False, n_targets: int = 1,
+            flash_attn: bool = True, repeat: int = 0,
             log: Callable[[str], None] = lambda s: None) -> list[dict[int, float]]:
     """Median seconds of a forward of n tokens after `context` tokens, for each (model, sizes).
     The models and sizes take turns within every round, so a neighbour's load falls on all alike;
     the ratios between them mean more than any one figure. `alternate`: each timed forward follows
     an untimed one-token forward of the same model (a GPU's cached graphs then meet a new shape
-    every call, as a target that verifies between draft steps does). The first `n_targets` models
+    every call, as a target that verifies between draft steps does). `repeat`: each timed forward
+    follows that many untimed forwards of its own size (steady shapes: llama.cpp replays a CUDA
+    graph once two identical calls have warmed it; with `alternate` the one-token forward still
+    comes last, so the timed shape is always new). The first `n_targets` models
     are loaded as the engine loads a target (on a CPU without ggml's repacked layouts, for exact
-    verification: edgespec/engine.py), the others as drafts."""
-    timers = [_Timer(p, context, threads, max(sizes), n_gpu_layers, repack=i >= n_targets or n_gpu_layers != 0)
+    verification: edgespec/engine.py), the others as drafts. `flash_attn`: off for a CUDA build
+    without its flash-attention kernels (GGML_CUDA_FA=OFF)."""
+    timers = [_Timer(p, context, threads, max(sizes), n_gpu_layers, repack=i >= n_targets or n_gpu_layers != 0,
+                     flash_attn=flash_attn)
               for i, (p, sizes) in enumerate(models)]
     try:
         for t, (_, sizes) in zip(timers, models):  # warm-up: buffers allocated, pages faulted in
@@ -206,7 +217,7 @@ def measure(models: Sequence[tuple[Path, Sequence[int]]], context: int = 256, ro
             for n in every:
                 for t, s in zip(timers, samples):
                     if n in s:
-                        s[n].append(t(n, alternate))
+                        s[n].append(t(n, alternate, repeat))
             log(f"round {r + 1}/{rounds}")
         return [{n: statistics.median(v) for n, v in s.items()} for s in samples]
     finally:

@@ -1,349 +1,247 @@
 #!/usr/bin/env bash
-# edgespec's speed on a lent GPU box (one NVIDIA H200, CUDA toolkit, python3 3.12, NO network),
-# in three device calls made back to back while the box stays warm. A call's working tree is at
-# most 64 MiB and the tracked tree is ~20 MiB (the shipped head: 16.7 MiB), so the demo target
-# travels as its Q4_1 source GGUF (94 MiB; its weights dequantized ARE the F32 target's) in three
-# parts, staged in /tmp; the CUDA build starts in the background in call 1 and runs while the
-# other parts travel.
+# edgespec on a CUDA box, in one run of about 12 minutes (16 cores, one NVIDIA GPU, CUDA toolkit,
+# python3 >= 3.10, network for pip and the demo's source model): builds once, makes the 8B-cost
+# demo target and a random-weight Llama-3-8B there, then measures, each step time-boxed and its
+# results written to $OUT as it ends:
 #
-#   here:   tools/gpu-bench.sh prep       -> .gpu-carry/bench/{src,wheels,p1,p2,p3} (git-excluded)
-#                                            and edgespec/proto (generated, git-ignored)
-#   call 1: carry [".gpu-carry/bench/src", ".gpu-carry/bench/wheels", ".gpu-carry/bench/p1", "edgespec/proto"],
-#           command "tools/gpu-bench.sh stage1"   environment, imports, part 1, build started
-#   call 2: carry [".gpu-carry/bench/p2"], command "tools/gpu-bench.sh stage2"
-#   call 3: carry [".gpu-carry/bench/p3", "edgespec/proto"], command "GPU_BUDGET_S=N tools/gpu-bench.sh run",
-#           timeout_s N + 20  -> $OUT/gpu-bench.log, $OUT/results.tgz (JSON + markdown of each bench)
+#   build      the CUDA llama-cpp-python wheel with edgespec's patches into a venv (`CUDA=1 make
+#              install`, tools/build-llama-wheel.sh) and, beside it in one CMake pass,
+#              llama-server and llama-batched-bench (`CUDA=1 tools/llama-anchor.sh build`); both
+#              for this GPU's architecture only, without the flash-attention kernels (CUDA_FA=OFF:
+#              half the build), so every model below runs with flash attention off
+#   models     `edgespec models prepare-demo --cost 8B` (the demo target widened to Llama-3-8B's
+#              block shape, Q4_K_M) and `edgespec models synth --shape llama3-8b --type q4_k_m`
+#   tcurve     T(n), n = 1..64, of both, steady shapes and shapes alternating with one-token
+#              forwards (python -m edgespec.bench.cost_curve)
+#   serve-N    `edgespec bench-serve` at N = 1, 4, 8 streams: the daemon auto vs plain, then
+#              llama-server without and with the Q8_0 draft, on the same files
+#   mismatch   greedy speculative vs plain output, token by token, by verification width 2..64
+#              (python -m edgespec.bench.mismatch)
+#   batched    llama-batched-bench on the 8B-cost target (llama.cpp's own cost by batch)
+#   tcurve-nographs  T(n) again with CUDA graphs off (GGML_CUDA_DISABLE_GRAPHS=1)
 #
-# The build: the pinned llama-cpp-python with edgespec's ggml patches (tools/patches; what
-# `CUDA=1 tools/build-llama-wheel.sh` builds), -DGGML_CUDA=on for sm_90 only and without the
-# flash-attention kernels (-DGGML_CUDA_FA=OFF: they double the build), so every model runs with
-# flash_attn = false (tools/gpu-bench-launch.py). The run: the source reassembled and checked, the
-# build awaited, the demo pair derived as `make models` does (edgespec.models.prepare_demo: F32
-# target, Q8_0 draft, the shipped head installed; SHA-256 compared with this machine's), then, in
-# this order and each cut to what is left of GPU_BUDGET_S, every layer on the GPU, greedy:
-#   1. heldout:      edgespec bench, 1 stream, HELDOUT12 (the first 2 prompts of each category
-#                    suite), plain / auto with the Q8_0 draft / auto with the head, 64 tokens
-#   2. serve-head, serve-q8: edgespec bench-serve at 4 streams, HELDOUT12, auto vs plain, --draft
-#                    the head / the Q8_0 draft
-#      serve-repetitive: bench-serve at 4 streams, the repetitive suite, suffix cache on
-#   3. repetitive:   edgespec bench, 1 stream, repetitive suite, plain / auto / auto+suffix,
-#                    without CUDA graphs (GGML_CUDA_DISABLE_GRAPHS=1: with them a plain decode of
-#                    this suite stops at an illegal instruction in a replayed graph)
-#   4. serve1-head, serve1-q8: bench-serve at 1 stream; heldout-nographs: step 1 without CUDA graphs
-# env: GPU_BUDGET_S (540), GPU_ONLY (space-separated step names), GPU_PER_CATEGORY (2),
-#      GPU_MAX_TOKENS (64), GPU_SERVE_REQUESTS (48), GPU_SERVE_ROUNDS (8), GPU_REP_LIMIT (60),
-#      GPU_REP_MAX_TOKENS (96), GPU_REP_REQUESTS (120), GPU_REP_ROUNDS (12), GPU_FLASH_ATTN (0),
-#      CUDA_ARCHITECTURES (90), PYTHON (python3),
-#      CPU_DRYRUN=1: the same verbs on a machine without a GPU: no build (the .venv's llama_cpp
-#      stands in for it), a wheel PYTHON cannot take replaced by the .venv's copy, state in
-#      /tmp/es-dry. `tools/gpu-bench.sh emu` makes /tmp/es-emu, a python that sees only what the
-#      GPU image also holds, so that a missing import fails here first:
-#        tools/gpu-bench.sh emu; export CPU_DRYRUN=1 PYTHON=/tmp/es-emu/bin/python
-#        tools/gpu-bench.sh stage1; tools/gpu-bench.sh stage2
-#        GPU_PER_CATEGORY=1 GPU_MAX_TOKENS=8 GPU_SERVE_REQUESTS=4 GPU_SERVE_ROUNDS=2 GPU_REP_LIMIT=3 \
-#          GPU_REP_MAX_TOKENS=8 GPU_REP_REQUESTS=4 GPU_REP_ROUNDS=2 GPU_BUDGET_S=1500 tools/gpu-bench.sh run
+# usage: tools/gpu-bench.sh [--dry-run]
+#   $OUT/summary.md (one row a step), $OUT/report.md (every step's tables), $OUT/STEP.{json,md,log}
+#   --dry-run: every step on this machine's CPU with the demo files and small sizes (no build: the
+#   .venv stands in for the CUDA wheel, the llama.cpp binaries of `tools/llama-anchor.sh build`
+#   for the CUDA ones; the demo F32 target for the 8B-cost one, a 2-block qwen2.5-0.5b for the
+#   random shape); a few minutes on 2 idle cores once those binaries exist.
+# env: OUT (gpu-bench-out), BUDGET_S (720; a dry run 2400, its boxes x3), VENV (.venv-cuda), PYTHON (python3: makes the venv),
+#      CUDA_ARCHITECTURES (this GPU's, from nvidia-smi), LLAMA_BIN (llama.cpp binaries built
+#      already), EDGESPEC_HOME (models: $EDGESPEC_HOME/models), SERVE_REQUESTS (16),
+#      SERVE_ROUNDS (2), MAX_TOKENS (96), PER_CATEGORY (2 prompts of each category suite)
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-VERSION=0.3.36
-CARRY="$ROOT/.gpu-carry/bench"
-DRY=${CPU_DRYRUN:-0}
-S=/tmp/es; [[ "$DRY" == "1" ]] && S=/tmp/es-dry
-SITE="$S/site"        # the carried wheels
-LLAMA="$S/llama"      # the llama-cpp-python built here
-OUT=${OUT:-$S/out}
-PY=${PYTHON:-python3}
-SOURCE_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
-SOURCE_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-# what `make models` derives from it on the 2-core CPU host (its manifest.json)
-TARGET_SHA256=6532799f494167f79cf75f7de685ad44fe6a1fe1a9cd41d7a2cd9603e64d4b9b
-DRAFT_SHA256=7b46609d11703c058397e5cfe4cc6e4b2508cb1eb4c80ddc472a5d421fbdb508
-# pure-Python packages (and grpcio, protobuf) that the GPU image lacks or may hold in other
-# versions; the daemon's generated modules need grpcio >= 1.85.1 and protobuf >= 7.35.1
-WHEELS=("gguf==0.19.0" "structlog==26.1.0" "diskcache==5.6.3" "grpcio==1.85.3" "protobuf==7.36.2"
-        "grpcio-health-checking==1.85.1" "grpcio-reflection==1.85.1" "prometheus-client==0.26.0"
-        # the CLI's typer as pinned, and what it parses options with
-        "typer==0.29.2" "pydantic==2.14.4" "pydantic-core==2.50.5" "annotated-types==0.8.0"
-        "typing-inspection==0.4.5" "typing-extensions==4.16.0")
-CATEGORIES=(code json legal rag chat chinese)
-export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
-mkdir -p "$S" "$OUT"
+DRY=0
+[[ "${1:-}" == "--dry-run" ]] && DRY=1
+[[ $# -gt 1 || ( $# -eq 1 && $DRY -eq 0 ) ]] && { sed -n '2,32p' "$0" >&2; exit 2; }
+OUT=$(mkdir -p "${OUT:-gpu-bench-out}" && cd "${OUT:-gpu-bench-out}" && pwd)
+BUDGET=${BUDGET_S:-720}
+SCALE=1  # the steps' time boxes: x3 on a CPU (a dry run)
+NPROC=$(nproc)
 T0=$SECONDS
-say() { echo "=== [$((SECONDS - T0)) s] $*"; }
+export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+if [[ $DRY == 1 ]]; then
+  PY=$ROOT/.venv/bin/python
+  BUDGET=${BUDGET_S:-2400} SCALE=3
+  GPU=(--n-gpu-layers 0 --threads 1)  # one thread: on a shared host ggml's barriers wait on a descheduled one
+  SIZES=1,2,4,8 ROUNDS=1 CONTEXT=32 WIDTHS=2,4,8 CATEGORIES=(code chat)
+  PER=1 MT=8 REQ=4 SROUNDS=1 MM_TOKENS=8 NPL=1,2,4 NPP=32 NTG=2
+else
+  PY=$ROOT/${VENV:-.venv-cuda}/bin/python
+  GPU=(--n-gpu-layers -1 --no-flash-attn)
+  SIZES=1-64 ROUNDS=5 CONTEXT=256 WIDTHS=2,4,8,16,32,64 CATEGORIES=(code json legal rag chat chinese)
+  PER=${PER_CATEGORY:-2} MT=${MAX_TOKENS:-96} REQ=${SERVE_REQUESTS:-16} SROUNDS=${SERVE_ROUNDS:-2}
+  MM_TOKENS=64 NPL=1,2,4,8,16,32,64 NPP=256 NTG=8
+fi
+ES=("$PY" -m edgespec.cli.main)
 
-install_wheels() {
-  if [[ "$DRY" == "1" ]]; then
-    # this machine's python may not take a wheel made for 3.12: the .venv's copy of that package
-    # stands in for it
-    local w n venv_site
-    venv_site=$("$ROOT/.venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-    for w in "$CARRY"/wheels/*.whl; do
-      "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$w" 2>/dev/null && continue
-      for n in $("$PY" -c "import sys, zipfile; print(*sorted({p.split('/')[0] for p in zipfile.ZipFile(sys.argv[1]).namelist()} ), sep=chr(10))" "$w" | grep -v '\.dist-info$'); do
-        ln -sfn "$venv_site/$n" "$SITE/$n"
-      done
-      echo "dry run: $(basename "$w") replaced by the .venv's copy"
-    done
-  else
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$CARRY"/wheels/*.whl
-  fi
+left() { echo $((BUDGET - (SECONDS - T0))); }
+say() { echo "=== [$((SECONDS - T0)) s, $(left) s left] $*"; }
+printf '| step | status | seconds |\n|---|---|---:|\n' > "$OUT/summary.md"
+: > "$OUT/report.md"
+
+# boxed SECONDS LOG CMD...: CMD in a process group of its own (a bench's daemons and llama-servers
+# with it), stopped whole after SECONDS (TERM, then KILL); CMD's exit status, 124 when stopped
+boxed() {
+  local t=$1 log=$2 pid w rc
+  shift 2
+  set -m  # job control: the command (a function too) runs in a process group of its own
+  "$@" > "$log" 2>&1 < /dev/null &
+  pid=$!
+  set +m
+  ( sleep "$t"; kill -TERM -- -"$pid" 2>/dev/null && touch "$log.timeout"; sleep 15; kill -KILL -- -"$pid" 2>/dev/null ) &
+  w=$!
+  wait "$pid"
+  rc=$?
+  kill "$w" 2>/dev/null
+  wait "$w" 2>/dev/null
+  [[ -f "$log.timeout" ]] && { rm -f "$log.timeout"; rc=124; }
+  return "$rc"
 }
 
-do_run() {
-  BUDGET=${GPU_BUDGET_S:-540}
-  left() { echo $((BUDGET - (SECONDS - T0))); }
-  R="$S/results"
-  rm -rf "$R" && mkdir -p "$R"
-  pack() { tar czf "$OUT/results.tgz" -C "$R" . 2>/dev/null; }
-  if [[ "$DRY" != "1" ]]; then
-    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv
+# step NAME MAX_SECONDS MIN_SECONDS CMD...: CMD boxed to MAX_SECONDS (or what is left of the budget),
+# skipped when less than MIN_SECONDS are left; its log is $OUT/NAME.log, its row goes in summary.md
+# and its markdown ($OUT/NAME.md, if it wrote one) in report.md
+step() {
+  local name=$1 max=$2 min=$3 t rc status
+  shift 3
+  if (( $(left) < min )); then
+    echo "SKIP $name: $(left) s left, it needs $min"
+    echo "| $name | skipped: $(left) s left of the budget | 0 |" >> "$OUT/summary.md"
+    return 1
   fi
-  say "the source GGUF"
-  cp "$CARRY"/p3/q41.part* "$S/parts/" 2>/dev/null
-  HOME_DIR="$S/home"
-  mkdir -p "$HOME_DIR/models/.source"
-  SRCGGUF="$HOME_DIR/models/.source/$SOURCE_NAME"
-  cat "$S/parts/q41.part1" "$S/parts/q41.part2" "$S/parts/q41.part3" > "$SRCGGUF"
-  echo "$SOURCE_SHA256  $SRCGGUF" | sha256sum -c - || { echo "FAIL: source GGUF"; exit 1; }
-  say "waiting for the build"
-  while [[ ! -f "$S/build.rc" ]] && (( $(left) > 60 )); do sleep 2; done
-  grep -E "^build: |Using CMAKE_CUDA_ARCHITECTURES|CUDA Toolkit found|error" "$S/build.log" | head -n 20
-  if [[ "$(cat "$S/build.rc" 2>/dev/null)" != "0" ]]; then
-    tail -n 80 "$S/build.log"; cp "$S/build.log" "$OUT/" 2>/dev/null
-    echo "FAIL: build"; exit 1
+  max=$((max * SCALE))
+  t=$(( $(left) < max ? $(left) : max ))
+  say "$name (at most $t s)"
+  local t1=$SECONDS
+  boxed "$t" "$OUT/$name.log" "$@"
+  rc=$?
+  case $rc in 0) status=ok ;; 124) status="stopped at $t s" ;; *) status="exit $rc" ;; esac
+  echo "$name: $status, $((SECONDS - t1)) s"
+  [[ $rc == 0 ]] || tail -n 15 "$OUT/$name.log"
+  echo "| $name | $status | $((SECONDS - t1)) |" >> "$OUT/summary.md"
+  if [[ -f "$OUT/$name.md" ]]; then
+    { echo "## $name"; echo; cat "$OUT/$name.md"; echo; } >> "$OUT/report.md"
   fi
-  # shellcheck disable=SC1091
-  [[ -f "$S/build.env" ]] && . "$S/build.env"
-  export PYTHONPATH="$ROOT:$SITE:$LLAMA" EDGESPEC_HOME="$HOME_DIR" GPU_FLASH_ATTN=${GPU_FLASH_ATTN:-0}
-  say "GPU offload, the demo pair (prepare_demo)"
-  "$PY" - "$DRY" "$TARGET_SHA256" "$DRAFT_SHA256" <<'PY' || { echo "FAIL: models"; exit 1; }
-import sys, time
-import llama_cpp
-from edgespec import backend
-from edgespec.models import HEAD_NAME, prepare_demo, sha256_file
-print("llama-cpp-python", llama_cpp.__version__, llama_cpp.__file__, "gpu offload:", backend.gpu_offload_supported())
-assert sys.argv[1] == "1" or backend.gpu_offload_supported(), "this build cannot offload to the GPU"
-t = time.perf_counter()
-pair = prepare_demo(log=print)
-print(f"prepare_demo: {time.perf_counter() - t:.1f} s")
-for path, want in ((pair.target, sys.argv[2]), (pair.draft, sys.argv[3])):
-    got = sha256_file(path)
-    print(f"{path.name}: sha256 {got[:16]} {'= the CPU host' if got == want else '!= the CPU host ' + want[:16]}")
-print("head:", (pair.target.parent / HEAD_NAME).is_file())
-PY
-  MODELS="$HOME_DIR/models"
-  TARGET="$MODELS/SmolLM2-135M-Instruct.F32.gguf"
-  DRAFT="$MODELS/SmolLM2-135M-Instruct.Q8_0.gguf"
-  HEAD="$MODELS/SmolLM2-135M-Instruct.F32.eagle3.gguf"
-  HELD="$S/heldout.jsonl"
-  "$PY" - "$HELD" "${GPU_PER_CATEGORY:-2}" "${CATEGORIES[@]}" <<'PY'
+  return "$rc"
+}
+
+say "environment -> $OUT/env.txt"
+{
+  date -u
+  [[ $DRY == 1 ]] && echo "DRY RUN: CPU, demo files, small sizes"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv 2>/dev/null || echo "no nvidia-smi"
+  nvcc --version 2>/dev/null | tail -n 2
+  echo "cores: $NPROC"; grep -m1 "model name" /proc/cpuinfo; free -g | head -n 2; df -h "$OUT" | tail -n 1
+  git -C "$ROOT" log -1 --format='edgespec %H %s'
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+# --- build ------------------------------------------------------------------------------------------
+if [[ $DRY == 1 ]]; then
+  echo "dry run: no CUDA build; $PY stands in for the CUDA wheel"
+  if [[ -z "${LLAMA_BIN:-}" ]]; then
+    LLAMA_BIN=$(tools/llama-anchor.sh build 2>>"$OUT/build-anchor.log" | tail -n 1)
+  fi
+else
+  if [[ -z "${CUDA_ARCHITECTURES:-}" ]]; then
+    CUDA_ARCHITECTURES=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
+  fi
+  [[ -n "$CUDA_ARCHITECTURES" ]] || { echo "FAIL: no GPU architecture (nvidia-smi; or set CUDA_ARCHITECTURES)"; exit 1; }
+  export CUDA=1 CUDA_ARCHITECTURES CUDA_FA=OFF CMAKE_BUILD_PARALLEL_LEVEL=$NPROC JOBS=$NPROC
+  echo "CUDA build for sm_$CUDA_ARCHITECTURES, without flash-attention kernels, $NPROC jobs"
+  if [[ -z "${LLAMA_BIN:-}" ]]; then
+    # llama-server + llama-batched-bench: one CMake pass, beside the wheel's
+    set -m  # a process group of its own: stopped whole if the run ends first
+    ( tools/llama-anchor.sh build > "$OUT/build-anchor.log" 2>&1; echo $? > "$OUT/build-anchor.rc" ) &
+    ANCHOR_PID=$!
+    set +m
+    trap 'kill -- -$ANCHOR_PID 2>/dev/null' EXIT
+  fi
+  step build 540 300 make install VENV="${VENV:-.venv-cuda}" PYTHON="${PYTHON:-python3}" \
+    || { echo "FAIL: the CUDA wheel did not build ($OUT/build.log)"; exit 1; }
+  "$PY" -c "from edgespec import backend; import sys; ok = backend.gpu_offload_supported(); \
+print('gpu offload:', ok); sys.exit(0 if ok else 1)" || { echo "FAIL: the wheel cannot offload to the GPU"; exit 1; }
+fi
+"$PY" -c "import llama_cpp, edgespec; print('llama-cpp-python', llama_cpp.__version__, llama_cpp.__file__)"
+
+# --- models -----------------------------------------------------------------------------------------
+MODELS=$("$PY" -c "from edgespec.config import models_dir; print(models_dir())")
+mkdir -p "$MODELS"
+if [[ $DRY == 1 ]]; then
+  SHAPE_ARGS=(--shape qwen2.5-0.5b --layers 2)
+  SYNTH=$MODELS/synth-qwen2.5-0.5b-2.Q4_K_M.gguf
+  COST_ARGS=()
+else
+  SHAPE_ARGS=(--shape llama3-8b)
+  SYNTH=$MODELS/synth-llama3-8b.Q4_K_M.gguf
+  COST_ARGS=(--cost 8B)
+fi
+make_models() {
+  # the random shape in the background: both write F16 then run llama.cpp's quantizer
+  [[ -f "$SYNTH" ]] || "${ES[@]}" models synth "${SHAPE_ARGS[@]}" --type q4_k_m --out "$SYNTH" &
+  local s=$!
+  "${ES[@]}" models prepare-demo "${COST_ARGS[@]}" || return 1
+  wait "$s"
+}
+step models 360 120 make_models || echo "models incomplete: the steps that need them are skipped"
+read -r TARGET DRAFT < <("$PY" - "$DRY" <<'PY'
 import sys
+from edgespec.models import default_pair
+from edgespec.realistic import cost_target_path
+pair = default_pair()
+print(pair.target if sys.argv[1] == "1" else cost_target_path("8B"), pair.draft)
+PY
+)
+echo "target $TARGET"; echo "draft $DRAFT"; echo "random shape $SYNTH"
+HAVE_MODELS=0
+[[ -f "$TARGET" && -f "$DRAFT" && -f "$SYNTH" ]] && HAVE_MODELS=1
+
+HELD=$OUT/heldout.jsonl
+"$PY" - "$HELD" "$PER" "${CATEGORIES[@]}" <<'PY'
+import sys
+from edgespec.bench.suite import resolve
 n = int(sys.argv[2])
 with open(sys.argv[1], "w", encoding="utf-8") as out:
     for cat in sys.argv[3:]:
-        lines = [l for l in open(f"edgespec/bench/suites/{cat}.jsonl", encoding="utf-8") if l.strip()]
-        out.writelines(lines[:n])
+        (path,) = resolve(cat)
+        out.writelines([line for line in open(path, encoding="utf-8") if line.strip()][:n])
 PY
-  echo "HELDOUT: $(wc -l < "$HELD") prompts"
-  LAUNCH=("$PY" tools/gpu-bench-launch.py)
-  MT=${GPU_MAX_TOKENS:-64}
-  REQ=${GPU_SERVE_REQUESTS:-48}
-  ROUNDS=${GPU_SERVE_ROUNDS:-8}
-  # step NAME MIN_SECONDS [VAR=VALUE ...] ARGS...: edgespec ARGS (with those variables set), cut
-  # to what is left, reports into $R
-  step() {
-    local name=$1 need=$2; shift 2
-    local vars=()
-    while [[ "${1:-}" =~ ^[A-Z_]+= ]]; do vars+=("$1"); shift; done
-    if [[ -n "${GPU_ONLY:-}" && " $GPU_ONLY " != *" $name "* ]]; then return; fi
-    if (( $(left) < need )); then echo "SKIP $name: $(left) s left, it needs ~$need"; return; fi
-    say "$name ($(left) s left) ${vars[*]}"
-    local t=$SECONDS
-    env "${vars[@]}" timeout -k 5 $(( $(left) - 8 )) "${LAUNCH[@]}" "$@" --json "$R/$name.json" --markdown "$R/$name.md" --no-progress
-    echo "$name: exit $?, $((SECONDS - t)) s"
-    [[ -f "$R/$name.md" ]] && cat "$R/$name.md"
-    pack
-  }
-  GPU=(--n-gpu-layers -1)
-  step heldout 40 bench --suite "$HELD" --modes plain,auto --head "$HEAD" --draft "$DRAFT" --max-tokens "$MT" "${GPU[@]}"
-  SERVE=(bench-serve --modes auto,plain --suite "$HELD" --requests "$REQ" --rounds "$ROUNDS" --max-tokens "$MT" --no-scenario "${GPU[@]}")
-  step serve-head 60 "${SERVE[@]}" --concurrency 4 --draft "$HEAD" --workdir "$R/serve-head"
-  step serve-q8 60 "${SERVE[@]}" --concurrency 4 --draft "$DRAFT" --workdir "$R/serve-q8"
-  step serve-repetitive 60 bench-serve --concurrency 4 --modes auto,plain --suite repetitive \
-    --requests "${GPU_REP_REQUESTS:-120}" --rounds "${GPU_REP_ROUNDS:-12}" --max-tokens "${GPU_REP_MAX_TOKENS:-96}" \
-    --suffix-cache --no-scenario "${GPU[@]}" --workdir "$R/serve-repetitive"
-  # llama.cpp's CUDA graphs: a plain decode of this suite stops at an illegal instruction in a
-  # replayed graph ("CUDA error: an illegal instruction was encountered" at the stream's
-  # synchronize, after "CUDA graph warmup complete"); every mode of this step runs without them
-  step repetitive 60 GGML_CUDA_DISABLE_GRAPHS=1 bench --suite repetitive --modes plain,auto,auto+suffix --max-tokens "${GPU_REP_MAX_TOKENS:-96}" \
-    --limit "${GPU_REP_LIMIT:-60}" "${GPU[@]}"
-  step serve1-head 40 "${SERVE[@]}" --concurrency 1 --draft "$HEAD" --workdir "$R/serve1-head"
-  step serve1-q8 40 "${SERVE[@]}" --concurrency 1 --draft "$DRAFT" --workdir "$R/serve1-q8"
-  # step 1 again without CUDA graphs: what they do to the cost curve and to the ratios
-  step heldout-nographs 30 GGML_CUDA_DISABLE_GRAPHS=1 bench --suite "$HELD" --modes plain,auto --head "$HEAD" \
-    --draft "$DRAFT" --max-tokens "$MT" "${GPU[@]}"
-  grep -E "^build: " "$S/build.log" 2>/dev/null
-  pack
-  ls -la "$R" "$OUT"
-  say "done"
-}
+echo "held-out prompts: $(wc -l < "$HELD") ($PER of each of ${CATEGORIES[*]})"
 
-case "${1:-}" in
-prep)
-  PREP_PY=${PREP_PYTHON:-$ROOT/.venv/bin/python}
-  EXCLUDE=$(git rev-parse --git-path info/exclude)
-  mkdir -p "$(dirname "$EXCLUDE")"
-  grep -qxF '/.gpu-carry/' "$EXCLUDE" 2>/dev/null || echo '/.gpu-carry/' >> "$EXCLUDE"
-  rm -rf "$CARRY" && mkdir -p "$CARRY"/{src,wheels,p1,p2,p3}
-  # 1. the patched source, trimmed to what the library build reads (docs, tests, vocab models,
-  #    the other GPU backends and llama.cpp's tools out)
-  HERE="$ROOT/tools"
-  # shellcheck source=tools/llama-build-env.sh
-  source "$HERE/llama-build-env.sh"
-  load_patches
-  TMP=$(mktemp -d)
-  patched_source "$PREP_PY" "$TMP"
-  V="$SRC/vendor/llama.cpp"
-  rm -rf "$SRC/.git" "$SRC/docker" "$SRC/examples" \
-    "$V/docs" "$V/models" "$V/benches" "$V/tests" "$V/tools/ui" "$V/.github" "$V/.devops" "$V/media" "$V/examples" "$V/pocs"
-  for b in sycl vulkan opencl hexagon metal et cann musa hip webgpu zdnn zendnn openvino virtgpu; do
-    rm -rf "$V/ggml/src/ggml-$b"
-  done
-  find "$V/tools" -mindepth 1 -maxdepth 1 ! -name mtmd ! -name CMakeLists.txt -exec rm -rf {} +
-  tar czf "$CARRY/src/llama_cpp_python-$VERSION-patched.tar.gz" -C "$TMP" "llama_cpp_python-$VERSION"
-  rm -rf "$TMP"
-  # 2. wheels for the box's python (3.12, x86-64)
-  "$PREP_PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d "$CARRY/wheels" "${WHEELS[@]}"
-  # 3. the source GGUF in three parts (call 1 also carries the source and the wheels)
-  SRCGGUF=$("$PREP_PY" -c "from edgespec.config import models_dir; print(models_dir() / '.source' / '$SOURCE_NAME')")
-  echo "$SOURCE_SHA256  $SRCGGUF" | sha256sum -c - || exit 1
-  head -c $((22 * 1024 * 1024)) "$SRCGGUF" > "$CARRY/p1/q41.part1"
-  tail -c +$((22 * 1024 * 1024 + 1)) "$SRCGGUF" | head -c $((36 * 1024 * 1024)) > "$CARRY/p2/q41.part2"
-  tail -c +$((58 * 1024 * 1024 + 1)) "$SRCGGUF" > "$CARRY/p3/q41.part3"
-  cat "$CARRY"/p*/q41.part* | sha256sum | grep -q "^$SOURCE_SHA256 " || { echo "parts do not reassemble" >&2; exit 1; }
-  # 4. the daemon's generated protobuf modules
-  "$PREP_PY" tools/gen_protos.py
-  # 5. what each call carries
-  TREE=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null | tail -n1 | cut -f1)
-  PROTO=$(du -sb edgespec/proto | cut -f1)
-  mb() { echo $(( ($1 + 1048575) / 1048576 )); }
-  for call in "1 src wheels p1" "2 p2" "3 p3"; do
-    set -- $call
-    n=$1; shift
-    b=$((TREE + PROTO))
-    for d in "$@"; do b=$((b + $(du -sb "$CARRY/$d" | cut -f1))); done
-    echo "call $n: $(mb $b) MiB (limit 64)"
-    (( b < 63 * 1048576 )) || { echo "call $n is over the limit" >&2; exit 1; }
-  done
-  du -sh "$CARRY"/* edgespec/proto
-  ;;
-
-stage1)
-  say "environment"
-  if [[ "$DRY" != "1" ]]; then
-    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
-    nvcc --version | tail -n2
+# --- measurements, most wanted first ----------------------------------------------------------------
+if [[ $HAVE_MODELS == 1 ]]; then
+  step tcurve 120 30 "$PY" -m edgespec.bench.cost_curve --model "widened=$TARGET" --model "synth=$SYNTH" \
+    --sizes "$SIZES" --rounds "$ROUNDS" --context "$CONTEXT" "${GPU[@]}" --json "$OUT/tcurve.json" --markdown "$OUT/tcurve.md"
+  if [[ -n "${ANCHOR_PID:-}" ]]; then
+    say "waiting for llama-server's build ($OUT/build-anchor.log)"
+    while kill -0 "$ANCHOR_PID" 2>/dev/null && (( $(left) > 120 )); do sleep 2; done
+    [[ "$(cat "$OUT/build-anchor.rc" 2>/dev/null)" == 0 ]] && LLAMA_BIN=$(tail -n 1 "$OUT/build-anchor.log")
   fi
-  "$PY" --version; nproc; grep -m1 "model name" /proc/cpuinfo; free -g | head -2; df -h /tmp | tail -1
-  mkdir -p "$S/parts"
-  cp "$CARRY"/p1/q41.part* "$S/parts/"
-  say "carried wheels -> $SITE"
-  rm -rf "$SITE" && install_wheels || { echo "FAIL: wheels"; exit 1; }
-  say "the CUDA build, in the background -> $S/build.log"
-  rm -rf "$S/llama_cpp_python-$VERSION" "$LLAMA" "$S/build.rc"
-  tar xzf "$CARRY"/src/llama_cpp_python-*-patched.tar.gz -C "$S"
-  if [[ "$DRY" == "1" ]]; then
-    # no build: the repository's .venv llama_cpp (the patched CPU wheel) stands in for it
-    mkdir -p "$LLAMA"
-    ln -s "$("$ROOT/.venv/bin/python" -c 'import llama_cpp, os; print(os.path.dirname(llama_cpp.__file__))')" "$LLAMA/llama_cpp"
-    echo 0 > "$S/build.rc"
+  LLAMA=()
+  if [[ -n "${LLAMA_BIN:-}" && -x "$LLAMA_BIN/llama-server" ]]; then
+    LLAMA=(--llama-server-bin "$LLAMA_BIN" --llama-server-modes plain,draft)
   else
-    FA=OFF; [[ "${GPU_FLASH_ATTN:-0}" == "1" ]] && FA=ON
-    export BUILD_PY="$PY" BUILD_S="$S" BUILD_LLAMA="$LLAMA" BUILD_SRC="$S/llama_cpp_python-$VERSION" BUILD_FA=$FA \
-      BUILD_ARCH=${CUDA_ARCHITECTURES:-90}
-    cat > "$S/build.sh" <<'EOF'
-t=$SECONDS
-CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$BUILD_ARCH -DGGML_CUDA_FA=$BUILD_FA -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAVA_BUILD=OFF -DLLAMA_CURL=OFF"
-# cuBLAS: from the toolkit beside nvcc, else wherever its header and library lie (the image's pip
-# nvidia-cublas); the run then needs that library's directory too ($BUILD_S/build.env)
-CUDA_ROOT=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
-echo "nvcc: $(command -v nvcc) (toolkit $CUDA_ROOT)"
-: > "$BUILD_S/build.env"
-if ! ls "$CUDA_ROOT"/include/cublas_v2.h "$CUDA_ROOT"/targets/*/include/cublas_v2.h \
-    /usr/local/cuda/include/cublas_v2.h /usr/local/cuda/targets/*/include/cublas_v2.h >/dev/null 2>&1; then
-  H=$(find /usr/local /opt /usr/include -name cublas_v2.h 2>/dev/null | head -n1)
-  L=$(find "$(dirname "$(dirname "$H")")" /usr/local /opt -name 'libcublas.so*' 2>/dev/null | head -n1)
-  LT=$(find "$(dirname "$L")" -name 'libcublasLt.so*' 2>/dev/null | head -n1)
-  echo "cuBLAS not beside nvcc: header $H, library $L, $LT"
-  export CPATH="$(dirname "$H")${CPATH:+:$CPATH}"
-  CMAKE_ARGS="$CMAKE_ARGS -DCUDA_cublas_LIBRARY=$L -DCUDA_cublasLt_LIBRARY=$LT"
-  echo "export LD_LIBRARY_PATH=$(dirname "$L")\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" > "$BUILD_S/build.env"
-  . "$BUILD_S/build.env"
-fi
-export CMAKE_ARGS CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
-echo "CMAKE_ARGS=$CMAKE_ARGS"
-"$BUILD_PY" -m pip install --no-index --no-deps --no-build-isolation --no-compile --target "$BUILD_LLAMA" -v "$BUILD_SRC"
-rc=$?
-# the C++ runtime the build was compiled against (the GPU image's g++ is /opt/gcc's, newer than
-# the system libstdc++ python3 loads: without this, llama.cpp's tokenizer regex segfaults at load)
-echo "export LD_PRELOAD=$("${CXX:-g++}" -print-file-name=libstdc++.so.6)" >> "$BUILD_S/build.env"
-echo "build: $((SECONDS - t)) s, exit $rc"
-echo $rc > "$BUILD_S/build.rc"
-EOF
-    setsid nohup bash "$S/build.sh" > "$S/build.log" 2>&1 < /dev/null &
-    echo "build started (pid $!)"
+    echo "no llama-server (LLAMA_BIN='${LLAMA_BIN:-}', $OUT/build-anchor.log): the daemon alone"
   fi
-  say "imports (PYTHONPATH = repo + carried wheels; llama_cpp comes with the build)"
-  PYTHONPATH="$ROOT:$SITE" "$PY" - <<'PY'
-import importlib
-for name in ("numpy", "jinja2", "tqdm", "yaml", "typer", "typer._adapters", "pydantic", "rich", "gguf", "structlog", "diskcache", "grpc",
-             "google.protobuf", "grpc_health.v1.health", "grpc_reflection.v1alpha.reflection", "prometheus_client",
-             "matplotlib", "edgespec.proto.edgespec.v1.inference_pb2_grpc", "edgespec.proto.edgespec.v1.admin_pb2_grpc",
-             "edgespec.bench.suite", "edgespec.bench.serve_clients", "edgespec.settings"):
-    try:
-        m = importlib.import_module(name)
-        print(f"ok   {name} {getattr(m, '__version__', '')} {getattr(m, '__file__', '')}")
-    except Exception as e:  # noqa: BLE001 - a report
-        print(f"FAIL {name}: {type(e).__name__}: {e}")
+  serve() {  # serve N MAX_SECONDS
+    step "serve-$1" "$2" 60 "${ES[@]}" bench-serve --concurrency "$1" --modes auto,plain "${LLAMA[@]}" \
+      --target "$TARGET" --suite "$HELD" --requests "$REQ" --rounds "$SROUNDS" --max-tokens "$MT" --no-scenario \
+      "${GPU[@]}" --no-progress --workdir "$OUT/serve-$1" --json "$OUT/serve-$1.json" --markdown "$OUT/serve-$1.md"
+  }
+  serve 1 180
+  serve 4 150
+  step mismatch 120 40 "$PY" -m edgespec.bench.mismatch --target "$TARGET" --draft "$DRAFT" --suite "$HELD" \
+    --limit 1000 --widths "$WIDTHS" --max-tokens "$MM_TOKENS" "${GPU[@]}" --json "$OUT/mismatch.json" \
+    --markdown "$OUT/mismatch.md"
+  serve 8 150
+  if [[ -n "${LLAMA_BIN:-}" && -x "$LLAMA_BIN/llama-batched-bench" ]]; then
+    NGL=99; [[ $DRY == 1 ]] && NGL=0
+    batched() {
+      "$LLAMA_BIN/llama-batched-bench" -m "$TARGET" -c $(( (NPP + NTG) * ${NPL##*,} + 64 )) -b 2048 -ub 512 \
+        -npp "$NPP" -ntg "$NTG" -npl "$NPL" -ngl "$NGL" -fa off --output-format jsonl 2>&1 | grep '^{' > "$OUT/batched.jsonl"
+      "$PY" - "$OUT/batched.jsonl" "$NPP" "$NTG" > "$OUT/batched.md" <<'PY'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+if not rows:
+    sys.exit("llama-batched-bench printed no results")
+print(f"llama-batched-bench: {sys.argv[2]} prompt tokens a sequence, then {sys.argv[3]} decode forwards of one "
+      "token per sequence, all sequences in each forward\n")
+print("| sequences (tokens a forward) | ms a decode forward | tokens/s |\n|---:|---:|---:|")
+for d in rows:
+    print(f"| {d['pl']} | {d['t_tg'] * 1e3 / d['tg']:.2f} | {d['speed_tg']:.1f} |")
 PY
-  ;;
-
-stage2)
-  cp "$CARRY"/p2/q41.part* "$S/parts/"
-  ls -la "$S/parts"
-  grep -oE "\[[0-9]+/[0-9]+\]" "$S/build.log" 2>/dev/null | tail -n1 || true
-  cat "$S/build.rc" 2>/dev/null || echo "build running"
-  ;;
-
-run)
-  do_run 2>&1 | tee "$OUT/gpu-bench.log"
-  exit "${PIPESTATUS[0]}"
-  ;;
-
-
-emu)
-  # a python standing in for the GPU image's, for CPU_DRYRUN=1: a bare venv that sees, of this
-  # repository's .venv, only the packages the image also holds (docs: the device's KINDS.md), so
-  # an import of anything else fails here as it would there (PYTHON=/tmp/es-emu/bin/python)
-  EMU=/tmp/es-emu
-  VENV_SITE=$("$ROOT/.venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-  rm -rf "$EMU" && "$(readlink -f "$ROOT/.venv/bin/python")" -m venv "$EMU" && mkdir -p "$EMU/image"
-  for name in numpy numpy.libs jinja2 markupsafe tqdm yaml _yaml typer click rich markdown_it mdurl pygments \
-      shellingham annotated_doc typing_extensions.py grpc google prometheus_client matplotlib mpl_toolkits \
-      contourpy cycler fontTools kiwisolver PIL pillow.libs pyparsing dateutil packaging requests urllib3 idna \
-      certifi charset_normalizer anyio h11 sniffio; do
-    [[ -e "$VENV_SITE/$name" ]] && ln -s "$VENV_SITE/$name" "$EMU/image/$name"
-  done
-  ls "$VENV_SITE" | grep -iE '^(numpy|jinja2|markupsafe|tqdm|pyyaml|typer|click|rich|grpcio|protobuf|prometheus_client|matplotlib|pillow|packaging)-[0-9].*dist-info$' \
-    | while read -r d; do ln -s "$VENV_SITE/$d" "$EMU/image/$d"; done
-  echo "$EMU/image" > "$("$EMU/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/image.pth"
-  "$EMU/bin/python" -c "import numpy, typer, grpc; print('emulated image ok:', numpy.__version__, grpc.__version__)"
-  ;;
-
-*)
-  echo "usage: $0 prep|stage1|stage2|run|emu" >&2
-  exit 2
-  ;;
-esac
+    }
+    step batched 60 20 batched
+  else
+    echo "SKIP batched: no llama-batched-bench in '${LLAMA_BIN:-}' (a bin dir built before it was added)"
+    echo "| batched | skipped: no llama-batched-bench | 0 |" >> "$OUT/summary.md"
+  fi
+  step tcurve-nographs 90 30 env GGML_CUDA_DISABLE_GRAPHS=1 "$PY" -m edgespec.bench.cost_curve \
+    --model "widened=$TARGET" --model "synth=$SYNTH" --sizes "$SIZES" --rounds "$ROUNDS" --context "$CONTEXT" \
+    --shapes steady "${GPU[@]}" --json "$OUT/tcurve-nographs.json" --markdown "$OUT/tcurve-nographs.md"
+fi
+say "done: $OUT/summary.md, $OUT/report.md"
+cat "$OUT/summary.md"

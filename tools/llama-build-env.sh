@@ -7,9 +7,10 @@ VERSION=${LLAMA_CPP_VERSION:-0.3.36}
 source "$HERE/cpu-flags.sh"
 
 # The CMake flags of a CUDA build (CUDA=1): the GPU archs named explicitly
-# (90 = Hopper H100/H200, 89 = Ada L4/L40, 80 = A100, 86 = A10/RTX 30xx).
+# (90 = Hopper H100/H200, 89 = Ada L4/L40, 80 = A100, 86 = A10/RTX 30xx); CUDA_FA=OFF leaves out
+# the flash-attention kernels (half the build; the models then need flash_attn = false).
 cuda_flags() {
-  echo "-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES:-80;86;89;90}"
+  echo "-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES:-80;86;89;90}${CUDA_FA:+ -DGGML_CUDA_FA=$CUDA_FA}"
 }
 
 # PATCHES: edgespec's ggml patches (tools/patches/*.patch; none with EDGESPEC_GGML_PATCHES=0),

@@ -1,4 +1,4 @@
-# Sourced by tools/build-llama-wheel.sh, tools/llama-anchor.sh and tools/gpu-prep.sh.
+# Sourced by tools/build-llama-wheel.sh and tools/llama-anchor.sh.
 # llama_sdist PYTHON VERSION DIR: print the path of the llama-cpp-python VERSION sdist in DIR,
 # downloading it once from the package registry (progress on stderr).
 llama_sdist() {

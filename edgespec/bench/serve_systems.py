@@ -47,13 +47,15 @@ def _toml_str(s: str) -> str:
 
 def daemon_sections(*, target: str, draft: str | None, parallel: int, n_ctx: int, threads: int,
                     max_tokens: int, n_gpu_layers: int = 0, suffix_cache: bool = False,
-                    prompt_cache: bool = False, head: str = "none") -> dict[str, dict[str, Any]]:
+                    prompt_cache: bool = False, head: str = "none",
+                    flash_attn: bool = True) -> dict[str, dict[str, Any]]:
     """The daemon's config for one concurrency level. No prompt cache unless asked
     (`prompt_cache`; llama-server then gets `cache_prompt: true`, else false), so by default both
     prefill every request in full. No suffix cache unless asked
     (`suffix_cache`): the rounds repeat the same prompts, and the cache would hand the later
-    rounds the earlier rounds' replies. `head`: the [draft] head (a GGUF beside the draft, or none)."""
-    model = {"n_ctx": n_ctx, "threads": threads, "n_gpu_layers": n_gpu_layers}
+    rounds the earlier rounds' replies. `head`: the [draft] head (a GGUF beside the draft, or none).
+    `flash_attn`: both models' (off for a CUDA build without its flash-attention kernels)."""
+    model = {"n_ctx": n_ctx, "threads": threads, "n_gpu_layers": n_gpu_layers, "flash_attn": flash_attn}
     return {
         "server": {"host": LOOPBACK, "port": 0, "parallel": parallel, "queue_size": max(16, 2 * parallel),
                    "max_tokens": max(max_tokens, 16), "default_max_tokens": max(min(max_tokens, 256), 1),
@@ -125,13 +127,14 @@ def free_port() -> int:
 
 
 def llama_server_cmd(bin_dir: Path, *, target: str, draft: str | None, parallel: int, n_ctx: int, threads: int,
-                     port: int, draft_max: int = 4, n_gpu_layers: int = 0) -> list[str]:
+                     port: int, draft_max: int = 4, n_gpu_layers: int = 0, flash_attn: bool = True) -> list[str]:
     """llama-server with one slot per client (-np N, each slot n_ctx: -c N x n_ctx, no unified
     KV), no prompt cache in RAM, loopback only; with `draft`: draft-model speculation, at most
     `draft_max` drafted tokens, no minimum (as llama-speculative-simple in the anchor)."""
     cmd = [str(bin_dir / "llama-server"), "-m", target, "--host", LOOPBACK, "--port", str(port),
            "-np", str(parallel), "-c", str(parallel * n_ctx), "--no-kv-unified", "-t", str(threads),
-           "-tb", str(threads), "-ngl", str(n_gpu_layers), "--cache-ram", "0", "--no-webui", "--seed", "0"]
+           "-tb", str(threads), "-ngl", str(n_gpu_layers), "--cache-ram", "0", "--no-webui", "--seed", "0",
+           "-fa", "on" if flash_attn else "off"]
     if draft:
         cmd += ["-md", draft, "--spec-type", "draft-simple", "--spec-draft-n-max", str(draft_max),
                 "--spec-draft-n-min", "0", "-td", str(threads), "-ngld", str(n_gpu_layers)]

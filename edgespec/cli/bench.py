@@ -23,15 +23,17 @@ LLAMA_PREFIX = "llama.cpp:"  # the anchor's modes in the bench's rotation
 DEFAULT_N_CTX = 2048
 
 
-def bench_engine_config(target: str, draft: str | None, *, n_ctx: int, n_gpu_layers: int, threads: int) -> EngineConfig:
+def bench_engine_config(target: str, draft: str | None, *, n_ctx: int, n_gpu_layers: int, threads: int,
+                        flash_attn: bool = True) -> EngineConfig:
     """The bench's engine: every request starts cold (no prompt cache). The modes run one prompt
     after another on one slot, so a kept cache would hand each later mode the prompt the earlier
     one had absorbed: the draft's prefill, which a cold request pays, would vanish from their
-    times. What the cache saves is measured apart (README, "Prompt cache")."""
+    times. What the cache saves is measured apart (README, "Prompt cache"). `flash_attn`: off for
+    a CUDA build without its flash-attention kernels (GGML_CUDA_FA=OFF)."""
     from edgespec.config import EngineConfig, ModelConfig
 
     def model(path: str) -> ModelConfig:
-        return ModelConfig(path=path, n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, threads=threads)
+        return ModelConfig(path=path, n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, threads=threads, flash_attn=flash_attn)
 
     cfg = EngineConfig(target=model(target), draft=model(draft) if draft else None, prompt_cache=False)
     cfg.validate()
@@ -60,6 +62,8 @@ def bench(
     n_gpu_layers: int = typer.Option(0, "--n-gpu-layers", help="-1 = all layers on the GPU (CUDA build; "
                                      "a CPU build ignores it)"),
     threads: int = typer.Option(0, help="CPU threads (0 = all cores)"),
+    flash_attn: bool = typer.Option(True, "--flash-attn/--no-flash-attn", help="flash attention in both models "
+                                    "(off for a CUDA build without its flash-attention kernels, GGML_CUDA_FA=OFF)"),
     n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="context size of each model (default: 2048, or "
                                         "what the suite's longest prompt + --max-tokens needs)"),
     limit: Optional[int] = typer.Option(None, help="use only the first N prompts of each suite file"),
@@ -188,7 +192,8 @@ def _run_suite(a: SimpleNamespace, prompts, mode_list, sampling, target_path: st
     from edgespec.errors import BadRequest
 
     def config(ctx: int) -> "EngineConfig":
-        return bench_engine_config(target_path, draft_path, n_ctx=ctx, n_gpu_layers=a.n_gpu_layers, threads=a.threads)
+        return bench_engine_config(target_path, draft_path, n_ctx=ctx, n_gpu_layers=a.n_gpu_layers, threads=a.threads,
+                                   flash_attn=a.flash_attn)
 
     cfg = config(DEFAULT_N_CTX if a.n_ctx is None else a.n_ctx)
     engine = Engine.load(cfg)
@@ -207,7 +212,8 @@ def _run_suite(a: SimpleNamespace, prompts, mode_list, sampling, target_path: st
             engine = Engine.load(cfg)
         if a.head is not None:
             others["head"] = head = Engine.load(bench_engine_config(
-                target_path, a.head, n_ctx=cfg.target.n_ctx, n_gpu_layers=a.n_gpu_layers, threads=a.threads))
+                target_path, a.head, n_ctx=cfg.target.n_ctx, n_gpu_layers=a.n_gpu_layers, threads=a.threads,
+                flash_attn=a.flash_attn))
             if head.draft_kind != "eagle3":
                 raise BadRequest("head", f"{a.head} is not an EAGLE-3 head (a draft model goes in --draft)")
         external, ext_rows, live = None, [], None

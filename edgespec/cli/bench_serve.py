@@ -68,6 +68,9 @@ def bench_serve(
     n_ctx: int = typer.Option(DEFAULT_N_CTX, "--n-ctx", help="context per request (edgespec n_ctx per slot; "
                               "llama-server -c = N x this)"),
     n_gpu_layers: int = typer.Option(0, "--n-gpu-layers", help="-1 = all layers on the GPU (CUDA builds)"),
+    flash_attn: bool = typer.Option(True, "--flash-attn/--no-flash-attn", help="flash attention in every server's "
+                                    "models (off for a CUDA build without its flash-attention kernels, "
+                                    "GGML_CUDA_FA=OFF)"),
     addr: Optional[str] = typer.Option(None, "--addr", help="use this running edgespec daemon (host:port) "
                                        "instead of starting one per level"),
     llama_server_bin: Optional[Path] = typer.Option(None, "--llama-server-bin", help="directory with llama.cpp's "
@@ -117,7 +120,7 @@ def _bench_serve(a: SimpleNamespace) -> None:
     commands: dict[str, str] = {}
     starter = _Starter(addr=a.addr, target=target_path, draft=draft_path, daemon_default_draft=a.draft is None,
                        head=a.head,
-                       threads=t, n_gpu_layers=a.n_gpu_layers,
+                       threads=t, n_gpu_layers=a.n_gpu_layers, flash_attn=a.flash_attn,
                        max_tokens=max(a.max_tokens, a.scenario_stream_tokens), systems=systems,
                        llama_bin=a.llama_server_bin, draft_max=a.draft_max, workdir=a.workdir or workdir_default(),
                        commands=commands, suffix_cache=a.suffix_cache, prompt_cache=a.prompt_cache)
@@ -129,7 +132,8 @@ def _bench_serve(a: SimpleNamespace) -> None:
         "command": _command_line(),
         "settings": {"concurrency": levels, "systems": systems, "suite": a.suite, "prompts": len(prompts),
                      "requests": a.requests, "rounds": a.rounds, "max_tokens": a.max_tokens, "temperature": 0.0,
-                     "threads": t, "n_ctx": a.n_ctx, "n_gpu_layers": a.n_gpu_layers, "target": target_path,
+                     "threads": t, "n_ctx": a.n_ctx, "n_gpu_layers": a.n_gpu_layers, "flash_attn": a.flash_attn,
+                     "target": target_path,
                      "draft": draft_path, "draft_max": a.draft_max, "addr": a.addr,
                      "prompt_cache": a.prompt_cache if a.addr is None else "as the attached daemon",
                      "suffix_cache": a.suffix_cache if a.addr is None else "as the attached daemon"},
@@ -199,6 +203,7 @@ class _Starter:
     prompt_cache: bool = False  # the daemon's server.prompt_cache and llama-server's cache_prompt
     daemon_default_draft: bool = False  # the daemon drafts with its own default (no --draft)
     head: Optional[str] = None  # --head: the daemon's [draft] head
+    flash_attn: bool = True  # every server's models
 
     def daemon_head(self) -> str:
         """The daemon's `[draft] head`: --head, else without --draft the head installed for the
@@ -238,7 +243,7 @@ class _Starter:
                 sections = ss.daemon_sections(target=self.target, draft=draft, head=head, parallel=n, n_ctx=ctx,
                                               threads=self.threads, max_tokens=self.max_tokens,
                                               n_gpu_layers=self.n_gpu_layers, suffix_cache=self.suffix_cache,
-                                              prompt_cache=self.prompt_cache)
+                                              prompt_cache=self.prompt_cache, flash_attn=self.flash_attn)
                 d = ss.start_daemon(self.workdir, sections)
                 procs.append(d)
                 addr = d.addr
@@ -270,7 +275,7 @@ class _Starter:
                     p = ss.start_llama_server(self.llama_bin, self.workdir, name, target=self.target,
                                               draft=self.draft if with_draft else None, parallel=n, n_ctx=ctx,
                                               threads=self.threads, draft_max=self.draft_max,
-                                              n_gpu_layers=self.n_gpu_layers)
+                                              n_gpu_layers=self.n_gpu_layers, flash_attn=self.flash_attn)
                     procs.append(p)
                     self.commands.setdefault(name, shlex.join(p.command))
                     clients[name] = LlamaServerClient(int(p.addr.rsplit(":", 1)[1]), name,

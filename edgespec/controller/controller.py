@@ -272,6 +272,7 @@ class Controller:
             "final_shape": self.last_shape.as_dict(),
             "final_speculative_shape": self.last_speculative_shape.as_dict() if self.last_speculative_shape else None,
             "expected_speedup": round(self._speedup(lc), 4) if lc else None,
+            "verify_width": lc.verify_width if lc else None,
             "model_bias": round(self.spec_bias, 4),
             "cooldown_tokens": self.breaker.cooldown,
             "acceptance_top1_by_depth": [round(row[0], 4) for row in a],

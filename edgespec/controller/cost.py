@@ -7,11 +7,14 @@ usual load) times a recent factor (fast: how much slower the machine runs now th
 the last few forwards of any size). Both are medians of windows of ratios measured / calibrated:
 they follow a host whose speed changes within a few ticks and ignore a single slowed forward.
 Between calibrated sizes the time is piecewise linear;
-beyond the largest it extrapolates the last segment linearly. Lookups are made non-decreasing in
-the batch size (a bigger batch never costs less), which keeps noisy timings from inverting choices.
-A calibration table is first cut to its lower envelope (each size costs at most what any larger
-size cost): timing noise only ever adds, and one forward slowed by another tenant or a page fault
-must not make every larger batch look that slow too.
+beyond the largest it extrapolates the last segment linearly. Lookups follow the curve's lower
+envelope from the right (a size costs at most what any larger size costs: `widths.py`): T(n) need
+not grow with n (a GPU's CUDA graphs and kernel switches, a CPU's K-quant tiles), and n tokens are
+priced at the cheapest forward that holds them, padded up to it (`pad_to` names that width). A
+calibration table is first cut to the same envelope: timing noise only ever adds, and one forward
+slowed by another tenant or a page fault must not make every larger batch look that slow too;
+where a size really costs more than a larger one, its own forwards teach the online curve so,
+and `pad_to` then pads it.
 
 Context: a target forward at a longer context than calibration's costs more, because attention
 reads every cached token of a query's sequence for every query token (both the one-token cost and
@@ -34,6 +37,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 from typing import Callable, Iterable
+
+from edgespec.controller.widths import envelope, pad_to, stable_width
 
 KINDS = ("target", "draft", "head")
 # the drafter kinds a session may draft with: a draft model's forwards ("draft") or an EAGLE-3
@@ -65,11 +70,11 @@ class _Curve:
         self._refresh()
 
     def _refresh(self) -> None:
-        mono, m = [], 0.0
-        for s in self.secs:
-            m = max(m, s)
+        mono, m = [], float("inf")
+        for s in reversed(self.secs):  # the lower envelope from the right: non-decreasing
+            m = min(m, s)
             mono.append(m)
-        self._mono = mono
+        self._mono = mono[::-1]
         self._cache: dict[int, float] = {}
 
     def _weights(self, n: int) -> list[tuple[int, float]]:
@@ -95,6 +100,10 @@ class _Curve:
             v = max(v, self._mono[0] * 0.5)  # never extrapolate to ~0 or below
             self._cache[n] = v
         return v
+
+    def raw(self, n: int) -> float:
+        """Seconds of a forward of exactly n tokens, unpadded (the table itself, interpolated)."""
+        return max(sum(w * self.secs[i] for i, w in self._weights(n)), self._mono[0] * 0.5)
 
     def as_dict(self) -> dict[str, float]:
         """The values lookups use (non-decreasing), by table size."""
@@ -149,7 +158,7 @@ class OnlineCurve:
         return self._host
 
     def observe(self, n: int, seconds: float) -> None:
-        r = seconds / self.calib(n)
+        r = seconds / self.calib.raw(n)  # against n's own calibrated time, not the envelope's
         b = self._nearest(n)
         self.per_size[b].append(r)
         self.long.append(r)
@@ -359,10 +368,7 @@ class CostModel:
             if kind not in KINDS:
                 raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
             self.measured.add(kind)
-            secs = {n: float(measure(kind, n)) for n in sizes}
-            low = float("inf")
-            for n in sorted(secs, reverse=True):  # lower envelope
-                low = secs[n] = min(secs[n], low)
+            secs = envelope({n: float(measure(kind, n)) for n in sizes})
             self._online[kind] = OnlineCurve(_Curve(secs))
             self._curves[kind] = self._online[kind].curve
         self.calibrated = True
@@ -395,6 +401,17 @@ class CostModel:
     def curve(self, kind: str) -> Callable[[int], float]:
         """The memoised seconds(n) lookup of `kind` (valid until the next update)."""
         return self._curves[kind]
+
+    def pad_to(self, n: int, kind: str = "target", widths: Iterable[int] | None = None) -> int:
+        """The width a forward of n tokens runs at for the price `curve(kind)(n)` quotes: n, or a
+        wider measured size that costs less (widths.pad_to). `widths`: a fixed set (a GPU's,
+        widths.WIDTHS) the forward is always rounded up into, the cheapest of them that holds n."""
+        c = self._curves[kind]
+        if widths is None:
+            return pad_to(n, c.raw, c.sizes)
+        ws = tuple(widths)
+        base = stable_width(n, ws)
+        return pad_to(base, c.raw, ws) if base in ws else base
 
     def seconds(self, kind: str, n: int) -> float:
         return self._curves[kind](n)

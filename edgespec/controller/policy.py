@@ -44,6 +44,9 @@ class Choice:
     rate: float  # tokens / seconds
     plain_rate: float
     evaluated: int  # candidates evaluated
+    # tokens the verification forward is priced at: nodes + 1, or the wider width it pads up to
+    # where that costs less (CostModel.pad_to)
+    verify_width: int = 1
 
     @property
     def speedup(self) -> float:
@@ -243,7 +246,7 @@ class ShapePolicy:
                             best_rate, best = e / secs, (eagle(d, w, ex, nodes, sp), e, secs)
 
         shape, e, secs = best
-        return Choice(shape, e, secs, e / secs, plain_rate, n)
+        return Choice(shape, e, secs, e / secs, plain_rate, n, cost.pad_to(shape.verify_tokens))
 
     def evaluate(self, shape: Shape, a: list[list[float]], cost: CostModel, *, catchup: int = 1,
                  overhead_spec: float = 0.0, overhead_plain: float = 0.0) -> tuple[float, float]:

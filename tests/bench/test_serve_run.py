@@ -196,6 +196,12 @@ def test_daemon_config_is_valid_toml_the_daemon_accepts(tmp_path: Path):
                              max_tokens=64, prompt_cache=True)
     (tmp_path / "p.toml").write_text(toml_config(cached))
     assert load(tmp_path / "p.toml", env={}).server.prompt_cache
+    assert cfg.engine.target.flash_attn and cfg.engine.draft.flash_attn
+    no_fa = daemon_sections(target=str(tmp_path / "t.gguf"), draft=str(tmp_path / "d.gguf"), parallel=1, n_ctx=1024,
+                            threads=1, max_tokens=64, flash_attn=False)
+    (tmp_path / "f.toml").write_text(toml_config(no_fa))
+    off = load(tmp_path / "f.toml", env={}).engine
+    assert not off.target.flash_attn and off.draft is not None and not off.draft.flash_attn
 
 
 def test_the_report_says_what_the_servers_reuse():
@@ -215,6 +221,10 @@ def test_llama_server_command():
     assert plain[0] == "/b/llama-server"
     assert (val("--host"), val("-np"), val("-c"), val("-t")) == ("127.0.0.1", "4", "4096", "2")
     assert "-md" not in plain and "--no-kv-unified" in plain
+    assert val("-fa") == "on"
+    off = llama_server_cmd(Path("/b"), target="t.gguf", draft=None, parallel=1, n_ctx=1024, threads=2, port=9,
+                           flash_attn=False)
+    assert off[off.index("-fa") + 1] == "off"
     spec = llama_server_cmd(Path("/b"), target="t.gguf", draft="d.gguf", parallel=1, n_ctx=1024, threads=2, port=9)
     assert spec[spec.index("-md") + 1] == "d.gguf"
     assert spec[spec.index("--spec-draft-n-max") + 1] == "4" and spec[spec.index("--spec-draft-n-min") + 1] == "0"
