@@ -16,7 +16,7 @@ HOST ?= 127.0.0.1
 PORT ?= 50051
 PYTEST_ARGS ?=
 
-.PHONY: all venv install proto models serve test test-fast bundle clean bench rpc-server
+.PHONY: all venv install proto models serve lint test test-fast bundle clean bench rpc-server
 
 all: install
 
@@ -42,6 +42,11 @@ models: install
 
 serve: install models
 	$(EDGESPEC) serve --host $(HOST) --port $(PORT)
+
+# ruff and mypy ([tool.ruff], [tool.mypy] in pyproject.toml): seconds, no models, no protobuf modules.
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 test: install models
 	tools/ensure-test-deps.sh
