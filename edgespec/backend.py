@@ -48,7 +48,7 @@ def _init() -> None:
         verbose = os.environ.get("EDGESPEC_LLAMA_LOG", "") not in ("", "0")
 
         @ll.llama_log_callback
-        def _cb(level, text, user_data):  # noqa: ANN001
+        def _cb(level, text, user_data):
             if verbose:
                 os.write(2, text)
 
@@ -284,7 +284,7 @@ class Model:
             pass
 
 
-def _abort_fn():  # noqa: ANN202
+def _abort_fn():
     """The patched libllama's `edgespec_abort_flag` (tools/patches/): an abort callback that reads
     an int32 flag, polled by the CPU backend between graph nodes with no Python call (no GIL on
     the compute thread). None for a libllama without it."""
@@ -357,7 +357,7 @@ class _Decoding:
             start += m
         self._last_n = n
 
-    def _fill(self, tokens, positions, seq_ids, logits, embd) -> None:  # noqa: ANN001
+    def _fill(self, tokens, positions, seq_ids, logits, embd) -> None:
         raise NotImplementedError
 
     def _forward(self, m: int) -> int:
@@ -471,7 +471,7 @@ class Context(_Decoding):
             self.n_vocab = pairing.n_target
 
     # -- decoding -----------------------------------------------------------------------------
-    def _fill(self, tokens, positions, seq_ids, logits, embd) -> None:  # noqa: ANN001
+    def _fill(self, tokens, positions, seq_ids, logits, embd) -> None:
         m = len(tokens)
         self._tok[:m] = tokens
         if self._pairing is not None:
@@ -586,7 +586,7 @@ class _Eagle3Lib:
         vp, u32, i32, b = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int32, ctypes.c_bool
         fp = ctypes.POINTER(ctypes.c_float)
 
-        def fn(mangled: str, args: list, res):  # noqa: ANN001
+        def fn(mangled: str, args: list, res):
             f = getattr(lib, mangled)
             f.argtypes, f.restype = args, res
             return f
@@ -631,7 +631,7 @@ def target_layer_ids(model: Model) -> tuple[int, ...]:
     return tuple(int(p[i]) for i in range(n))
 
 
-def _rows(ptr, n: int, width: int) -> np.ndarray:  # noqa: ANN001
+def _rows(ptr, n: int, width: int) -> np.ndarray:
     return np.ctypeslib.as_array(ptr, shape=(n, width))
 
 
@@ -680,7 +680,7 @@ class FeatureContext(Context):
         if self._collected is not None:
             self._collected.append(self.features())
 
-    def decode_rows(self, tokens, positions, seq_ids, logits) -> np.ndarray:  # noqa: ANN001
+    def decode_rows(self, tokens, positions, seq_ids, logits) -> np.ndarray:
         self._collected = []
         try:
             return super().decode_rows(tokens, positions, seq_ids, logits)
@@ -806,7 +806,7 @@ class HeadContext(_Decoding):
         g = np.ascontiguousarray(g, dtype=np.float32).reshape(n, self.n_embd)
         super().decode(tokens, positions, seq_ids, [True] * n if logits is None else logits, embd=g)
 
-    def _fill(self, tokens, positions, seq_ids, logits, embd) -> None:  # noqa: ANN001
+    def _fill(self, tokens, positions, seq_ids, logits, embd) -> None:
         ll.llama_batch_ext_clear(self._batch)
         self._keep = [embd]
         pos = (ll.llama_pos * 1)()

@@ -52,7 +52,7 @@ class ChatTokenizer(TemplateTokenizer, Protocol):
     special_tokens: Mapping[str, int]
 
 
-def encode_chat(tok: ChatTokenizer, messages: Sequence[Message], *, template: "ChatTemplate | None" = None,
+def encode_chat(tok: ChatTokenizer, messages: Sequence[Message], *, template: ChatTemplate | None = None,
                 tools: Sequence[Mapping] | None = None, extras: Sequence[Mapping] | None = None,
                 variables: Mapping[str, Any] | None = None, rendered: list[str] | None = None) -> list[int]:
     """Prompt token ids for `messages` (generation prompt appended): special tokens from the
@@ -168,7 +168,7 @@ def _raise(message: str) -> None:
 
 
 def _tojson(value: object, indent: int | None = None, ensure_ascii: bool = False, separators=None,
-            sort_keys: bool = False) -> str:  # noqa: ANN001
+            sort_keys: bool = False) -> str:
     return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, separators=separators, sort_keys=sort_keys)
 
 

@@ -31,7 +31,8 @@ from edgespec import backend, chat
 from edgespec.config import EngineConfig, shared_cells
 from edgespec.drafters import ModelDrafter, draft_kind, drafter_class
 from edgespec.drafters.base import decode_batch
-from edgespec.drafters.eagle3 import HeadCache, reusable as head_reusable
+from edgespec.drafters.eagle3 import HeadCache
+from edgespec.drafters.eagle3 import reusable as head_reusable
 from edgespec.drafters.model import DraftCache
 from edgespec.drafters.ngram import ReachPriors
 from edgespec.drafters.suffix import SuffixCache, SuffixDrafter
@@ -113,7 +114,7 @@ class Slot:
         beside the draft model, else the slot's one draft range."""
         return self.head if self._beside(kind) else self.draft
 
-    def cache_of(self, kind: str):  # noqa: ANN201
+    def cache_of(self, kind: str):
         return self.head_cache if self._beside(kind) else self.draft_cache
 
     def head_to_lend(self, kind: str) -> HeadCache | None:
@@ -121,7 +122,7 @@ class Slot:
         running request's prompt if it drafts with the head, else what the head's cells hold."""
         return self.lent if self.drafting == kind else self.cache_of(kind)
 
-    def set_cache(self, kind: str, cache) -> None:  # noqa: ANN001
+    def set_cache(self, kind: str, cache) -> None:
         if self._beside(kind):
             self.head_cache = cache
         else:
@@ -580,7 +581,7 @@ class Engine:
     def model_info(self) -> dict:
         t, d, h = self.target, self.draft, self.head
 
-        def info(m):  # noqa: ANN001, ANN202
+        def info(m):
             return None if m is None else {"path": str(m.path), "desc": m.desc, "n_params": m.n_params,
                                            "size_bytes": m.size_bytes}
 

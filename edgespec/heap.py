@@ -53,7 +53,7 @@ def keep_training_heap() -> bool:
     return True
 
 
-def _mallopt(settings) -> bool:  # noqa: ANN001
+def _mallopt(settings) -> bool:
     if os.environ.get("EDGESPEC_KEEP_HEAP", "1") == "0" or any(v in os.environ for v in OPERATOR_VARS):
         return False
     try:

@@ -41,7 +41,7 @@ class SeqRange:
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         self.ctx.seq_cp(self.base + src, self.base + dst, p0, p1)
 
-    def commit_branch(self, src: int, start: int, end: int, branches) -> None:  # noqa: ANN001
+    def commit_branch(self, src: int, start: int, end: int, branches) -> None:
         """After a verification: the main sequence keeps its cells before `start`, then positions
         [start, end) of branch `src` (the accepted path; 0: the main sequence's own), nothing
         beyond; every other sequence in `branches` is emptied (the rejected cells are gone)."""

@@ -54,7 +54,7 @@ class Adjuster:
     def _adj(self, tok: int, count: int) -> np.float32:
         return np.float32(self._bias.get(tok, 0.0) - _penalty(self.s, count))
 
-    def _repeat(self, x):  # noqa: ANN001, ANN202 - a float32 array or scalar
+    def _repeat(self, x):  # a float32 array or scalar
         """The repetition penalty (CTRL's, as in vLLM and llama.cpp): positive logits divided by
         it, negative ones multiplied."""
         return np.where(x > 0, x / self.rep, x * self.rep).astype(np.float32)

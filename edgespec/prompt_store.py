@@ -44,7 +44,7 @@ class StoredPrompt:
         return len(self.target) + len(self.head_cells) + g + tokens
 
     # what Engine._kept_prefill asks of a donor (a slot or an entry)
-    def head_to_lend(self, kind: str) -> HeadCache | None:  # noqa: ARG002 - a slot's signature
+    def head_to_lend(self, kind: str) -> HeadCache | None:  # a slot's signature
         return self.head
 
 

@@ -86,7 +86,7 @@ def read_source(path: Path) -> Source:
 
     r = GGUFReader(str(path))
 
-    def kv(key: str):  # noqa: ANN202
+    def kv(key: str):
         f = r.fields.get(f"llama.{key}")
         if f is None:
             raise ModelError(f"{path}: no llama.{key} (not a llama GGUF?)")

@@ -65,7 +65,7 @@ def run_live_checks(stub, metadata=(), max_tokens: int = 48, concurrency: int | 
         for mode in modes:
             for together in levels:
                 with ThreadPoolExecutor(together) as pool:
-                    outs = list(pool.map(lambda p: generate(p, mode), prompts))
+                    outs = list(pool.map(lambda p, mode=mode: generate(p, mode), prompts))
                 bad = [(i, _first_diff(o, plain[i])) for i, o in enumerate(outs) if o != plain[i]]
                 detail = "; ".join(f"prompt {i} differs from token {k}" for i, k in bad)
                 suffix = f"_r{r + 1}" if repeat > 1 else ""

@@ -16,7 +16,6 @@ import time
 
 import numpy as np
 
-from edgespec.shape import PLAIN, Shape, chain, eagle
 from edgespec.drafters import NgramDrafter
 from edgespec.drafters.ngram import NGRAM_MAX  # noqa: F401 - re-exported (edgespec.engine)
 from edgespec.emit import Emitter
@@ -24,6 +23,7 @@ from edgespec.errors import BadRequest
 from edgespec.logprobs import token_logprob
 from edgespec.logs import get_logger
 from edgespec.penalties import Adjuster, adjusts
+from edgespec.shape import PLAIN, Shape, chain, eagle
 from edgespec.tick import graft, layout, verdict
 from edgespec.tick.step import StepRecord, count_verified, outcome
 from edgespec.tree import DraftTree

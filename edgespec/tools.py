@@ -117,7 +117,7 @@ class ToolSpec:
             return parse_answer(text, truncated=truncated)
         return parse_format(fmt, text, self.by_name, truncated=truncated)
 
-    def stream(self) -> "AnswerStream | FormatStream":
+    def stream(self) -> AnswerStream | FormatStream:
         """A reader of the answer as it streams, in this spec's format."""
         fmt = tool_formats.by_name(self.format)
         return AnswerStream() if fmt is None else FormatStream(fmt, self.by_name)

@@ -38,11 +38,11 @@ class ChatML:
                 i += 1
         return out
 
-    def chat_prompt(self, messages) -> str:  # noqa: ANN001
+    def chat_prompt(self, messages) -> str:
         return "".join(f"<|im_start|>{r}\n{c}<|im_end|>\n" for r, c in messages) + "<|im_start|>assistant\n"
 
 
-def whole_text(tok: ChatML, messages) -> list[int]:  # noqa: ANN001
+def whole_text(tok: ChatML, messages) -> list[int]:
     """The old path: template over the real contents, then one tokenize with specials parsed."""
     return tok.tokenize(tok.chat_prompt(messages), add_special=True, parse_special=True)
 
@@ -90,7 +90,7 @@ def test_a_content_cannot_forge_a_marker():
 
 def test_a_template_that_drops_a_message_drops_it_from_the_prompt():
     class NoSystem(ChatML):
-        def chat_prompt(self, messages) -> str:  # noqa: ANN001
+        def chat_prompt(self, messages) -> str:
             return super().chat_prompt([m for m in messages if m[0] != "system"])
 
     tok = NoSystem()

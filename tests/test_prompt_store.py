@@ -91,7 +91,7 @@ def test_the_engine_writes_a_dropped_prefill_back_and_survives_a_full_cache(monk
     assert eng.tick_totals["prompt_store_hits"] == 1 and eng.tick_totals["prompt_store_restored_tokens"] == 128
     assert _generate(eng, second, caller="token:bob").stats.cached_prompt_tokens == 0  # not bob's
 
-    def full(self, seq, data):  # noqa: ANN001, ARG001
+    def full(self, seq, data):
         raise ModelError("could not restore: no room")
 
     monkeypatch.setattr(type(eng.target_ctx), "load_seq_state", full)

@@ -59,7 +59,7 @@ def test_a_target_on_an_rpc_server_answers_like_the_local_one(tmp_path):
         pytest.skip("demo models missing: run `edgespec models prepare-demo`")
     port = _free_port()
     rpc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port), "-t", "2"], stdout=subprocess.DEVNULL,
-                           stderr=open(tmp_path / "rpc.log", "w"))  # noqa: SIM115
+                           stderr=open(tmp_path / "rpc.log", "w"))
     try:
         deadline = time.monotonic() + 60
         while True:  # wait until it listens (a condition, not a guessed delay)
@@ -80,7 +80,7 @@ def test_a_target_on_an_rpc_server_answers_like_the_local_one(tmp_path):
         env = {**os.environ, "EDGESPEC_LOG_LEVEL": "info"}
         serve = subprocess.Popen([sys.executable, "-m", "edgespec.cli.main", "serve", "--config", str(cfg),
                                   "--log-level", "info"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                 stderr=open(tmp_path / "serve.log", "w"), text=True)  # noqa: SIM115
+                                 stderr=open(tmp_path / "serve.log", "w"), text=True)
         try:
             line = serve.stdout.readline()
             assert line.startswith("SERVING "), (tmp_path / "serve.log").read_text()[-3000:]

@@ -16,7 +16,7 @@ class Stub:
         self.broken_mode = broken_mode
         self.calls = []
 
-    def Generate(self, req, timeout=None, metadata=()):  # noqa: N802 - the gRPC method name
+    def Generate(self, req, timeout=None, metadata=()):  # the gRPC method name
         prompt = req.messages[0].content
         mode = pb.SpeculationMode.Name(req.speculation.mode)
         self.calls.append((prompt, mode, req.sampling.temperature))
@@ -56,7 +56,7 @@ def test_levels_modes_and_repeats_each_make_a_check_and_plain_runs_once_per_prom
 
 def test_a_drift_in_one_repeat_only_fails_that_repeat():
     class Flaky(Stub):
-        def Generate(self, req, timeout=None, metadata=()):  # noqa: N802
+        def Generate(self, req, timeout=None, metadata=()):
             out = super().Generate(req, timeout, metadata)
             if len(self.calls) > 3 + 3 * 2:  # after plain (3) and the first repeat (3 prompts x 2 levels)
                 out.token_ids[1] = 42

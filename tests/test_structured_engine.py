@@ -86,7 +86,7 @@ def test_a_constraint_compiled_on_another_thread_decodes_the_same(engine, monkey
     worker.start()
     worker.join(60)
 
-    def refuse(spec):  # noqa: ANN001, ANN202
+    def refuse(spec):
         raise AssertionError("compiled on the engine thread")
 
     monkeypatch.setattr(engine, "constraint_matcher", refuse)

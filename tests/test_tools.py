@@ -190,7 +190,7 @@ def test_answer_stream_sends_arguments_as_they_come_in_any_split(seed):
     assert [(c["name"], c["arguments"]) for c in calls] == [(c.name, c.arguments) for c in calls_u]  # == unary
     assert [c["id"] for c in calls] == [c.id for c in s.calls]
     assert [c.arguments for c in s.calls] == [c.arguments for c in calls_u]
-    for c, u in zip(calls, calls_u):
+    for u in calls_u:
         assert u.arguments in text  # the model's own text, not re-serialised
     if seed == 0:  # one character at a time: each header as soon as its name is read, then many pieces
         s, sent_at = tools.AnswerStream(), []
@@ -249,7 +249,7 @@ HERMES = ("{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t | t
 class Tok:
     """A tokenizer whose control tokens are <|im_start|> (1000) and <|im_end|> (1001)."""
 
-    special_tokens = {"<|im_start|>": 1000, "<|im_end|>": 1001}  # noqa: RUF012
+    special_tokens = {"<|im_start|>": 1000, "<|im_end|>": 1001}
     chat_template = HERMES.encode()
     bos = eos = -1
 

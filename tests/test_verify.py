@@ -200,7 +200,7 @@ def test_one_hot_target_reproduces_greedy_exactly():
         t = random_tree(rng)
         argmax = [int(a) for a in rng.integers(V, size=len(t))]
         want = verify_greedy(t, argmax)
-        got = verify_stochastic(t, lambda i: one_hot(argmax[i]), rng)
+        got = verify_stochastic(t, lambda i, argmax=argmax: one_hot(argmax[i]), rng)
         assert got == want
 
 
@@ -210,7 +210,7 @@ def test_target_probs_are_evaluated_only_on_the_walked_path():
         t = random_tree(rng)
         rows = rng.dirichlet(np.ones(V), size=len(t))
         calls = []
-        res = verify_stochastic(t, lambda i: calls.append(i) or rows[i], rng)
+        res = verify_stochastic(t, lambda i, calls=calls, rows=rows: calls.append(i) or rows[i], rng)
         assert calls == [0, *res.accepted]
 
 

@@ -43,7 +43,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2 as pb, inference_pb2_grpc  # noqa: E402
+from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2_grpc
+from edgespec.proto.edgespec.v1 import inference_pb2 as pb
 
 FORBIDDEN = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DATA_LOSS}
 USER_TOKEN, ADMIN_TOKEN = "fuzz-user-token", "fuzz-admin-token"
@@ -96,7 +97,7 @@ def speculation(rng: random.Random, s: pb.SpeculationOptions) -> None:
         s.ngram = maybe(rng)
 
 
-def messages(rng: random.Random, into) -> None:  # noqa: ANN001
+def messages(rng: random.Random, into) -> None:
     n = rng.choice((1, 1, 2, 3, 8, 40, 1025 if maybe(rng, 0.05) else 4))
     for _ in range(n):
         into.add(role=pick(rng, ROLES) if maybe(rng, 0.3) else "user", content=text(rng))
@@ -282,7 +283,7 @@ def start_daemon(tmp: Path) -> tuple[subprocess.Popen, str]:
         "[server]\nport = 0\nparallel = 2\nqueue_size = 4\nmax_tokens = 32\ndefault_max_tokens = 16\n"
         "grace_seconds = 5\n[target]\nn_ctx = 1024\n[draft]\nn_ctx = 1024\n"
         f'[auth]\ntokens_file = "{tmp / "tokens"}"\nadmin_tokens_file = "{tmp / "admin_tokens"}"\n')
-    log = open(tmp / "serve.log", "w")  # noqa: SIM115 - lives as long as the daemon
+    log = open(tmp / "serve.log", "w")  # lives as long as the daemon
     proc = subprocess.Popen([sys.executable, "-m", "edgespec.cli.main", "serve", "--config", str(tmp / "edgespec.toml"),
                              "--log-level", "warning"], cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
                             env={k: v for k, v in os.environ.items() if not k.startswith("EDGESPEC_") or k == "EDGESPEC_HOME"})
@@ -306,7 +307,7 @@ def main() -> int:
     ap.add_argument("--watch-flood", type=int, default=40, help="anonymous Watch streams opened at the start")
     ap.add_argument("--rss-growth-mib", type=float, default=256.0)
     ns = ap.parse_args()
-    global USER_TOKEN, ADMIN_TOKEN  # noqa: PLW0603 - an existing daemon's tokens
+    global USER_TOKEN, ADMIN_TOKEN  # an existing daemon's tokens
     if ns.token:
         USER_TOKEN = ns.token
     if ns.admin_token:

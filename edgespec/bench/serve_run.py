@@ -184,7 +184,7 @@ def run_levels(start_level: Callable[[int], Level], systems: Sequence[str], prom
                 start = 0
                 for r, count in enumerate(per_round):
                     for name in mode_order(list(systems), r):
-                        def done(tr: Trace, name: str = name) -> None:
+                        def done(tr: Trace, name: str = name, n: int = n) -> None:
                             if bar is not None:
                                 bar.set_postfix_str(f"N={n} {name} {tr.tokens} tok", refresh=False)
                                 bar.update(1)

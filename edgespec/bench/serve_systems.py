@@ -103,7 +103,7 @@ def start_daemon(workdir: Path, sections: dict[str, dict[str, Any]], *, timeout:
     log = cfg.with_suffix(".log")
     env = {k: v for k, v in os.environ.items() if not k.startswith("EDGESPEC_") or k == "EDGESPEC_HOME"}
     cmd = [python, "-m", "edgespec.cli.main", "serve", "--config", str(cfg)]
-    err = open(log, "w")  # noqa: SIM115 - the child writes it; closed when the child is stopped
+    err = open(log, "w")  # the child writes it; closed when the child is stopped
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True, env=env)
     err.close()
     box: list[str] = []
@@ -152,7 +152,7 @@ def start_llama_server(bin_dir: Path, workdir: Path, name: str, *, timeout: floa
     port = free_port()
     cmd = llama_server_cmd(bin_dir, port=port, **kw)
     log = workdir / f"{name}-np{kw['parallel']}.log"
-    out = open(log, "w")  # noqa: SIM115
+    out = open(log, "w")
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     out.close()
     p = Process(name, proc, f"{LOOPBACK}:{port}", log, cmd)

@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -40,7 +40,7 @@ def bench_engine_config(target: str, draft: str | None, *, n_ctx: int, n_gpu_lay
     return cfg
 
 
-def _model_path(given: Optional[str], which: str) -> str:
+def _model_path(given: str | None, which: str) -> str:
     if given:
         return given
     from edgespec.models import default_pair  # the demo pair: F32 target, Q8_0 draft
@@ -53,10 +53,10 @@ def bench(
                               "structured, all) or a JSONL file"),
     modes: str = typer.Option("plain,chain,tree,auto", help="comma-separated modes, run interleaved per prompt"),
     max_tokens: int = typer.Option(128, "--max-tokens", help="tokens generated per prompt and mode"),
-    target: Optional[str] = typer.Option(None, help="target GGUF (default: the demo F32 target)"),
-    draft: Optional[str] = typer.Option(None, help="draft GGUF (default: the demo Q8_0 draft; 'none' = n-gram only; "
+    target: str | None = typer.Option(None, help="target GGUF (default: the demo F32 target)"),
+    draft: str | None = typer.Option(None, help="draft GGUF (default: the demo Q8_0 draft; 'none' = n-gram only; "
                                         "an EAGLE-3 head GGUF is detected and drafts as a head)"),
-    head: Optional[str] = typer.Option(None, help="also an EAGLE-3 head GGUF on a second engine: its modes run as "
+    head: str | None = typer.Option(None, help="also an EAGLE-3 head GGUF on a second engine: its modes run as "
                                        "head:chain, head:tree, head:auto (those of --modes), interleaved with the "
                                        "others prompt by prompt"),
     n_gpu_layers: int = typer.Option(0, "--n-gpu-layers", help="-1 = all layers on the GPU (CUDA build; "
@@ -66,20 +66,20 @@ def bench(
                                     "(off for a CUDA build without its flash-attention kernels, GGML_CUDA_FA=OFF)"),
     n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="context size of each model (default: 2048, or "
                                         "what the suite's longest prompt + --max-tokens needs)"),
-    limit: Optional[int] = typer.Option(None, help="use only the first N prompts of each suite file"),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="write the JSON report here"),
-    markdown_out: Optional[Path] = typer.Option(None, "--markdown", help="write the markdown table here"),
-    plot_out: Optional[Path] = typer.Option(None, "--plot", help="write the PNG plot here"),
-    anchor: Optional[Path] = typer.Option(None, help="merge llama.cpp anchor results (tools/llama-anchor.sh --json)"),
-    anchor_bin: Optional[Path] = typer.Option(None, "--anchor-bin", help="run llama.cpp's own llama-completion and "
+    limit: int | None = typer.Option(None, help="use only the first N prompts of each suite file"),
+    json_out: Path | None = typer.Option(None, "--json", help="write the JSON report here"),
+    markdown_out: Path | None = typer.Option(None, "--markdown", help="write the markdown table here"),
+    plot_out: Path | None = typer.Option(None, "--plot", help="write the PNG plot here"),
+    anchor: Path | None = typer.Option(None, help="merge llama.cpp anchor results (tools/llama-anchor.sh --json)"),
+    anchor_bin: Path | None = typer.Option(None, "--anchor-bin", help="run llama.cpp's own llama-completion and "
                                               "llama-speculative-simple from this directory (tools/llama-anchor.sh "
                                               "build) inside the interleaved loop, prompt by prompt"),
     anchor_draft_max: int = typer.Option(4, "--anchor-draft-max", help="llama-speculative-simple --spec-draft-n-max"),
-    anchor_draft: Optional[str] = typer.Option(None, "--anchor-draft", help="draft GGUF for llama.cpp's speculation "
+    anchor_draft: str | None = typer.Option(None, "--anchor-draft", help="draft GGUF for llama.cpp's speculation "
                                                "(default: edgespec's draft)"),
-    structured: Optional[str] = typer.Option(None, help="comma-separated categories the headline pools as "
+    structured: str | None = typer.Option(None, help="comma-separated categories the headline pools as "
                                              "structured (default: by name: code, json, legal, rag, extract..., sql...)"),
-    drift: Optional[str] = typer.Option(None, help="comma-separated categories the headline pools as drift "
+    drift: str | None = typer.Option(None, help="comma-separated categories the headline pools as drift "
                                         "(default: by name: drift, ood, out-of-domain, random...)"),
     temperature: float = typer.Option(0.0, help="0 = greedy; > 0 samples (every mode the same seed per prompt)"),
     top_k: int = typer.Option(0, "--top-k", help="with --temperature: 0 = off"),
@@ -138,7 +138,7 @@ def _plot(report: dict, path: str) -> None:
     plot(report, path)
 
 
-def _sampling(a: SimpleNamespace) -> "SamplingParams":
+def _sampling(a: SimpleNamespace) -> SamplingParams:
     """The sampling options checked (with the numbers and anchor options that depend on them)."""
     from edgespec.errors import BadRequest
     from edgespec.sampling import SamplingParams
@@ -243,7 +243,7 @@ def _run_suite(a: SimpleNamespace, prompts, mode_list, sampling, target_path: st
     return rows, cfg, backend, costs, anchor
 
 
-def _categories(field: str, given: Optional[str], prompts) -> list[str] | None:
+def _categories(field: str, given: str | None, prompts) -> list[str] | None:
     """--structured / --drift: a comma-separated list of the suite's categories (None: by name)."""
     if given is None:
         return None

@@ -9,7 +9,6 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Optional
 
 import typer
 
@@ -54,14 +53,14 @@ def bench_serve(
                                     "the daemon's parallel and llama-server's -np)"),
     modes: str = typer.Option("auto,plain", help="edgespec speculation modes (plain = mode OFF)"),
     suite: str = typer.Option("structured", help="prompt suite (a shipped name or a JSONL file)"),
-    limit: Optional[int] = typer.Option(None, help="first N prompts of each suite file"),
+    limit: int | None = typer.Option(None, help="first N prompts of each suite file"),
     requests: int = typer.Option(16, help="requests per system and concurrency level"),
     rounds: int = typer.Option(2, help="interleaved rounds the requests are split into (systems rotate)"),
     max_tokens: int = typer.Option(128, "--max-tokens", help="max tokens per request (EOS ends earlier)"),
-    target: Optional[str] = typer.Option(None, help="target GGUF (default: the demo F32 target)"),
-    draft: Optional[str] = typer.Option(None, help="draft GGUF (default: the Q8_0 demo draft; llama-server gets "
+    target: str | None = typer.Option(None, help="target GGUF (default: the demo F32 target)"),
+    draft: str | None = typer.Option(None, help="draft GGUF (default: the Q8_0 demo draft; llama-server gets "
                                         "the Q8_0 draft in any case)"),
-    head: Optional[str] = typer.Option(None, help="the daemon's `[draft] head`: an EAGLE-3 head GGUF loaded beside "
+    head: str | None = typer.Option(None, help="the daemon's `[draft] head`: an EAGLE-3 head GGUF loaded beside "
                                        "the draft (each request chooses), or none; default: without --draft the "
                                        "head installed for the demo target (the daemon's own default), else none"),
     threads: int = typer.Option(0, help="CPU threads of every server (0 = all cores)"),
@@ -73,7 +72,7 @@ def bench_serve(
                                     "GGML_CUDA_FA=OFF)"),
     addr: Optional[str] = typer.Option(None, "--addr", help="use this running edgespec daemon (host:port) "
                                        "instead of starting one per level"),
-    llama_server_bin: Optional[Path] = typer.Option(None, "--llama-server-bin", help="directory with llama.cpp's "
+    llama_server_bin: Path | None = typer.Option(None, "--llama-server-bin", help="directory with llama.cpp's "
                                                     "llama-server (tools/llama-anchor.sh build): run it beside edgespec"),
     llama_server_modes: str = typer.Option("plain,draft", help="llama-server without / with the draft model"),
     draft_max: int = typer.Option(4, "--draft-max", help="llama-server --spec-draft-n-max"),
@@ -82,11 +81,11 @@ def bench_serve(
     scenario_stream_tokens: int = typer.Option(256, "--scenario-stream-tokens", help="max tokens of the 3 streams"),
     scenario_long_tokens: int = typer.Option(16, "--scenario-long-tokens", help="max tokens of the long request"),
     scenario_rounds: int = typer.Option(2, "--scenario-rounds"),
-    workdir: Optional[Path] = typer.Option(None, "--workdir", help="where configs and server logs go "
+    workdir: Path | None = typer.Option(None, "--workdir", help="where configs and server logs go "
                                            "(default: a new temporary directory)"),
-    json_out: Optional[Path] = typer.Option(None, "--json"),
-    markdown_out: Optional[Path] = typer.Option(None, "--markdown"),
-    plot_out: Optional[Path] = typer.Option(None, "--plot"),
+    json_out: Path | None = typer.Option(None, "--json"),
+    markdown_out: Path | None = typer.Option(None, "--markdown"),
+    plot_out: Path | None = typer.Option(None, "--plot"),
     suffix_cache: bool = typer.Option(False, "--suffix-cache", help="the daemon drafts from its cross-request "
                                       "suffix cache too (auto requests read and feed it): with a repetitive suite "
                                       "and many rounds, each round's edgespec-auto / edgespec-plain ratio is the "
@@ -168,7 +167,7 @@ def _check(a: SimpleNamespace) -> None:
         raise BadRequest("rounds", f"must be <= requests ({a.requests}), got {a.rounds}")
 
 
-def _scenario(a: SimpleNamespace, starter: "_Starter", systems: list[str]) -> dict:
+def _scenario(a: SimpleNamespace, starter: _Starter, systems: list[str]) -> dict:
     """The long-prompt scenario: 3 streams and one long prompt, on a context that holds them."""
     from edgespec.bench.serve_run import STREAM_PROMPTS, run_scenarios
 
@@ -188,14 +187,14 @@ def _scenario(a: SimpleNamespace, starter: "_Starter", systems: list[str]) -> di
 class _Starter:
     """Starts one level's servers (the daemon unless attached, the llama-servers) and their clients."""
 
-    addr: Optional[str]
+    addr: str | None
     target: str
     draft: str
     threads: int
     n_gpu_layers: int
     max_tokens: int  # the daemon's max_tokens limit: the largest any request of the run asks for
     systems: list[str]
-    llama_bin: Optional[Path]
+    llama_bin: Path | None
     draft_max: int
     workdir: Path
     commands: dict = field(default_factory=dict)  # what the report lists under "commands"
@@ -217,7 +216,7 @@ class _Starter:
             return str(found) if found is not None else "none"
         return "none"
 
-    def start(self, n: int, ctx: int, prompts, max_tokens: int, long_tokens: int | None = None):  # noqa: ANN001, ANN201
+    def start(self, n: int, ctx: int, prompts, max_tokens: int, long_tokens: int | None = None):
         from edgespec.bench import serve_systems as ss
         from edgespec.bench.serve_clients import EdgespecClient, LlamaServerClient
         from edgespec.bench.serve_run import Level, check_fits, drafts_since, long_prompt
@@ -294,7 +293,7 @@ class _Starter:
         return Level(clients=clients, stop=stop, info=info, draft_stats=draft_stats if base is not None else None)
 
 
-def _models(target: Optional[str], draft: Optional[str]) -> tuple[str, str]:
+def _models(target: str | None, draft: str | None) -> tuple[str, str]:
     from edgespec.models import default_pair
 
     pair = default_pair()

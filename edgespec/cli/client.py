@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Optional
 
 import typer
 
@@ -32,7 +31,7 @@ EXIT_DENIED = 4  # the daemon refused the credentials (UNAUTHENTICATED, PERMISSI
 EXIT_FAILED = 5  # the daemon answered with another error (overloaded, deadline, internal, ...)
 
 
-def _options(addr: str, token: str, ca: str, cert: str, key: str, server_name: str):  # noqa: ANN202
+def _options(addr: str, token: str, ca: str, cert: str, key: str, server_name: str):
     from edgespec.errors import BadRequest
     from edgespec.server.channel import ClientOptions, resolve_target
 
@@ -46,7 +45,7 @@ def _options(addr: str, token: str, ca: str, cert: str, key: str, server_name: s
     return ClientOptions(addr=addr, token=token, ca=ca, cert=cert, key=key, server_name=server_name)
 
 
-def exit_code_for(code) -> int:  # noqa: ANN001 - a grpc.StatusCode
+def exit_code_for(code) -> int:  # a grpc.StatusCode
     import grpc
 
     s = grpc.StatusCode
@@ -69,7 +68,7 @@ def _rpc_error(exc: Exception, addr: str = "") -> None:
     raise exc
 
 
-def _request(prompt: str, chat: bool, system: str, temperature, top_k, top_p, min_p, seed, max_tokens, stop, mode):  # noqa: ANN001, ANN202
+def _request(prompt: str, chat: bool, system: str, temperature, top_k, top_p, min_p, seed, max_tokens, stop, mode):
     from edgespec.proto.edgespec.v1 import inference_pb2 as pb
 
     req = pb.GenerateRequest()
@@ -92,7 +91,7 @@ def _request(prompt: str, chat: bool, system: str, temperature, top_k, top_p, mi
     return req
 
 
-def _summary(final) -> dict:  # noqa: ANN001
+def _summary(final) -> dict:
     from google.protobuf.json_format import MessageToDict
 
     d = MessageToDict(final, preserving_proto_field_name=True)
@@ -101,7 +100,7 @@ def _summary(final) -> dict:  # noqa: ANN001
     return d
 
 
-def _unary(stub, req, timeout: float, metadata, as_json: bool) -> None:  # noqa: ANN001
+def _unary(stub, req, timeout: float, metadata, as_json: bool) -> None:
     from google.protobuf.json_format import MessageToDict
 
     resp = stub.Generate(req, timeout=timeout, metadata=metadata)
@@ -112,7 +111,7 @@ def _unary(stub, req, timeout: float, metadata, as_json: bool) -> None:  # noqa:
         typer.echo(json.dumps(_summary(resp)), err=True)
 
 
-def _stream(stub, req, timeout: float, metadata, as_json: bool) -> None:  # noqa: ANN001
+def _stream(stub, req, timeout: float, metadata, as_json: bool) -> None:
     from google.protobuf.json_format import MessageToDict
 
     final = None
@@ -129,18 +128,18 @@ def _stream(stub, req, timeout: float, metadata, as_json: bool) -> None:  # noqa
             typer.echo(json.dumps(_summary(final)), err=True)
 
 
-def _gen_command(stream: bool):  # noqa: ANN202
+def _gen_command(stream: bool):
     def command(
         prompt: str = typer.Argument(..., help="Prompt text (or the user message with --chat)."),
         chat: bool = typer.Option(False, "--chat", help="Send as a chat message (the model's template applies)."),
         system: str = typer.Option("", "--system", help="System message (with --chat)."),
-        temperature: Optional[float] = typer.Option(None, "--temperature"),
-        top_k: Optional[int] = typer.Option(None, "--top-k"),
-        top_p: Optional[float] = typer.Option(None, "--top-p"),
-        min_p: Optional[float] = typer.Option(None, "--min-p"),
-        seed: Optional[int] = typer.Option(None, "--seed"),
-        max_tokens: Optional[int] = typer.Option(None, "--max-tokens"),
-        stop: Optional[list[str]] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
+        temperature: float | None = typer.Option(None, "--temperature"),
+        top_k: int | None = typer.Option(None, "--top-k"),
+        top_p: float | None = typer.Option(None, "--top-p"),
+        min_p: float | None = typer.Option(None, "--min-p"),
+        seed: int | None = typer.Option(None, "--seed"),
+        max_tokens: int | None = typer.Option(None, "--max-tokens"),
+        stop: list[str] | None = typer.Option(None, "--stop", help="Stop string (repeatable)."),
         mode: str = typer.Option("auto", "--mode", help="auto|off|chain|tree."),
         as_json: bool = typer.Option(False, "--json", help="Print the full response as JSON."),
         addr: str = ADDR, token: str = TOKEN, ca: str = CA, cert: str = CERT, key: str = KEY,
@@ -187,7 +186,7 @@ def health_cmd(
     raise typer.Exit(0 if r.status == health_pb2.HealthCheckResponse.SERVING else EXIT_NOT_SERVING)
 
 
-def _admin(call: str, request, addr, token, ca, cert, key, server_name, timeout):  # noqa: ANN001, ANN202
+def _admin(call: str, request, addr, token, ca, cert, key, server_name, timeout):
     import grpc
     from google.protobuf.json_format import MessageToDict
 
@@ -213,11 +212,11 @@ def stats_cmd(addr: str = ADDR, token: str = TOKEN, ca: str = CA, cert: str = CE
 
 
 def policy_cmd(
-    speculation: Optional[str] = typer.Option(None, "--speculation", help="auto|off"),
-    max_draft_tokens: Optional[int] = typer.Option(None, "--max-draft-tokens"),
-    max_tree_nodes: Optional[int] = typer.Option(None, "--max-tree-nodes"),
-    max_tree_depth: Optional[int] = typer.Option(None, "--max-tree-depth"),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens"),
+    speculation: str | None = typer.Option(None, "--speculation", help="auto|off"),
+    max_draft_tokens: int | None = typer.Option(None, "--max-draft-tokens"),
+    max_tree_nodes: int | None = typer.Option(None, "--max-tree-nodes"),
+    max_tree_depth: int | None = typer.Option(None, "--max-tree-depth"),
+    max_tokens: int | None = typer.Option(None, "--max-tokens"),
     reset: bool = typer.Option(False, "--reset", help="Drop earlier overrides first: the config file's values apply again."),
     clear_suffix_cache: bool = typer.Option(False, "--clear-suffix-cache",
                                             help="Empty the cross-request suffix cache (every caller's partition)."),

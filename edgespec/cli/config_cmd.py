@@ -7,7 +7,6 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -39,7 +38,7 @@ def validate(
 
 
 @config_app.command("show")
-def show(file: Optional[Path] = typer.Argument(None, help="TOML config file (default: built-in defaults).")) -> None:
+def show(file: Path | None = typer.Argument(None, help="TOML config file (default: built-in defaults).")) -> None:
     """Print the effective configuration (file + environment) as JSON."""
     from edgespec.server.config import load
 
@@ -67,12 +66,13 @@ def reference() -> None:
 
 @config_app.command("hash-token")
 def hash_token(
-    token: Optional[str] = typer.Argument(None, help="The token (default: read from stdin / prompt)."),
-    name: Optional[str] = typer.Option(None, help="the caller's name the logs show for this token (name:hash)"),
+    token: str | None = typer.Argument(None, help="The token (default: read from stdin / prompt)."),
+    name: str | None = typer.Option(None, help="the caller's name the logs show for this token (name:hash)"),
 ) -> None:
     """Print the line to put in auth.tokens_file / auth.admin_tokens_file: the token's sha256, or
     name:sha256 with --name."""
-    from edgespec.server.auth import hash_token as h, valid_name
+    from edgespec.server.auth import hash_token as h
+    from edgespec.server.auth import valid_name
 
     if name is not None and not valid_name(name):
         typer.echo(f"error: --name: 1-64 characters of [A-Za-z0-9-_.@], got {name!r}", err=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -34,13 +34,13 @@ def generate(
     top_k: Annotated[int, typer.Option(help=_help(SAMPLING["top_k"]))] = SAMPLING["top_k"].default,
     top_p: Annotated[float, typer.Option(help=_help(SAMPLING["top_p"]))] = SAMPLING["top_p"].default,
     min_p: Annotated[float, typer.Option(help=_help(SAMPLING["min_p"]))] = SAMPLING["min_p"].default,
-    seed: Annotated[Optional[int], typer.Option(help=_help(SAMPLING["seed"]))] = SAMPLING["seed"].default,
+    seed: Annotated[int | None, typer.Option(help=_help(SAMPLING["seed"]))] = SAMPLING["seed"].default,
     max_tokens: Annotated[int, typer.Option(help=_help(SAMPLING["max_tokens"]))] = SAMPLING["max_tokens"].default,
-    stop: Annotated[Optional[list[str]], typer.Option(help="stop string (repeatable)")] = None,
+    stop: Annotated[list[str] | None, typer.Option(help="stop string (repeatable)")] = None,
     raw: Annotated[bool, typer.Option(help="no chat template")] = False,
     ngram: Annotated[bool, typer.Option(help=_help(_SPEC["ngram"]))] = _SPEC["ngram"].default,
-    target: Annotated[Optional[str], typer.Option(help="target GGUF (default: demo F32)")] = None,
-    draft: Annotated[Optional[str], typer.Option(help="draft GGUF; none = model-free drafting (default: the demo Q8_0 for the demo target, else none)")] = None,
+    target: Annotated[str | None, typer.Option(help="target GGUF (default: demo F32)")] = None,
+    draft: Annotated[str | None, typer.Option(help="draft GGUF; none = model-free drafting (default: the demo Q8_0 for the demo target, else none)")] = None,
     n_ctx: Annotated[int, typer.Option(help=_help(_MODEL["n_ctx"]))] = _MODEL["n_ctx"].default,
     n_gpu_layers: Annotated[int, typer.Option(help=_help(_MODEL["n_gpu_layers"]))] = _MODEL["n_gpu_layers"].default,
     threads: Annotated[int, typer.Option(help=_help(_MODEL["threads"]))] = _MODEL["threads"].default,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -22,8 +22,8 @@ def register(app: typer.Typer) -> None:
 def prepare_demo(
     target_type: Annotated[str, typer.Option(help="f32 | f16 | q8_0")] = "f32",
     draft_type: Annotated[str, typer.Option(help="q8_0 | q4_0 (q4_0: the cheaper draft for a q8_0 target)")] = "q8_0",
-    models_dir: Annotated[Optional[Path], typer.Option(help="default: $EDGESPEC_HOME/models")] = None,
-    cost: Annotated[Optional[str], typer.Option(
+    models_dir: Annotated[Path | None, typer.Option(help="default: $EDGESPEC_HOME/models")] = None,
+    cost: Annotated[str | None, typer.Option(
         help="also build a target whose forward costs a real model's: 1B (Llama-3.2-1B's bytes, for a CPU) "
              "or 8B (Llama-3-8B's block shape, for a GPU box). The demo target widened with zero blocks "
              "(its text, up to rounding), Q4_K_M; the Q4_0 demo draft is built beside it as the weaker "
@@ -54,12 +54,12 @@ def synth_cmd(
     shape: Annotated[str, typer.Option(help="a real model's shape: llama3-8b, llama3.2-3b, llama3.2-1b, "
                                             "qwen2.5-14b, qwen2.5-7b, qwen2.5-1.5b, qwen2.5-0.5b")],
     type_: Annotated[str, typer.Option("--type", help="q4_k_m | q5_k_m | q6_k | q8_0 | q4_0 | f16 | ...")] = "q4_k_m",
-    layers: Annotated[Optional[int], typer.Option(help="write the first N blocks only (a forward then costs "
+    layers: Annotated[int | None, typer.Option(help="write the first N blocks only (a forward then costs "
                                                        "about N/n_layer of the body's)")] = None,
-    vocab: Annotated[Optional[int], typer.Option(help="vocabulary size (default: the demo's 49,152 tokens, "
+    vocab: Annotated[int | None, typer.Option(help="vocabulary size (default: the demo's 49,152 tokens, "
                                                       "whose tokenizer the file carries; a larger size pads "
                                                       "it with unused tokens, e.g. 128256 for Llama 3)")] = None,
-    out: Annotated[Optional[Path], typer.Option(
+    out: Annotated[Path | None, typer.Option(
         help="default: $EDGESPEC_HOME/models/synth-SHAPE[-LAYERS].TYPE.gguf")] = None,
     seed: int = 0,
 ) -> None:
@@ -77,10 +77,10 @@ def synth_cmd(
 @models_app.command("add")
 def add(
     path: Annotated[Path, typer.Argument(help="a GGUF file")],
-    role: Annotated[Optional[str], typer.Option(help="target | draft | head (an EAGLE-3 head)")] = None,
-    name: Annotated[Optional[str], typer.Option(help="file name in the models directory (default: PATH's)")] = None,
+    role: Annotated[str | None, typer.Option(help="target | draft | head (an EAGLE-3 head)")] = None,
+    name: Annotated[str | None, typer.Option(help="file name in the models directory (default: PATH's)")] = None,
     link: Annotated[bool, typer.Option("--link", help="symlink instead of copying (the daemon must be able to read PATH)")] = False,
-    models_dir: Annotated[Optional[Path], typer.Option(help="default: $EDGESPEC_HOME/models")] = None,
+    models_dir: Annotated[Path | None, typer.Option(help="default: $EDGESPEC_HOME/models")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Copy (or link) a GGUF into the models directory and record its role, size, SHA-256,
@@ -95,7 +95,7 @@ def add(
             _say_pairings(path, models_dir)
 
 
-def _say_pairings(draft: Path, models_dir: Optional[Path]) -> None:
+def _say_pairings(draft: Path, models_dir: Path | None) -> None:
     """For a draft: how it pairs with each target in the manifest (stderr)."""
     from edgespec.config import models_dir as default_dir
     from edgespec.models import list_models
@@ -116,7 +116,7 @@ def _row(e) -> str:
 
 @models_app.command("list")
 def list_(
-    models_dir: Annotated[Optional[Path], typer.Option(help="default: $EDGESPEC_HOME/models")] = None,
+    models_dir: Annotated[Path | None, typer.Option(help="default: $EDGESPEC_HOME/models")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """The models in manifest.json (name, role, architecture, parameters, file type, size, SHA-256)."""
@@ -132,8 +132,8 @@ def list_(
 
 @models_app.command("verify")
 def verify(
-    names: Annotated[Optional[list[str]], typer.Argument(help="manifest names (default: all)")] = None,
-    models_dir: Annotated[Optional[Path], typer.Option(help="default: $EDGESPEC_HOME/models")] = None,
+    names: Annotated[list[str] | None, typer.Argument(help="manifest names (default: all)")] = None,
+    models_dir: Annotated[Path | None, typer.Option(help="default: $EDGESPEC_HOME/models")] = None,
 ) -> None:
     """Check model files against the manifest's size and SHA-256 (exit 1 on any mismatch)."""
     from edgespec.models import verify_models
@@ -149,7 +149,7 @@ def verify(
 @models_app.command("random-draft")
 def random_draft(
     out: Annotated[Path, typer.Argument(help="where to write the GGUF")],
-    source: Annotated[Optional[Path], typer.Option(help="quantized GGUF to copy (default: the demo draft)")] = None,
+    source: Annotated[Path | None, typer.Option(help="quantized GGUF to copy (default: the demo draft)")] = None,
     seed: int = 0,
 ) -> None:
     """Write a same-vocabulary draft with random weights: the worst possible drafter (for tests)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
-from typing import Annotated, Optional
+from typing import Annotated
 
 import numpy as np
 import typer
@@ -50,8 +50,8 @@ def model_dists(engine, prompts=PROMPTS, support: int = 8) -> list[tuple[str, np
 
 
 def selftest(
-    target: Annotated[Optional[str], typer.Option(help="target GGUF (default: demo F32)")] = None,
-    draft: Annotated[Optional[str], typer.Option(help="draft GGUF (default: demo Q8_0)")] = None,
+    target: Annotated[str | None, typer.Option(help="target GGUF (default: demo F32)")] = None,
+    draft: Annotated[str | None, typer.Option(help="draft GGUF (default: demo Q8_0)")] = None,
     trials: Annotated[int, typer.Option(help="trials per statistical check")] = 100_000,
     alpha: Annotated[float, typer.Option(help="significance level")] = 1e-3,
     seed: int = 0,
@@ -66,7 +66,7 @@ def selftest(
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="tokens per live check")] = 48,
     suite: Annotated[str, typer.Option("--suite", help="with --addr: the prompts, a shipped bench suite or a JSONL "
                                        "file of {id, category, prompt} (default: six built-in prompts)")] = "",
-    limit: Annotated[Optional[int], typer.Option("--limit", help="with --suite: the first N prompts of each file")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="with --suite: the first N prompts of each file")] = None,
     concurrency: Annotated[str, typer.Option("--concurrency", help="with --addr: streams at once, comma-separated "
                                              "(one at a time is always checked)")] = "4",
     modes: Annotated[str, typer.Option("--modes", help="with --addr: speculative modes checked against plain")] =
@@ -111,7 +111,7 @@ class _LiveRun:
 
     @staticmethod
     def parse(max_tokens: int, suite: str, limit: int | None, concurrency: str, modes: str,
-              repeat: int) -> "_LiveRun":
+              repeat: int) -> _LiveRun:
         """The options as a run, each bad one a usage error naming it."""
         from edgespec.selftest_live import MODES, PROMPTS
 
@@ -124,7 +124,7 @@ class _LiveRun:
         try:
             levels = tuple(sorted({int(x) for x in concurrency.split(",") if x.strip()}))
         except ValueError:
-            raise typer.BadParameter(f"not comma-separated integers: {concurrency!r}", param_hint="--concurrency")
+            raise typer.BadParameter(f"not comma-separated integers: {concurrency!r}", param_hint="--concurrency") from None
         if not levels or min(levels) < 1 or max(levels) > 64:
             raise typer.BadParameter("levels from 1 to 64", param_hint="--concurrency")
         picked = tuple(m.strip().upper() for m in modes.split(",") if m.strip())
@@ -156,7 +156,7 @@ def _live(addr: str, token: str, ca: str, cert: str, key: str, as_json: bool, ru
             lambda c: c["detail"], addr=addr, prompts=len(run.prompts), requests=total)
 
 
-def _report(checks: list[dict], as_json: bool, detail, **extra) -> None:  # noqa: ANN001
+def _report(checks: list[dict], as_json: bool, detail, **extra) -> None:
     """Print the checks (a line each, or one JSON object with `extra`); exit 1 if any failed."""
     passed = all(c["passed"] for c in checks)
     if as_json:

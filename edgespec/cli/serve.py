@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -18,14 +17,14 @@ _HOST, _PORT, _PARALLEL = setting("server", "host"), setting("server", "port"), 
 def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve(
-        config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config (default: $EDGESPEC_CONFIG, else built-in defaults)."),
-        host: Optional[str] = typer.Option(None, "--host", help=f"Listen address (default {_HOST.default})."),
-        port: Optional[int] = typer.Option(None, "--port", help=f"Listen port (default {_PORT.default}; 0 = any free port)."),
+        config: Path | None = typer.Option(None, "--config", "-c", help="TOML config (default: $EDGESPEC_CONFIG, else built-in defaults)."),
+        host: str | None = typer.Option(None, "--host", help=f"Listen address (default {_HOST.default})."),
+        port: int | None = typer.Option(None, "--port", help=f"Listen port (default {_PORT.default}; 0 = any free port)."),
         reflection: bool = typer.Option(False, "--reflection", help="Enable gRPC server reflection."),
         insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback address without auth tokens."),
-        parallel: Optional[int] = typer.Option(None, "--parallel", help=f"Requests decoded at once, engine slots (default {_PARALLEL.default})."),
-        http_port: Optional[int] = typer.Option(None, "--http-port", help="Also serve the OpenAI-compatible HTTP API on this port (0 = any free port)."),
-        log_level: Optional[str] = typer.Option(None, "--log-level", help="debug|info|warning|error."),
+        parallel: int | None = typer.Option(None, "--parallel", help=f"Requests decoded at once, engine slots (default {_PARALLEL.default})."),
+        http_port: int | None = typer.Option(None, "--http-port", help="Also serve the OpenAI-compatible HTTP API on this port (0 = any free port)."),
+        log_level: str | None = typer.Option(None, "--log-level", help="debug|info|warning|error."),
     ) -> None:
         """Run the gRPC daemon (health NOT_SERVING until both models are loaded and warmed)."""
         with user_errors():

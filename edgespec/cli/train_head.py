@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -20,8 +20,8 @@ def register(models_app: typer.Typer) -> None:
 def train_head(
     ctx: typer.Context,
     out: Annotated[Path, typer.Argument(help="the head GGUF to write")],
-    target: Annotated[Optional[Path], typer.Option(help="target GGUF (default: the demo target)")] = None,
-    work_dir: Annotated[Optional[Path], typer.Option(help="data shards and checkpoints (default: OUT + '.work')")] = None,
+    target: Annotated[Path | None, typer.Option(help="target GGUF (default: the demo target)")] = None,
+    work_dir: Annotated[Path | None, typer.Option(help="data shards and checkpoints (default: OUT + '.work')")] = None,
     minutes: Annotated[float, typer.Option(help="training time budget (data building not included)")] = 30.0,
     epochs: Annotated[float, typer.Option(help="stop after this many epochs instead (0: use --minutes)")] = 0.0,
     distill_prompts: Annotated[int, typer.Option(help="category prompts the target answers (self-distillation; "
@@ -45,7 +45,7 @@ def train_head(
     eval_s: Annotated[float, typer.Option(help="training seconds between held-out depth-1 checks")] = 120.0,
     lr: float = 1e-3,
     n_ff: Annotated[int, typer.Option(help="the head's FFN width")] = 1536,
-    hf_dir: Annotated[Optional[Path], typer.Option(help="also export the public EAGLE-3 HF layout here")] = None,
+    hf_dir: Annotated[Path | None, typer.Option(help="also export the public EAGLE-3 HF layout here")] = None,
     threads: Annotated[int, typer.Option(help="llama.cpp threads (0: all cores)")] = 0,
     seed: int = 0,
     features: Annotated[str, typer.Option(help="who runs the target to build the data: llama (llama.cpp, the CPU) or jax "
@@ -130,13 +130,13 @@ def _command(ctx: typer.Context) -> str:
 
 def eval_head(
     head: Annotated[Path, typer.Argument(help="a head GGUF written by train-head")],
-    work_dir: Annotated[Optional[Path], typer.Option(help="the training's work directory (its report.json and "
+    work_dir: Annotated[Path | None, typer.Option(help="the training's work directory (its report.json and "
                                                      "heldout.json); the card is written")] = None,
-    suite: Annotated[Optional[str], typer.Option(help="measure on the target's answers to this prompt suite instead "
+    suite: Annotated[str | None, typer.Option(help="measure on the target's answers to this prompt suite instead "
                                                  "(a shipped suite name, e.g. all, or a JSONL file of id, category, "
                                                  "prompt), by category; no card is written")] = None,
     max_new: Annotated[int, typer.Option(help="--suite: answer tokens per prompt")] = 64,
-    target: Annotated[Optional[Path], typer.Option(help="target GGUF (default: the demo target)")] = None,
+    target: Annotated[Path | None, typer.Option(help="target GGUF (default: the demo target)")] = None,
     threads: Annotated[int, typer.Option(help="llama.cpp threads (0: all cores)")] = 0,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
@@ -219,7 +219,7 @@ def _eval_suite(head: Path, target: Path, suite: str, max_new: int, threads: int
         typer.echo(f"{c:<10} {a.positions:>9}  " + "  ".join(f"{r:7.3f}" for r in a.rates) + f"  {a.tau:14.2f}")
 
 
-def _write_card(spec, rep: dict) -> None:  # noqa: ANN001
+def _write_card(spec, rep: dict) -> None:
     """OUT.json beside the head: how it was trained (the command line), its data seed, the
     held-out figures and its SHA-256 (the file `edgespec models` checks a shipped head against)."""
     from edgespec.models import sha256_file
@@ -253,7 +253,7 @@ def _write_card(spec, rep: dict) -> None:  # noqa: ANN001
 
 def head_cost(
     head: Annotated[Path, typer.Argument(help="an EAGLE-3 head GGUF")],
-    target: Annotated[Optional[Path], typer.Option(help="target GGUF (default: the demo target)")] = None,
+    target: Annotated[Path | None, typer.Option(help="target GGUF (default: the demo target)")] = None,
     context: Annotated[int, typer.Option(help="context tokens before the timed forwards")] = 256,
     rounds: int = 40,
     threads: Annotated[int, typer.Option(help="llama.cpp threads")] = 1,

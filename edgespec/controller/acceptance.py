@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from edgespec.controller.shapes import StepOutcome
 from edgespec.shape import calib_bucket
@@ -49,8 +49,8 @@ def calib_events(spine_probs: Iterable[float], accepted_ranks: tuple[int, ...]) 
 class RequestEvidence:
     """What one finished request tells the cross-request prior (Controller.evidence())."""
 
-    counts: "Counts"  # the whole request's (depth, rank) trials and accepts
-    calibration: "Calibration"  # its first-choice acceptance by draft probability
+    counts: Counts  # the whole request's (depth, rank) trials and accepts
+    calibration: Calibration  # its first-choice acceptance by draft probability
     probe_results: tuple[str, ...]  # where each half-open probe went: "closed" or "open"
     cooldown_tokens: int  # the configured cooldown, its cap and growth per failed probe
     max_cooldown_tokens: int
@@ -163,7 +163,7 @@ class AcceptanceWindow:
                         if row[r] < 1e-9:
                             row[r] = 0.0
 
-    def replace_with(self, other: "AcceptanceWindow") -> None:
+    def replace_with(self, other: AcceptanceWindow) -> None:
         """Keep only `other`'s steps (e.g. the probe steps, when the breaker closes again)."""
         steps = list(other._steps)[-self.size :]
         self.clear()

@@ -13,12 +13,12 @@ from dataclasses import replace
 
 from edgespec.controller.acceptance import (
     AcceptancePrior,
-    Calibration,
-    calib_events,
-    DropDetector,
     AcceptanceWindow,
+    Calibration,
     Counts,
+    DropDetector,
     RequestEvidence,
+    calib_events,
     estimate,
     step_events,
 )

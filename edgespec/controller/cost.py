@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import deque
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from edgespec.controller.widths import envelope, pad_to, stable_width
 
@@ -232,7 +232,7 @@ class _AtContext:
     """A CostModel's lookups at one context length, of one sequence or of `sessions` together
     (target forwards only: the draft works on a bounded window)."""
 
-    def __init__(self, model: "CostModel", d: int, sessions: int = 1):
+    def __init__(self, model: CostModel, d: int, sessions: int = 1):
         self._m, self._d, self._s = model, d, sessions
 
     def verify_seconds(self, n: int) -> float:
@@ -250,7 +250,7 @@ class _AtContext:
     def seconds(self, kind: str, n: int) -> float:
         return self.curve(kind)(n)
 
-    def drafting(self, kind: str):  # noqa: ANN201
+    def drafting(self, kind: str):
         """This view with drafter `kind`'s forwards as the draft (CostModel.drafting)."""
         return _drafting(self, kind)
 
@@ -258,7 +258,7 @@ class _AtContext:
         return getattr(self._m, name)
 
 
-def _drafting(base, kind: str):  # noqa: ANN001, ANN202
+def _drafting(base, kind: str):
     """`base` (a CostModel or its view at a context) with drafter `kind`'s forwards as the draft:
     itself for the draft model's."""
     if kind not in DRAFTERS:
@@ -271,7 +271,7 @@ class _Drafting:
     session drafting with the EAGLE-3 head sees the head's curve in draft_seconds /
     expand_seconds / draft_row, one drafting with the draft model the draft model's."""
 
-    def __init__(self, base, kind: str):  # noqa: ANN001
+    def __init__(self, base, kind: str):
         self._b, self.kind = base, kind
 
     @property
@@ -284,10 +284,10 @@ class _Drafting:
     def expand_seconds(self, n: int) -> float:
         return self._b.curve(self.kind)(n) + (n - 1) * self.draft_row
 
-    def at(self, context: int, sessions: int = 1) -> "_Drafting":
+    def at(self, context: int, sessions: int = 1) -> _Drafting:
         return _Drafting(self._b.at(context, sessions), self.kind)
 
-    def drafting(self, kind: str):  # noqa: ANN201
+    def drafting(self, kind: str):
         return _drafting(self._b, kind)
 
     def __getattr__(self, name: str):  # verify_seconds, extra_seconds, curve, version, ...
@@ -327,11 +327,11 @@ class CostModel:
         """Seconds each output row beyond the first adds to a forward of drafter `kind`."""
         return self.rows.get(kind, 0.0)
 
-    def drafting(self, kind: str) -> "CostModel":
+    def drafting(self, kind: str) -> CostModel:
         """This model with drafter `kind`'s forwards as the draft ("draft": itself)."""
         return _drafting(self, kind)
 
-    def at(self, context: int, sessions: int = 1) -> "CostModel":
+    def at(self, context: int, sessions: int = 1) -> CostModel:
         """The model for a forward whose batch follows `context` cached tokens: those of one
         sequence, or of `sessions` sequences together (a tick's)."""
         d = context - max(1, sessions) * self.calib_context
@@ -340,7 +340,7 @@ class CostModel:
         return _AtContext(self, d, max(1, sessions))  # type: ignore[return-value]
 
     @classmethod
-    def from_tables(cls, target: dict[int, float], draft: dict[int, float], alpha: float = 0.1) -> "CostModel":
+    def from_tables(cls, target: dict[int, float], draft: dict[int, float], alpha: float = 0.1) -> CostModel:
         m = cls(alpha, {"target": target, "draft": draft})
         m.calibrated = True
         return m

@@ -43,7 +43,7 @@ EXPLORE_WITHIN = 0.85  # ... when its estimate is at least this share of the bes
 MAX_DEPTH = 8  # the longest chain considered
 
 
-def estimate(acceptance: list[float], cost, load: int, sharing: int = 0, spec_bias: float = 1.0) -> float:  # noqa: ANN001
+def estimate(acceptance: list[float], cost, load: int, sharing: int = 0, spec_bias: float = 1.0) -> float:
     """Expected speedup of the tick over plain decoding when one of its `load` sessions drafts
     chains with a drafter of top-1 acceptance `acceptance[depth - 1]` and forward curve
     `cost.draft_seconds` (a CostModel.drafting view), `sharing` sessions already drafting with it."""
@@ -73,7 +73,7 @@ class DrafterChoice:
     chosen: dict = field(default_factory=dict)  # drafter -> requests it was chosen for
     last: dict = field(default_factory=dict)  # drafter -> the last choice's estimated speedup
 
-    def estimate(self, prior, cost, load: int, sharing: int) -> float:  # noqa: ANN001
+    def estimate(self, prior, cost, load: int, sharing: int) -> float:
         """estimate() for a drafter's AcceptancePrior (its top-1 rates) and cost view."""
         a = [row[0] for row in prior.view(MAX_DEPTH, 1)]
         return estimate(a, cost, load, sharing, prior.spec_bias)

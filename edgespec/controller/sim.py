@@ -9,8 +9,8 @@ engine would build it (EAGLE-2 trees rank nodes by cumulative probability, here 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from edgespec.controller.controller import Controller
 from edgespec.controller.cost import CostModel

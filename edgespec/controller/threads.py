@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import deque
 
 
-def _median(xs) -> float:  # noqa: ANN001
+def _median(xs) -> float:
     v = sorted(xs)
     n = len(v)
     return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])

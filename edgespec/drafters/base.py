@@ -25,8 +25,8 @@ from typing import Protocol
 
 import numpy as np
 
-from edgespec.shape import Shape
 from edgespec.sampling import SamplingParams
+from edgespec.shape import Shape
 from edgespec.tree import DraftTree
 
 
@@ -50,14 +50,14 @@ class DraftBatch:
     embd: np.ndarray | None = None
 
 
-def decode_batch(ctx, tokens, positions, seqs, logits, embd=None):  # noqa: ANN001
+def decode_batch(ctx, tokens, positions, seqs, logits, embd=None):
     """Decode one (possibly merged) draft batch on `ctx`; the rows of its marked entries."""
     if embd is None:
         return ctx.decode_rows(tokens, positions, seqs, logits)
     return ctx.decode_rows(tokens, positions, seqs, logits, embd=embd)
 
 
-def run_alone(steps, ctx):  # noqa: ANN001
+def run_alone(steps, ctx):
     """Drive a drafter generator alone: decode each DraftBatch on `ctx`, send back its rows."""
     try:
         batch = next(steps)
@@ -73,7 +73,7 @@ class Drafter(Protocol):
     features: bool  # reads the target's features (add_features after every target forward)
     ctx: object  # its slot's range of the shared draft context
 
-    def begin(self, tokens: list[int], kept=None, features_from: int = 0) -> int:  # noqa: ANN001
+    def begin(self, tokens: list[int], kept=None, features_from: int = 0) -> int:
         """A new request whose context (prompt) is `tokens`; the last one is the tree's root.
         `kept`: what an earlier request left on this range (`keep`); returns the context tokens
         that saved. `features_from`: the first context index whose target features will come
@@ -84,7 +84,7 @@ class Drafter(Protocol):
         """Entries the next proposal decodes before drafting (its first level's catch-up)."""
 
     def propose_steps(self, tree: DraftTree, tokens: list[int], shape: Shape, sampling: SamplingParams,
-                      rng: np.random.Generator, mask=None, adjust=None):  # noqa: ANN001
+                      rng: np.random.Generator, mask=None, adjust=None):
         """Grow `tree` (rooted at tokens[-1]) within `shape`, one yielded DraftBatch per level.
         `mask(path)`: the tokens a grammar allows after the drafted `path`; `adjust(logits, path)`:
         the request's logit_bias and penalties applied to a draft row (edgespec/penalties.py)."""

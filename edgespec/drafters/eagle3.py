@@ -45,10 +45,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgespec.shape import Shape
 from edgespec.drafters.base import DraftBatch, DraftReport, run_alone
 from edgespec.drafters.grow import Growth, grow_steps
 from edgespec.sampling import SamplingParams
+from edgespec.shape import Shape
 from edgespec.tree import DraftTree
 
 
@@ -87,7 +87,7 @@ class Eagle3Drafter:
     name = "eagle3"
     features = True
 
-    def __init__(self, ctx, window: int | None = None, max_leaves: int | None = None):  # noqa: ANN001
+    def __init__(self, ctx, window: int | None = None, max_leaves: int | None = None):
         """`ctx`: a backend.HeadContext, or a slot's range (kv.SeqRange) of a shared one.
         `window` is accepted for symmetry with ModelDrafter and ignored (see above)."""
         self.ctx = ctx
@@ -192,7 +192,7 @@ class Eagle3Drafter:
         return run_alone(self.propose_steps(tree, tokens, shape, sampling, rng), self.ctx)
 
     def propose_steps(self, tree: DraftTree, tokens: list[int], shape: Shape, sampling: SamplingParams,
-                      rng: np.random.Generator, mask=None, adjust=None):  # noqa: ANN001
+                      rng: np.random.Generator, mask=None, adjust=None):
         """Grow `tree` (rooted at tokens[-1]) level by level, as a generator (drafters/base.py):
         the first batch carries the catch-up; rows come back as backend.HeadRows."""
         L = len(tokens)
@@ -214,7 +214,7 @@ class Eagle3Drafter:
                               [(s,) for s in seqs], [True] * len(nodes),
                               embd=np.stack([g.hidden[g.parent[i]] for i in nodes]))
 
-        def store(nodes: list[int], rows) -> None:  # noqa: ANN001
+        def store(nodes: list[int], rows) -> None:
             g.logits.update(zip(nodes, rows.logits))
             g.hidden.update(zip(nodes, rows.hidden))
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.shape import Shape
 from edgespec.drafters.base import DraftReport
 from edgespec.sampling import SamplingParams, logits_to_probs
+from edgespec.shape import Shape
 from edgespec.tree import DraftTree
 
 
@@ -49,7 +49,7 @@ class Growth:
     are node i's draft output once decoded."""
 
     def __init__(self, root: int, root_logits: np.ndarray, shape: Shape, sampling: SamplingParams,
-                 rng: np.random.Generator, kv, n_seq: int, root_pos: int, mask=None, adjust=None):  # noqa: ANN001
+                 rng: np.random.Generator, kv, n_seq: int, root_pos: int, mask=None, adjust=None):
         self.shape, self.sampling, self.rng, self.mask = shape, sampling, rng, mask
         self.adjust = adjust  # (logits, path) -> logits: the request's bias and penalties
         self.kv, self.n_seq, self.root_pos = kv, n_seq, root_pos
@@ -192,7 +192,7 @@ class Growth:
         return remap
 
 
-def grow_steps(g: Growth, depth: int, rep: DraftReport, batch_of, store):  # noqa: ANN001
+def grow_steps(g: Growth, depth: int, rep: DraftReport, batch_of, store):
     """Grow `g` level by level as a generator: `batch_of(nodes, seqs)` is the draft batch that
     decodes `nodes` in `seqs`; it is yielded and sent back its rows, which `store(nodes, rows)`
     keeps in `g`."""

@@ -33,12 +33,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.backend import Context
-from edgespec.shape import Shape
 from edgespec.drafters.base import DraftBatch, DraftReport, run_alone
 from edgespec.drafters.grow import Growth, grow_steps
 from edgespec.sampling import SamplingParams
+from edgespec.shape import Shape
 from edgespec.tree import DraftTree
-
 
 # a kept draft context is reused while its cells span at most this many draft windows (begin)
 REUSE_WINDOWS = 4
@@ -163,7 +162,7 @@ class ModelDrafter:
         return run_alone(self.propose_steps(tree, tokens, shape, sampling, rng), self.ctx)
 
     def propose_steps(self, tree: DraftTree, tokens: list[int], shape: Shape, sampling: SamplingParams,
-                      rng: np.random.Generator, mask=None, adjust=None):  # noqa: ANN001
+                      rng: np.random.Generator, mask=None, adjust=None):
         """Grow `tree` (rooted at tokens[-1]) level by level, as a generator: it yields one
         `DraftBatch` per draft forward (local seq ids) and is sent back that batch's logits rows
         ([marked entries, vocab], batch order). A batched tick drives the generators of all

@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from edgespec.shape import Shape
 from edgespec.drafters.base import DraftReport
 from edgespec.sampling import SamplingParams
+from edgespec.shape import Shape
 from edgespec.tree import DraftTree
 
 # a request's prompt lookup: at most this many tokens, reach learnt with this EWMA weight
@@ -194,7 +194,7 @@ class NgramDrafter:
                 keep.append((start, prop, kind))
         self._pending = keep
 
-    def budget(self, kind: int, cost, base: int, unit: float) -> int:  # noqa: ANN001 - a CostModel
+    def budget(self, kind: int, cost, base: int, unit: float) -> int:  # a CostModel
         """Lookup tokens of this kind worth adding to a verification of `base` tokens: the
         k <= NGRAM_MAX maximising E[min(L, k)] - extra(base, k) / unit, i.e.
         expected extra tokens minus the extra verification time priced in `unit` seconds per

@@ -463,7 +463,7 @@ class SuffixDrafter:
         return sum(prop.probs[:k])
 
     @staticmethod
-    def budget(prop: Proposal, cost, base: int, unit: float, room: int | None = None) -> int:  # noqa: ANN001
+    def budget(prop: Proposal, cost, base: int, unit: float, room: int | None = None) -> int:
         """Nodes of `prop` worth adding to a verification of `base` tokens: the k maximising
         E[accepted of the first k] - extra(base, k) / unit, i.e. expected
         extra tokens minus the extra verification priced in `unit` seconds per token (0 if no
@@ -482,7 +482,7 @@ class SuffixDrafter:
         return best
 
     @staticmethod
-    def graft(tree, prop: Proposal, k: int) -> list[int]:  # noqa: ANN001 - a DraftTree
+    def graft(tree, prop: Proposal, k: int) -> list[int]:  # a DraftTree
         """Add the proposal's first k nodes under the root as point nodes, following existing
         children that already hold their tokens; returns the tree nodes added."""
         at: list[int] = []

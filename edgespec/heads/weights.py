@@ -73,7 +73,7 @@ class HeadWeights:
         return int(sum(a.size for a in self.w.values()))
 
 
-def copy_tokenizer(target_gguf: Path, writer, edit=None) -> None:  # noqa: ANN001
+def copy_tokenizer(target_gguf: Path, writer, edit=None) -> None:
     """Copy the target's tokenizer.* metadata (a head speaks the target's vocabulary); `edit(key,
     value) -> value` alters it (tests write incompatible heads with it)."""
     import gguf
@@ -89,7 +89,7 @@ def copy_tokenizer(target_gguf: Path, writer, edit=None) -> None:  # noqa: ANN00
 
 
 def write_gguf(head: HeadWeights, path: Path, target_gguf: Path, dtype: str = "f16",
-               name: str = "edgespec EAGLE-3 head", target_hidden: int | None = None, vocab_edit=None) -> Path:  # noqa: ANN001
+               name: str = "edgespec EAGLE-3 head", target_hidden: int | None = None, vocab_edit=None) -> Path:
     """Write `head` as an `eagle3` GGUF (matrices in `dtype`: f16 or f32; norms F32; d2t I64)."""
     import gguf
 
@@ -137,7 +137,7 @@ def config_for_target(target_gguf: Path, n_draft_vocab: int, n_ff: int | None = 
     r = gguf.GGUFReader(str(target_gguf))
     arch = r.fields["general.architecture"].contents()
 
-    def get(key: str, default=None):  # noqa: ANN001, ANN202
+    def get(key: str, default=None):
         f = r.fields.get(f"{arch}.{key}")
         return f.contents() if f is not None else default
 
@@ -163,7 +163,7 @@ def read_gguf(path: Path) -> HeadWeights:
         raise ValueError(f"{path}: not an EAGLE-3 head (general.architecture is "
                          f"{arch.contents() if arch is not None else 'missing'}, expected eagle3)")
 
-    def get(key: str):  # noqa: ANN202
+    def get(key: str):
         return r.fields[f"eagle3.{key}"].contents()
 
     tensors = {t.name: np.asarray(t.data) for t in r.tensors}

@@ -83,7 +83,7 @@ def windows(tokens: Sequence[int], length: int) -> Iterator[list[int]]:
 
 
 def self_distill(target, prompts: Sequence[str], max_new: int, n_seq: int = 40, threads: int = 0,
-                 progress=None) -> list[list[int]]:  # noqa: ANN001
+                 progress=None) -> list[list[int]]:
     """The target's greedy answers (chat template applied; prompt + answer tokens), `n_seq`
     sequences per forward."""
     from edgespec.backend import Context
@@ -141,7 +141,7 @@ class Shard:
         return cls(z["tokens"], z["labels"], z["features"])
 
 
-def extract(target, layers: Sequence[int], wins: Sequence[Sequence[int]], threads: int = 0) -> Shard:  # noqa: ANN001
+def extract(target, layers: Sequence[int], wins: Sequence[Sequence[int]], threads: int = 0) -> Shard:
     """Run the target over each window (several windows per forward, one seq each): its features
     and greedy next tokens."""
     from edgespec.backend import FeatureContext
@@ -209,7 +209,7 @@ class Sequences:
 
 
 def distill_features(target, layers: Sequence[int], prompts: Sequence[str], max_new: int, n_seq: int = 48,
-                     threads: int = 0) -> Sequences:  # noqa: ANN001
+                     threads: int = 0) -> Sequences:
     """The target's greedy answers to `prompts` (chat template applied), `n_seq` sequences per
     forward, with the features of every decoded token taken from the generating forwards
     themselves (no second pass over the text): one batched prefill of all prompts, then one

@@ -34,7 +34,7 @@ class Acceptance:
 
 
 def acceptance(target: Model, head: Model, sequences: Sequence[Sequence[int]], starts: Sequence[int],
-               depth: int = 3, threads: int = 0, progress=None,  # noqa: ANN001
+               depth: int = 3, threads: int = 0, progress=None,
                positions: list[tuple[int, float, int, int]] | None = None) -> Acceptance:
     """For every position p >= starts[i] of each sequence (the target's own greedy text: answer
     tokens after the prompt), draft a greedy chain of `depth` from context seq[:p+1] and count how
@@ -94,7 +94,7 @@ def acceptance(target: Model, head: Model, sequences: Sequence[Sequence[int]], s
 
 
 def suite_acceptance(target: Model, head: Model, prompts: Sequence[str], max_new: int = 64, depth: int = 3,
-                     threads: int = 0, progress=None) -> Acceptance:  # noqa: ANN001
+                     threads: int = 0, progress=None) -> Acceptance:
     """`acceptance` over the target's greedy answers (`max_new` tokens) to `prompts` in its chat
     template: how the head does on a caller's own prompts rather than on held-out siblings of the
     prompts it was trained on."""

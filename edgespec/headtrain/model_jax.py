@@ -35,11 +35,11 @@ import numpy as np
 from edgespec.heads.weights import HeadConfig
 
 
-def rms(x, w, eps):  # noqa: ANN001, ANN201
+def rms(x, w, eps):
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def rope(x, pos, base):  # noqa: ANN001, ANN201
+def rope(x, pos, base):
     """llama.cpp's NORM rope: adjacent pairs (x[2i], x[2i+1]) rotated by pos * base^(-2i/d).
     x [B, T, H, d], pos [T] (a numpy array: the angles become constants of the program)."""
     c, s = _rope_angles(x.shape[-1], pos, base)
@@ -47,7 +47,7 @@ def rope(x, pos, base):  # noqa: ANN001, ANN201
     return jnp.stack([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1).reshape(x.shape)
 
 
-def _rope_angles(d: int, pos, base):  # noqa: ANN001, ANN202
+def _rope_angles(d: int, pos, base):
     """cos and sin of pos * base^(-2i/d), [1, T, 1, d/2]; numpy (program constants) for a numpy pos."""
     xp = np if isinstance(pos, np.ndarray) else jnp
     inv = base ** (-xp.arange(0, d, 2, dtype=xp.float32) / d)
@@ -61,7 +61,7 @@ def _halves(n_head: int, d: int) -> np.ndarray:
     return (np.arange(n_head)[:, None] * d + one[None, :]).reshape(-1)
 
 
-def _rope_halves(x, pos, base):  # noqa: ANN001, ANN202
+def _rope_halves(x, pos, base):
     """`rope` for x whose head dimension holds the pairs' first elements, then their second ones
     (the projection's rows reordered by `_halves`): the same rotation without interleaving.
     q.k is the same in either order, so attention reads these as it would `rope`'s."""
@@ -74,7 +74,7 @@ def _rope_halves(x, pos, base):  # noqa: ANN001, ANN202
 PRECISIONS = ("f32", "bf16")
 
 
-def linear(x, w, precision: str = "f32"):  # noqa: ANN001, ANN201
+def linear(x, w, precision: str = "f32"):
     """x @ w.T. `bf16`: the operands rounded to bfloat16 and the products summed in float32, in
     the forward and in both gradient products (the CPU's AMX / AVX512-BF16 units, a GPU's
     tensor cores); the weights, their gradients and the optimiser stay float32 (mixed
@@ -85,7 +85,7 @@ def linear(x, w, precision: str = "f32"):  # noqa: ANN001, ANN201
     return x @ w.T
 
 
-def einsum(spec: str, a, b, precision: str = "f32"):  # noqa: ANN001, ANN201
+def einsum(spec: str, a, b, precision: str = "f32"):
     """jnp.einsum(spec, a, b); `bf16`: as `linear` (attention's two batched products: q.k and
     p.v). Every index of an operand appears in the other operand or in the result."""
     if precision == "bf16":
@@ -93,20 +93,20 @@ def einsum(spec: str, a, b, precision: str = "f32"):  # noqa: ANN001, ANN201
     return jnp.einsum(spec, a, b)
 
 
-def _bf16_einsum(spec: str, a, b):  # noqa: ANN001, ANN202
+def _bf16_einsum(spec: str, a, b):
     return jnp.einsum(spec, a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _einsum_bf16(spec, a, b):  # noqa: ANN001, ANN202
+def _einsum_bf16(spec, a, b):
     return _bf16_einsum(spec, a, b)
 
 
-def _einsum_bf16_fwd(spec, a, b):  # noqa: ANN001, ANN202
+def _einsum_bf16_fwd(spec, a, b):
     return _bf16_einsum(spec, a, b), (a, b)
 
 
-def _einsum_bf16_bwd(spec, res, dy):  # noqa: ANN001, ANN202
+def _einsum_bf16_bwd(spec, res, dy):
     """Both gradient products in bfloat16 too (autodiff of a bfloat16 product would run them in
     float32); d/dw of `linear` sums over every leading axis."""
     a, b = res
@@ -118,7 +118,7 @@ def _einsum_bf16_bwd(spec, res, dy):  # noqa: ANN001, ANN202
 _einsum_bf16.defvjp(_einsum_bf16_fwd, _einsum_bf16_bwd)
 
 
-def _shift(x, k: int):  # noqa: ANN001, ANN202
+def _shift(x, k: int):
     """x[:, t - k] at t (zeros where t < k), along axis 1."""
     if k == 0:
         return x
@@ -126,13 +126,13 @@ def _shift(x, k: int):  # noqa: ANN001, ANN202
     return jnp.concatenate([pad, x[:, :-k]], axis=1)
 
 
-def step(p, cfg: HeadConfig, emb, g, keys: list, j: int, seg=None, precision: str = "f32"):  # noqa: ANN001, ANN201
+def step(p, cfg: HeadConfig, emb, g, keys: list, j: int, seg=None, precision: str = "f32"):
     """One TTT step. emb, g [B, T, e]; keys: (k, v) of steps 0..j-1; seg [B, T] segment ids of
     packed sequences (attention stays inside one; None: one sequence per row); `precision` of
     the weight products (`linear`) and of attention's two batched products (`einsum`); the
     norms, softmax and rope stay float32.
     Returns (h, logits, (k, v)); k in `_halves` order, as later steps read it."""
-    def mm(a, name):  # noqa: ANN001, ANN202
+    def mm(a, name):
         return linear(a, p[name], precision)
 
     B, T, _ = emb.shape
@@ -189,7 +189,7 @@ def step(p, cfg: HeadConfig, emb, g, keys: list, j: int, seg=None, precision: st
     return h, logits, (k, v)
 
 
-def loss_fn(p, cfg: HeadConfig, embed, feats, tokens, labels_d, steps: int,  # noqa: ANN001, ANN201
+def loss_fn(p, cfg: HeadConfig, embed, feats, tokens, labels_d, steps: int,
             decay: float = 0.8, seg=None, precision: str = "f32"):
     """feats [B, T, 3e] f32; tokens [B, T] (input token[t+1] at t); labels_d [B, T] draft-vocab
     index of the target's next token (-1: outside the draft vocabulary or past the end); seg
@@ -218,19 +218,19 @@ def loss_fn(p, cfg: HeadConfig, embed, feats, tokens, labels_d, steps: int,  # n
     return total, jnp.stack(accs)
 
 
-def adam_init(p):  # noqa: ANN001, ANN201
+def adam_init(p):
     z = jax.tree_util.tree_map(jnp.zeros_like, p)
     return {"m": z, "v": jax.tree_util.tree_map(jnp.zeros_like, p), "t": jnp.zeros((), jnp.int32)}
 
 
-def make_train_step(cfg: HeadConfig, steps: int, wd: float = 0.0, packed: bool = False,  # noqa: ANN201
+def make_train_step(cfg: HeadConfig, steps: int, wd: float = 0.0, packed: bool = False,
                     precision: str = "f32"):
     """A jitted (params, opt, embed, feats, tokens, labels_d, lr[, seg]) -> (params, opt, loss,
     accs): one Adam step (`packed`: with segment ids; `precision`: `step`'s)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
 
-    def train_step(p, opt, embed, feats, tokens, labels_d, lr, seg=None):  # noqa: ANN001, ANN202
+    def train_step(p, opt, embed, feats, tokens, labels_d, lr, seg=None):
         (loss, accs), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, cfg, embed, feats, tokens, labels_d, steps,
                                                                          seg=seg, precision=precision)
         gn = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree_util.tree_leaves(grads)))

@@ -9,7 +9,6 @@ prompts (edgespec/bench/suites) are never generated verbatim.
 
 from __future__ import annotations
 
-import itertools
 import random
 from collections.abc import Callable
 
@@ -176,7 +175,7 @@ def _chinese(rng: random.Random) -> str:
 _GEN = {"code": _code, "json": _json, "legal": _legal, "rag": _rag, "chat": _chat, "chinese": _chinese}
 
 
-def category_prompts(n: int, seed: int = 0, categories=CATEGORIES) -> list[tuple[str, str]]:  # noqa: ANN001
+def category_prompts(n: int, seed: int = 0, categories=CATEGORIES) -> list[tuple[str, str]]:
     """n distinct (category, prompt) pairs, categories round-robin, deterministic in `seed`."""
     from pathlib import Path
 

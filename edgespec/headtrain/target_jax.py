@@ -49,7 +49,7 @@ def read_gguf(path: Path) -> tuple[TargetConfig, dict[str, np.ndarray]]:
     r = gguf.GGUFReader(str(path))
     arch = r.fields["general.architecture"].contents()
 
-    def get(key: str, default=None):  # noqa: ANN001, ANN202
+    def get(key: str, default=None):
         f = r.fields.get(f"{arch}.{key}")
         return f.contents() if f is not None else default
 
@@ -93,7 +93,7 @@ def load_bf16(path: Path) -> tuple[TargetConfig, dict[str, np.ndarray]]:
     return cfg, w
 
 
-def _layer(cfg: TargetConfig, lw: dict, x, pos, kc, vc, li, col, mask):  # noqa: ANN001, ANN202
+def _layer(cfg: TargetConfig, lw: dict, x, pos, kc, vc, li, col, mask):
     """Decoder layer `li` over x [B, T, e] at rope positions pos [B, T]. Its new keys/values go
     into the caches kc, vc [n_layer, B, S, KV, d] (in place) at columns col..col+T-1; mask
     [B, T, S] says which columns each row sees."""
@@ -119,7 +119,7 @@ def _layer(cfg: TargetConfig, lw: dict, x, pos, kc, vc, li, col, mask):  # noqa:
     return x, kc, vc
 
 
-def make_forward(cfg: TargetConfig, feature_layers: Sequence[int]):  # noqa: ANN201
+def make_forward(cfg: TargetConfig, feature_layers: Sequence[int]):
     """A jitted (weights, tokens [B, T], pos [B, T], kcache, vcache, col, mask [B, T, S]) ->
     (logits of the last column [B, V], features [B, T, 3e] float16, kcache, vcache): the layers
     run as scans between the feature layers, whose inputs are kept; the caches are updated in
@@ -127,7 +127,7 @@ def make_forward(cfg: TargetConfig, feature_layers: Sequence[int]):  # noqa: ANN
     cuts = sorted(set(feature_layers))
     bounds = [0] + cuts + [cfg.n_layer]
 
-    def forward(w, tokens, pos, kcache, vcache, col, mask):  # noqa: ANN001, ANN202
+    def forward(w, tokens, pos, kcache, vcache, col, mask):
         x = w["embd"][tokens]
         feats = {}
         for a, b in zip(bounds[:-1], bounds[1:]):
@@ -137,7 +137,7 @@ def make_forward(cfg: TargetConfig, feature_layers: Sequence[int]):  # noqa: ANN
                 continue
             lw = {n: w[n][a:b] for n in LAYER_NAMES}
 
-            def body(carry, inp):  # noqa: ANN001, ANN202
+            def body(carry, inp):
                 x, kc, vc = carry
                 lwi, li = inp
                 return _layer(cfg, lwi, x, pos, kc, vc, li, col, mask), None
@@ -164,7 +164,7 @@ class Generated:
 
 
 def generate(cfg: TargetConfig, w: dict, prompts: Sequence[Sequence[int]], max_new: int, feature_layers: Sequence[int],
-             eog: Sequence[int], temperature: float = 0.0, seed: int = 0, forward=None,  # noqa: ANN001
+             eog: Sequence[int], temperature: float = 0.0, seed: int = 0, forward=None,
              cache: int = 0) -> Generated:
     """Answers to a batch of tokenized prompts: greedy at temperature 0, else sampled at that
     temperature (the greedy token is still recorded at every position). `cache`: the KV cache's
@@ -228,7 +228,7 @@ def generate(cfg: TargetConfig, w: dict, prompts: Sequence[Sequence[int]], max_n
     return out
 
 
-def to_sequences(gen: Generated):  # noqa: ANN201
+def to_sequences(gen: Generated):
     """`data.Sequences` (rows tokens[:-1]; labels the greedy token after each row, -1 inside the
     prompt but for its last row)."""
     from edgespec.headtrain.data import Sequences
@@ -245,7 +245,7 @@ def to_sequences(gen: Generated):  # noqa: ANN201
                      np.asarray(plen, np.int32))
 
 
-def _highest_precision():  # noqa: ANN202
+def _highest_precision():
     import contextlib
 
     if hasattr(jax, "default_matmul_precision"):
@@ -254,7 +254,7 @@ def _highest_precision():  # noqa: ANN202
     return contextlib.nullcontext()
 
 
-def prompt_tokens(spec, log) -> dict:  # noqa: ANN001
+def prompt_tokens(spec, log) -> dict:
     """The held-out and training prompts (`prompts.prompt_sources`, chat template applied)
     as token ids, with the target's end-of-generation ids: tokenized through llama.cpp once and
     kept in the work directory, so that a box without llama.cpp can build the data from it."""
@@ -300,7 +300,7 @@ def sampled_repeats(categories: Sequence[str], cap: int = 8) -> dict[str, int]:
     return {c: int(min(cap, max(1, round(mean / k)))) for c, k in n.items()}
 
 
-def build_sequences_jax(spec, layers, log):  # noqa: ANN001, ANN201
+def build_sequences_jax(spec, layers, log):
     """`train.build_sequences` with the target run in jax (an accelerator when jax has one):
     greedy answers to every prompt, then `spec.sampled` rounds of answers sampled at
     `spec.sample_temperature` (`sampled_repeats` per prompt), `spec.streams` sequences per
@@ -324,7 +324,7 @@ def build_sequences_jax(spec, layers, log):  # noqa: ANN001, ANN201
 
     width = -(-max(len(t) for t in toks["held"] + toks["train"]) // 64) * 64 + spec.max_new  # one cache width
 
-    def run(prompts: list, temperature: float, seed: int, path: Path, bar) -> Sequences:  # noqa: ANN001
+    def run(prompts: list, temperature: float, seed: int, path: Path, bar) -> Sequences:
         if path.is_file():
             bar.update(len(prompts))
             return Sequences.load(path)

@@ -130,8 +130,8 @@ def build_sequences(spec: TrainSpec, target, layers, log: Callable[[str], None] 
     return Sequences.concat(train), Sequences.concat(held)
 
 
-def _shards(spec: TrainSpec, target, layers, held_p: list[str], train_p: list[str], d: Path, tag: str,  # noqa: ANN001
-            log: Callable[[str], None]):  # noqa: ANN202
+def _shards(spec: TrainSpec, target, layers, held_p: list[str], train_p: list[str], d: Path, tag: str,
+            log: Callable[[str], None]):
     """(held-out Sequences, [train Sequences per shard]) of one prompt source, built or loaded."""
     from edgespec.headtrain.data import Sequences, distill_features
 
@@ -212,7 +212,7 @@ def choose_draft_vocab(labels: np.ndarray, n_vocab: int, size: int, coverage: fl
 TEXT_WINDOWS_PER_SHARD = 64
 
 
-def text_windows(target, n: int, length: int, seed: int) -> list[list[int]]:  # noqa: ANN001
+def text_windows(target, n: int, length: int, seed: int) -> list[list[int]]:
     """The first `n` windows of `length` tokens of installed packages' text, at most two per file,
     files in `package_texts`' deterministic order (every file it finds: the windows of a smaller
     `n` are the first ones of a larger `n`)."""
@@ -225,7 +225,7 @@ def text_windows(target, n: int, length: int, seed: int) -> list[list[int]]:  # 
     return wins[:n]
 
 
-def scored_text(spec: TrainSpec, target, layers, log: Callable[[str], None] = _log) -> Sequences | None:  # noqa: ANN001
+def scored_text(spec: TrainSpec, target, layers, log: Callable[[str], None] = _log) -> Sequences | None:
     """Windows of package text the target merely scores (one prefill per 512 tokens of windows,
     no generation): every position labelled with the target's greedy next token. Built in shards of
     TEXT_WINDOWS_PER_SHARD windows under work_dir/data, as the answers are (`_build_shards`): a
@@ -252,7 +252,7 @@ def scored_text(spec: TrainSpec, target, layers, log: Callable[[str], None] = _l
     return Sequences.concat([Sequences.load(p) for p in paths])
 
 
-def choose_vocab_measured(data: Sequences, n_vocab: int, size: int, coverage: float, seed: int):  # noqa: ANN201
+def choose_vocab_measured(data: Sequences, n_vocab: int, size: int, coverage: float, seed: int):
     """The draft vocabulary from the training labels; its size the smallest of DRAFT_VOCABS whose
     coverage of labels it was NOT chosen from (5 % of the sequences, held back) reaches `coverage`.
     Returns (d2t over all labels, [(size, measured coverage)])."""
@@ -378,7 +378,7 @@ def _device_kind() -> str:
     return f"{d.platform}: {getattr(d, 'device_kind', '')} x{len(jax.devices())}"
 
 
-def _heldout_batch(held, t2d: np.ndarray):  # noqa: ANN001, ANN202
+def _heldout_batch(held, t2d: np.ndarray):
     """The held-out sequences as one padded batch for the training-time depth-1 check: (feature
     rows [S, L], input tokens, draft-vocab labels (-1: not scored), scored (the target's label
     exists, inside the draft vocabulary or not))."""
@@ -412,7 +412,7 @@ class _Fit:
 
 
 def _fit(spec: TrainSpec, head: HeadWeights, embed: np.ndarray, feats: np.ndarray, rows: np.ndarray, inp: np.ndarray,
-         lab: np.ndarray, seg: np.ndarray, heldout, log: Callable[[str], None]) -> _Fit:  # noqa: ANN001
+         lab: np.ndarray, seg: np.ndarray, heldout, log: Callable[[str], None]) -> _Fit:
     """Adam with warm-up and cosine decay for spec.epochs (or spec.minutes of training), from the
     work directory's checkpoint when it is for the same draft vocabulary. Every `eval_s` seconds
     of training the held-out depth-1 agreement (the target's real features, teacher-forced) is
@@ -441,7 +441,7 @@ def _fit(spec: TrainSpec, head: HeadWeights, embed: np.ndarray, feats: np.ndarra
     hinp_j, hlab_j, hsc_j = jnp.asarray(hinp), jnp.asarray(hlab), jnp.asarray(hscored)
 
     @jax.jit
-    def depth1(p):  # noqa: ANN001, ANN202
+    def depth1(p):
         emb = embed_j[hinp_j]
         g = hf_j @ p["fc"].T
         _, logits, _ = mj.step(p, head.cfg, emb, g, [], 0)
@@ -512,7 +512,7 @@ def _fit(spec: TrainSpec, head: HeadWeights, embed: np.ndarray, feats: np.ndarra
                 curve=[list(c) for c in curve], precision=precision)
 
 
-def _resume(ckpt: Path, head: HeadWeights, log: Callable[[str], None]):  # noqa: ANN202
+def _resume(ckpt: Path, head: HeadWeights, log: Callable[[str], None]):
     """(params, Adam state, step, seconds trained, best {p, step, acc}, held-out curve): the
     checkpoint's when it is for this draft vocabulary, else the head's initial weights at step 0."""
     import jax.numpy as jnp

@@ -94,7 +94,7 @@ class TokenAuth:
 
     @classmethod
     def from_files(cls, tokens_file: str = "", admin_tokens_file: str = "", *, client_certs: bool = False,
-                   admin_subjects: tuple[str, ...] = ()) -> "TokenAuth":
+                   admin_subjects: tuple[str, ...] = ()) -> TokenAuth:
         users = read_token_file(tokens_file) if tokens_file else ()
         admins = read_token_file(admin_tokens_file) if admin_tokens_file else ()
         return cls(

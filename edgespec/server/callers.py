@@ -97,7 +97,7 @@ class Place:
     """One admitted request's place under its caller's limits: queued -> running -> released.
     Thread-safe; `release` may be called any number of times, from any state."""
 
-    def __init__(self, limits: "CallerLimits", identity: str, state: str):
+    def __init__(self, limits: CallerLimits, identity: str, state: str):
         self._limits, self.identity, self.state = limits, identity, state
         self.engine_held = False  # started by the engine loop: it releases the place, not the handler
         self.reserved = 0  # tokens this request may still use (prompt + max_tokens), until released

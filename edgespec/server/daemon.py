@@ -50,14 +50,14 @@ class _Systemd:
     def __call__(self, name: str, *args: Any) -> None:
         try:
             getattr(notify, name)(*args)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             log.debug("notify_failed", call=name, error=str(exc))
 
     def kick(self) -> None:
         """WATCHDOG=1 (rate-limited) from the engine loop: it made progress or is idle-healthy."""
         try:
             self._watchdog.kick()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
 
 
@@ -278,7 +278,7 @@ class Daemon:
             try:  # [speculation] suffix_cache: false turns the cache off and empties it; true back on
                 on = new.speculation.suffix_cache
                 self.loop.call(lambda engine: getattr(engine, "suffix_control", lambda **_: None)(enabled=on))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 log.warning("suffix_cache_reload_failed", error=str(exc))
         self.cfg = new
         kept: dict[str, object] = {}
@@ -338,7 +338,7 @@ class Daemon:
         try:
             n = self.loop.call(save, timeout=60.0)
             log.info("suffix_cache_saved", path=str(path), bytes=n)
-        except Exception as exc:  # noqa: BLE001 - an optimisation: never fail a drain or a stop on it
+        except Exception as exc:  # an optimisation: never fail a drain or a stop on it
             log.warning("suffix_cache_save_failed", path=str(path), error=str(exc))
 
     def _drain(self, on: bool) -> None:

@@ -22,8 +22,8 @@ from typing import Any, Protocol, runtime_checkable
 from edgespec import chat
 from edgespec.errors import ForwardAborted, NotReady, Overloaded
 from edgespec.logs import get_logger
-from edgespec.server.metrics import Metrics
 from edgespec.sampling import SamplingParams
+from edgespec.server.metrics import Metrics
 from edgespec.types import Chunk, GenerationRequest, GenerationResult, SpecStats, SpeculationParams
 
 log = get_logger("edgespec.server.engine")
@@ -243,7 +243,7 @@ class EngineLoop:
 
     # ---- lifecycle -------------------------------------------------------------------------
 
-    def start(self) -> "EngineLoop":
+    def start(self) -> EngineLoop:
         self._thread.start()
         return self
 
@@ -372,7 +372,7 @@ class EngineLoop:
             self._compile = getattr(engine, "compile_constraint", None)
             engine.warmup()
             self.capabilities = frozenset(engine.capabilities)
-        except BaseException as exc:  # noqa: BLE001 - reported to the starter
+        except BaseException as exc:  # reported to the starter
             self._error = exc
             log.error("engine_load_failed", error=str(exc), exc_info=True)
             self._started.set()
@@ -421,7 +421,7 @@ class EngineLoop:
                 for fn, out in calls:
                     try:
                         out.put((True, fn(engine)))
-                    except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                    except BaseException as exc:  # handed to the caller
                         out.put((False, exc))
                 for job in to_open:
                     self._open(engine, job, active)
@@ -432,7 +432,7 @@ class EngineLoop:
                     self._active_n = len(active)
                 if self._on_heartbeat:  # progress made (one tick), or an idle wait came round
                     self._on_heartbeat()
-        except BaseException as exc:  # noqa: BLE001 - the loop itself must not die silently
+        except BaseException as exc:  # the loop itself must not die silently
             log.error("engine_loop_crashed", error=str(exc), exc_info=True)
             self._error = exc
         finally:
@@ -543,7 +543,7 @@ class EngineLoop:
                 matcher=job.matcher,
             )
             session = engine.open_session(req)
-        except BaseException as exc:  # noqa: BLE001 - BadRequest etc. go back to the caller
+        except BaseException as exc:  # BadRequest etc. go back to the caller
             job.finish()
             job.events.put(("error", exc))
             job.opened.set()
@@ -573,13 +573,13 @@ class EngineLoop:
             for a in list(active):
                 self._end(a, active, close_reason=self._stop_reason(a.job, now))
             return
-        except BaseException as exc:  # noqa: BLE001 - a failed tick must not take the daemon down
+        except BaseException as exc:  # a failed tick must not take the daemon down
             log.error("generation_failed", request_ids=[a.job.request_id for a in active], error=str(exc),
                       exc_info=True)
             for a in list(active):
                 try:
                     a.session.close("error")
-                except BaseException:  # noqa: BLE001
+                except BaseException:
                     pass
                 active.remove(a)
                 a.job.finish(charged=True)
@@ -614,7 +614,7 @@ class EngineLoop:
             else:
                 sess.close(close_reason)
                 result = sess.result()
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             log.error("session_close_failed", request_id=job.request_id, error=str(exc), exc_info=True)
         if self._suffix_stats is not None:  # the request's reply went into the cache as it closed
             self.suffix_cache = self._suffix_stats()
@@ -685,6 +685,6 @@ class EngineLoop:
             out.put((False, NotReady("the server is shutting down")))
         try:
             engine.close()
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             log.warning("engine_close_failed", error=str(exc))
         log.info("engine_stopped")

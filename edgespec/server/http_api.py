@@ -44,15 +44,13 @@ from starlette.routing import Route
 from edgespec import chat as chat_encoding
 from edgespec import reasoning
 from edgespec import tools as tools_mod
-from edgespec.errors import (BadRequest, Cancelled, ConfigError, DeadlineExceeded, EdgespecError, NotReady,
-                             Overloaded)
+from edgespec.errors import BadRequest, Cancelled, ConfigError, DeadlineExceeded, EdgespecError, NotReady, Overloaded
 from edgespec.logs import bind_request_id, clear_request, get_logger
+from edgespec.server import answer, convert, pipe
 from edgespec.server import anthropic_api as an
-from edgespec.server import answer
+from edgespec.server import embeddings as emb
 from edgespec.server import openai_api as oa
 from edgespec.server import responses_api as ra
-from edgespec.server import embeddings as emb
-from edgespec.server import convert, pipe
 from edgespec.server.auth import TokenAuth
 from edgespec.server.callers import UNLIMITED, CallerLimits, Place, Unlimited, current_caller, retry_after_seconds
 from edgespec.server.config import LimitsConfig
@@ -267,7 +265,7 @@ class HttpApi:
                     raise Unauthenticated("missing or invalid bearer token (header 'Authorization: Bearer <token>' "
                                           "or 'x-api-key: <token>') or client certificate")
                 resp = await fn(request, rid)
-            except Exception as exc:  # noqa: BLE001 - mapped in one place
+            except Exception as exc:  # mapped in one place
                 resp = error_response(exc, request.url.path, shape)
             resp.headers["x-request-id"] = rid
             # the access line, as gRPC's `rpc` line: peer, caller, x_request_id bound above (a stream's
@@ -568,7 +566,7 @@ class HttpApi:
                 tg.start_soon(watch)
                 try:  # raised outside the task group, or it would come wrapped in an ExceptionGroup
                     kind, value = (await self._events(job.events, until_result=True))[-1]
-                except Exception as exc:  # noqa: BLE001 - re-raised below
+                except Exception as exc:  # re-raised below
                     failed = exc
                 tg.cancel_scope.cancel()
             if failed is not None:
@@ -660,7 +658,7 @@ class HttpApi:
                     if data := fmt.event(ev):
                         yield data
             done = True
-        except Exception as exc:  # noqa: BLE001 - the status line is sent: the error goes in the stream
+        except Exception as exc:  # the status line is sent: the error goes in the stream
             done = True
             status, body = error_status(exc)
             if status == 500:

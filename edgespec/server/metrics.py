@@ -282,7 +282,7 @@ METRICS_CONNECTIONS = 32
 class _QuietHandler(wsgiref.simple_server.WSGIRequestHandler):
     timeout = METRICS_TIMEOUT_SECONDS  # socketserver.StreamRequestHandler: the socket's timeout
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the access line is not logged
+    def log_message(self, format: str, *args: Any) -> None:  # the access line is not logged
         pass
 
     def parse_request(self) -> bool:  # reads the request line's headers

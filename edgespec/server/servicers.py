@@ -3,9 +3,8 @@ as domain exceptions and mapped to status codes by status.ServerInterceptor."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import contextlib
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,7 +16,8 @@ import structlog
 from edgespec import chat, reasoning, tool_formats
 from edgespec.errors import BadRequest, NotReady
 from edgespec.logs import bind_request_id
-from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2 as pb, inference_pb2_grpc
+from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2_grpc
+from edgespec.proto.edgespec.v1 import inference_pb2 as pb
 from edgespec.server import convert, pipe
 from edgespec.server.callers import UNLIMITED, CallerLimits, Place, Unlimited, current_caller
 from edgespec.server.config import LimitsConfig
@@ -147,7 +147,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             return contextlib.nullcontext(UNLIMITED)
         return self.callers.admit(current_caller(), queued=queued)
 
-    def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> pb.GenerateResponse:  # noqa: N802
+    def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> pb.GenerateResponse:
         with self._admit() as place:
             return self._generate(request, context, place)
 
@@ -165,7 +165,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                                         tool_calls=self._calls(job, value, text), reasoning=thought or "")
         raise NotReady("the engine stopped")  # pragma: no cover
 
-    def GenerateStream(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:  # noqa: N802
+    def GenerateStream(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:
         with self._admit() as place:
             yield from self._generate_stream(request, context, place)
 
@@ -200,7 +200,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             return ()
         return spec.parse(content, truncated=result.finish_reason == "length")[1]
 
-    def Tokenize(self, request: pb.TokenizeRequest, context: grpc.ServicerContext) -> pb.TokenizeResponse:  # noqa: N802
+    def Tokenize(self, request: pb.TokenizeRequest, context: grpc.ServicerContext) -> pb.TokenizeResponse:
         if request.text and request.messages:
             raise BadRequest("text", "set either text or messages, not both")
         messages = convert.messages_from(request.messages, limits=self.limits)
@@ -215,7 +215,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         ids = encode(enc) if enc is not None else self.loop.call(encode)
         return pb.TokenizeResponse(token_ids=ids, count=len(ids))
 
-    def Embed(self, request: pb.EmbedRequest, context: grpc.ServicerContext) -> pb.EmbedResponse:  # noqa: N802
+    def Embed(self, request: pb.EmbedRequest, context: grpc.ServicerContext) -> pb.EmbedResponse:
         from edgespec.server import embeddings as emb
 
         if self.embedder is None:
@@ -234,7 +234,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         return pb.EmbedResponse(embeddings=[pb.Embedding(values=v.tolist()) for v in vectors], prompt_tokens=n,
                                 model=name or "target")
 
-    def ModelInfo(self, request: pb.ModelInfoRequest, context: grpc.ServicerContext) -> pb.ModelInfoResponse:  # noqa: N802
+    def ModelInfo(self, request: pb.ModelInfoRequest, context: grpc.ServicerContext) -> pb.ModelInfoResponse:
         info = dict(self.loop.call(lambda engine: engine.model_info()))
         target, draft = info.pop("target", None) or {}, info.pop("draft", None) or {}
         head = info.pop("head", None) or {}  # an EAGLE-3 head beside the draft model ([draft] head)
@@ -280,7 +280,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         self.started = started
         self.last_reload = last_reload
 
-    def Stats(self, request: admin_pb2.StatsRequest, context: grpc.ServicerContext) -> admin_pb2.StatsResponse:  # noqa: N802
+    def Stats(self, request: admin_pb2.StatsRequest, context: grpc.ServicerContext) -> admin_pb2.StatsResponse:
         s = self.loop.stats()
         out = admin_pb2.StatsResponse(
             active_requests=s["active_requests"], queue_depth=s["queue_depth"], queue_capacity=s["queue_capacity"],
@@ -316,13 +316,13 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 rejected_by_reason=f["rejected_by_reason"]))
         return out
 
-    def SetPolicy(self, request: admin_pb2.SetPolicyRequest, context: grpc.ServicerContext) -> admin_pb2.Policy:  # noqa: N802
+    def SetPolicy(self, request: admin_pb2.SetPolicyRequest, context: grpc.ServicerContext) -> admin_pb2.Policy:
         policy = self.update_policy(convert.policy_changes(request), request.reset)
         if request.clear_suffix_cache:
             self.loop.call(lambda engine: getattr(engine, "suffix_control", lambda **_: None)(clear=True))
         return convert.policy_to_pb(policy)
 
-    def Drain(self, request: admin_pb2.DrainRequest, context: grpc.ServicerContext) -> admin_pb2.DrainResponse:  # noqa: N802
+    def Drain(self, request: admin_pb2.DrainRequest, context: grpc.ServicerContext) -> admin_pb2.DrainResponse:
         self.drain(not request.resume)
         s = self.loop.stats()
         return admin_pb2.DrainResponse(draining=s["draining"], active_requests=s["active_requests"],

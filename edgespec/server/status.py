@@ -37,8 +37,16 @@ from typing import Any
 import grpc
 import structlog
 
-from edgespec.errors import (BadRequest, Cancelled, ConfigError, DeadlineExceeded, EdgespecError, ModelError,
-                             NotReady, Overloaded)
+from edgespec.errors import (
+    BadRequest,
+    Cancelled,
+    ConfigError,
+    DeadlineExceeded,
+    EdgespecError,
+    ModelError,
+    NotReady,
+    Overloaded,
+)
 from edgespec.logs import bind_request_id, clear_request, get_logger
 from edgespec.server import pipe
 from edgespec.server.auth import OPEN_SERVICES, Decision, TokenAuth
@@ -115,7 +123,7 @@ def lenient(deserializer: Callable | None) -> Callable | None:
     def parse(data: bytes) -> Any:
         try:
             return deserializer(data)
-        except Exception as exc:  # noqa: BLE001 - every decode failure is the caller's
+        except Exception as exc:  # every decode failure is the caller's
             return Undecodable(deserializer, data, exc)
 
     return parse
@@ -248,7 +256,7 @@ def _handled(context: grpc.ServicerContext, method: str, auth: TokenAuth, decisi
     started = _begin(context, method, auth, decision)
     try:
         yield
-    except Exception as exc:  # noqa: BLE001 - mapped below
+    except Exception as exc:  # mapped below
         if _is_abort(exc, context):
             raise
         _abort(context, exc, method)

@@ -56,7 +56,7 @@ def draft(engine, plan) -> DraftRecord:
     return rec
 
 
-def _round(engine, order: list, pending: dict, gens: dict, plan, rec: DraftRecord) -> None:  # noqa: ANN001
+def _round(engine, order: list, pending: dict, gens: dict, plan, rec: DraftRecord) -> None:
     """One draft forward on one shared context: the next batch of each of `order`'s drafters."""
     tokens, positions, seqs, logits, counts, embd = [], [], [], [], [], []
     for s in order:

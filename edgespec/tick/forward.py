@@ -83,7 +83,7 @@ def verify_forward(engine, plan) -> ForwardRecord:
     return rec
 
 
-def _lay(spans: list, s, batch: tuple, tokens: list, positions: list, seqs: list) -> None:  # noqa: ANN001
+def _lay(spans: list, s, batch: tuple, tokens: list, positions: list, seqs: list) -> None:
     """One step's (tokens, positions, seqs) into the forward; its span (session, at, n) noted."""
     t, p, q = batch
     spans.append((s, len(tokens), len(t)))
@@ -106,7 +106,7 @@ def _append(group: list, tokens: list, positions: list, seqs: list, shared: dict
         seqs += [ids] * len(toks)
 
 
-def _done(group: list, rec: ForwardRecord, seconds: float, feats=None) -> None:  # noqa: ANN001
+def _done(group: list, rec: ForwardRecord, seconds: float, feats=None) -> None:
     """The group's pieces are in the cache; `feats`: their features, in the group's order."""
     rec.prefill_seconds += seconds
     at = 0

@@ -13,7 +13,7 @@ from edgespec.tree import DraftTree
 FORCED_MAX = 16  # grammar-forced tokens grafted into one step at most
 
 
-def forced(sess, st) -> None:  # noqa: ANN001
+def forced(sess, st) -> None:
     """Structured output: the tokens the grammar forces after the committed text (a JSON
     schema's `{"` and key names) are drafts the masked target accepts with certainty; they are
     grafted under the root at no draft cost (exact like any draft: the verifier decides)."""
@@ -29,7 +29,7 @@ def forced(sess, st) -> None:  # noqa: ANN001
         st.batch.tokens += len(st.tree) - n
 
 
-def lookup(sess, st) -> None:  # noqa: ANN001
+def lookup(sess, st) -> None:
     """The step's prompt lookup: n-gram-only speculation's own tree, or as many lookup tokens
     grafted onto the drafter's tree (or a plain step's root) as pay for their verification."""
     prop, tree = st.lookup, st.tree
@@ -59,7 +59,7 @@ def lookup(sess, st) -> None:  # noqa: ANN001
                 st.batch.tokens += tree.n_draft
 
 
-def suffix(sess, st) -> None:  # noqa: ANN001
+def suffix(sess, st) -> None:
     """Graft the suffix cache's continuation tree (edgespec/drafters/suffix.py): as many of its
     nodes (best first) as pay for their place in the verification at the tick's marginal cost;
     in auto mode decoding plainly too (the cache costs no forward)."""
@@ -91,7 +91,7 @@ def cap_leaves(tree: DraftTree, n_seq_max: int) -> None:
         tree.pop()
 
 
-def budget(sess, base: int, kind: int = 0, batch=None) -> int:  # noqa: ANN001
+def budget(sess, base: int, kind: int = 0, batch=None) -> int:
     """Lookup tokens worth adding to a verification batch of `base` tokens, priced by the
     n-gram drafter's learnt reach (NgramDrafter.budget) in plain-decoding tokens at this
     context. In a tick of several sessions (`batch`) the extra time is what k more tokens add

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from edgespec.bench.serve_report import to_markdown
-from edgespec.bench.serve_run import (Level, drafts_since, long_prompt, run_batch, run_levels, run_scenario,
-                                      warmup_curve)
+from edgespec.bench.serve_run import Level, drafts_since, long_prompt, run_batch, run_levels, run_scenario, warmup_curve
 from edgespec.bench.serve_stats import Trace
 from edgespec.bench.serve_systems import daemon_sections, llama_server_cmd, toml_config
 from edgespec.bench.suite import Prompt

@@ -2,8 +2,19 @@
 
 import pytest
 
-from edgespec.bench.serve_stats import (Trace, cell_metrics, delivery_gaps, itl, percentile, ratio, request_metrics,
-                                        speculation_summary, token_times, window_gaps, window_metrics)
+from edgespec.bench.serve_stats import (
+    Trace,
+    cell_metrics,
+    delivery_gaps,
+    itl,
+    percentile,
+    ratio,
+    request_metrics,
+    speculation_summary,
+    token_times,
+    window_gaps,
+    window_metrics,
+)
 
 
 def trace(submitted, arrivals, **kw):

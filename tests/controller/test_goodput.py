@@ -33,7 +33,7 @@ def test_losing_speculation_falls_back_and_reprobes_rarely():
     # re-probes: a few ticks each, waits 64, 128, 256, 512, 1024: ~40 speculating ticks in 2000
     assert sum(did) < 0.025 * len(did)
     flat = g.flat()
-    assert flat["goodput_fallback_levels"] == 1 and flat[f"goodput_1_0_fallback"] == 1.0
+    assert flat["goodput_fallback_levels"] == 1 and flat["goodput_1_0_fallback"] == 1.0
     assert flat["goodput_1_0_plain_score"] == pytest.approx(100.0)
 
 
@@ -186,7 +186,7 @@ def test_speculation_that_wins_on_average_is_not_dropped_for_an_unlucky_run(cls=
 class RawRate(GoodputGuard):
     """Broken twin: scores raw tokens per second (the cost model's unit ignored)."""
 
-    def record(self, key, speculated, tokens, seconds, unit=1.0):  # noqa: ANN001
+    def record(self, key, speculated, tokens, seconds, unit=1.0):
         super().record(key, speculated, tokens, seconds, 1.0)
 
 
@@ -194,10 +194,10 @@ class ExactCount(GoodputGuard):
     """Broken twin: a level per exact session count, judged by its own plain ticks only."""
 
     @staticmethod
-    def key(decoding, host_factor):  # noqa: ANN001
+    def key(decoding, host_factor):
         return (decoding, GoodputGuard.key(1, host_factor)[1])
 
-    def _plain_ref(self, key, lv):  # noqa: ANN001
+    def _plain_ref(self, key, lv):
         fresh = len(lv.plain) >= self.min_ticks and self.ticks - lv.plain_at < self.stale
         return lv.plain if fresh else None
 
@@ -225,6 +225,6 @@ class BareMeans(GoodputGuard):
     (LateExplorer, test_a_fresh_process_explores_plain_early),
     (LateExplorer, test_a_moving_session_count_still_gets_judged),
 ])
-def test_the_scenarios_reject_broken_guards(twin, scenario):  # noqa: ANN001
+def test_the_scenarios_reject_broken_guards(twin, scenario):
     with pytest.raises(AssertionError):
         scenario(twin)

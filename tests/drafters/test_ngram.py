@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.shape import PLAIN
-from edgespec.tick import graft
 from edgespec.drafters.ngram import NgramDrafter, ReachPriors, default_reach, lookup, lookup_all
 from edgespec.sampling import SamplingParams
+from edgespec.shape import PLAIN
+from edgespec.tick import graft
 from edgespec.tree import DraftTree
 
 
@@ -42,7 +42,7 @@ def test_graft_budget_prices_extra_verification_in_plain_tokens():
     from types import SimpleNamespace
 
     from edgespec.controller.cost import CostModel
-    from edgespec.engine import NGRAM_MAX, Session
+    from edgespec.engine import NGRAM_MAX
 
     flat = CostModel.from_tables({1: 0.012, 2: 0.012, 4: 0.014, 8: 0.020, 16: 0.032}, {1: 0.005})
     steep = CostModel.from_tables({1: 0.012, 2: 0.021, 4: 0.028, 8: 0.036, 16: 0.044}, {1: 0.005})
@@ -147,7 +147,7 @@ def test_a_lookup_is_keyed_by_how_it_stands_to_the_suffix_cache():
     ng = NgramDrafter()
     against, alone = kind_of(NGRAM, DISAGREES), kind_of(NGRAM)
     ng.reach[against] = list(ng.reach[alone])  # start both alike: the evidence must separate them
-    for step in range(40):  # contradicting lookups miss, the others are taken whole
+    for _ in range(40):  # contradicting lookups miss, the others are taken whole
         ctx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3]
         ng._pending = []
         ng.look(ctx, lambda: {99})

@@ -14,7 +14,6 @@ from edgespec.controller.shapes import Shape
 from edgespec.drafters.eagle3 import Eagle3Drafter
 from edgespec.sampling import SamplingParams
 from edgespec.tree import DraftTree
-
 from tests.heads.conftest import TRAIN_PROMPTS, synthetic_prompts
 
 pytestmark = pytest.mark.slow
@@ -125,7 +124,7 @@ def test_greedy_speculation_reproduces_the_targets_text(pair, shape):
 class LeakyDrafter(Eagle3Drafter):
     """A broken twin: forgets to drop the drafted cells after verification."""
 
-    def accept(self, tree, accepted, tokens):  # noqa: ANN001
+    def accept(self, tree, accepted, tokens):
         self._used_seqs = set()
 
 
@@ -161,7 +160,7 @@ def test_sampled_tree_draws_children_without_replacement(pair):
     tree.check()  # distinct siblings, q on every node with sampled children
     assert tree.n_draft == TREE.nodes and not any(tree.point[1:])
     d2t_mask = np.isfinite(hctx.logits(0))
-    for i, q in enumerate(tree.q):
+    for q in tree.q:
         if q is not None:
             assert abs(q.sum() - 1) < 1e-5 and not q[~d2t_mask].any()  # mass only on the draft vocabulary
     drafter.accept(tree, [], toks)
@@ -172,7 +171,7 @@ class StaleFeatures(Eagle3Drafter):
     """A broken twin: gets every feature row one position late (the row before the right one),
     as an engine passing the wrong verify rows would."""
 
-    def add_features(self, features):  # noqa: ANN001
+    def add_features(self, features):
         prev = getattr(self, "_prev_row", None)
         shifted = features if prev is None else np.concatenate([prev, features[:-1]])
         self._prev_row = features[-1:]

@@ -11,7 +11,6 @@ import pytest
 
 from edgespec import backend
 from edgespec.config import EngineConfig, ModelConfig
-
 from tests.heads.test_engine_head import N_TOKENS, collect_done, finish, prompts, request
 
 pytestmark = pytest.mark.slow
@@ -20,7 +19,7 @@ pytestmark = pytest.mark.slow
 def load(demo_pair, tiny_head, parallel: int, n_ctx: int = 512):
     from edgespec.engine import Engine
 
-    def cfg(path) -> ModelConfig:  # noqa: ANN001
+    def cfg(path) -> ModelConfig:
         return ModelConfig(str(path), n_ctx=n_ctx, n_batch=256, threads=1)
 
     return Engine.load(EngineConfig(cfg(demo_pair.target), cfg(demo_pair.draft), parallel=parallel,
@@ -256,7 +255,6 @@ def mixed_sampler(demo_pair, tiny_head):
 
 def test_ticks_mixing_both_drafters_sample_the_target_distribution(mixed_sampler):
     from edgespec.selftest import ALPHA
-
     from tests.heads.test_engine_head import sample
     from tests.tick.test_batched import gof
 
@@ -270,7 +268,6 @@ def test_a_drafter_reporting_another_distribution_is_caught_in_mixed_ticks(mixed
     """The broken twin of tests/heads/test_engine_head.py (children drawn at the request's
     temperature, reported at twice it), in ticks mixing both drafters: rejected."""
     from edgespec.selftest import ALPHA
-
     from tests.heads.test_engine_head import report_hotter_than_drawn, sample
     from tests.tick.test_batched import gof
 

@@ -16,7 +16,6 @@ from edgespec.config import EngineConfig, ModelConfig
 from edgespec.sampling import SamplingParams, logits_to_probs
 from edgespec.selftest import ALPHA
 from edgespec.types import GenerationRequest, SpeculationParams
-
 from tests.heads.conftest import TRAIN_PROMPTS, synthetic_prompts
 from tests.tick.test_batched import TOP_K, exact_joint, gof
 
@@ -68,7 +67,7 @@ def collect_done(active: dict, out: list) -> None:
             del active[s]
 
 
-def finish(sess):  # noqa: ANN001, ANN201
+def finish(sess):
     """Tick a session alone to its end; its result."""
     try:
         while not sess.done:
@@ -177,7 +176,7 @@ def test_acceptance_depends_on_the_features_of_the_committed_rows(head_engine, m
     right = rate()
     real = Session.verified_features
 
-    def shifted(self, feats):  # noqa: ANN001 - the broken path: every row one batch entry late
+    def shifted(self, feats):  # the broken path: every row one batch entry late
         real(self, np.concatenate([feats[1:], feats[-1:]]))
 
     monkeypatch.setattr(Session, "verified_features", shifted)
@@ -269,7 +268,7 @@ def test_a_head_reporting_another_distribution_than_it_drew_from_is_caught(sampl
     assert gof(sample(eng, toks, N_SAMPLES // 2), exact) < ALPHA
 
 
-def report_hotter_than_drawn(monkeypatch) -> None:  # noqa: ANN001
+def report_hotter_than_drawn(monkeypatch) -> None:
     """Break every tree drafter alike: children drawn at the request's temperature, their
     distribution reported to the verifier at twice it."""
     from dataclasses import replace
@@ -278,7 +277,7 @@ def report_hotter_than_drawn(monkeypatch) -> None:  # noqa: ANN001
 
     real = grow.Growth.children
 
-    def children(self, nodes, level, rep):  # noqa: ANN001
+    def children(self, nodes, level, rep):
         new = real(self, nodes, level, rep)
         hot = replace(self.sampling, temperature=2 * self.sampling.temperature)
         for n in nodes:

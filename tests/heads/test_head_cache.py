@@ -56,7 +56,7 @@ class _Head:
         self.encodes.append(len(features))
         return 2 * features[:, :4]
 
-    def seq_rm(self, *args) -> None:  # noqa: ANN002
+    def seq_rm(self, *args) -> None:
         pass
 
     def clear(self) -> None:

@@ -32,7 +32,7 @@ def test_an_unknown_precision_is_refused_naming_it():
         mj.make_train_step(_cfg(), 1, precision="fp8")
 
 
-def _rel(a, b) -> float:  # noqa: ANN001
+def _rel(a, b) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.abs(a - b).max() / np.abs(b).max())
 
@@ -50,7 +50,7 @@ def test_bf16_products_and_their_gradients_track_float32():
     w = jnp.asarray(rng.standard_normal((40, 96)) * 0.1, jnp.float32)
     r = jnp.asarray(rng.standard_normal((3, 16, 40)), jnp.float32)
 
-    def f(prec):  # noqa: ANN001, ANN202
+    def f(prec):
         return lambda x, w: jnp.sum(linear(x, w, prec) * r)
 
     y32, y16 = linear(x, w, "f32"), linear(x, w, "bf16")
@@ -102,7 +102,7 @@ def test_rope_on_split_pairs_gives_the_attention_scores_of_llama_cpp_rope():
     wq, wk = (rng.standard_normal((H * d, e)).astype(np.float32) for _ in range(2))
     pos = np.arange(T)
 
-    def proj(w):  # noqa: ANN001, ANN202
+    def proj(w):
         return jnp.asarray(x @ w.T).reshape(1, T, H, d)
 
     perm = _halves(H, d)
@@ -119,7 +119,7 @@ def test_rope_on_split_pairs_gives_the_attention_scores_of_llama_cpp_rope():
 def test_the_training_accuracy_is_the_argmax_accuracy():
     """loss_fn's per-step accuracy (the label's logit is the largest) equals argmax == label over
     the scored rows, and its loss is the mean cross-entropy (log-sum-exp less the label's logit)."""
-    jax = pytest.importorskip("jax")
+    pytest.importorskip("jax")
     import jax.numpy as jnp
 
     from edgespec.headtrain import model_jax as mj
@@ -156,7 +156,7 @@ def test_a_bf16_train_step_learns_what_an_f32_one_learns():
     learnable mapping (label = a fixed function of the input token), to nearly the same loss and
     the same training accuracy. A broken mixed-precision step (say, a d/dw that does not sum
     over the batch) would leave the bf16 run far behind."""
-    jax = pytest.importorskip("jax")
+    pytest.importorskip("jax")
     import jax.numpy as jnp
 
     from edgespec.headtrain import model_jax as mj

@@ -18,7 +18,7 @@ WORDS = ("alpha ", "beta ", "gamma ", "delta ")
 class FakeSession:
     breaker_state: str | None = None  # no breaker: these sessions never run auto speculation
 
-    def __init__(self, engine: "FakeEngine", req: GenerationRequest):
+    def __init__(self, engine: FakeEngine, req: GenerationRequest):
         self.engine, self.req = engine, req
         self.out: list[int] = []
         self.text = ""
@@ -84,7 +84,7 @@ class FakeEncoder:
     """The engine's thread-safe tokenizer and chat template (Engine.encoder): used by the daemon's
     handler threads, so it records its own callers' threads, apart from the engine's."""
 
-    special_tokens: dict[str, int] = {}  # noqa: RUF012 - none: every text is text
+    special_tokens: dict[str, int] = {}  # none: every text is text
 
     def __init__(self) -> None:
         self.threads: set[int] = set()
@@ -102,7 +102,7 @@ class FakeEncoder:
 
 class FakeEngine:
     capabilities = frozenset({"constraint"})  # constraints are only recorded
-    special_tokens: dict[str, int] = {}  # noqa: RUF012 - none (with tokenize and chat_prompt: a chat.ChatTokenizer)
+    special_tokens: dict[str, int] = {}  # none (with tokenize and chat_prompt: a chat.ChatTokenizer)
     # the optional capabilities of engine_loop.LoopEngine: no forward to abort, no suffix cache (idle
     # work stops as Engine's does: abort_idle_work below)
     abort_forward = None

@@ -30,7 +30,7 @@ def start_http_daemon(directory: Path, env: dict[str, str], parallel: int,
     prints SERVING, or fails the test with the log's tail."""
     import pytest
 
-    err = open(directory / "serve.log", "w")  # noqa: SIM115 - closed with the process
+    err = open(directory / "serve.log", "w")  # closed with the process
     proc = subprocess.Popen([sys.executable, "-m", "edgespec.cli.main", "serve", "--port", "0",
                              "--parallel", str(parallel)],
                             cwd=ROOT, env={**os.environ, "EDGESPEC_HTTP_ENABLED": "true", "EDGESPEC_HTTP_PORT": "0",

@@ -15,7 +15,8 @@ import structlog
 from structlog.testing import capture_logs
 
 from edgespec.errors import ConfigError
-from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2 as pb, inference_pb2_grpc
+from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2_grpc
+from edgespec.proto.edgespec.v1 import inference_pb2 as pb
 from edgespec.server.auth import TokenAuth, hash_token, read_named_hashes
 from edgespec.server.channel import ClientOptions, open_channel
 from edgespec.server.config import InvalidConfig, load

@@ -31,7 +31,7 @@ START_TIMEOUT = 120
 class Replica:
     def __init__(self, tmp: Path, name: str):
         self.name, self.log = name, tmp / f"{name}.log"
-        self._err = open(self.log, "w")  # noqa: SIM115 - closed in stop()
+        self._err = open(self.log, "w")  # closed in stop()
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.server.fake_daemon", "0.002"], cwd=ROOT,
                                      stdout=subprocess.PIPE, stderr=self._err, text=True)
         box: list[str] = []

@@ -15,7 +15,7 @@ import pytest
 
 from edgespec.errors import ConfigError
 from edgespec.sampling import SamplingParams
-from edgespec.server.callers import OTHER, Caps, CallerLimited, CallerLimits, parse_callers
+from edgespec.server.callers import OTHER, CallerLimited, CallerLimits, Caps, parse_callers
 from edgespec.server.config import LimitsConfig, load
 from edgespec.server.engine_loop import EngineLoop, Job
 from edgespec.types import SpeculationParams
@@ -305,7 +305,7 @@ def test_requests_in_flight_hold_their_tokens_against_the_limit():
     assert not lim._reserved
 
 
-def _tpm_daemon(make_daemon, cap: int):  # noqa: ANN001, ANN202
+def _tpm_daemon(make_daemon, cap: int):
     return make_daemon(http=HTTP, step_seconds=0.03, limits={"caller_tokens_per_minute": cap})
 
 

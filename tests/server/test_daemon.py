@@ -11,7 +11,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2 as pb, inference_pb2_grpc
+from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2_grpc
+from edgespec.proto.edgespec.v1 import inference_pb2 as pb
 from edgespec.server.auth import hash_token
 from edgespec.server.channel import ClientOptions, open_channel
 
@@ -31,7 +32,7 @@ def health_status(channel: grpc.Channel, service: str = "") -> int:
     return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
 
 
-def wait_for(cond, timeout: float = 5.0) -> bool:  # noqa: ANN001
+def wait_for(cond, timeout: float = 5.0) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if cond():
@@ -391,7 +392,7 @@ def test_a_reload_that_reads_an_emptied_token_file_keeps_the_old_tokens(make_dae
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
-def _tls_daemon(make_daemon, certs, mtls: bool, **sections):  # noqa: ANN001, ANN202
+def _tls_daemon(make_daemon, certs, mtls: bool, **sections):
     tls = {"cert": str(certs["server_cert"]), "key": str(certs["server_key"])}
     if mtls:
         tls["client_ca"] = str(certs["ca"])

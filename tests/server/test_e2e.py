@@ -17,7 +17,8 @@ import grpc
 import pytest
 
 from edgespec.config import models_dir
-from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2 as pb, inference_pb2_grpc
+from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2_grpc
+from edgespec.proto.edgespec.v1 import inference_pb2 as pb
 from edgespec.server.config import DEMO_DRAFT, DEMO_TARGET
 from tests.server.processes import stop
 
@@ -54,7 +55,7 @@ def start_server(tmp_path: Path, *extra: str, env: dict[str, str] | None = None)
         pytest.skip("demo models missing: run `edgespec models prepare-demo`")
     env = {**os.environ, "EDGESPEC_SERVER_GRACE_SECONDS": "30", "EDGESPEC_TARGET_N_CTX": "1024",
            "EDGESPEC_DRAFT_N_CTX": "1024", "EDGESPEC_SERVER_QUEUE_SIZE": "0", **(env or {})}
-    err = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - closed with the process
+    err = open(tmp_path / "serve.log", "w")  # closed with the process
     proc = subprocess.Popen(
         [sys.executable, "-m", "edgespec.cli.main", "serve", "--port", "0", "--reflection", "--parallel", "1", *extra],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
@@ -384,7 +385,7 @@ def test_sighup_reloads_tokens_and_certificate_mid_stream(tmp_path):
         # The reload must land while the stream is generating. How long a stream of n tokens
         # lasts depends on the machine, so each try doubles n until the daemon reports the
         # stream still active when the reload is applied (one try on a slow CPU).
-        for attempt, n in enumerate((32, 128, 512, 2048)):
+        for n in (32, 128, 512, 2048):
             rq = pb.GenerateRequest(prompt="Count from 1 to 3000, separated by commas: 1, 2, 3,")
             rq.sampling.max_tokens = n
             stream = inference_pb2_grpc.InferenceStub(before).GenerateStream(rq, timeout=900, metadata=bearer("admin-token"))
@@ -447,7 +448,7 @@ def test_the_daemon_drafts_with_the_installed_head_beside_the_draft_and_says_whi
 
     before = drafters()
     for q in questions:
-        def ask(mode: int) -> pb.GenerateResponse:
+        def ask(mode: int, q: str = q) -> pb.GenerateResponse:
             rq = pb.GenerateRequest()
             rq.messages.add(role="user", content=q)
             rq.sampling.max_tokens = 16

@@ -75,7 +75,7 @@ def test_outputs_equal_plain_alone_whatever_the_history(server, engine):
     cached: list[int] = []
     lock = threading.Lock()
 
-    def one(item) -> None:  # noqa: ANN001
+    def one(item) -> None:
         i, mode, max_tokens, cancel = item
         req = pb.GenerateRequest(messages=_messages(i),
                                  sampling=pb.SamplingOptions(temperature=0.0, max_tokens=max_tokens),
@@ -141,7 +141,7 @@ def test_a_k_quant_target_equals_plain_alone_at_1_4_and_8_streams(tmp_path_facto
         finally:
             eng.close()
 
-        def one(item):  # noqa: ANN001, ANN202
+        def one(item):
             i, mode = item
             r = s.inference.Generate(pb.GenerateRequest(
                 messages=_messages(i), sampling=pb.SamplingOptions(temperature=0.0, max_tokens=24),

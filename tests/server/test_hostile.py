@@ -15,7 +15,8 @@ import pytest
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from edgespec.proto.edgespec.v1 import admin_pb2, inference_pb2 as pb
+from edgespec.proto.edgespec.v1 import admin_pb2
+from edgespec.proto.edgespec.v1 import inference_pb2 as pb
 from edgespec.sampling import GREEDY_BELOW, SamplingParams, logits_to_probs
 from edgespec.server.auth import hash_token
 from tests.server.test_daemon import SERVING, health_status, req, wait_for
@@ -46,7 +47,7 @@ def info_logs():
         logs.configure(level="warning", json=True)
 
 
-def rpc_error(call, *args, **kwargs) -> grpc.RpcError:  # noqa: ANN001
+def rpc_error(call, *args, **kwargs) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as e:
         out = call(*args, **kwargs)
         if hasattr(out, "__iter__") and not hasattr(out, "SerializeToString"):
@@ -99,7 +100,7 @@ def test_refused_calls_do_not_wait_for_their_request(make_daemon, token_files):
     r = make_daemon(auth=token_files)
     never = threading.Event()
 
-    def requests():  # noqa: ANN202
+    def requests():
         never.wait(30)  # never sends a message while the test waits for the answer
         yield from ()
 

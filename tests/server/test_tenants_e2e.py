@@ -18,7 +18,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edgespec.config import models_dir
-from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2 as pb, inference_pb2_grpc
+from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2_grpc
+from edgespec.proto.edgespec.v1 import inference_pb2 as pb
 from edgespec.server.auth import hash_token
 from edgespec.server.config import DEMO_DRAFT, DEMO_TARGET
 from tests.server.floods import flood, timed

@@ -97,7 +97,7 @@ def test_concurrent_greedy_equals_each_request_alone(batched):
     out, shared = drive(eng, jobs, cancel=(len(jobs) - 1, 1))
     assert shared > 20  # the ticks really batched several sessions
     assert out[-1] is None
-    for (arrive, toks, mode, n), got in zip(jobs[:-1], out[:-1]):
+    for (_arrive, toks, mode, n), got in zip(jobs[:-1], out[:-1]):
         ref = alone(eng, toks, n)
         # batch-invariant forwards (tools/patches/): token for token, no near-tie allowance
         assert got == ref, f"{mode} request diverged from its plain run alone"
