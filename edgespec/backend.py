@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp as ll
 import numpy as np
@@ -336,8 +337,8 @@ class _Decoding:
         the same at any count: the thread governor changes time only)."""
         ll.llama_set_n_threads(self._ctx, n, n)
 
-    def decode(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
-               logits: Sequence[bool], embd: np.ndarray | None = None) -> None:
+    def _decode_pieces(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
+                       logits: Sequence[bool], embd: np.ndarray | None = None) -> None:
         """One forward per n_batch piece (larger batches only for runs whose tokens all belong
         to the same sequences, or whose pieces come in dependency order)."""
         n = len(tokens)
@@ -448,15 +449,15 @@ class Context(_Decoding):
         self.n_ctx = int(ll.llama_n_ctx(self._ctx))
         self.n_batch = cfg.n_batch
         self._mem = ll.llama_get_memory(self._ctx)
-        self._batch = ll.llama_batch_init(self.n_batch, 0, n_seq_max)
+        self._batch: Any = ll.llama_batch_init(self.n_batch, 0, n_seq_max)
         b = self._batch
         nb = self.n_batch
-        self._tok = np.ctypeslib.as_array(b.token, shape=(nb,))
-        self._pos = np.ctypeslib.as_array(b.pos, shape=(nb,))
-        self._nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(nb,))
-        self._out = np.ctypeslib.as_array(b.logits, shape=(nb,))
-        self._seq = [np.ctypeslib.as_array(b.seq_id[i], shape=(n_seq_max,)) for i in range(nb)]
-        self.n_vocab = model.n_vocab  # the width of the rows it returns (the target's, for a padded draft)
+        self._tok: np.ndarray = np.ctypeslib.as_array(b.token, shape=(nb,))
+        self._pos: np.ndarray = np.ctypeslib.as_array(b.pos, shape=(nb,))
+        self._nseq: np.ndarray = np.ctypeslib.as_array(b.n_seq_id, shape=(nb,))
+        self._out: np.ndarray = np.ctypeslib.as_array(b.logits, shape=(nb,))
+        self._seq: list[np.ndarray] = [np.ctypeslib.as_array(b.seq_id[i], shape=(n_seq_max,)) for i in range(nb)]
+        self.n_vocab: int = model.n_vocab  # the width of the rows it returns (the target's, for a padded draft)
         self._pairing: Pairing | None = None
         self.decode_seconds = 0.0  # wall time inside llama_decode (the rest of a step is overhead)
 
@@ -489,6 +490,12 @@ class Context(_Decoding):
 
     def _free_batch(self) -> None:
         ll.llama_batch_free(self._batch)
+
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
+               logits: Sequence[bool]) -> None:
+        """Entry i is tokens[i] at positions[i] in sequences seq_ids[i]; logits are kept for the
+        entries marked in `logits` (one forward per n_batch piece)."""
+        self._decode_pieces(tokens, positions, seq_ids, logits)
 
     def decode_rows(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
                     logits: Sequence[bool]) -> np.ndarray:
@@ -761,11 +768,11 @@ class HeadContext(_Decoding):
             raise ModelError(f"llama.cpp could not create a context for the head {head.path}")
         self.n_ctx = int(ll.llama_n_ctx(self._ctx))
         self.n_batch = cfg.n_batch
-        self.n_embd = head.n_embd
-        self.n_vocab = head.n_vocab
+        self.n_embd: int = head.n_embd
+        self.n_vocab: int = head.n_vocab
         self._mem = ll.llama_get_memory(self._ctx)
         _eagle3().set_nextn(self._ctx, True, True)
-        self._batch = ll.llama_batch_ext_init(self._ctx)
+        self._batch: Any = ll.llama_batch_ext_init(self._ctx)
         self._keep: list[np.ndarray] = []
         self.decode_seconds = 0.0
 
@@ -804,7 +811,7 @@ class HeadContext(_Decoding):
         (`logits` is accepted for symmetry with Context.decode): read them by batch index."""
         n = len(tokens)
         g = np.ascontiguousarray(g, dtype=np.float32).reshape(n, self.n_embd)
-        super().decode(tokens, positions, seq_ids, [True] * n if logits is None else logits, embd=g)
+        self._decode_pieces(tokens, positions, seq_ids, [True] * n if logits is None else logits, embd=g)
 
     def _fill(self, tokens, positions, seq_ids, logits, embd) -> None:
         ll.llama_batch_ext_clear(self._batch)

@@ -85,7 +85,7 @@ def encode_chat(tok: ChatTokenizer, messages: Sequence[Message], *, template: Ch
         if piece:
             ids.extend(tok.tokenize(piece, add_special=False, parse_special=False))
 
-    def template(part: str) -> None:
+    def template_text(part: str) -> None:
         pos = 0
         if find is not None:
             for m in find.finditer(part):
@@ -100,13 +100,13 @@ def encode_chat(tok: ChatTokenizer, messages: Sequence[Message], *, template: Ch
         at = text.find(marker, pos)
         if at < 0:  # the template left this message out: so does the prompt
             continue
-        template(text[pos:at])
+        template_text(text[pos:at])
         fragment.append(content)
         pos = at + len(marker)
-    template(text[pos:])
+    template_text(text[pos:])
     flush()
-    if template is not None and lead and ids[len(lead):2 * len(lead)] == list(lead):
-        del ids[:len(lead)]  # the template wrote the BOS itself ({{ bos_token }})
+    if lead and ids[len(lead):2 * len(lead)] == list(lead):
+        del ids[:len(lead)]  # the template (built-in or given) wrote the BOS itself ({{ bos_token }})
     return ids + list(trail)
 
 

@@ -144,11 +144,11 @@ class Watchdog:
     @property
     def poll_timeout(self) -> float:
         """Longest an idle engine loop may block before it must come round and kick again."""
-        return self.interval / 4 if self.active else 1.0
+        return self.interval / 4 if self.interval is not None and self.interval > 0 else 1.0
 
     def kick(self) -> bool:
         """Record progress; send WATCHDOG=1 if half an interval passed since the last one."""
-        if not self.active:
+        if self.interval is None or self.interval <= 0:
             return False
         now = self._clock()
         if self._last is not None and now - self._last < self.interval / 2:

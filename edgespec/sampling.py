@@ -124,7 +124,7 @@ def logits_to_probs(logits: np.ndarray, s: SamplingParams) -> np.ndarray:
         else:
             cand = keep[np.argsort(-x[keep], kind="stable")]
             z = np.exp(x[cand] - x[cand[0]])
-            keep = cand[: max(1, _prefix(z / z.sum(), s.top_p, s.min_p, complete=True))]
+            keep = cand[: max(1, _prefix(z / z.sum(), s.top_p, s.min_p, complete=True) or 1)]
     if keep is None:
         z = np.exp(x - x.max())
         return z / z.sum()
@@ -165,7 +165,7 @@ def _nucleus(x: np.ndarray, top_p: float, min_p: float) -> np.ndarray:
         if m is not None:
             return top[: max(m, 1)]
     top = np.argsort(-x, kind="stable")
-    return top[: max(1, _prefix(e[top] / total, top_p, min_p, complete=True))]
+    return top[: max(1, _prefix(e[top] / total, top_p, min_p, complete=True) or 1)]
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:

@@ -49,7 +49,10 @@ class VerifyResult:
 def verify_greedy(tree: DraftTree, target_argmax: Sequence[int]) -> VerifyResult:
     """target_argmax[i] = the target's argmax after node i ([n] ints)."""
     children = tree.children()
-    node, accepted, ranks, offered = 0, [], [], []
+    node = 0
+    accepted: list[int] = []
+    ranks: list[int] = []
+    offered: list[int] = []
     while True:
         want = int(target_argmax[node])
         kids = children[node]
@@ -82,7 +85,10 @@ def verify_stochastic(
     """target_probs(i) -> [vocab] target distribution after node i (evaluated lazily: only on the
     path actually walked)."""
     children = tree.children()
-    node, accepted, ranks, offered = 0, [], [], []
+    node = 0
+    accepted: list[int] = []
+    ranks: list[int] = []
+    offered: list[int] = []
     while True:
         p = target_probs(node)
         kids = children[node]
@@ -97,6 +103,7 @@ def verify_stochastic(
             if tree.point[c]:
                 q_i_x = 1.0
             else:
+                assert q_model is not None, f"node {node}: a sampled child under a parent without q"
                 q_i_x = float(q_model[x]) / (1.0 - removed)
                 if q_i_x <= 0.0:
                     raise AssertionError(f"node {c}: sampled token {x} has zero draft probability")
@@ -109,6 +116,7 @@ def verify_stochastic(
                 q_i = np.zeros_like(p)
                 q_i[x] = 1.0
             else:
+                assert q_model is not None
                 q_i = q_model.astype(np.float64, copy=True)
                 if tried:
                     q_i[tried] = 0.0

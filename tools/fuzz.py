@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -62,7 +63,7 @@ ROLES = (("system", "user", "assistant", "tool"), ("", "root", "USER", "user\x00
 REQUEST_IDS = (("", "ok-1", "Req_1.2:3", "x" * 128, "-"), ("请求٣", "a b", "x" * 129, "\t", "caf\u00e9"))
 
 
-def pick(rng: random.Random, values: tuple[tuple, tuple]) -> object:
+def pick(rng: random.Random, values: tuple[tuple, tuple]) -> Any:
     return rng.choice(values[1] if rng.random() < 1 / 8 else values[0])
 
 
@@ -129,7 +130,8 @@ def tokenize_request(rng: random.Random) -> pb.TokenizeRequest:
 
 
 def set_policy_request(rng: random.Random) -> admin_pb2.SetPolicyRequest:
-    rq = admin_pb2.SetPolicyRequest(speculation=rng.choice((0, 1, 2, 3, 77)), reset=maybe(rng, 0.3))
+    policy: Any = rng.choice((0, 1, 2, 3, 77))  # 77: no such enum value, on purpose
+    rq = admin_pb2.SetPolicyRequest(speculation=policy, reset=maybe(rng, 0.3))
     for name in ("max_draft_tokens", "max_tree_nodes", "max_tree_depth", "max_tokens"):
         if maybe(rng, 0.3):
             setattr(rq, name, rng.choice(SPEC_INTS[0] + SPEC_INTS[1] + (32, 4096, 1 << 20, (1 << 20) + 1)))

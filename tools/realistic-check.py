@@ -105,14 +105,14 @@ def main() -> int:
             print(f"| {name} | {s} / {t} |")
         # teacher-forced on the F32 demo's text: each model's next token after every prefix
         seqs = [tok + g for tok, g in zip(_prompt_tokens(demo, PROMPTS), ref)]
-        rows = {p: next_token_argmax(p, seqs, a.threads or None) for p in (demo, requant, widened)}
+        argmax = {p: next_token_argmax(p, seqs, a.threads or None) for p in (demo, requant, widened)}
         print("\nnext-token agreement on the F32 demo's greedy text (teacher-forced, continuation positions)\n")
         print("| pair | same next token |\n|---|---:|")
-        for name, x, y in (("widened vs demo target F32", widened, demo),
-                           ("widened vs demo target Q4_K_M", widened, requant),
-                           ("demo Q4_K_M vs demo F32", requant, demo)):
+        for name, mx, my in (("widened vs demo target F32", widened, demo),
+                             ("widened vs demo target Q4_K_M", widened, requant),
+                             ("demo Q4_K_M vs demo F32", requant, demo)):
             same = total = 0
-            for seq, g, rx, ry in zip(seqs, ref, rows[x], rows[y]):
+            for seq, g, rx, ry in zip(seqs, ref, argmax[mx], argmax[my]):
                 lo = len(seq) - len(g) - 1  # the row that predicts the first generated token
                 same += int(np.sum(rx[lo:-1] == ry[lo:-1]))
                 total += len(g)

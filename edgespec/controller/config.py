@@ -8,7 +8,7 @@ from a TOML `[controller]` table by `from_dict` (unknown keys are rejected by na
 from __future__ import annotations
 
 from dataclasses import asdict, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from edgespec.errors import ConfigError
 from edgespec.settings import CONTROLLER_MAX_DEPTH, CONTROLLER_MAX_NODES, CONTROLLER_MAX_WIDTH, SECTIONS, section_class
@@ -46,8 +46,11 @@ def from_dict(cls: type, d: dict[str, Any] | None) -> Any:
     return cls(**d).validate()
 
 
-ControllerConfig = section_class(
-    "ControllerConfig", SECTION,
-    "Every knob of the adaptive controller and its circuit breaker ([controller] in edgespec.settings).",
-    __name__, namespace={"validate": validate, "from_dict": classmethod(from_dict), "as_dict": asdict},
-)
+if TYPE_CHECKING:  # made at run time from the declaration table, one field per key: opaque to mypy
+    ControllerConfig: TypeAlias = Any
+else:
+    ControllerConfig = section_class(
+        "ControllerConfig", SECTION,
+        "Every knob of the adaptive controller and its circuit breaker ([controller] in edgespec.settings).",
+        __name__, namespace={"validate": validate, "from_dict": classmethod(from_dict), "as_dict": asdict},
+    )

@@ -33,7 +33,7 @@ class ThreadGovernor:
     def __init__(self, threads: int, enabled: bool = True):
         self.configured = threads
         self.options = (threads, 1) if threads > 1 and enabled else (threads,)
-        self.ratios = {n: deque(maxlen=self.WINDOW) for n in self.options}
+        self.ratios: dict[int, deque[float]] = {n: deque(maxlen=self.WINDOW) for n in self.options}
         self.current = threads
         self.ticks = 0
         self.last = {n: 0 for n in self.options}  # tick of each choice's last forward
@@ -55,7 +55,7 @@ class ThreadGovernor:
             return n
         scores = {n: self._score(n) for n in self.options}
         known = {n: s for n, s in scores.items() if s is not None}
-        best = min(known, key=known.get) if known else self.configured
+        best = min(known, key=lambda n: known[n]) if known else self.configured
         if best != self.current:
             self.switches += 1
             self.current = best

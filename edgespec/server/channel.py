@@ -72,7 +72,8 @@ def resolve_target(addr: str) -> tuple[str, bool]:
     if len(parts) == 1:
         _split(parts[0])
         return parts[0].strip(), False
-    v4, v6 = [], []
+    v4: list[str] = []
+    v6: list[str] = []
     for part in parts:
         host, port = _split(part)
         try:
@@ -91,7 +92,7 @@ def resolve_target(addr: str) -> tuple[str, bool]:
 
 def open_channel(o: ClientOptions) -> grpc.Channel:
     target, balanced = resolve_target(o.addr)
-    options = [("grpc.max_receive_message_length", o.max_message_bytes),
+    options: list[tuple[str, int | str]] = [("grpc.max_receive_message_length", o.max_message_bytes),
                ("grpc.max_send_message_length", o.max_message_bytes)]
     if balanced:
         options += [("grpc.service_config", json.dumps(SERVICE_CONFIG)), ("grpc.enable_retries", 1)]

@@ -15,7 +15,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from edgespec.config import ENGINE_KEYS, EngineConfig, ModelConfig, models_dir
 from edgespec.errors import ConfigError
@@ -50,20 +50,32 @@ def _tls_enabled(self) -> bool:
     return bool(self.cert)
 
 
-ServerConfig = section_class("ServerConfig", "server", "[server]", __name__,
-                             namespace={"loopback": property(_loopback)})
-SpeculationConfig = section_class("SpeculationConfig", "speculation", "[speculation]: what SIGHUP reloads", __name__)
-LimitsConfig = section_class("LimitsConfig", "limits", "[limits]: what one request may ask of the daemon, checked "
-                             "in the gRPC and HTTP handlers before the engine sees it", __name__, tuples=("callers",))
-AuthConfig = section_class("AuthConfig", "auth", "[auth]", __name__, tuples=("admin_subjects",),
-                           namespace={"enabled": property(_auth_enabled)})
-TlsConfig = section_class("TlsConfig", "tls", "[tls]", __name__, namespace={"enabled": property(_tls_enabled)})
-HttpConfig = section_class("HttpConfig", "http", "[http]", __name__)
-EmbeddingConfig = section_class("EmbeddingConfig", "embedding", "[embedding]", __name__)
-MetricsConfig = section_class("MetricsConfig", "metrics", "[metrics]", __name__)
-LoggingConfig = section_class("LoggingConfig", "logging", "[logging]", __name__)
-AuditConfig = section_class("AuditConfig", "audit", "[audit]: shadow decodes that check exactness on live traffic",
-                            __name__)
+if TYPE_CHECKING:  # made at run time from the declaration table, one field per key: opaque to mypy
+    ServerConfig: TypeAlias = Any
+    SpeculationConfig: TypeAlias = Any
+    LimitsConfig: TypeAlias = Any
+    AuthConfig: TypeAlias = Any
+    TlsConfig: TypeAlias = Any
+    HttpConfig: TypeAlias = Any
+    EmbeddingConfig: TypeAlias = Any
+    MetricsConfig: TypeAlias = Any
+    LoggingConfig: TypeAlias = Any
+    AuditConfig: TypeAlias = Any
+else:
+    ServerConfig = section_class("ServerConfig", "server", "[server]", __name__,
+                                 namespace={"loopback": property(_loopback)})
+    SpeculationConfig = section_class("SpeculationConfig", "speculation", "[speculation]: what SIGHUP reloads", __name__)
+    LimitsConfig = section_class("LimitsConfig", "limits", "[limits]: what one request may ask of the daemon, checked "
+                                 "in the gRPC and HTTP handlers before the engine sees it", __name__, tuples=("callers",))
+    AuthConfig = section_class("AuthConfig", "auth", "[auth]", __name__, tuples=("admin_subjects",),
+                               namespace={"enabled": property(_auth_enabled)})
+    TlsConfig = section_class("TlsConfig", "tls", "[tls]", __name__, namespace={"enabled": property(_tls_enabled)})
+    HttpConfig = section_class("HttpConfig", "http", "[http]", __name__)
+    EmbeddingConfig = section_class("EmbeddingConfig", "embedding", "[embedding]", __name__)
+    MetricsConfig = section_class("MetricsConfig", "metrics", "[metrics]", __name__)
+    LoggingConfig = section_class("LoggingConfig", "logging", "[logging]", __name__)
+    AuditConfig = section_class("AuditConfig", "audit", "[audit]: shadow decodes that check exactness on live traffic",
+                                __name__)
 
 
 @dataclass(frozen=True)

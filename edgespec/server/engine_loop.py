@@ -461,6 +461,8 @@ class EngineLoop:
     def _watch(self) -> None:
         """While a tick runs: abort its forward once every request in it is cancelled or past its
         deadline (the engine then raises ForwardAborted and _tick closes them)."""
+        abort = self._abort
+        assert abort is not None  # started only for an engine that can abort a forward
         while not self._stopping:
             self._watch_wake.wait()
             while not self._stopping:
@@ -471,7 +473,7 @@ class EngineLoop:
                         break
                     now = time.monotonic()
                     if jobs and all(j.cancelled or j.expired(now) for j in jobs):
-                        self._abort()  # type: ignore[misc] - again each round: a tick clears it as it starts
+                        abort()  # again each round: a tick clears it as it starts
                 time.sleep(WATCH_SECONDS)
 
     def _expire_pending(self) -> None:

@@ -44,14 +44,14 @@ def request_id(rid: str, field: str = "request_id") -> str:
 
 
 def next_events(events: Events, *, until_result: bool, stopped: Callable[[], bool],
-                poll: float = POLL_SECONDS, wait: float | None = None) -> list[tuple]:
+                poll: float = POLL_SECONDS, wait: float | None = None) -> list[tuple[Any, ...]]:
     """Blocking: the events queued now (at least one), or all of them up to a result when
     `until_result`; a batch ends at a result or an error event (returned, not raised). Every
     `poll` seconds without an event, `stopped()` is asked: true (the engine thread is gone) raises
     NotReady. `events`: a job's own queue, or a stream's (its choices' events, tagged with their
     index: (kind, value, i)). `wait`: [] when no event came within that many seconds (a stream's
     keep-alive is due)."""
-    out: list[tuple] = []
+    out: list[tuple[Any, ...]] = []
     until = None if wait is None else time.monotonic() + wait
     while True:
         try:
@@ -70,7 +70,7 @@ def next_events(events: Events, *, until_result: bool, stopped: Callable[[], boo
             return out
 
 
-def raise_error(batch: Sequence[tuple]) -> Sequence[tuple]:
+def raise_error(batch: Sequence[tuple[Any, ...]]) -> Sequence[tuple[Any, ...]]:
     """The batch, once none of its events is an error; else the first error's exception raised."""
     for event in batch:
         if event[0] == "error":

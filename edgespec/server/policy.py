@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from edgespec.errors import BadRequest
 from edgespec.sampling import SamplingParams, check_sampling
@@ -37,11 +37,14 @@ def _from_config(cls: type, spec: SpeculationConfig, server: ServerConfig) -> An
     return policy.replace(default_max_tokens=min(server.default_max_tokens, server.max_tokens))
 
 
-Policy = settings_class(
-    "Policy", POLICY_KEYS, "The running daemon's speculation policy: the config's [speculation] and "
-    "[server] max_tokens, with the admin's overrides on top.", __name__,
-    namespace={"__post_init__": _check, "from_config": classmethod(_from_config), "replace": dataclasses.replace},
-)
+if TYPE_CHECKING:  # made at run time from the declaration table, one field per key: opaque to mypy
+    Policy: TypeAlias = Any
+else:
+    Policy = settings_class(
+        "Policy", POLICY_KEYS, "The running daemon's speculation policy: the config's [speculation] and "
+        "[server] max_tokens, with the admin's overrides on top.", __name__,
+        namespace={"__post_init__": _check, "from_config": classmethod(_from_config), "replace": dataclasses.replace},
+    )
 
 
 # ---- what a request asks for, checked in one place for gRPC and HTTP ----------------------------
