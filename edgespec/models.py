@@ -290,6 +290,7 @@ def gguf_metadata(path: Path) -> dict:
     if params is None:
         params = sum(int(t.n_elements) for t in reader.tensors)
     ftype = scalar("general.file_type")
+    file_type: str | None
     if ftype is not None:
         try:
             file_type = LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_").removeprefix("ALL_")

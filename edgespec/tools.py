@@ -478,8 +478,8 @@ class AnswerStream:
                 return []
             if not self._buf.startswith(OPEN):
                 self._mode = "text"
-                out, self._buf = self._buf, ""
-                return [("content", out)]
+                content, self._buf = self._buf, ""
+                return [("content", content)]
             self._mode = "calls"
             text, self._buf = self._buf, ""
         if not self._heads:

@@ -107,7 +107,7 @@ class EdgespecClient:
                                       "draft_forwards": s.draft_forwards, "drafted_tokens": s.drafted_tokens,
                                       "accepted_tokens": s.accepted_tokens}
         except grpc.RpcError as exc:
-            tr.error = f"{exc.code().name}: {exc.details()}"  # type: ignore[attr-defined]
+            tr.error = f"{exc.code().name}: {exc.details()}"
         except ValueError as exc:  # the channel closed under a running client (the bench was interrupted)
             tr.error = str(exc)
         return tr
@@ -188,9 +188,10 @@ def _final(tr: Trace, event: dict[str, Any]) -> None:
     if tr.finish_reason == "eos" and tr.completion_tokens > 0:
         tr.completion_tokens -= 1
         if tr.arrivals:
-            t, n = tr.arrivals.pop()
+            at, n = tr.arrivals.pop()
             if n > 1:
-                tr.arrivals.append((t, n - 1))
-    t = event.get("timings") or {}
-    if t.get("draft_n"):
-        tr.speculation = {"drafted_tokens": int(t["draft_n"]), "accepted_tokens": int(t.get("draft_n_accepted", 0))}
+                tr.arrivals.append((at, n - 1))
+    timings = event.get("timings") or {}
+    if timings.get("draft_n"):
+        tr.speculation = {"drafted_tokens": int(timings["draft_n"]),
+                          "accepted_tokens": int(timings.get("draft_n_accepted", 0))}

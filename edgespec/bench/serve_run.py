@@ -232,13 +232,13 @@ def summarize_level(n: int, cells: dict[str, list[tuple[list[Trace], float]]], i
 
 
 def warmup_curve(cells: dict[str, list[tuple[list[Trace], float]]], per_round: Sequence[int],
-                 after: Sequence[int] = WARMUP_AFTER) -> dict[str, dict[str, float]]:
+                 after: Sequence[int] = WARMUP_AFTER) -> dict[str, dict[str, float | None]]:
     """Each ratio pair over the rounds that start after N earlier requests of the stream (a
     repetitive suite with the suffix cache: what the cache gives once it has seen N requests),
     for each N of `after` that some round starts at or beyond: aggregate tokens/s of those
     rounds pooled (their tokens over their wall time), numerator over denominator."""
     starts = [sum(per_round[:r]) for r in range(len(per_round))]
-    curve: dict[str, dict[str, float]] = {}
+    curve: dict[str, dict[str, float | None]] = {}
     for a, b in RATIO_PAIRS:
         if a not in cells or b not in cells:
             continue

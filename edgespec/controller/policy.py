@@ -200,7 +200,7 @@ class ShapePolicy:
         for d, r in self.runner_ups:
             by_r.setdefault(r, []).append(d)
         for r, depths in by_r.items():
-            want = set(depths)
+            depth_set = set(depths)
             e, reach = 1.0, 1.0
             for d in range(max(depths)):
                 row = a[d]
@@ -210,7 +210,7 @@ class ShapePolicy:
                 e += reach * (1.0 - miss)
                 reach *= row[0]
                 k = d + 1
-                if k in want:
+                if k in depth_set:
                     secs = draft1 + (k - 1) * step + verify(k * (1 + r) + 1) + overhead_spec
                     n += 1
                     if e / secs > best_rate:

@@ -125,7 +125,7 @@ class Eagle3Drafter:
         self._skip = max(0, keep - features_from)
         self.n_past = min(keep, kept.n_past) if kept is not None else 0
         rows = keep - self.n_past
-        self._g = [kept.g[:rows]] if rows > 0 else []
+        self._g = [kept.g[:rows]] if kept is not None and kept.g is not None and rows > 0 else []
         self._raw = []
         if self.n_past:
             self.ctx.seq_rm(0, self.n_past, -1)

@@ -93,8 +93,10 @@ class Growth:
                 lg = np.where(allowed, lg, -np.inf)
             if greedy:
                 k = min(width, int(np.isfinite(lg).sum()))
-                top = np.argpartition(-lg, k - 1)[:k] if k else []
-                top = top[np.argsort(-lg[top])] if k else []
+                top: np.ndarray | list[int] = []
+                if k:
+                    top = np.argpartition(-lg, k - 1)[:k]
+                    top = top[np.argsort(-lg[top])]
                 pr = _softmax(lg)
                 kids = [(int(t), float(pr[t])) for t in top if pr[t] > 0]
             else:
@@ -152,9 +154,11 @@ class Growth:
                     kv.seq_cp(src, s, -1, -1)
                     used.add(s)
                 out[j] = s
-        for j, i in enumerate(nodes):
-            seq_of[i] = out[j]
-        return out  # type: ignore[return-value]
+        seqs = [s for s in out if s is not None]
+        assert len(seqs) == len(nodes)  # every node has its sequence now
+        for i, s in zip(nodes, seqs):
+            seq_of[i] = s
+        return seqs
 
     def build(self, tree: DraftTree, max_leaves: int, rep: DraftReport) -> dict[int, int]:
         """Copy the candidates into `tree` (a lone root); returns candidate -> tree node. At T = 0

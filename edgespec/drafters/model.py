@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgespec.backend import Context
 from edgespec.drafters.base import DraftBatch, DraftReport, run_alone
 from edgespec.drafters.grow import Growth, grow_steps
+from edgespec.kv import SeqRange
 from edgespec.sampling import SamplingParams
 from edgespec.shape import Shape
 from edgespec.tree import DraftTree
@@ -71,7 +71,7 @@ class ModelDrafter:
     name = "model"
     features = False
 
-    def __init__(self, ctx: Context, window: int | None = None, max_leaves: int | None = None):
+    def __init__(self, ctx: SeqRange, window: int | None = None, max_leaves: int | None = None):
         self.ctx = ctx
         self.n_seq = ctx.n_seq_max
         # the tree's leaves each need a sequence of the range; the spine's leaf uses seq 0
@@ -90,14 +90,14 @@ class ModelDrafter:
         REUSE_WINDOWS windows: a draft forward's attention grows with its context, and past that a
         fresh start on the window (its prefill) costs less over a typical answer than the longer
         forwards."""
-        common = kept.reusable(tokens) if kept is not None else 0
-        if common and self.window is not None and common - kept.offset > REUSE_WINDOWS * self.window:  # type: ignore[union-attr]
+        common, offset = (kept.reusable(tokens), kept.offset) if kept is not None else (0, 0)
+        if common and self.window is not None and common - offset > REUSE_WINDOWS * self.window:
             common = 0
         if common:
-            self.ctx.seq_rm(0, common - kept.offset, -1)  # type: ignore[union-attr]
+            self.ctx.seq_rm(0, common - offset, -1)
             for s in range(1, self.n_seq):  # empty after every step; an assertion that costs nothing
                 self.ctx.seq_rm(s, -1, -1)
-            self.offset, self.n_past = kept.offset, common  # type: ignore[union-attr]
+            self.offset, self.n_past = offset, common
             return common - self.offset
         self.ctx.clear()
         self.n_past = 0

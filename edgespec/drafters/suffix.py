@@ -193,6 +193,7 @@ class SuffixCache:
         if need > self.max_bytes:
             return
         part = self._part(caller, create=True)
+        assert part is not None  # created
         doc = self._next_id
         self._next_id += 1
         self._docs[doc] = (self.partition_of(caller), toks)

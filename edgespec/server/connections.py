@@ -22,7 +22,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from edgespec.logs import get_logger
 
@@ -39,7 +39,7 @@ def _peer_key(address: Any) -> tuple[str, int] | None:
 class _Connection:
     __slots__ = ("transport", "opened", "in_flight", "timer")
 
-    def __init__(self, transport: asyncio.BaseTransport):
+    def __init__(self, transport: asyncio.Transport):
         self.transport = transport
         self.opened = time.monotonic()
         self.in_flight = 0
@@ -72,7 +72,7 @@ class ConnectionGuard:
             self.stats["timed_out"] += 1
             conn.transport.abort()
 
-    def _admit(self, key: tuple[str, int], transport: asyncio.BaseTransport) -> bool:
+    def _admit(self, key: tuple[str, int], transport: asyncio.Transport) -> bool:
         if len(self._open) >= self.max_connections:
             idle = next((c for c in self._open.values() if c.in_flight == 0), None)
             if idle is None:  # every connection is serving a request: this one waits its turn
@@ -104,7 +104,8 @@ class ConnectionGuard:
                 self.key: tuple[str, int] | None = None
                 self.admitted = False
 
-            def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                transport = cast(asyncio.Transport, transport)  # a TCP server's connection
                 self.key = _peer_key(transport.get_extra_info("peername"))
                 if self.key is not None and not guard._admit(self.key, transport):
                     transport.abort()
@@ -122,10 +123,10 @@ class ConnectionGuard:
 
             def data_received(self, data: bytes) -> None:
                 if self.admitted:
-                    self.inner.data_received(data)  # type: ignore[attr-defined]
+                    self.inner.data_received(data)
 
             def eof_received(self) -> bool | None:
-                return self.inner.eof_received() if self.admitted else None  # type: ignore[attr-defined]
+                return self.inner.eof_received() if self.admitted else None
 
             def pause_writing(self) -> None:
                 self.inner.pause_writing()
@@ -161,7 +162,7 @@ class ConnectionGuard:
                 self.in_flight -= 1
                 if conn is not None:
                     conn.in_flight -= 1
-                    if conn.in_flight == 0 and self._open.get(key) is conn:
+                    if conn.in_flight == 0 and key is not None and self._open.get(key) is conn:
                         self._arm(conn)
 
         return guarded

@@ -56,44 +56,120 @@ Labels = str | tuple[str, ...] | None
 
 
 class _Read:
-    """A family read at scrape time: `read()` returns a number, or {label value: number}; with a
-    tuple of label names, {tuple of their values: number}."""
+    """A family read at scrape time: `read(metrics)` returns a number, or {label value: number};
+    with a tuple of label names, {tuple of their values: number}."""
 
-    def __init__(self, kind: type[Metric], name: str, doc: str, read: Callable[[], float | dict],
+    def __init__(self, kind: type[GaugeMetricFamily | CounterMetricFamily], name: str, doc: str,
+                 read: Callable[[Metrics], float | dict],
                  label: Labels = None):
         self.kind, self.name, self.doc, self.read = kind, name, doc, read
         self.labels = list(label) if isinstance(label, tuple) else [label] if label else []
 
-    def family(self, with_samples: bool = True) -> Metric:
+    def family(self, metrics: Metrics | None) -> Metric:
+        """The family; with its samples read from `metrics` (None: the name only)."""
         fam = self.kind(self.name, self.doc, labels=self.labels)
-        if with_samples:
-            v = self.read()
+        if metrics is not None:
+            v = self.read(metrics)
             for key, x in sorted(v.items() if isinstance(v, dict) else [("", v)]):
                 fam.add_metric([] if not self.labels else list(key) if isinstance(key, tuple) else [key], float(x))
         return fam
 
 
-def gauge(name: str, doc: str, read: Callable[[], Any], label: Labels = None) -> _Read:
+def gauge(name: str, doc: str, read: Callable[[Metrics], Any], label: Labels = None) -> _Read:
     return _Read(GaugeMetricFamily, name, doc, read, label)
 
 
-def read_counter(name: str, doc: str, read: Callable[[], Any], label: Labels = None) -> _Read:
+def read_counter(name: str, doc: str, read: Callable[[Metrics], Any], label: Labels = None) -> _Read:
     """A counter kept elsewhere (the per-caller figures), exported as a counter."""
     return _Read(CounterMetricFamily, name, doc, read, label)
 
 
-class _LiveCollector(Collector):
-    """The families read from live state when scraped."""
+def _state(key: str) -> Callable[[Metrics], Any]:
+    return lambda m: m.state().get(key, 0)
 
-    def __init__(self, families: list[_Read]):
-        self.families = families
+
+def _flag(key: str) -> Callable[[Metrics], int]:
+    return lambda m: int(bool(m.state().get(key)))
+
+
+def _tick(key: str) -> Callable[[Metrics], float]:
+    return lambda m: m.tick_total(key)
+
+
+def _caller(key: str) -> Callable[[Metrics], dict[str, float]]:
+    return lambda m: m.caller_figure(key)
+
+
+def _suffix(key: str) -> Callable[[Metrics], float]:
+    return lambda m: m.suffix_figure(key)
+
+
+# The families read from live state when scraped, in exposition order.
+LIVE: tuple[_Read, ...] = (
+    gauge("edgespec_queue_depth", "Requests waiting for an engine slot.", _state("queue_depth")),
+    gauge("edgespec_active_requests", "Requests being decoded.", _state("active_requests")),
+    gauge("edgespec_ready", "1 when both models are loaded and warmed.", _flag("ready")),
+    gauge("edgespec_draining", "1 while draining or shutting down.", _flag("draining")),
+    gauge("edgespec_breaker_state", "Speculation breaker state of the last auto request (1 = current).",
+          lambda m: m.breaker_states(), "state"),
+    gauge("edgespec_caller_in_flight", "Requests running or queued per caller ([limits] callers, else other).",
+          _caller("in_flight"), "caller"),
+    gauge("edgespec_caller_running", "Requests in engine slots per caller (limits.caller_concurrent).",
+          _caller("running"), "caller"),
+    gauge("edgespec_caller_queued", "Requests waiting for a slot per caller (limits.caller_queued).",
+          _caller("queued"), "caller"),
+    gauge("edgespec_goodput_fallback_levels", "Load levels where auto decodes plainly: speculating ticks "
+          "measured fewer tokens per second than plain ones.", _tick("goodput_fallback_levels")),
+    gauge("edgespec_goodput_blocked_ticks", "Ticks the goodput guard turned plain since load.",
+          _tick("goodput_blocked_ticks")),
+    gauge("edgespec_cost_host_factor", "Measured / calibrated forward seconds now, by model.",
+          lambda m: m.host_factors(), "model"),
+    gauge("edgespec_drafter_estimated_speedup", "With a head beside the draft model: each drafter's "
+          "estimated speed-up at the last request's load (controller/drafter_choice.py).",
+          lambda m: m.tick_totals("drafter_estimate_"), "drafter"),
+    gauge("edgespec_suffix_cache_bytes", "Accounted bytes the cross-request suffix cache holds.", _suffix("bytes")),
+    gauge("edgespec_suffix_cache_max_bytes", "The suffix cache's bound (speculation.suffix_cache_bytes).",
+          _suffix("max_bytes")),
+    gauge("edgespec_suffix_cache_documents", "Finished requests' replies the suffix cache holds.",
+          _suffix("documents")),
+    gauge("edgespec_suffix_cache_lookups", "Suffix cache lookups since start (one per speculative step).",
+          _suffix("lookups")),
+    gauge("edgespec_suffix_cache_hits", "Suffix cache lookups since start that proposed a continuation.",
+          _suffix("hits")),
+    gauge("edgespec_suffix_cache_evictions", "Replies evicted from the suffix cache since start.",
+          _suffix("evicted")),
+    gauge("edgespec_prompt_cache_bytes", "Bytes of kept prefills in host memory beyond the slots "
+          "(server.prompt_cache_bytes).", _tick("prompt_store_bytes")),
+    gauge("edgespec_prompt_cache_entries", "Kept prefills in host memory beyond the slots.",
+          _tick("prompt_store_entries")),
+    gauge("edgespec_prompt_cache_hits", "Requests since start whose prompt began with a kept prefill "
+          "written back from host memory.", _tick("prompt_store_hits")),
+    gauge("edgespec_prompt_cache_restored_tokens", "Prompt tokens since start not prefilled again because "
+          "their cells came back from host memory.", _tick("prompt_store_restored_tokens")),
+    # counters kept elsewhere: the drafter choice's, the callers' limits'
+    read_counter("edgespec_drafter_requests_total", "With a head beside the draft model: requests that "
+                 "drafted with each (draft, head).", lambda m: m.tick_totals("drafter_requests_"), "drafter"),
+    read_counter("edgespec_caller_requests_total", "Generation requests admitted per caller.",
+                 _caller("requests"), "caller"),
+    read_counter("edgespec_caller_rejected_total", "Requests refused for being over the caller's own limits, "
+                 "by reason (concurrent, queued, tokens).", lambda m: m.caller_rejected(), ("caller", "reason")),
+    read_counter("edgespec_caller_tokens_total", "Prompt + completion tokens of finished requests per caller.",
+                 _caller("tokens"), "caller"),
+)
+
+
+class _LiveCollector(Collector):
+    """The LIVE families, read from one Metrics' live state when scraped."""
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
 
     def describe(self) -> Iterable[Metric]:  # the names, for the registry's duplicate check; reads nothing
-        return [f.family(with_samples=False) for f in self.families]
+        return [f.family(None) for f in LIVE]
 
     def collect(self) -> Iterator[Metric]:
-        for f in self.families:
-            yield f.family()
+        for f in LIVE:
+            yield f.family(self.metrics)
 
 
 class Metrics:
@@ -110,7 +186,7 @@ class Metrics:
         prometheus_client.GCCollector(registry=r)
         self.state: Callable[[], dict] = lambda: {}
         # per-caller figures (edgespec.server.callers.CallerLimits.snapshot): labels bounded by [limits] callers
-        self.callers: Callable[[], dict[str, dict[str, int]]] = lambda: {}
+        self.callers: Callable[[], dict[str, dict[str, Any]]] = lambda: {}
         self.ttft = prometheus_client.Histogram("edgespec_time_to_first_token_seconds",
                                                 "Time from admission to the first output token.", buckets=TTFT_BUCKETS,
                                                 registry=r)
@@ -137,85 +213,33 @@ class Metrics:
                                           "Draft tokens accepted by verification, by source.", "source")
         self.forward_seconds = Counter(r, "edgespec_forward_seconds_total",
                                        "Seconds inside model forwards by model (target = verification).", "model")
-        state = lambda key, default=0: (lambda: self.state().get(key, default))  # noqa: E731
-        live = [  # read at scrape time
-            gauge("edgespec_queue_depth", "Requests waiting for an engine slot.", state("queue_depth")),
-            gauge("edgespec_active_requests", "Requests being decoded.", state("active_requests")),
-            gauge("edgespec_ready", "1 when both models are loaded and warmed.", lambda: int(bool(self.state().get("ready")))),
-            gauge("edgespec_draining", "1 while draining or shutting down.", lambda: int(bool(self.state().get("draining")))),
-            gauge("edgespec_breaker_state", "Speculation breaker state of the last auto request (1 = current).",
-                  self._breaker_state, "state"),
-            gauge("edgespec_caller_in_flight", "Requests running or queued per caller ([limits] callers, else other).",
-                  lambda: self._caller("in_flight"), "caller"),
-            gauge("edgespec_caller_running", "Requests in engine slots per caller (limits.caller_concurrent).",
-                  lambda: self._caller("running"), "caller"),
-            gauge("edgespec_caller_queued", "Requests waiting for a slot per caller (limits.caller_queued).",
-                  lambda: self._caller("queued"), "caller"),
-            gauge("edgespec_goodput_fallback_levels", "Load levels where auto decodes plainly: speculating ticks "
-                  "measured fewer tokens per second than plain ones.", lambda: self._tick("goodput_fallback_levels")),
-            gauge("edgespec_goodput_blocked_ticks", "Ticks the goodput guard turned plain since load.",
-                  lambda: self._tick("goodput_blocked_ticks")),
-            gauge("edgespec_cost_host_factor", "Measured / calibrated forward seconds now, by model.",
-                  self._host_factors, "model"),
-            gauge("edgespec_drafter_estimated_speedup", "With a head beside the draft model: each drafter's "
-                  "estimated speed-up at the last request's load (controller/drafter_choice.py).",
-                  lambda: self._ticks("drafter_estimate_"), "drafter"),
-            gauge("edgespec_suffix_cache_bytes", "Accounted bytes the cross-request suffix cache holds.",
-                  lambda: self._suffix("bytes")),
-            gauge("edgespec_suffix_cache_max_bytes", "The suffix cache's bound (speculation.suffix_cache_bytes).",
-                  lambda: self._suffix("max_bytes")),
-            gauge("edgespec_suffix_cache_documents", "Finished requests' replies the suffix cache holds.",
-                  lambda: self._suffix("documents")),
-            gauge("edgespec_suffix_cache_lookups", "Suffix cache lookups since start (one per speculative step).",
-                  lambda: self._suffix("lookups")),
-            gauge("edgespec_suffix_cache_hits", "Suffix cache lookups since start that proposed a continuation.",
-                  lambda: self._suffix("hits")),
-            gauge("edgespec_suffix_cache_evictions", "Replies evicted from the suffix cache since start.",
-                  lambda: self._suffix("evicted")),
-            gauge("edgespec_prompt_cache_bytes", "Bytes of kept prefills in host memory beyond the slots "
-                  "(server.prompt_cache_bytes).", lambda: self._tick("prompt_store_bytes")),
-            gauge("edgespec_prompt_cache_entries", "Kept prefills in host memory beyond the slots.",
-                  lambda: self._tick("prompt_store_entries")),
-            gauge("edgespec_prompt_cache_hits", "Requests since start whose prompt began with a kept prefill "
-                  "written back from host memory.", lambda: self._tick("prompt_store_hits")),
-            gauge("edgespec_prompt_cache_restored_tokens", "Prompt tokens since start not prefilled again because "
-                  "their cells came back from host memory.", lambda: self._tick("prompt_store_restored_tokens")),
-            # counters the callers' limits keep
-            read_counter("edgespec_drafter_requests_total", "With a head beside the draft model: requests that "
-                         "drafted with each (draft, head).", lambda: self._ticks("drafter_requests_"), "drafter"),
-            read_counter("edgespec_caller_requests_total", "Generation requests admitted per caller.",
-                         lambda: self._caller("requests"), "caller"),
-            read_counter("edgespec_caller_rejected_total", "Requests refused for being over the caller's own limits, "
-                         "by reason (concurrent, queued, tokens).", self._caller_rejected, ("caller", "reason")),
-            read_counter("edgespec_caller_tokens_total", "Prompt + completion tokens of finished requests per caller.",
-                         lambda: self._caller("tokens"), "caller"),
-        ]
-        r.register(_LiveCollector(live))
+        r.register(_LiveCollector(self))
 
-    def _caller(self, key: str) -> dict[str, float]:
+    # -- live state, as the LIVE families read it ---------------------------------------------
+    def caller_figure(self, key: str) -> dict[str, float]:
         return {who: f[key] for who, f in self.callers().items()}
 
-    def _caller_rejected(self) -> dict[tuple[str, str], float]:
+    def caller_rejected(self) -> dict[tuple[str, str], float]:
         return {(who, reason): n for who, f in self.callers().items() for reason, n in f["rejected_by_reason"].items()}
 
-    def _tick(self, key: str, default: float = 0.0) -> float:
+    def tick_total(self, key: str, default: float = 0.0) -> float:
         return float((self.state().get("tick_totals") or {}).get(key, default))
 
-    def _host_factors(self) -> dict[str, float]:
+    def host_factors(self) -> dict[str, float]:
         """Per model: the target's and the draft's always, a head's beside the draft when loaded."""
         totals = self.state().get("tick_totals") or {}
         return {m: float(totals.get(f"cost_{m}_host_factor", 1.0)) for m in ("target", "draft", "head")
                 if m != "head" or "cost_head_host_factor" in totals}
 
-    def _ticks(self, prefix: str) -> dict[str, float]:
+    def tick_totals(self, prefix: str) -> dict[str, float]:
         """tick_totals entries named prefix + label, by label."""
         totals = self.state().get("tick_totals") or {}
         return {k[len(prefix):]: float(v) for k, v in totals.items() if k.startswith(prefix)}
 
-    def _suffix(self, key: str) -> float:
+    def suffix_figure(self, key: str) -> float:
         return float((self.state().get("suffix_cache") or {}).get(key, 0))
 
-    def _breaker_state(self) -> dict[str, int]:
+    def breaker_states(self) -> dict[str, int]:
         """Every state, 1 for the current one; nothing until an auto request has run."""
         current = self.state().get("breaker_state", "")
         return {s: int(s == current) for s in BREAKER_STATES} if current else {}
