@@ -28,6 +28,14 @@ def _caches(s: dict[str, Any]) -> str:
 
 
 def to_markdown(report: dict[str, Any]) -> str:
+    out = _main_table(report)
+    for section in (_ratios, _warmup, _drafts, _scenario, _servers):
+        out += section(report)
+    return "\n".join(out) + "\n"
+
+
+def _main_table(report: dict[str, Any]) -> list[str]:
+    """The heading, the settings and one row per (concurrency, system)."""
     s, m = report["settings"], report["machine"]
     out = [
         "# edgespec serving benchmark",
@@ -59,66 +67,96 @@ def to_markdown(report: dict[str, Any]) -> str:
                        f"{_ms(p['itl_p50_s'])} | {_ms(p['itl_p99_s'])} | {_ms(p['tpot_mean_s'])} | "
                        f"{_ms(p['delivery_gap_p99_s'])} | {_f(p.get('tau'), '.2f')} | {acc} | "
                        f"{p['completion_tokens']}{' (' + str(p['errors']) + ' errors)' if p['errors'] else ''} |")
+    return out
+
+
+def _ratios(report: dict[str, Any]) -> list[str]:
+    """Aggregate tokens/s ratios per concurrency, with each round's."""
     pairs = list(dict.fromkeys(k for lv in report["levels"] for k in lv["ratios"]))
-    if pairs:
-        out += ["", "Aggregate tokens/s ratios (median of per-round ratios; rounds in brackets):", "",
-                "| N | " + " | ".join(pairs) + " |", "|---|" + "---|" * len(pairs)]
-        for lv in report["levels"]:
-            cells = []
-            for k in pairs:
-                r = lv["ratios"].get(k)
-                cells.append("–" if r is None else f"{_f(r['median'], '.2f')} "
-                             f"({', '.join(_f(x, '.2f') for x in r['rounds'])})")
-            out.append(f"| {lv['concurrency']} | " + " | ".join(cells) + " |")
+    if not pairs:
+        return []
+    out = ["", "Aggregate tokens/s ratios (median of per-round ratios; rounds in brackets):", "",
+           "| N | " + " | ".join(pairs) + " |", "|---|" + "---|" * len(pairs)]
+    for lv in report["levels"]:
+        cells = []
+        for k in pairs:
+            r = lv["ratios"].get(k)
+            cells.append("–" if r is None else f"{_f(r['median'], '.2f')} "
+                         f"({', '.join(_f(x, '.2f') for x in r['rounds'])})")
+        out.append(f"| {lv['concurrency']} | " + " | ".join(cells) + " |")
+    return out
+
+
+def _warmup(report: dict[str, Any]) -> list[str]:
+    """The warm-up curve: ratios over the rounds after N requests of the stream."""
     curves = [(lv["concurrency"], k, pts) for lv in report["levels"] for k, pts in (lv.get("warmup_curve") or {}).items()]
-    if curves:
-        after = list(dict.fromkeys(n for _, _, pts in curves for n in pts))
-        out += ["", "Warm-up curve: aggregate tokens/s ratio over the rounds that start after N requests of the "
-                "stream (their tokens over their wall time):", "",
-                "| N streams | ratio | " + " | ".join(f"after {n}" for n in after) + " |",
-                "|---|---|" + "---|" * len(after)]
-        for conc, k, pts in curves:
-            out.append(f"| {conc} | {k} | " + " | ".join(_f(pts.get(n), ".2f") for n in after) + " |")
+    if not curves:
+        return []
+    after = list(dict.fromkeys(n for _, _, pts in curves for n in pts))
+    out = ["", "Warm-up curve: aggregate tokens/s ratio over the rounds that start after N requests of the "
+           "stream (their tokens over their wall time):", "",
+           "| N streams | ratio | " + " | ".join(f"after {n}" for n in after) + " |",
+           "|---|---|" + "---|" * len(after)]
+    for conc, k, pts in curves:
+        out.append(f"| {conc} | {k} | " + " | ".join(_f(pts.get(n), ".2f") for n in after) + " |")
+    return out
+
+
+def _drafts(report: dict[str, Any]) -> list[str]:
+    """The daemon's drafts by source, its drafter mix, suffix cache and prompt store."""
     drafts = [(lv["concurrency"], lv["drafts"]) for lv in report["levels"] if (lv.get("drafts") or {}).get("by_source")]
-    if drafts:
-        out += ["", "The daemon's drafts by source (tokens verified, accepted):", "",
-                "| N | source | proposed | accepted | acceptance |", "|---|---|---|---|---|"]
-        for conc, d in drafts:
-            for src, f in sorted(d["by_source"].items()):
-                out.append(f"| {conc} | {src} | {f['proposed']} | {f['accepted']} | {100 * f['acceptance']:.0f} % |")
-            mix = d.get("requests_by_drafter") or {}
-            if mix:
-                out.append(f"| {conc} | requests by drafter | " + ", ".join(f"{k} {n}" for k, n in sorted(mix.items()))
-                           + " | | |")
-            sc = d.get("suffix_cache") or {}
-            if sc.get("enabled"):
-                out.append(f"| {conc} | suffix cache | {int(sc.get('documents', 0))} replies, "
-                           f"{int(sc.get('bytes', 0)) >> 10} KiB | {int(sc.get('hits', 0))} hits | "
-                           f"of {int(sc.get('lookups', 0))} lookups |")
-            ps = d.get("prompt_store") or {}
-            if ps:
-                out.append(f"| {conc} | prompt store | {int(ps.get('entries', 0))} prefills, "
-                           f"{int(ps.get('bytes', 0)) >> 20} MiB | {int(ps.get('hits', 0))} hits | "
-                           f"{int(ps.get('restored_tokens', 0))} tokens written back |")
+    if not drafts:
+        return []
+    out = ["", "The daemon's drafts by source (tokens verified, accepted):", "",
+           "| N | source | proposed | accepted | acceptance |", "|---|---|---|---|---|"]
+    for conc, d in drafts:
+        for src, f in sorted(d["by_source"].items()):
+            out.append(f"| {conc} | {src} | {f['proposed']} | {f['accepted']} | {100 * f['acceptance']:.0f} % |")
+        mix = d.get("requests_by_drafter") or {}
+        if mix:
+            out.append(f"| {conc} | requests by drafter | " + ", ".join(f"{k} {n}" for k, n in sorted(mix.items()))
+                       + " | | |")
+        sc = d.get("suffix_cache") or {}
+        if sc.get("enabled"):
+            out.append(f"| {conc} | suffix cache | {int(sc.get('documents', 0))} replies, "
+                       f"{int(sc.get('bytes', 0)) >> 10} KiB | {int(sc.get('hits', 0))} hits | "
+                       f"of {int(sc.get('lookups', 0))} lookups |")
+        ps = d.get("prompt_store") or {}
+        if ps:
+            out.append(f"| {conc} | prompt store | {int(ps.get('entries', 0))} prefills, "
+                       f"{int(ps.get('bytes', 0)) >> 20} MiB | {int(ps.get('hits', 0))} hits | "
+                       f"{int(ps.get('restored_tokens', 0))} tokens written back |")
+    return out
+
+
+def _scenario(report: dict[str, Any]) -> list[str]:
+    """A long prompt arriving while streams decode: its TTFT and the streams' stalls."""
     sc = report.get("scenario")
-    if sc:
-        ss = sc.get("settings", {})
-        out += ["", f"## A {ss.get('prompt_tokens')}-token prompt arriving while {len(sc['streams'])} streams decode", "",
-                f"Parallel {len(sc['streams']) + 1}; the streams ask for up to {ss.get('stream_tokens')} tokens; the "
-                f"long prompt arrives once each stream has its first {ss.get('warm_tokens')} tokens and asks for "
-                f"{ss.get('long_tokens')}. Window = its submission to its first token; the streams' inter-token "
-                f"latency per delivery (a chunk's tokens count once) over the gaps overlapping it (a stall across "
-                f"the window counts once, whole); 'before' = the same before the long prompt arrived. Medians over "
-                f"{ss.get('rounds')} rounds; ms.", "",
-                "| system | long prompt tokens | long TTFT | streams' ITL p50 in window | p99 in window | max in "
-                "window | ITL p50 before | ITL p99 before | streams decoding throughout |",
-                "|---|---|---|---|---|---|---|---|---|"]
-        for name, r in sc["systems"].items():
-            md = r["median"]
-            out.append(f"| {name} | {_f(md.get('long_prompt_tokens'), '.0f')} | {_ms(md.get('long_ttft_s'))} | "
-                       f"{_ms(md.get('window_itl_p50_s'))} | {_ms(md.get('window_itl_p99_s'))} | "
-                       f"{_ms(md.get('window_itl_max_s'))} | {_ms(md.get('before_itl_p50_s'))} | "
-                       f"{_ms(md.get('before_itl_p99_s'))} | {_f(md.get('streams_decoding_throughout'), '.0f')} |")
+    if not sc:
+        return []
+    ss = sc.get("settings", {})
+    out = ["", f"## A {ss.get('prompt_tokens')}-token prompt arriving while {len(sc['streams'])} streams decode", "",
+           f"Parallel {len(sc['streams']) + 1}; the streams ask for up to {ss.get('stream_tokens')} tokens; the "
+           f"long prompt arrives once each stream has its first {ss.get('warm_tokens')} tokens and asks for "
+           f"{ss.get('long_tokens')}. Window = its submission to its first token; the streams' inter-token "
+           f"latency per delivery (a chunk's tokens count once) over the gaps overlapping it (a stall across "
+           f"the window counts once, whole); 'before' = the same before the long prompt arrived. Medians over "
+           f"{ss.get('rounds')} rounds; ms.", "",
+           "| system | long prompt tokens | long TTFT | streams' ITL p50 in window | p99 in window | max in "
+           "window | ITL p50 before | ITL p99 before | streams decoding throughout |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for name, r in sc["systems"].items():
+        md = r["median"]
+        out.append(f"| {name} | {_f(md.get('long_prompt_tokens'), '.0f')} | {_ms(md.get('long_ttft_s'))} | "
+                   f"{_ms(md.get('window_itl_p50_s'))} | {_ms(md.get('window_itl_p99_s'))} | "
+                   f"{_ms(md.get('window_itl_max_s'))} | {_ms(md.get('before_itl_p50_s'))} | "
+                   f"{_ms(md.get('before_itl_p99_s'))} | {_f(md.get('streams_decoding_throughout'), '.0f')} |")
+    return out
+
+
+def _servers(report: dict[str, Any]) -> list[str]:
+    """The daemon's draft per level and the servers' command lines."""
+    out: list[str] = []
     drafts = [f"N={lv['concurrency']}: {lv['daemon']['draft']}"
               + (f" and {lv['daemon']['head']} beside it" if lv["daemon"].get("head") else "")
               for lv in report["levels"] if (lv.get("daemon") or {}).get("draft")]
@@ -127,7 +165,7 @@ def to_markdown(report: dict[str, Any]) -> str:
     cmds = report.get("commands") or {}
     if cmds:
         out += ["", "Servers:", ""] + [f"- {k}: `{v}`" for k, v in cmds.items() if isinstance(v, str)]
-    return "\n".join(out) + "\n"
+    return out
 
 
 def plot(report: dict[str, Any], path: str) -> None:
