@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from functools import partial
 
 CATEGORIES = ("code", "json", "legal", "rag", "chat", "chinese")
 

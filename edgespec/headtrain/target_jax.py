@@ -255,7 +255,7 @@ def _highest_precision():
 
 
 def prompt_tokens(spec, log) -> dict:
-    """The held-out and training prompts (`prompts.prompt_sources`, chat template applied)
+    """The held-out and training prompts (`wide.prompt_sources`, chat template applied)
     as token ids, with the target's end-of-generation ids: tokenized through llama.cpp once and
     kept in the work directory, so that a box without llama.cpp can build the data from it."""
     import json

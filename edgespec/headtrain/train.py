@@ -13,7 +13,9 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -141,8 +143,8 @@ def _shards(spec: TrainSpec, target, layers, held_p: list[str], train_p: list[st
     n_sh = (len(train_p) + PROMPTS_PER_SHARD - 1) // PROMPTS_PER_SHARD
     paths = [d / f"train-{tag}-{i:04d}.npz" for i in range(n_sh)]
     chunks = [train_p[i * PROMPTS_PER_SHARD:(i + 1) * PROMPTS_PER_SHARD] for i in range(n_sh)]
-    _build_shards(paths, [lambda c=c: distill_features(target, layers, c, spec.max_new, n_seq=spec.streams,
-                                                       threads=spec.threads) for c in chunks],
+    _build_shards(paths, [partial(distill_features, target, layers, c, spec.max_new, n_seq=spec.streams,
+                                  threads=spec.threads) for c in chunks],
                   "target answers + features", f"shard {tag}", log)
     return Sequences.load(held_path), [Sequences.load(p) for p in paths]
 
@@ -248,7 +250,7 @@ def scored_text(spec: TrainSpec, target, layers, log: Callable[[str], None] = _l
         return Sequences(sh.tokens.ravel(), sh.labels.ravel(), sh.features.reshape(n * T, -1),
                          np.arange(0, n * T + 1, T, dtype=np.int64), np.ones(n, np.int32))
 
-    _build_shards(paths, [lambda c=c: build(c) for c in chunks], "scored text + features", "text shard", log)
+    _build_shards(paths, [partial(build, c) for c in chunks], "scored text + features", "text shard", log)
     return Sequences.concat([Sequences.load(p) for p in paths])
 
 
@@ -301,21 +303,7 @@ def train(spec: TrainSpec, log: Callable[[str], None] = _log, command: str | Non
         text = scored_text(spec, target, probe.layers, log)
     t_data = time.time() - t_start
     embed = target_embeddings(spec.target)
-    if spec.init is not None:  # fine-tuning: the head's own draft vocabulary, its coverage measured
-        head = read_gguf(spec.init)
-        d2t = head.d2t
-        cfg = config_for_target(spec.target, len(d2t), n_ff=head.cfg.n_ff, layers=head.cfg.layers)
-        if replace(head.cfg, n_ctx_train=cfg.n_ctx_train) != cfg:
-            raise ValueError(f"--init {spec.init}: the head is not shaped for this target ({head.cfg} vs {cfg})")
-        ok = data.labels >= 0
-        cov_table = [(len(d2t), float(np.isin(data.labels[ok], d2t).mean()) if ok.any() else 1.0)]
-        log(f"draft vocabulary of {spec.init.name}: {len(d2t)} tokens, covering {cov_table[0][1]:.3f} of the labels")
-    else:
-        d2t, cov_table = choose_vocab_measured(data, n_vocab, spec.draft_vocab, spec.coverage, spec.seed)
-        log("draft vocabulary coverage of the target's greedy tokens (measured on sequences it was not chosen from): "
-            + ", ".join(f"{v}: {c:.3f}" for v, c in cov_table) + f" -> {len(d2t)}")
-        cfg = config_for_target(spec.target, len(d2t), n_ff=spec.n_ff)
-        head = HeadWeights.init(cfg, d2t, np.random.default_rng(spec.seed), embed=embed)
+    head, d2t, cov_table = _initial_head(spec, data, n_vocab, embed, log)
     if text is not None:
         data = Sequences.concat([data, text])
     t2d = np.full(n_vocab, -1, np.int32)
@@ -347,7 +335,7 @@ def train(spec: TrainSpec, log: Callable[[str], None] = _log, command: str | Non
         with tqdm(total=n_held, desc="held-out acceptance", unit="prompt") as bar2:
             acc = acceptance(target, hm, held_seqs, held_starts, depth=3, threads=spec.threads, progress=bar2.update)
     n = len(rows)
-    if hm is not None:  # the tensors' bytes, as llama.cpp loads them
+    if target is not None and hm is not None:  # the tensors' bytes, as llama.cpp loads them
         head_bytes, target_bytes = hm.size_bytes, target.size_bytes
     else:  # the files' (eval-head puts llama.cpp's in)
         head_bytes, target_bytes = spec.out.stat().st_size, spec.target.stat().st_size
@@ -369,6 +357,60 @@ def train(spec: TrainSpec, log: Callable[[str], None] = _log, command: str | Non
     if hm is not None:
         hm.close()
     return report
+
+
+def _training_sequences(spec: TrainSpec, log: Callable[[str], None]) -> tuple:
+    """(target Model or None, training sequences, held-out sequences, target vocabulary, scored
+    text sequences or None): the target's features from jax (`features = "jax"`) or llama.cpp."""
+    probe = config_for_target(spec.target, 1, n_ff=spec.n_ff)
+    if spec.features == "jax":
+        from edgespec.heads.target_jax import build_sequences_jax
+
+        data, held, n_vocab = build_sequences_jax(spec, probe.layers, log)
+        return None, data, held, n_vocab, None
+    from edgespec.backend import Model
+
+    target = Model(spec.target)
+    data, held = build_sequences(spec, target, probe.layers, log)
+    return target, data, held, target.n_vocab, scored_text(spec, target, probe.layers, log)
+
+
+def _initial_head(spec: TrainSpec, data: Any, n_vocab: int, embed: np.ndarray,
+                  log: Callable[[str], None]) -> tuple[HeadWeights, np.ndarray, list[tuple[int, float]]]:
+    """(head, its draft vocabulary, [(vocabulary size, label coverage)]): `spec.init`'s when
+    fine-tuning (its coverage measured), else a fresh head on a vocabulary chosen from `data`."""
+    if spec.init is not None:  # fine-tuning: the head's own draft vocabulary, its coverage measured
+        head = read_gguf(spec.init)
+        d2t = head.d2t
+        cfg = config_for_target(spec.target, len(d2t), n_ff=head.cfg.n_ff, layers=head.cfg.layers)
+        if replace(head.cfg, n_ctx_train=cfg.n_ctx_train) != cfg:
+            raise ValueError(f"--init {spec.init}: the head is not shaped for this target ({head.cfg} vs {cfg})")
+        ok = data.labels >= 0
+        cov_table = [(len(d2t), float(np.isin(data.labels[ok], d2t).mean()) if ok.any() else 1.0)]
+        log(f"draft vocabulary of {spec.init.name}: {len(d2t)} tokens, covering {cov_table[0][1]:.3f} of the labels")
+        return head, d2t, cov_table
+    d2t, cov_table = choose_vocab_measured(data, n_vocab, spec.draft_vocab, spec.coverage, spec.seed)
+    log("draft vocabulary coverage of the target's greedy tokens (measured on sequences it was not chosen from): "
+        + ", ".join(f"{v}: {c:.3f}" for v, c in cov_table) + f" -> {len(d2t)}")
+    cfg = config_for_target(spec.target, len(d2t), n_ff=spec.n_ff)
+    return HeadWeights.init(cfg, d2t, np.random.default_rng(spec.seed), embed=embed), d2t, cov_table
+
+
+def _heldout_acceptance(spec: TrainSpec, target: Any, held_seqs: list, held_starts: list[int]) -> tuple:
+    """(target Model, head Model, held-out acceptance) through llama.cpp; (target, None, None) on
+    an accelerator box without llama.cpp: measured later (`edgespec models eval-head`)."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return target, None, None
+    from edgespec.backend import Model
+    from edgespec.heads.evaluate import acceptance
+
+    target = target or Model(spec.target)
+    hm = Model(spec.out)  # llama.cpp's eagle3 loader accepts it (or this raises)
+    with tqdm(total=len(held_seqs), desc="held-out acceptance", unit="prompt") as bar2:
+        acc = acceptance(target, hm, held_seqs, held_starts, depth=3, threads=spec.threads, progress=bar2.update)
+    return target, hm, acc
 
 
 def _device_kind() -> str:
@@ -432,31 +474,11 @@ def _fit(spec: TrainSpec, head: HeadWeights, embed: np.ndarray, feats: np.ndarra
     steps_per_epoch = max(1, n // spec.batch)
     max_steps = int(spec.epochs * steps_per_epoch) if spec.epochs else None
     budget = spec.minutes * 60.0
-    hf, hrows, hinp, hlab, hscored = heldout
-    hf_j = jnp.asarray(hf[hrows].astype(np.float32))
-    # on an accelerator the features live in its memory, gathered there each step; on a CPU the
-    # host gather is the same memory
-    feats_dev = jax.device_put(feats) if jax.default_backend() != "cpu" else None
-    gather = jax.jit(lambda f, r: f[r].astype(jnp.float32))
-    hinp_j, hlab_j, hsc_j = jnp.asarray(hinp), jnp.asarray(hlab), jnp.asarray(hscored)
-
-    @jax.jit
-    def depth1(p):
-        emb = embed_j[hinp_j]
-        g = hf_j @ p["fc"].T
-        _, logits, _ = mj.step(p, head.cfg, emb, g, [], 0)
-        hit = (jnp.argmax(logits, -1) == hlab_j) & (hlab_j >= 0) & hsc_j
-        return jnp.sum(hit) / jnp.maximum(jnp.sum(hsc_j), 1)
+    depth1 = _depth1(head.cfg, embed_j, heldout)
+    batch_features = _feature_gather(feats)
 
     def save() -> None:
-        arrs = {f"p.{k}": np.asarray(v) for k, v in params.items()}
-        arrs |= {f"m.{k}": np.asarray(v) for k, v in opt["m"].items()}
-        arrs |= {f"v.{k}": np.asarray(v) for k, v in opt["v"].items()}
-        arrs |= {f"b.{k}": np.asarray(v) for k, v in best["p"].items()}
-        tmp = ckpt.with_suffix(".tmp.npz")
-        np.savez(tmp, **arrs, t=np.asarray(opt["t"]), step=step_i, trained_s=trained_s, d2t=head.d2t,
-                 best_step=best["step"], best_acc=best["acc"], curve=np.asarray(curve, np.float64).reshape(-1, 4))
-        tmp.replace(ckpt)
+        _save_checkpoint(ckpt, head.d2t, params, opt, best, step_i, trained_s, curve)
 
     def evaluate() -> None:
         acc = float(depth1(params))
@@ -481,10 +503,7 @@ def _fit(spec: TrainSpec, head: HeadWeights, embed: np.ndarray, feats: np.ndarra
         idx = np.sort(perm[(step_i % steps_per_epoch) * spec.batch:][:spec.batch])
         frac = (step_i / max_steps) if max_steps else (trained_s / budget)
         lr = spec.lr * min(1.0, (step_i + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * min(1.0, frac))))
-        if feats_dev is not None:
-            f = gather(feats_dev, jnp.asarray(rows[idx]))
-        else:
-            f = jnp.asarray(feats[rows[idx]].astype(np.float32))
+        f = batch_features(rows[idx])
         params, opt, loss_j, accs_j = train_step(params, opt, embed_j, f, jnp.asarray(inp[idx]),
                                                  jnp.asarray(lab[idx]), jnp.float32(lr), jnp.asarray(seg[idx]))
         loss, accs = float(loss_j), np.asarray(accs_j)
@@ -510,6 +529,56 @@ def _fit(spec: TrainSpec, head: HeadWeights, embed: np.ndarray, feats: np.ndarra
     tps = (steps_run - 1) * spec.batch * spec.window / t_run if t_run > 0 else float("nan")
     return _Fit(steps=step_i, trained_s=trained_s, loss=loss, accs=accs, tokens_per_s=tps, best_step=int(best["step"]),
                 curve=[list(c) for c in curve], precision=precision)
+
+
+def _depth1(cfg: HeadConfig, embed_j: Any, heldout: tuple) -> Callable[[dict], Any]:
+    """The jitted held-out depth-1 agreement of weights `p` (_heldout_batch's rows, teacher-forced
+    on the target's real features): hits over scored positions."""
+    import jax
+    import jax.numpy as jnp
+
+    from edgespec.heads import model_jax as mj
+
+    hf, hrows, hinp, hlab, hscored = heldout
+    hf_j = jnp.asarray(hf[hrows].astype(np.float32))
+    hinp_j, hlab_j, hsc_j = jnp.asarray(hinp), jnp.asarray(hlab), jnp.asarray(hscored)
+
+    @jax.jit
+    def depth1(p: dict) -> Any:
+        emb = embed_j[hinp_j]
+        g = hf_j @ p["fc"].T
+        _, logits, _ = mj.step(p, cfg, emb, g, [], 0)
+        hit = (jnp.argmax(logits, -1) == hlab_j) & (hlab_j >= 0) & hsc_j
+        return jnp.sum(hit) / jnp.maximum(jnp.sum(hsc_j), 1)
+
+    return depth1
+
+
+def _feature_gather(feats: np.ndarray) -> Callable[[np.ndarray], Any]:
+    """rows -> their feature rows as float32 on the training device. On an accelerator the
+    features live in its memory, gathered there each step; on a CPU the host gather is the same
+    memory."""
+    import jax
+    import jax.numpy as jnp
+
+    if jax.default_backend() == "cpu":
+        return lambda rows: jnp.asarray(feats[rows].astype(np.float32))
+    feats_dev = jax.device_put(feats)
+    gather = jax.jit(lambda f, r: f[r].astype(jnp.float32))
+    return lambda rows: gather(feats_dev, jnp.asarray(rows))
+
+
+def _save_checkpoint(ckpt: Path, d2t: np.ndarray, params: dict, opt: dict, best: dict, step_i: int,
+                     trained_s: float, curve: list) -> None:
+    """Weights, Adam state, the best weights so far and the held-out curve, written atomically."""
+    arrs: dict[str, Any] = {f"p.{k}": np.asarray(v) for k, v in params.items()}
+    arrs |= {f"m.{k}": np.asarray(v) for k, v in opt["m"].items()}
+    arrs |= {f"v.{k}": np.asarray(v) for k, v in opt["v"].items()}
+    arrs |= {f"b.{k}": np.asarray(v) for k, v in best["p"].items()}
+    tmp = ckpt.with_suffix(".tmp.npz")
+    np.savez(tmp, **arrs, t=np.asarray(opt["t"]), step=step_i, trained_s=trained_s, d2t=d2t,
+             best_step=best["step"], best_acc=best["acc"], curve=np.asarray(curve, np.float64).reshape(-1, 4))
+    tmp.replace(ckpt)
 
 
 def _resume(ckpt: Path, head: HeadWeights, log: Callable[[str], None]):

@@ -224,3 +224,14 @@ def wide_prompts(n: int, seed: int = 0, max_files: int = 6000, exclude: Iterable
     gens = {"code": code, "json": json_, "legal": legal, "rag": rag, "chat": chat, "chinese": chinese}
     need = {"code": ("code",), "json": ("sent", "sig"), "legal": ("licence",), "rag": ("para", "term")}  # what each draws on
     return round_robin({c: g for c, g in gens.items() if all(m[k] for k in need.get(c, ()))}, n, set(exclude), tries=200)
+
+
+def prompt_sources(heldout: int, distill: int, wide: int, seed: int) -> list[tuple[str, list[tuple[str, str]]]]:
+    """The training prompts by source, (shard-name prefix, (category, prompt) pairs): `heldout`
+    + `distill` category prompts (prompts.py), and `heldout` + `wide` wide prompts when `wide` > 0,
+    none of them a category prompt. The first `heldout` of each source are held
+    out."""
+    sources = [("", category_prompts(heldout + distill, seed))]
+    if wide:
+        sources.append(("wide-", wide_prompts(heldout + wide, seed, exclude=[p for _, p in sources[0][1]])))
+    return sources
