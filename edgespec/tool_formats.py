@@ -38,7 +38,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
+from edgespec.call_reader import CallReader
+
+if TYPE_CHECKING:  # a type only: edgespec.tools imports this module
     from edgespec.tools import Tool
 
 # the tags the call formats are parsed by (edgespec.markers: kept as text when a control token)
@@ -426,10 +428,8 @@ class Glm45(_Xml):
 
 
 def _json_object(text: str, pos: int, keys: tuple[str, ...]) -> tuple[Partial, int, bool] | None:
-    """A {"name": ..., <keys[0]>: {...}} object read from text[pos:] (tools.CallReader): the call so
+    """A {"name": ..., <keys[0]>: {...}} object read from text[pos:] (CallReader): the call so
     far, where it ended (when `done`), whether it is whole; None when it is not such an object."""
-    from edgespec.tools import CallReader
-
     r = CallReader(args_keys=keys)
     r.feed(text[pos:])
     if r.broken:
