@@ -1,5 +1,8 @@
 """`edgespec bench`: run a prompt suite in several modes, interleaved, and write JSON / markdown /
-PNG reports (optionally beside llama.cpp's own binaries, see tools/llama-anchor.sh)."""
+PNG reports (optionally beside llama.cpp's own binaries, see tools/llama-anchor.sh).
+
+`python -m edgespec.cli.bench ...` runs the same command alone, without the other command groups
+(whose imports, grpc and the generated protobuf modules, a bare GPU machine may lack)."""
 
 from __future__ import annotations
 
@@ -259,7 +262,7 @@ def _categories(field: str, given: str | None, prompts) -> list[str] | None:
 
 
 def _command_line() -> str:
-    """The command as a user would retype it (also when run as `python -m edgespec.bench`)."""
+    """The command as a user would retype it (also when run as `python -m edgespec.cli.bench`)."""
     args = sys.argv[1:]
     if args[:1] == ["bench"]:
         args = args[1:]
@@ -284,3 +287,7 @@ def _read_anchor(path: Path) -> dict:
 
 def register(app: typer.Typer) -> None:
     app.command("bench")(bench)
+
+
+if __name__ == "__main__":
+    typer.run(bench)
