@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -69,22 +70,8 @@ def train_head(
             from edgespec.headtrain.train import PRECISIONS, TrainSpec, train
         except ImportError as e:  # pragma: no cover
             fail(f"train-head needs the [train] extra (pip install 'edgespec[train]'): {e}")
-        if target is None:
-            from edgespec.models import default_pair
-
-            target = default_pair().target
-        if not target.is_file():
-            fail(f"target model not found: {target}")
-        if features not in ("llama", "jax"):
-            fail(f"--features must be llama or jax, got {features!r}")
-        if precision not in PRECISIONS:
-            fail(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-        if sampled and features != "jax":
-            fail("--sampled needs --features jax")
-        if init is not None and not init.is_file():
-            fail(f"--init: head not found: {init}")
-        if minutes <= 0 and epochs <= 0:
-            fail(f"--minutes must be > 0 (or --epochs > 0), got {minutes}")
+        target = _checked_target(target)
+        _check_options(features, precision, PRECISIONS, sampled, init, minutes, epochs)
         spec = TrainSpec(target=target, out=out, work_dir=work_dir or Path(str(out) + ".work"), minutes=minutes,
                          epochs=epochs, distill_prompts=distill_prompts, wide_prompts=wide_prompts, init=init,
                          max_new=max_new, text_windows=text_windows,
@@ -102,15 +89,49 @@ def train_head(
                        f"llama.cpp here): edgespec models eval-head {spec.out} --work-dir {spec.work_dir}")
             return
         _write_card(spec, rep)
-        if as_json:
-            typer.echo(json.dumps(rep))
-        else:
-            acc = rep["acceptance_by_depth"]
-            typer.echo(f"head: {rep['head']} ({rep['head_fraction_of_target']:.1%} of the target's bytes, "
-                       f"draft vocabulary {rep['draft_vocab']})")
-            typer.echo(f"trained {rep['train_minutes']:.1f} min, {rep['epochs']:.1f} epochs over {rep['train_tokens']} tokens")
-            typer.echo("held-out acceptance (greedy chain, through llama.cpp): "
-                       + ", ".join(f"depth {d + 1}: {a:.3f}" for d, a in enumerate(acc)))
+        typer.echo(json.dumps(rep) if as_json else _summary(rep))
+
+
+def _checked_target(target: Path | None) -> Path:
+    """The target GGUF (the demo target when not given), which must exist."""
+    if target is None:
+        from edgespec.models import default_pair
+
+        target = default_pair().target
+    if not target.is_file():
+        fail(f"target model not found: {target}")
+    return target
+
+
+def _check_options(features: str, precision: str, precisions: tuple[str, ...], sampled: int, init: Path | None,
+                   minutes: float, epochs: float) -> None:
+    """train-head's options that only make sense together, each refused naming the flag."""
+    if features not in ("llama", "jax"):
+        fail(f"--features must be llama or jax, got {features!r}")
+    if precision not in precisions:
+        fail(f"--precision must be one of {', '.join(precisions)}, got {precision!r}")
+    if sampled and features != "jax":
+        fail("--sampled needs --features jax")
+    if init is not None and not init.is_file():
+        fail(f"--init: head not found: {init}")
+    if minutes <= 0 and epochs <= 0:
+        fail(f"--minutes must be > 0 (or --epochs > 0), got {minutes}")
+
+
+def _summary(rep: dict) -> str:
+    """The trained head's size, training and held-out acceptance, for a terminal."""
+    return "\n".join([
+        f"head: {rep['head']} ({rep['head_fraction_of_target']:.1%} of the target's bytes, "
+        f"draft vocabulary {rep['draft_vocab']})",
+        f"trained {rep['train_minutes']:.1f} min, {rep['epochs']:.1f} epochs over {rep['train_tokens']} tokens",
+        "held-out acceptance (greedy chain, through llama.cpp): "
+        + ", ".join(f"depth {d + 1}: {a:.3f}" for d, a in enumerate(rep["acceptance_by_depth"])),
+    ])
+
+
+def _path_or_none(v: str) -> Path | None:
+    """A path field of a report's spec, as str() wrote it."""
+    return None if v == "None" else Path(v)
 
 
 def _command(ctx: typer.Context) -> str:
@@ -160,6 +181,7 @@ def eval_head(
         if suite is not None:
             _eval_suite(head, target, suite, max_new, threads, as_json)
             return
+        assert work_dir is not None  # exactly one of the two
         for p in (work_dir / "report.json", work_dir / "heldout.json"):
             if not p.is_file():
                 fail(f"not found: {p}")
@@ -173,8 +195,8 @@ def eval_head(
                    acceptance_by_depth=acc.rates, chain3_tau=acc.tau)
         (work_dir / "report.json").write_text(json.dumps(rep, indent=2))
         fields = TrainSpec.__dataclass_fields__
-        path_or_none = lambda v: None if v == "None" else Path(v)  # noqa: E731
-        conv = {"target": Path, "out": Path, "work_dir": Path, "hf_dir": path_or_none, "init": path_or_none}
+        conv: dict[str, Callable[[str], Any]] = {"target": Path, "out": Path, "work_dir": Path,
+                                                 "hf_dir": _path_or_none, "init": _path_or_none}
         kw = {k: conv.get(k, type(fields[k].default))(v) for k, v in rep["spec"].items() if k in fields}
         spec = TrainSpec(**{**kw, "out": head, "target": target, "work_dir": work_dir})
         _write_card(spec, rep)
