@@ -268,7 +268,7 @@ class NodeMasks:
         words = (v + 31) // 32
         buf = np.zeros((n, words * 4), dtype=np.uint8)
         buf[:, : packed.shape[1]] = packed
-        return cls(buf.view(np.int32), masks.any(axis=1), v)
+        return cls(buf.view(np.int32), np.asarray(masks.any(axis=1)), v)
 
     def __len__(self) -> int:
         return len(self.bits)

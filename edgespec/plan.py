@@ -23,6 +23,7 @@ import os
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from edgespec.config import KV_TYPES, EngineConfig, shared_cells
 from edgespec.errors import ConfigError, ModelError
@@ -258,7 +259,7 @@ def plan_memory(
         raise ConfigError("n_ctx", f"must be >= 1, got {n_ctx}")
     if parallel < 1:
         raise ConfigError("parallel", f"must be >= 1, got {parallel}")
-    common = dict(n_ctx=n_ctx, parallel=parallel, kv_type=kv_type, n_ubatch=n_ubatch, n_outputs=n_outputs, flash_attn=flash_attn)
+    common: dict[str, Any] = dict(n_ctx=n_ctx, parallel=parallel, kv_type=kv_type, n_ubatch=n_ubatch, n_outputs=n_outputs, flash_attn=flash_attn)
     warnings: list[str] = []
     ratio = None
     if draft is not None:
@@ -296,7 +297,7 @@ def plan_memory(
 def with_head(plan: MemoryPlan, head: ModelFacts) -> MemoryPlan:
     """`plan` with an EAGLE-3 head beside its draft model: the head's context as plan_memory counts
     a head drafting alone, and the target's forwards outputting three layers' inputs per token."""
-    common = dict(n_ctx=plan.n_ctx, parallel=plan.parallel, kv_type=plan.kv_type, n_ubatch=plan.n_ubatch,
+    common: dict[str, Any] = dict(n_ctx=plan.n_ctx, parallel=plan.parallel, kv_type=plan.kv_type, n_ubatch=plan.n_ubatch,
                   flash_attn=plan.flash_attn)
     h = _model_plan("head", head, **dict(common, n_outputs=plan.n_ubatch))
     h = replace(h, output_bytes=h.output_bytes + 4 * head.n_embd * plan.n_ubatch)

@@ -18,6 +18,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -72,20 +73,20 @@ def demo_donor() -> Path:
 # --- writing ---------------------------------------------------------------------------------------
 
 
-def tokenizer_fields(donor: Path, n_vocab: int | None = None) -> list[tuple[str, object, object, object]]:
+def tokenizer_fields(donor: Path, n_vocab: int | None = None) -> list[tuple[str, Any, Any, Any]]:
     """The donor's `tokenizer.*` key-values as (key, value, GGUF type, array element type), its
     token list padded to `n_vocab` with unused control tokens when that is larger."""
     from gguf import GGUFReader, GGUFValueType
 
     reader = GGUFReader(str(donor))
-    out = []
+    out: list[tuple[str, Any, Any, Any]] = []
     for key, f in reader.fields.items():
         if not key.startswith("tokenizer."):
             continue
         vtype = f.types[0]
         sub = f.types[1] if vtype == GGUFValueType.ARRAY else None
         out.append((key, f.contents(), vtype, sub))
-    have = next(len(v) for k, v, _, _ in out if k == "tokenizer.ggml.tokens")  # type: ignore[arg-type]
+    have = next(len(v) for k, v, _, _ in out if k == "tokenizer.ggml.tokens")
     if n_vocab is not None and n_vocab < have:
         raise BadRequest("vocab", f"must be at least the demo tokenizer's {have} tokens, got {n_vocab}")
     if n_vocab is not None and n_vocab > have:
@@ -93,7 +94,7 @@ def tokenizer_fields(donor: Path, n_vocab: int | None = None) -> list[tuple[str,
         extra = {"tokenizer.ggml.tokens": [f"<|synth_unused_{i}|>" for i in range(pad)],
                  "tokenizer.ggml.token_type": [3] * pad,  # CONTROL: never produced by the BPE merges
                  "tokenizer.ggml.scores": [0.0] * pad}
-        out = [(k, list(v) + extra[k] if k in extra else v, t, s) for k, v, t, s in out]  # type: ignore[call-overload]
+        out = [(k, list(v) + extra[k] if k in extra else v, t, s) for k, v, t, s in out]
     return out
 
 
@@ -228,7 +229,7 @@ def synth(shape: str, ftype: str, out: Path, *, layers: int | None = None, vocab
     if not donor.is_file():
         raise ModelError(f"tokenizer donor not found: {donor} (run `edgespec models prepare-demo`)")
     tok = tokenizer_fields(donor, vocab)
-    n_vocab = next(len(v) for k, v, _, _ in tok if k == "tokenizer.ggml.tokens")  # type: ignore[arg-type]
+    n_vocab = next(len(v) for k, v, _, _ in tok if k == "tokenizer.ggml.tokens")
     dims = dict(n_embd=sh.n_embd, n_head=sh.n_head, n_head_kv=sh.n_head_kv, n_ff=sh.n_ff, head_dim=sh.head_dim)
     meta = arch_meta(sh.arch, n_layer=n_layer, n_vocab=n_vocab, rope_theta=sh.rope_theta, eps=sh.eps,
                      name=f"synth {shape} ({n_layer} layers)", **dims) + tok

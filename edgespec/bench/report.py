@@ -408,8 +408,8 @@ def warmup_curve(rows: Sequence[Row], after: Sequence[int] = WARMUP_AFTER) -> di
     if "plain" not in modes or not any(m.endswith("+suffix") for m in modes):
         return {}
     out: dict[str, dict[str, Any]] = {}
-    bounds = list(after) + [None]
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
+    bounds: list[int | None] = [*after, None]
+    for lo, hi in zip(after, bounds[1:]):
         window = [r for r in rows if r.index >= lo and (hi is None or r.index < hi)]
         if not window:
             continue

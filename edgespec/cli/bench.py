@@ -219,7 +219,8 @@ def _run_suite(a: SimpleNamespace, prompts, mode_list, sampling, target_path: st
                 flash_attn=a.flash_attn))
             if head.draft_kind != "eagle3":
                 raise BadRequest("head", f"{a.head} is not an EAGLE-3 head (a draft model goes in --draft)")
-        external, ext_rows, live = None, [], None
+        external, live = None, None
+        ext_rows: list[dict] = []
         if a.anchor_bin is not None:
             from edgespec.bench.anchor import interleaved_runners
 

@@ -62,9 +62,9 @@ def _rpc_error(exc: Exception, addr: str = "") -> None:
     import grpc
 
     if isinstance(exc, grpc.RpcError):
-        code = exc.code()  # type: ignore[attr-defined]
+        code = exc.code()
         where = f" ({addr})" if addr and code == grpc.StatusCode.UNAVAILABLE else ""
-        fail(f"{code.name}{where}: {exc.details()}", exit_code_for(code))  # type: ignore[attr-defined]
+        fail(f"{code.name}{where}: {exc.details()}", exit_code_for(code))
     raise exc
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -175,7 +176,7 @@ def read_gguf(path: Path) -> HeadWeights:
     cfg = HeadConfig(
         n_embd=int(get("embedding_length")), n_ff=int(get("feed_forward_length")), n_head=int(get("attention.head_count")),
         n_head_kv=int(get("attention.head_count_kv")), head_dim=int(get("attention.key_length")),
-        layers=tuple(int(x) for x in get("target_layers")), n_draft_vocab=len(d2t),
+        layers=cast(tuple[int, int, int], tuple(int(x) for x in get("target_layers"))), n_draft_vocab=len(d2t),
         rope_base=float(get("rope.freq_base")), rms_eps=float(get("attention.layer_norm_rms_epsilon")),
         n_ctx_train=int(get("context_length")))
     return HeadWeights(cfg, w, d2t)

@@ -91,10 +91,10 @@ def reasoning_from(req: pb.GenerateRequest) -> tuple[dict, int | None]:
     return variables, budget
 
 
-def message_extras(msgs: object) -> tuple[dict, ...]:
+def message_extras(msgs: Sequence[pb.ChatMessage]) -> tuple[dict, ...]:
     """Each ChatMessage's tool_calls / tool_call_id, as edgespec.tools reads them (empty when none has any)."""
     out: list[dict] = []
-    for i, m in enumerate(msgs):  # type: ignore[attr-defined]
+    for i, m in enumerate(msgs):
         e: dict = {}
         if m.tool_calls:
             if m.role != "assistant":
@@ -112,16 +112,16 @@ def message_extras(msgs: object) -> tuple[dict, ...]:
     return tuple(out) if any(out) else ()
 
 
-def messages_from(msgs: object, field: str = "messages",
+def messages_from(msgs: Sequence[pb.ChatMessage], field: str = "messages",
                   limits: LimitsConfig = DEFAULT_LIMITS) -> tuple[tuple[str, str], ...]:
     """Checked before any of it is looked at further: the count, then each role, then the contents'
     total size (the chat template and the tokenizer only ever see what passed)."""
-    n = len(msgs)  # type: ignore[arg-type]
+    n = len(msgs)
     if n > limits.max_messages:
         raise BadRequest(field, f"at most {limits.max_messages} messages (limits.max_messages), got {n}")
     out = []
     size = 0
-    for i, m in enumerate(msgs):  # type: ignore[attr-defined]
+    for i, m in enumerate(msgs):
         if m.role not in ROLES:
             raise BadRequest(f"{field}[{i}].role", f"must be one of {', '.join(ROLES)}, got {m.role!r}")
         size += len(m.content.encode("utf-8")) + sum(len(c.arguments.encode("utf-8")) for c in m.tool_calls) + \

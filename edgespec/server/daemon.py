@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -32,6 +32,11 @@ from edgespec.server.metrics import Metrics, serve_metrics
 from edgespec.server.policy import Policy
 from edgespec.server.servicers import AdminServicer, InferenceServicer
 from edgespec.server.status import ServerInterceptor
+
+if TYPE_CHECKING:
+    from prometheus_client.exposition import ThreadingWSGIServer
+
+    from edgespec.server.http_server import HttpServer
 
 log = get_logger("edgespec.server")
 
@@ -219,8 +224,8 @@ class Daemon:
         self.started = time.monotonic()
         self.server: grpc.Server | None = None
         self.port = 0
-        self._metrics_server = None
-        self.http = None  # edgespec.server.http_server.HttpServer when [http] enabled
+        self._metrics_server: ThreadingWSGIServer | None = None
+        self.http: HttpServer | None = None  # when [http] is enabled
         self._stopped = threading.Event()
         self._interceptor: ServerInterceptor | None = None
         self._tls_lock = threading.Lock()
@@ -410,15 +415,16 @@ class Daemon:
         if self.cfg.http.enabled:
             from edgespec.server.http_server import HttpServer, http_address
 
-            self.http = HttpServer(self.cfg, self.loop, self.policy, lambda: self.auth,  # the tokens in force
+            http = self.http = HttpServer(self.cfg, self.loop, self.policy, lambda: self.auth,  # the tokens in force
                                    embedder=self.embedder, callers=self.callers,
                                    metrics=self.metrics.exposition if self.cfg.metrics.enabled else None)
-            self.http.start()
-            print(f"HTTP {self.http.scheme}://{http_address(self.cfg.http.host, self.http.port)}", flush=True)
+            http.start()
+            print(f"HTTP {http.scheme}://{http_address(self.cfg.http.host, http.port)}", flush=True)
         if self.cfg.metrics.enabled:
             m = self.cfg.metrics
-            self._metrics_server = serve_metrics(self.metrics, m.host, m.port, authorize=self._metrics_authorized)
-            log.info("metrics_listening", address=format_address(m.host, self._metrics_server.server_address[1]))
+            metrics_server = self._metrics_server = serve_metrics(self.metrics, m.host, m.port,
+                                                                  authorize=self._metrics_authorized)
+            log.info("metrics_listening", address=format_address(m.host, metrics_server.server_address[1]))
         self.systemd("status", "loading models")
         self.systemd("extend_timeout", startup_timeout_seconds(self.cfg))
         self.loop.start()
