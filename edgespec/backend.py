@@ -27,7 +27,8 @@ from edgespec import chat, markers
 from edgespec.config import ModelConfig
 from edgespec.errors import BadRequest, ForwardAborted, IncompatibleDraft, ModelError
 from edgespec.heap import keep_freed_memory
-from edgespec.pairing import Pairing, check_compatible  # noqa: F401  (the engine's entry point)
+from edgespec.pairing import Pairing
+from edgespec.pairing import check_compatible as check_compatible  # the engine's entry point
 
 _init_lock = threading.Lock()
 _initialised = False

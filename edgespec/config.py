@@ -11,7 +11,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from edgespec.errors import ConfigError
-from edgespec.settings import KV_TYPES, SECTIONS, setting  # noqa: F401  (KV_TYPES: re-exported)
+from edgespec.settings import KV_TYPES as KV_TYPES  # re-exported
+from edgespec.settings import SECTIONS, setting
 
 
 def edgespec_home() -> Path:
@@ -22,7 +23,7 @@ def models_dir() -> Path:
     return edgespec_home() / "models"
 
 
-# the largest tree a request may verify (types.MAX_TREE_NODES), plus its root
+# the largest tree a request may verify (settings.MAX_TREE_NODES), plus its root
 TREE_CELLS = 65
 
 

@@ -7,9 +7,7 @@ from typing import Any, Literal
 
 from edgespec.errors import BadRequest
 from edgespec.sampling import SamplingParams
-
-# the shape limits a request may ask for, re-exported from where they are declared
-from edgespec.settings import MAX_DRAFT_TOKENS, MAX_TREE_DEPTH, MAX_TREE_NODES, SPECULATION, check_fields, setting  # noqa: F401
+from edgespec.settings import SPECULATION, check_fields, setting
 
 Mode = Literal["plain", "chain", "tree", "auto"]
 MODES: tuple[str, ...] = ("plain", "chain", "tree", "auto")

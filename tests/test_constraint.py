@@ -233,7 +233,7 @@ def parents_mask(tree, rows, masks, rng, m):
     """The target row of node i masked with its parent's state (q masked correctly)."""
     from edgespec.verify import verify_stochastic
 
-    row = lambda i: logits_to_probs(C.apply_mask(rows[i], masks[max(tree.parents[i], 0)]), SAMPLING)  # noqa: E731
+    row = lambda i: logits_to_probs(C.apply_mask(rows[i], masks[max(tree.parents[i], 0)]), SAMPLING)
     return verify_stochastic(C.masked_tree(tree, masks), row, rng)
 
 

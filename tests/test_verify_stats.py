@@ -282,7 +282,7 @@ def test_reference_agrees_with_the_verifier_trial_by_trial(pair):
     rng = np.random.default_rng(4)
     for _ in range(5_000):
         tree = build((), rng)
-        rows = lambda node, tree=tree: target(tuple(tree.tokens[i] for i in tree.path(node)))  # noqa: E731
+        rows = lambda node, tree=tree: target(tuple(tree.tokens[i] for i in tree.path(node)))
         seed = int(rng.integers(2**63))
         want = reference_chain(tree, rows, np.random.default_rng(seed))
         got = verify_stochastic(tree, rows, np.random.default_rng(seed))

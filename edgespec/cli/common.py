@@ -52,7 +52,7 @@ def engine_config(target: str | None, draft: str | None, *, n_ctx: int | None = 
             hint = " (run `edgespec models prepare-demo`)" if not (target if what == "--target" else draft) else ""
             raise BadRequest(what, f"model file not found: {p}{hint}")
     given = {k: v for k, v in (("n_ctx", n_ctx), ("n_gpu_layers", n_gpu_layers), ("threads", threads)) if v is not None}
-    mk = lambda p: ModelConfig(path=str(p), **given)  # noqa: E731
+    mk = lambda p: ModelConfig(path=str(p), **given)
     cfg = EngineConfig(target=mk(t), draft=mk(d) if d is not None else None, parallel=parallel)
     cfg.validate()
     return cfg

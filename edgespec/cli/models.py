@@ -34,7 +34,7 @@ def prepare_demo(
     with user_errors():
         from edgespec.models import prepare_demo as prep
 
-        log = lambda s: typer.echo(s, err=True)  # noqa: E731
+        log = lambda s: typer.echo(s, err=True)
         pair = prep(models_dir, target_type, log=log, draft_type=draft_type)
         out = pair.as_dict()
         if cost is not None:

@@ -99,7 +99,7 @@ def open_channel(o: ClientOptions) -> grpc.Channel:
     if o.server_name:
         options.append(("grpc.ssl_target_name_override", o.server_name))
     if o.ca or o.cert:
-        read = lambda p: Path(p).expanduser().read_bytes() if p else None  # noqa: E731
+        read = lambda p: Path(p).expanduser().read_bytes() if p else None
         creds = grpc.ssl_channel_credentials(root_certificates=read(o.ca), private_key=read(o.key),
                                              certificate_chain=read(o.cert))
         return grpc.secure_channel(target, creds, options=options)

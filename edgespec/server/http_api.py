@@ -424,7 +424,7 @@ class HttpApi:
         piece: oa.Piece | None = None
         if req.logprobs is not None:
             pieces = await self._vocabulary()
-            piece = lambda t: pieces[t] if 0 <= t < len(pieces) else b""  # noqa: E731
+            piece = lambda t: pieces[t] if 0 <= t < len(pieces) else b""
         run = await self._start(req, rid, hold, place)
         rid_out = ("chatcmpl-" if chat else "cmpl-") + rid
         warning = _warning_headers(req.ignored, req.unserved_model, self.model_id)

@@ -131,7 +131,7 @@ def test_a_host_that_slows_down_is_not_a_loss(cls=GoodputGuard):
     """The host runs 40 % slower for the speculating ticks after plain was measured fast: the
     cost model's unit follows the host, so a speculation that still wins 30 % is left alone, and
     one that loses 10 % still falls back."""
-    slow = lambda t: 1.0 if t < 40 else 1.4  # noqa: E731 (not a factor-of-2 step: the same level)
+    slow = lambda t: 1.0 if t < 40 else 1.4  # not a factor-of-2 step: the same level
     for gain, falls in ((1.3, False), (0.9, True)):
         g = cls()
         drive_mixed(g, 40, gain=1.0, sessions=(4,), host=slow)

@@ -11,7 +11,10 @@ from typing import Literal
 import jsonschema
 import pytest
 
-from tests.server.test_http_e2e import KEY, MODEL, server  # noqa: F401 - the module's daemon
+from tests.server import test_http_e2e
+from tests.server.test_http_e2e import KEY, MODEL
+
+server = test_http_e2e.server  # that module's daemon fixture, started again for this module
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +38,7 @@ TOOLS = [WEATHER, ADD, BOOK]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
-def test_tool_round_trip_with_the_openai_client(server):  # noqa: F811
+def test_tool_round_trip_with_the_openai_client(server):
     c = server.client()
     msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
     r = c.chat.completions.create(model=MODEL, messages=msgs, tools=[WEATHER], tool_choice="required",
@@ -56,7 +59,7 @@ def test_tool_round_trip_with_the_openai_client(server):  # noqa: F811
     assert final.choices[0].finish_reason in ("stop", "length")
 
 
-def test_streamed_tool_call_deltas_assemble(server):  # noqa: F811
+def test_streamed_tool_call_deltas_assemble(server):
     c = server.client()
     kw = {"model": MODEL, "messages": [{"role": "user", "content": "Add 2 and 3."}],
           "tools": [ADD], "tool_choice": "required", "max_tokens": 40, "temperature": 0}
@@ -87,7 +90,7 @@ def test_streamed_tool_call_deltas_assemble(server):  # noqa: F811
 
 
 @pytest.mark.parametrize("mode", ["plain", "tree"])
-def test_required_calls_always_parse_and_validate(server, mode):  # noqa: F811
+def test_required_calls_always_parse_and_validate(server, mode):
     c = server.client()
     prompts = ["Book room B204 for Ann and Bo for two hours.", "Tell me a joke."]
     n = 0
@@ -108,7 +111,7 @@ def test_required_calls_always_parse_and_validate(server, mode):  # noqa: F811
     assert n >= 1
 
 
-def test_named_tool_choice_calls_that_tool(server):  # noqa: F811
+def test_named_tool_choice_calls_that_tool(server):
     c = server.client()
     r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello!"}], tools=TOOLS,
                                   tool_choice={"type": "function", "function": {"name": "add"}}, max_tokens=48,
@@ -118,7 +121,7 @@ def test_named_tool_choice_calls_that_tool(server):  # noqa: F811
     jsonschema.validate(json.loads(call.function.arguments), SCHEMAS["add"])
 
 
-def test_langchain_bind_tools_calls_a_tool(server):  # noqa: F811
+def test_langchain_bind_tools_calls_a_tool(server):
     lc = pytest.importorskip("langchain_openai")
     from langchain_core.tools import tool
 
@@ -136,7 +139,7 @@ def test_langchain_bind_tools_calls_a_tool(server):  # noqa: F811
     assert get_weather.invoke(call["args"]).startswith("18 degrees")
 
 
-def test_embeddings_with_the_openai_client(server):  # noqa: F811
+def test_embeddings_with_the_openai_client(server):
     import numpy as np
 
     c = server.client()
@@ -161,7 +164,7 @@ def test_embeddings_with_the_openai_client(server):  # noqa: F811
     assert np.allclose(tok.data[0].embedding, floats.data[0].embedding, atol=1e-6)  # token ids = the text
 
 
-def test_openai_agents_sdk_runs_a_tool_using_agent(server):  # noqa: F811
+def test_openai_agents_sdk_runs_a_tool_using_agent(server):
     """The Agents SDK with its default model class (OpenAIResponsesModel: POST /v1/responses) and
     only the base URL changed: the agent calls the tool (forced: the demo model is too small to
     choose it, and once shown a result it calls again), the SDK runs it, and the conversation with

@@ -148,7 +148,7 @@ def test_model_info_reports_manifest_names_and_digests(make_daemon, tmp_path):
 
 def test_client_certificate_is_an_identity_and_admin_by_subject(make_daemon, certs, named_tokens, logs):
     tls = {"cert": str(certs["server_cert"]), "key": str(certs["server_key"]), "client_ca": str(certs["ca"])}
-    addr = lambda r: f"localhost:{r.daemon.port}"  # noqa: E731
+    addr = lambda r: f"localhost:{r.daemon.port}"
     client = dict(ca=str(certs["ca"]), cert=str(certs["client_cert"]), key=str(certs["client_key"]))
 
     plain = make_daemon(tls=tls, auth=named_tokens)  # tokens and mTLS, no admin subjects
@@ -176,7 +176,7 @@ def test_reload_swaps_tokens_and_a_failed_one_changes_nothing(make_daemon, named
     assert not r.admin.Stats(admin_pb2.StatsRequest(), timeout=5, metadata=admin).HasField("last_reload")
     Path(named_tokens["tokens_file"]).write_text(f"next:{hash_token('next-secret')}\n")
     assert r.daemon.reload()
-    ok = lambda token: r.inference.Generate(req(max_tokens=2), timeout=5,  # noqa: E731
+    ok = lambda token: r.inference.Generate(req(max_tokens=2), timeout=5,
                                             metadata=(("authorization", f"Bearer {token}"),)).text
     assert ok("next-secret")
     with pytest.raises(grpc.RpcError) as e:

@@ -19,10 +19,13 @@ from edgespec.server.callers import OTHER, CallerLimited, CallerLimits, Caps, pa
 from edgespec.server.config import LimitsConfig, load
 from edgespec.server.engine_loop import EngineLoop, Job
 from edgespec.types import SpeculationParams
+from tests.server import test_audit
 from tests.server.fake_engine import FakeEngine
-from tests.server.test_audit import ADMIN_SECRET, USER_SECRET, named_tokens  # noqa: F401 - the fixture
+from tests.server.test_audit import ADMIN_SECRET, USER_SECRET
 from tests.server.test_daemon import req
 from tests.server.test_http import HTTP, MODEL, raw
+
+named_tokens = test_audit.named_tokens  # the fixture
 
 DASH = "token:ops-dashboard"  # the identity of USER_SECRET in `named_tokens`
 
@@ -197,7 +200,7 @@ def test_loop_starts_a_job_only_under_its_callers_limit_and_every_place_comes_ba
 # ---- through the APIs -------------------------------------------------------------------------------
 
 
-def test_http_caller_over_its_queued_limit_gets_429_while_another_is_admitted(make_daemon, named_tokens):  # noqa: F811
+def test_http_caller_over_its_queued_limit_gets_429_while_another_is_admitted(make_daemon, named_tokens):
     r = make_daemon(http=HTTP, auth=named_tokens, step_seconds=0.03, server={"queue_size": 4},
                     limits={"callers": [f"{DASH}=1/1/0"]})
     lim = r.daemon.callers
@@ -228,7 +231,7 @@ def test_http_caller_over_its_queued_limit_gets_429_while_another_is_admitted(ma
 
 
 def test_grpc_caller_over_its_queued_limit_gets_resource_exhausted_and_cancels_leave_nothing(
-        make_daemon, named_tokens):  # noqa: F811
+        make_daemon, named_tokens):
     r = make_daemon(auth=named_tokens, step_seconds=0.03, server={"queue_size": 4},
                     limits={"caller_concurrent": 1, "caller_queued": 1, "callers": [DASH + "=1/0"]})
     lim = r.daemon.callers
@@ -250,7 +253,7 @@ def test_grpc_caller_over_its_queued_limit_gets_resource_exhausted_and_cancels_l
     assert r.daemon.loop.stats()["active_requests"] == 0
 
 
-def test_per_caller_figures_in_stats_and_metrics(make_daemon, named_tokens):  # noqa: F811
+def test_per_caller_figures_in_stats_and_metrics(make_daemon, named_tokens):
     import urllib.request
 
     from edgespec.proto.edgespec.v1 import admin_pb2

@@ -32,7 +32,7 @@ def feed(events: list[tuple], gap: float = 0.01) -> queue.SimpleQueue:
 
 
 CHUNKS = [("chunk", Chunk((i,), f"t{i}", None)) for i in range(4)]
-NEVER = lambda: False  # noqa: E731 - the engine is there
+NEVER = lambda: False  # the engine is there
 
 
 def test_until_result_waits_through_every_chunk_and_stops_at_the_result():
