@@ -16,6 +16,7 @@ own (loudly: a forbidden token reaches the grammar's commit)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -89,7 +90,7 @@ def exact(engine) -> dict:
 
 def sample(engine, n: int) -> dict:
     counts: dict = {}
-    todo, active = list(range(n)), []
+    todo, active = list(range(n)), list[Any]()
     while todo or active:
         while todo and engine.free_slots:
             seed = todo.pop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -199,7 +200,7 @@ def exact(engine, spec: ConstraintSpec = SPEC) -> dict:
 
 def sample(engine, n: int, spec: ConstraintSpec = SPEC) -> dict:
     counts: dict = {}
-    todo, active = list(range(n)), []
+    todo, active = list(range(n)), list[Any]()
     while todo or active:
         while todo and engine.free_slots:
             seed = todo.pop()

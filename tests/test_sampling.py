@@ -166,7 +166,7 @@ def test_empty_stop_string_names_its_index():
 def test_params_are_frozen():
     s = SamplingParams(temperature=0.7, seed=3, stop=("\n",))
     with pytest.raises(dataclasses.FrozenInstanceError):
-        s.temperature = 1.0  # type: ignore[misc]
+        s.temperature = 1.0
     assert not s.greedy
 
 

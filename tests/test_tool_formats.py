@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import numpy as np
@@ -67,7 +68,7 @@ def streamed(s: tools.ToolSpec, pieces: list[str]) -> tuple[str, dict[int, list]
     """(content, {index: [name, arguments]}, calls) as a stream fed `pieces` sends them."""
     st = s.stream()
     events = [ev for p in pieces for ev in st.feed(p)] + st.finish()
-    content, got = "", {}
+    content, got = "", dict[int, Any]()
     for kind, v in events:
         if kind == "content":
             content += v
@@ -279,7 +280,7 @@ def walk(compiler: Compiler, s: tools.ToolSpec, prefer: str, rng: np.random.Gene
     as it is allowed, meanwhile the characters that close a call (CLOSERS, over and over, each
     skipped where the mask refuses it)."""
     m = compiler.matcher(s.constraint())
-    want, out, i = _tokenize(prefer), [], 0
+    want, out, i = _tokenize(prefer), list[int](), 0
     closers, k = _tokenize(CLOSERS), 0
     for _ in range(4000):
         mask = m.mask()

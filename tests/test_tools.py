@@ -5,6 +5,7 @@ sandboxed Jinja template, and the answer parsed whole and as a stream."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -146,7 +147,7 @@ def _stream(text: str, cuts: list[int]) -> tuple[list, tools.AnswerStream]:
 def _assembled(events: list) -> tuple[str, list[dict]]:
     """(content, calls) from stream events, as a client assembles them; each header must come
     before its call's fragments."""
-    content, calls = "", []
+    content, calls = "", list[Any]()
     for kind, v in events:
         if kind == "content":
             content += v

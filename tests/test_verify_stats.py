@@ -252,7 +252,7 @@ def reference_chain(tree: DraftTree, target_probs, rng: np.random.Generator) -> 
                 return i
         return len(w) - 1
 
-    node, accepted = 0, []
+    node, accepted = 0, list[int]()
     while True:
         p = [float(x) for x in target_probs(node)]
         kids = [i for i in range(1, len(tree)) if tree.parents[i] == node]

@@ -8,6 +8,8 @@ target features reaching the head from the right rows."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -236,7 +238,7 @@ def sampler(demo_pair, tiny_head):
 def sample(eng, toks, n: int) -> dict:
     counts: dict = {}
     seeds = list(range(n))
-    active = []
+    active: list[Any] = []
     while seeds or active:
         while seeds and eng.free_slots:
             req = GenerationRequest(tuple(toks), SamplingParams(temperature=1.0, top_k=TOP_K, seed=seeds.pop(),

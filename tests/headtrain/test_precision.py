@@ -5,6 +5,8 @@ hardware multiplies bfloat16 natively. (The training process's heap: tests/test_
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -207,7 +209,7 @@ def test_causal_query_blocks_give_every_row_its_causal_prefix_only():
     seg = np.repeat(np.arange(4), [30, 41, 40, 17])[None].astype(np.int32)
 
     def chain(n: int) -> list:
-        keys, g, hs = [], jnp.asarray(g0[:, :n]), []
+        keys, g, hs = list[Any](), jnp.asarray(g0[:, :n]), []
         for j in range(3):
             h, _, kv = mj.step(p, cfg, jnp.asarray(emb[:, :n]), g, keys, j, jnp.asarray(seg[:, :n]))
             keys.append(kv)

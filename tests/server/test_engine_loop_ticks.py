@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 from edgespec.errors import Overloaded
 from edgespec.sampling import SamplingParams
@@ -132,7 +133,7 @@ def _hold_forward_until_aborted(ctx, expire=None, seconds: float = 30.0):
     """The fake target's forwards of prompt pieces (> 50 tokens) run until the context is
     aborted, as a long llama_decode would: the loop's watch must abort them. `expire()` runs as
     such a forward starts (the deadline passing or the caller cancelling meanwhile)."""
-    held = []
+    held: list[Any] = []
 
     def before(tokens):
         if len(tokens) > 50 and not held:

@@ -29,7 +29,7 @@ def test_the_engine_and_the_fake_are_loop_engines():
 
 def test_an_engine_missing_a_member_is_not_one():
     class NoTick(FakeEngine):
-        tick = None  # type: ignore[assignment]  # a required method set to None is missing
+        tick = None  # a required method set to None is missing
 
     class Bare:
         capabilities = frozenset()

@@ -16,6 +16,8 @@ speculation emits plain decoding's tokens and sampling keeps plain decoding's di
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -150,7 +152,7 @@ def exact_joint(prompt) -> dict:
 
 def sample(n_each: int) -> list[dict]:
     eng = fake_engine(parallel=8, draft_noise=1.0)
-    counts = [dict() for _ in PROMPTS]
+    counts: list[dict[Any, int]] = [{} for _ in PROMPTS]
     todo = [(j, i) for i in range(n_each) for j in range(len(PROMPTS))]
     active: dict = {}
     while todo or active:

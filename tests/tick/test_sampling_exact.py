@@ -22,6 +22,8 @@ rejected on both prompts' counts (fixed seeds, deterministic):
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -59,7 +61,7 @@ def exact_joint(prompt, top_k: int = TOP_K) -> dict:
 
 def sample(n_each: int, top_k: int = TOP_K, seed0: int = 0) -> list[dict]:
     eng = fake_engine(parallel=8, draft_noise=1.5)
-    counts = [dict() for _ in PROMPTS]
+    counts: list[dict[Any, int]] = [{} for _ in PROMPTS]
     todo = [(j, seed0 + i) for i in range(n_each) for j in range(len(PROMPTS))]
     active: dict = {}
     while todo or active:
