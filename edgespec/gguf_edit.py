@@ -30,8 +30,11 @@ def pad_vocab(src: str | Path, dst: str | Path, n_extra: int) -> Path:
         raise ValueError(f"n_extra must be >= 1, got {n_extra}")
     src, dst = Path(src), Path(dst)
     reader = gguf.GGUFReader(str(src))
-    arch = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
-    n_vocab = len(reader.get_field("tokenizer.ggml.tokens").data)
+    arch_field, tokens_field = reader.get_field(gguf.Keys.General.ARCHITECTURE), reader.get_field("tokenizer.ggml.tokens")
+    if arch_field is None or tokens_field is None:
+        raise ValueError(f"{src}: not a model GGUF (no general.architecture or tokenizer.ggml.tokens)")
+    arch = arch_field.contents()
+    n_vocab = len(tokens_field.data)
     tmp = dst.with_name(dst.name + ".part")
     writer = gguf.GGUFWriter(str(tmp), arch=arch, endianess=reader.endianess)
     for field in reader.fields.values():

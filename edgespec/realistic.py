@@ -36,6 +36,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -126,7 +127,7 @@ def head_positions(src: Source, w: Widening) -> list[int]:
 
 def widened_tensor(src: Source, w: Widening, spec: TensorSpec) -> np.ndarray:
     """One tensor of the widened model: the source's values in place, zeros elsewhere."""
-    out = np.zeros(spec.shape, spec.dtype)
+    out: np.ndarray = np.zeros(spec.shape, spec.dtype)
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", spec.name)
     if m and int(m.group(1)) >= src.n_layer:
         return out  # an added block: all zero, the identity on the residual stream
@@ -157,7 +158,8 @@ def widen(src_path: Path, w: Widening, out: Path, ftype: str = "q4_k_m",
         w = replace(w, n_layer=layers)
     tok = tokenizer_fields(src_path)
     n_vocab = src.tensors["token_embd.weight"].shape[0]
-    dims = dict(n_embd=w.n_embd, n_head=w.n_head, n_head_kv=w.n_head_kv, n_ff=w.n_ff, head_dim=src.head_dim)
+    dims: dict[str, Any] = dict(n_embd=w.n_embd, n_head=w.n_head, n_head_kv=w.n_head_kv, n_ff=w.n_ff,
+                                head_dim=src.head_dim)
     meta = arch_meta("llama", n_layer=w.n_layer, n_vocab=n_vocab, rope_theta=src.rope_theta,
                      eps=src.eps * src.n_embd / w.n_embd, n_ctx=src.n_ctx,
                      name=f"demo target widened to {w}", **dims) + tok

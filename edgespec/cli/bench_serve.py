@@ -271,6 +271,7 @@ class _Starter:
                     clients[name] = EdgespecClient(addr, name.split("-", 1)[1])
                 else:
                     with_draft = name == "llama-server-draft"
+                    assert self.llama_bin is not None  # checked with the arguments: llama systems need it
                     p = ss.start_llama_server(self.llama_bin, self.workdir, name, target=self.target,
                                               draft=self.draft if with_draft else None, parallel=n, n_ctx=ctx,
                                               threads=self.threads, draft_max=self.draft_max,
@@ -288,7 +289,7 @@ class _Starter:
             raise
 
         def draft_stats() -> dict:
-            return drafts_since(tok.draft_stats(), base)
+            return drafts_since(tok.draft_stats(), base or {})  # only called when there is a base
 
         return Level(clients=clients, stop=stop, info=info, draft_stats=draft_stats if base is not None else None)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import typer
 
@@ -51,7 +52,7 @@ def engine_config(target: str | None, draft: str | None, *, n_ctx: int | None = 
         if p is not None and not p.is_file():
             hint = " (run `edgespec models prepare-demo`)" if not (target if what == "--target" else draft) else ""
             raise BadRequest(what, f"model file not found: {p}{hint}")
-    given = {k: v for k, v in (("n_ctx", n_ctx), ("n_gpu_layers", n_gpu_layers), ("threads", threads)) if v is not None}
+    given: dict[str, Any] = {k: v for k, v in (("n_ctx", n_ctx), ("n_gpu_layers", n_gpu_layers), ("threads", threads)) if v is not None}
     mk = lambda p: ModelConfig(path=str(p), **given)
     cfg = EngineConfig(target=mk(t), draft=mk(d) if d is not None else None, parallel=parallel)
     cfg.validate()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
@@ -49,11 +49,12 @@ def generate(
     """Generate text locally with plain, chain, tree or adaptive (auto) speculative decoding."""
     with user_errors():
         from edgespec.sampling import SamplingParams
-        from edgespec.types import SpeculationParams
+        from edgespec.types import Mode, SpeculationParams
 
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                                   max_tokens=max_tokens, stop=tuple(stop or ()))
-        spec = SpeculationParams(mode=mode, draft_tokens=draft_tokens, tree_nodes=tree_nodes,
+        # SpeculationParams checks the mode against MODES
+        spec = SpeculationParams(mode=cast(Mode, mode), draft_tokens=draft_tokens, tree_nodes=tree_nodes,
                                  tree_depth=tree_depth, ngram=ngram)
         cfg = engine_config(target, draft, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, threads=threads,
                             no_draft=False)
