@@ -33,6 +33,7 @@ def test_break_even() -> None:
     # T(2) = 1.5 T(1), free draft: 1 + a = 1.5 at a = 0.5
     assert break_even(1, {1: 1.0, 2: 1.5}, 0.0) == pytest.approx(0.5, abs=1e-3)
     a = break_even(4, {1: 1.0, 5: 2.0}, 0.05)
+    assert a is not None
     assert speedup(a, 4, {1: 1.0, 5: 2.0}, 0.05) == pytest.approx(1.0, abs=1e-3)
 
 

@@ -55,13 +55,18 @@ def spec(fmt: str, choice=None, parallel=None) -> tools.ToolSpec:
 
 
 def calls_of(fmt: str) -> list:
-    return CALLS if tool_formats.by_name(fmt).parallel else CALLS[:1]
+    f = tool_formats.by_name(fmt)
+    assert f is not None, fmt
+    return CALLS if f.parallel else CALLS[:1]
 
 
 def accepts(compiler: Compiler, s: tools.ToolSpec, text: str) -> bool:
     m = compiler.matcher(s.constraint())
     toks = _tokenize(text)
-    return m.allows(toks) and (m.commit(toks) or m.accepting)
+    if not m.allows(toks):
+        return False
+    m.commit(toks)
+    return m.accepting
 
 
 def streamed(s: tools.ToolSpec, pieces: list[str]) -> tuple[str, dict[int, list], list]:

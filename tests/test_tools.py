@@ -40,7 +40,10 @@ def call(name: str, args: dict) -> str:
 def accepts(compiler: Compiler, spec: tools.ToolSpec, text: str) -> bool:
     m = compiler.matcher(spec.constraint())
     toks = _tokenize(text)
-    return m.allows(toks) and (m.commit(toks) or m.accepting)
+    if not m.allows(toks):
+        return False
+    m.commit(toks)
+    return m.accepting
 
 
 def spec(choice=None, parallel=None, ts=(WEATHER, ADD)) -> tools.ToolSpec:
