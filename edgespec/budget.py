@@ -21,14 +21,17 @@ Pure: numpy over the grammar's masks, no I/O.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from edgespec.constraint import Matcher, NodeMasks
 from edgespec.reasoning import CLOSE, OPEN
 from edgespec.tree import DraftTree
 from edgespec.types import ReasoningBudget
+
+if TYPE_CHECKING:  # types only: edgespec.constraint makes a BudgetMatcher around its Matcher
+    from edgespec.constraint import Matcher, NodeMasks
 
 _OPEN, _CLOSE = OPEN.encode(), CLOSE.encode()
 
@@ -139,7 +142,7 @@ class BudgetMatcher:
                 keep = bits[i, word] & np.array([1 << bit], dtype=np.uint32).view(np.int32)[0]
                 bits[i] = 0
                 bits[i, word] = keep
-        return NodeMasks(bits, valid, nm.n_vocab)
+        return replace(nm, bits=bits, valid=valid)
 
     def node_masks(self, tree: DraftTree) -> tuple[np.ndarray, np.ndarray]:
         nm = self.node_bits(tree)

@@ -65,7 +65,7 @@ class Vocabulary:
     tokenize: Callable[[str], list[int]]
 
     @classmethod
-    def from_model(cls, model: Any) -> "Vocabulary":
+    def from_model(cls, model: Any) -> Vocabulary:
         """From a backend.Model: `piece` renders special tokens empty, `token_text` names them."""
         tokens, special = [], []
         for t in range(model.n_vocab):
@@ -129,7 +129,7 @@ class Compiler:
             raise BadRequest("constraint.value", f"invalid {spec.kind}: {_first_line(err)}")
         return g
 
-    def matcher(self, spec: ConstraintSpec) -> "Matcher":
+    def matcher(self, spec: ConstraintSpec) -> Matcher:
         m = Matcher(llg.LLMatcher(self.tokenizer, self.grammar(spec), log_level=0), self.n_vocab)
         if spec.budget is None:
             return m
@@ -166,7 +166,7 @@ class Matcher:
         self._bits(bits)
         return bits
 
-    def node_bits(self, tree: DraftTree) -> "NodeMasks":
+    def node_bits(self, tree: DraftTree) -> NodeMasks:
         """The tokens allowed after the tokens on each node's path (root excluded: the root is
         already committed), packed. A node whose path the grammar forbids is not valid and its
         mask is empty. Nothing is committed: a depth-first walk consumes each node's token on the
@@ -261,7 +261,7 @@ class NodeMasks:
     n_vocab: int
 
     @classmethod
-    def from_bools(cls, masks: np.ndarray) -> "NodeMasks":
+    def from_bools(cls, masks: np.ndarray) -> NodeMasks:
         masks = np.asarray(masks, dtype=bool)
         n, v = masks.shape
         packed = np.packbits(masks, axis=1, bitorder="little")

@@ -190,7 +190,7 @@ def string_regex(schema: Mapping[str, Any], key: str) -> str:
     return ("" if start else "(.|\\n)*") + f"({body})" + ("" if end else "(.|\\n)*")
 
 
-def check_strings(fmt: "ToolFormat | None", tools: Sequence["Tool"]) -> tuple[str, str] | None:
+def check_strings(fmt: ToolFormat | None, tools: Sequence[Tool]) -> tuple[str, str] | None:
     """(the parameter's field path, why) of the first raw string parameter whose pattern or
     format the XML families' grammar cannot hold; None when all can be (or `fmt` writes JSON)."""
     if not isinstance(fmt, _Xml):
@@ -226,7 +226,7 @@ class ToolFormat:
         """Calls as the family's template prints them after an assistant turn's content."""
         raise NotImplementedError
 
-    def call_rules(self, tool: "Tool", i: int) -> list[str]:
+    def call_rules(self, tool: Tool, i: int) -> list[str]:
         """Lark rules, the first defining `call_<i>`: one call of `tool`."""
         raise NotImplementedError
 
@@ -237,10 +237,10 @@ class ToolFormat:
     def calls_rule(self, parallel: bool) -> str:
         return 'calls: call ("\\n" call)*' if parallel and self.parallel else "calls: call"
 
-    def scan(self, text: str, tools: Mapping[str, "Tool"]) -> Scan:
+    def scan(self, text: str, tools: Mapping[str, Tool]) -> Scan:
         raise NotImplementedError
 
-    def grammar(self, tools: Sequence["Tool"], choice: str, parallel: bool, not_text: Sequence[str] = ()) -> str:
+    def grammar(self, tools: Sequence[Tool], choice: str, parallel: bool, not_text: Sequence[str] = ()) -> str:
         """The answer's grammar: text that does not open a call (nor begin with `not_text`), or
         calls (tools.ToolSpec's choices)."""
         text = "TEXT: /(.|\\n)*/ & ~/[ \\t\\r\\n]*(" + "|".join(_regex(o) for o in (*self.openers, *not_text)) + \
@@ -283,7 +283,7 @@ class _Xml(ToolFormat):
                 parts.append(f"/({rx}){end}/")
         return " & ".join([*parts, f"~/(.|\\n)*{end}(.|\\n)+/"])
 
-    def _value_rules(self, tool: "Tool", i: int) -> tuple[list[str], list[str]]:
+    def _value_rules(self, tool: Tool, i: int) -> tuple[list[str], list[str]]:
         items, rules = [], []
         for j, (k, s, req) in enumerate(_props(tool.parameters)):
             before, after = self._param(k)
@@ -330,7 +330,7 @@ class Qwen3Coder(_Xml):
     def _param(self, key: str) -> tuple[str, str]:
         return f"<parameter={key}>\n", "\n"
 
-    def call_rules(self, tool: "Tool", i: int) -> list[str]:
+    def call_rules(self, tool: Tool, i: int) -> list[str]:
         items, rules = self._value_rules(tool, i)
         head = lark_str(f"<tool_call>\n<function={tool.name}>\n")
         return [f"call_{i}: {head} {' '.join(items)} {lark_str('</function>' + chr(10) + '</tool_call>')}", *rules]
@@ -342,11 +342,11 @@ class Qwen3Coder(_Xml):
     _PARAM = re.compile(r"\s*<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
     _END = re.compile(r"\s*</function>\s*</tool_call>")
 
-    def scan(self, text: str, tools: Mapping[str, "Tool"]) -> Scan:
+    def scan(self, text: str, tools: Mapping[str, Tool]) -> Scan:
         return _scan_xml(text, tools, self._CALL, self._PARAM, self._END, "<tool_call>")
 
 
-def _scan_xml(text: str, tools: Mapping[str, "Tool"], call_re: re.Pattern, param_re: re.Pattern,
+def _scan_xml(text: str, tools: Mapping[str, Tool], call_re: re.Pattern, param_re: re.Pattern,
               end_re: re.Pattern, opener: str) -> Scan:
     """The XML families' calls: opener, name, (key, value)*, end; between calls whitespace."""
     calls: list[Partial] = []
@@ -409,7 +409,7 @@ class Glm45(_Xml):
     def _param(self, key: str) -> tuple[str, str]:
         return f"<arg_key>{key}</arg_key>\n<arg_value>", "\n"
 
-    def call_rules(self, tool: "Tool", i: int) -> list[str]:
+    def call_rules(self, tool: Tool, i: int) -> list[str]:
         items, rules = self._value_rules(tool, i)
         return [f"call_{i}: {lark_str('<tool_call>' + tool.name + chr(10))} {' '.join(items)} \"</tool_call>\"", *rules]
 
@@ -420,7 +420,7 @@ class Glm45(_Xml):
     _PARAM = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
     _END = re.compile(r"\s*</tool_call>")
 
-    def scan(self, text: str, tools: Mapping[str, "Tool"]) -> Scan:
+    def scan(self, text: str, tools: Mapping[str, Tool]) -> Scan:
         return _scan_xml(text, tools, self._CALL, self._PARAM, self._END, "<tool_call>")
 
 
@@ -460,11 +460,11 @@ class Llama3(ToolFormat):
     def render(self, calls: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
         return "; ".join(json.dumps({"name": n, "parameters": a}, ensure_ascii=False) for n, a in calls)
 
-    def call_rules(self, tool: "Tool", i: int) -> list[str]:
+    def call_rules(self, tool: Tool, i: int) -> list[str]:
         head = "{" + json.dumps("name") + ": " + json.dumps(tool.name) + ", " + json.dumps("parameters") + ": "
         return [f'call_{i}: {lark_str(head)} args_{i} "}}"', f"args_{i}: {_json_rule(_closed(tool.parameters))}"]
 
-    def scan(self, text: str, tools: Mapping[str, "Tool"]) -> Scan:
+    def scan(self, text: str, tools: Mapping[str, Tool]) -> Scan:
         pos = _ws(text, 0)
         if text.startswith("<|python_tag|>", pos):
             pos = _ws(text, pos + len("<|python_tag|>"))
@@ -508,7 +508,7 @@ class Mistral(ToolFormat):
         more = ' (", " call)*' if parallel else ""
         return f'calls: "[TOOL_CALLS] [" call{more} "]"'
 
-    def call_rules(self, tool: "Tool", i: int) -> list[str]:
+    def call_rules(self, tool: Tool, i: int) -> list[str]:
         if self.v11:
             return [f"call_{i}: {lark_str('[TOOL_CALLS]' + tool.name + '[ARGS]')} args_{i}",
                     f"args_{i}: {_json_rule(_closed(tool.parameters))}"]
@@ -519,7 +519,7 @@ class Mistral(ToolFormat):
     def shared_rules(self) -> list[str]:
         return [] if self.v11 else ['call_id: ", \\"id\\": \\"" /[A-Za-z0-9]{9}/ "\\""']
 
-    def scan(self, text: str, tools: Mapping[str, "Tool"]) -> Scan:
+    def scan(self, text: str, tools: Mapping[str, Tool]) -> Scan:
         pos = _ws(text, 0)
         if _prefix_of(text, pos, "[TOOL_CALLS]") != "yes":
             return Scan((), broken=_prefix_of(text, pos, "[TOOL_CALLS]") == "no")
@@ -634,12 +634,12 @@ class DeepSeek(ToolFormat):
         more = f' ("{sep}" call)*' if parallel else ""
         return f"calls: {lark_str(self.BEGIN)} call{more} {lark_str(self.END)}"
 
-    def call_rules(self, tool: "Tool", i: int) -> list[str]:
+    def call_rules(self, tool: Tool, i: int) -> list[str]:
         head, tail = self._one(tool.name, "\x00").split("\x00")
         return [f"call_{i}: {lark_str(head)} args_{i} {lark_str(tail)}",
                 f"args_{i}: {_json_rule(_closed(tool.parameters))}"]
 
-    def scan(self, text: str, tools: Mapping[str, "Tool"]) -> Scan:
+    def scan(self, text: str, tools: Mapping[str, Tool]) -> Scan:
         pos = _ws(text, 0)
         state = _prefix_of(text, pos, self.BEGIN)
         if state != "yes":

@@ -51,7 +51,7 @@ def test_a_think_block_of_control_tokens_splits(model):
     answer = ids(model, THINK, "plan it", UNTHINK, "\n\nDone.")
     assert reasoning.Reasoning().split(text_of(model, answer)) == ("plan it", "Done.")
     # a broken twin: the control tokens rendered empty, as llama.cpp's piece does: nothing splits
-    blank = lambda t: b"" if t >= 256 else model.piece(t)  # noqa: E731
+    blank = lambda t: b"" if t >= 256 else model.piece(t)
     assert reasoning.Reasoning().split(text_of(model, answer, blank)) == (None, "plan it\n\nDone.")
     # streamed a token at a time, the split is the same
     s = reasoning.ReasoningSplitter()

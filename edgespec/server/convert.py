@@ -7,8 +7,9 @@ import json
 from collections.abc import Sequence
 
 from edgespec.errors import BadRequest
+from edgespec.proto.edgespec.v1 import admin_pb2
+from edgespec.proto.edgespec.v1 import inference_pb2 as pb
 from edgespec.reasoning import EFFORT_BUDGETS, EFFORTS, template_variables
-from edgespec.proto.edgespec.v1 import admin_pb2, inference_pb2 as pb
 from edgespec.sampling import SamplingParams
 from edgespec.server.config import LimitsConfig
 from edgespec.server.policy import Policy, sampling_for, speculation_for
