@@ -91,7 +91,7 @@ def tokenizer_fields(donor: Path, n_vocab: int | None = None) -> list[tuple[str,
         raise BadRequest("vocab", f"must be at least the demo tokenizer's {have} tokens, got {n_vocab}")
     if n_vocab is not None and n_vocab > have:
         pad = n_vocab - have
-        extra = {"tokenizer.ggml.tokens": [f"<|synth_unused_{i}|>" for i in range(pad)],
+        extra: dict[str, list[Any]] = {"tokenizer.ggml.tokens": [f"<|synth_unused_{i}|>" for i in range(pad)],
                  "tokenizer.ggml.token_type": [3] * pad,  # CONTROL: never produced by the BPE merges
                  "tokenizer.ggml.scores": [0.0] * pad}
         out = [(k, list(v) + extra[k] if k in extra else v, t, s) for k, v, t, s in out]

@@ -79,7 +79,7 @@ def acceptance(target: Model, head: Model, sequences: Sequence[Sequence[int]], s
                         break
                     ok += 1
                 res.positions += 1
-                if positions is not None:
+                if positions is not None and top is not None:  # top is read whenever positions are
                     positions.append((i, float(top[p]), ok, int(lab[p])))
                 for d in range(ok):
                     res.hits[d] += 1

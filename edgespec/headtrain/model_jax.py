@@ -27,6 +27,7 @@ training accuracy is read off the max that log-sum-exp takes anyway (no argmax p
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -198,7 +199,8 @@ def loss_fn(p, cfg: HeadConfig, embed, feats, tokens, labels_d, steps: int,
     emb = embed[tokens]
     g = linear(feats, p["fc"], precision)
     keys: list = []
-    total, accs = 0.0, []
+    total: Any = 0.0
+    accs = []
     T = tokens.shape[1]
     for j in range(steps):
         h, logits, kv = step(p, cfg, emb, g, keys, j, seg, precision)
