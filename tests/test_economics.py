@@ -63,7 +63,8 @@ def test_drafter_verdict_is_plan_measures_verdict() -> None:
     # the demo's F32 curve (plan --measure's table): its Q8_0 draft at 0.59 of a forward pays 1.08x
     # at 0.8 (depth 1); at 0.85 of a forward nothing does
     demo = {1: 0.0706, 2: 0.0763, 3: 0.0855, 4: 0.0897, 5: 0.094, 6: 0.1022, 8: 0.116}
-    assert drafter_verdict(demo, 0.0414)["pays"] and not drafter_verdict(demo, 0.060)["pays"]
+    cheap, costly = drafter_verdict(demo, 0.0414), drafter_verdict(demo, 0.060)
+    assert cheap is not None and cheap["pays"] and costly is not None and not costly["pays"]
     assert drafter_verdict({1: 0.01}, 0.001) is None  # one size: nothing to judge
 
 

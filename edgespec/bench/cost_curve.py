@@ -39,7 +39,7 @@ def parse_sizes(text: str) -> list[int]:
 
 def measure_curves(models: Sequence[tuple[str, Path]], sizes: Sequence[int], shapes: Sequence[str], *,
                    rounds: int, context: int, n_gpu_layers: int, flash_attn: bool, threads: int | None,
-                   log=lambda s: None) -> dict:  # noqa: ANN001
+                   log=lambda s: None) -> dict:
     """{shape: {label: {n: seconds}}}."""
     from edgespec.economics import measure
 

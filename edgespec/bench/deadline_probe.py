@@ -41,7 +41,7 @@ def trials(addr: str, n: int, deadline: float) -> list[tuple[str, float]]:
         for trial in range(n):
             long = pb.GenerateRequest(prompt=f"Record {trial}. " + "The quick brown fox jumps over the lazy dog. " * 280,
                                       sampling=pb.SamplingOptions(max_tokens=4))
-            box = []
+            box: list[str] = []
 
             def run_long(long: pb.GenerateRequest = long, box: list = box) -> None:
                 try:

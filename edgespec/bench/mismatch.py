@@ -78,7 +78,7 @@ def tree_for_width(width: int) -> tuple[int, int]:
 
 
 def compare(engine, prompts: Sequence[tuple[int, ...]], widths: Sequence[int], max_tokens: int,
-            log=lambda s: None) -> list[WidthCount]:  # noqa: ANN001
+            log=lambda s: None) -> list[WidthCount]:
     """Each prompt (token ids) plainly, then at each width; the counts by width."""
     from edgespec.sampling import SamplingParams
     from edgespec.types import GenerationRequest, SpeculationParams
@@ -130,9 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     from edgespec.bench.report import machine_info
-    from edgespec.bench.runner import prompt_tokens
+    from edgespec.bench.runner import bench_engine_config, prompt_tokens
     from edgespec.bench.suite import load_suite
-    from edgespec.cli.bench import bench_engine_config
     from edgespec.engine import Engine
     from edgespec.models import default_pair
 

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from edgespec import chat
 from edgespec.bench.suite import Prompt
+from edgespec.config import EngineConfig, ModelConfig
 from edgespec.errors import BadRequest
 from edgespec.sampling import SamplingParams
 from edgespec.types import MODES, ConstraintSpec, GenerationRequest, GenerationResult, SpeculationParams
@@ -267,3 +268,18 @@ def _progress_bar(total: int, *, enabled: bool):
     from tqdm import tqdm
 
     return tqdm(total=total, desc="bench", unit="run", file=sys.stderr, dynamic_ncols=True)
+
+
+def bench_engine_config(target: str, draft: str | None, *, n_ctx: int, n_gpu_layers: int, threads: int,
+                        flash_attn: bool = True) -> EngineConfig:
+    """The bench's engine: every request starts cold (no prompt cache). The modes run one prompt
+    after another on one slot, so a kept cache would hand each later mode the prompt the earlier
+    one had absorbed: the draft's prefill, which a cold request pays, would vanish from their
+    times. What the cache saves is measured apart (README, "Prompt cache"). `flash_attn`: off for
+    a CUDA build without its flash-attention kernels (GGML_CUDA_FA=OFF)."""
+    def model(path: str) -> ModelConfig:
+        return ModelConfig(path=path, n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, threads=threads, flash_attn=flash_attn)
+
+    cfg = EngineConfig(target=model(target), draft=model(draft) if draft else None, prompt_cache=False)
+    cfg.validate()
+    return cfg

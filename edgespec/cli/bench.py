@@ -26,23 +26,6 @@ LLAMA_PREFIX = "llama.cpp:"  # the anchor's modes in the bench's rotation
 DEFAULT_N_CTX = 2048
 
 
-def bench_engine_config(target: str, draft: str | None, *, n_ctx: int, n_gpu_layers: int, threads: int,
-                        flash_attn: bool = True) -> EngineConfig:
-    """The bench's engine: every request starts cold (no prompt cache). The modes run one prompt
-    after another on one slot, so a kept cache would hand each later mode the prompt the earlier
-    one had absorbed: the draft's prefill, which a cold request pays, would vanish from their
-    times. What the cache saves is measured apart (README, "Prompt cache"). `flash_attn`: off for
-    a CUDA build without its flash-attention kernels (GGML_CUDA_FA=OFF)."""
-    from edgespec.config import EngineConfig, ModelConfig
-
-    def model(path: str) -> ModelConfig:
-        return ModelConfig(path=path, n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, threads=threads, flash_attn=flash_attn)
-
-    cfg = EngineConfig(target=model(target), draft=model(draft) if draft else None, prompt_cache=False)
-    cfg.validate()
-    return cfg
-
-
 def _model_path(given: str | None, which: str) -> str:
     if given:
         return given
@@ -67,7 +50,7 @@ def bench(
     threads: int = typer.Option(0, help="CPU threads (0 = all cores)"),
     flash_attn: bool = typer.Option(True, "--flash-attn/--no-flash-attn", help="flash attention in both models "
                                     "(off for a CUDA build without its flash-attention kernels, GGML_CUDA_FA=OFF)"),
-    n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="context size of each model (default: 2048, or "
+    n_ctx: int | None = typer.Option(None, "--n-ctx", help="context size of each model (default: 2048, or "
                                         "what the suite's longest prompt + --max-tokens needs)"),
     limit: int | None = typer.Option(None, help="use only the first N prompts of each suite file"),
     json_out: Path | None = typer.Option(None, "--json", help="write the JSON report here"),
@@ -190,11 +173,11 @@ def _run_suite(a: SimpleNamespace, prompts, mode_list, sampling, target_path: st
                llama_draft: str | None):
     """Load the engine (with the context the suite needs), run it: (rows, engine config, backend,
     measured costs, the interleaved anchor's report or None)."""
-    from edgespec.bench.runner import context_needed, run
+    from edgespec.bench.runner import bench_engine_config, context_needed, run
     from edgespec.engine import Engine
     from edgespec.errors import BadRequest
 
-    def config(ctx: int) -> "EngineConfig":
+    def config(ctx: int) -> EngineConfig:
         return bench_engine_config(target_path, draft_path, n_ctx=ctx, n_gpu_layers=a.n_gpu_layers, threads=a.threads,
                                    flash_attn=a.flash_attn)
 

@@ -70,7 +70,7 @@ def bench_serve(
     flash_attn: bool = typer.Option(True, "--flash-attn/--no-flash-attn", help="flash attention in every server's "
                                     "models (off for a CUDA build without its flash-attention kernels, "
                                     "GGML_CUDA_FA=OFF)"),
-    addr: Optional[str] = typer.Option(None, "--addr", help="use this running edgespec daemon (host:port) "
+    addr: str | None = typer.Option(None, "--addr", help="use this running edgespec daemon (host:port) "
                                        "instead of starting one per level"),
     llama_server_bin: Path | None = typer.Option(None, "--llama-server-bin", help="directory with llama.cpp's "
                                                     "llama-server (tools/llama-anchor.sh build): run it beside edgespec"),
@@ -201,7 +201,7 @@ class _Starter:
     suffix_cache: bool = False  # the daemon's speculation.suffix_cache
     prompt_cache: bool = False  # the daemon's server.prompt_cache and llama-server's cache_prompt
     daemon_default_draft: bool = False  # the daemon drafts with its own default (no --draft)
-    head: Optional[str] = None  # --head: the daemon's [draft] head
+    head: str | None = None  # --head: the daemon's [draft] head
     flash_attn: bool = True  # every server's models
 
     def daemon_head(self) -> str:

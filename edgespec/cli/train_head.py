@@ -30,7 +30,7 @@ def train_head(
     wide_prompts: Annotated[int, typer.Option(help="prompts built around installed packages' text (functions, "
                                               "documentation, licences) and open topic lists, answered by the "
                                               "target too (edgespec/headtrain/wide.py)")] = 0,
-    init: Annotated[Optional[Path], typer.Option(help="start from this head GGUF (its weights and draft vocabulary): "
+    init: Annotated[Path | None, typer.Option(help="start from this head GGUF (its weights and draft vocabulary): "
                                                  "fine-tune a head on new data")] = None,
     max_new: Annotated[int, typer.Option(help="answer tokens per prompt")] = 160,
     text_windows: Annotated[int, typer.Option(help="windows of installed packages' text the target only scores")] = 0,

@@ -189,20 +189,7 @@ def category_prompts(n: int, seed: int = 0, categories=CATEGORIES) -> list[tuple
             if line.strip():
                 seen.add(json.loads(line).get("prompt", ""))
     rngs = {c: random.Random(f"{seed}:{c}") for c in categories}
-    return round_robin({c: (lambda c=c: _GEN[c](rngs[c])) for c in categories}, n, seen, tries=2000)
-
-
-def prompt_sources(heldout: int, distill: int, wide: int, seed: int) -> list[tuple[str, list[tuple[str, str]]]]:
-    """The training prompts by source, (shard-name prefix, (category, prompt) pairs): `heldout`
-    + `distill` category prompts, and `heldout` + `wide` wide prompts (edgespec/headtrain/wide.py)
-    when `wide` > 0, none of them a category prompt. The first `heldout` of each source are held
-    out."""
-    sources = [("", category_prompts(heldout + distill, seed))]
-    if wide:
-        from edgespec.headtrain.wide import wide_prompts
-
-        sources.append(("wide-", wide_prompts(heldout + wide, seed, exclude=[p for _, p in sources[0][1]])))
-    return sources
+    return round_robin({c: partial(_GEN[c], rngs[c]) for c in categories}, n, seen, tries=2000)
 
 
 def round_robin(gens: dict[str, Callable[[], str]], n: int, seen: set[str], tries: int) -> list[tuple[str, str]]:

@@ -260,7 +260,7 @@ def prompt_tokens(spec, log) -> dict:
     kept in the work directory, so that a box without llama.cpp can build the data from it."""
     import json
 
-    from edgespec.headtrain.prompts import prompt_sources
+    from edgespec.headtrain.wide import prompt_sources
 
     wide = f"-w{spec.wide_prompts}" if spec.wide_prompts else ""
     path = spec.work_dir / "data" / f"prompt-tokens-s{spec.seed}-h{spec.heldout_prompts}-n{spec.distill_prompts}{wide}.json"

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from edgespec.heads.weights import HeadWeights, config_for_target, read_gguf, write_gguf
+from edgespec.heads.weights import HeadConfig, HeadWeights, config_for_target, read_gguf, write_gguf
 from edgespec.headtrain.data import Sequences, package_texts, windows
 
 DRAFT_VOCABS = (1024, 2048, 4096, 8192, 16384, 32768)
@@ -109,7 +109,7 @@ def target_embeddings(target_gguf: Path) -> np.ndarray:
 PROMPTS_PER_SHARD = 96
 
 
-def build_sequences(spec: TrainSpec, target, layers, log: Callable[[str], None] = _log):  # noqa: ANN001, ANN201
+def build_sequences(spec: TrainSpec, target, layers, log: Callable[[str], None] = _log):
     """The target's greedy answers to the category prompts (edgespec/headtrain/prompts.py), and to
     `wide_prompts` prompts built around installed packages' text (edgespec/headtrain/wide.py), with
     their features captured while generating, in shards of PROMPTS_PER_SHARD prompts under
@@ -117,7 +117,7 @@ def build_sequences(spec: TrainSpec, target, layers, log: Callable[[str], None] 
     Returns (train Sequences, held-out Sequences): the first `heldout_prompts` prompts of each
     source (round-robin over the categories) are held out, the rest trained on."""
     from edgespec.headtrain.data import Sequences
-    from edgespec.headtrain.prompts import prompt_sources
+    from edgespec.headtrain.wide import prompt_sources
 
     d = spec.work_dir / "data"
     d.mkdir(parents=True, exist_ok=True)
@@ -364,7 +364,7 @@ def _training_sequences(spec: TrainSpec, log: Callable[[str], None]) -> tuple:
     text sequences or None): the target's features from jax (`features = "jax"`) or llama.cpp."""
     probe = config_for_target(spec.target, 1, n_ff=spec.n_ff)
     if spec.features == "jax":
-        from edgespec.heads.target_jax import build_sequences_jax
+        from edgespec.headtrain.target_jax import build_sequences_jax
 
         data, held, n_vocab = build_sequences_jax(spec, probe.layers, log)
         return None, data, held, n_vocab, None
@@ -404,7 +404,7 @@ def _heldout_acceptance(spec: TrainSpec, target: Any, held_seqs: list, held_star
     except ImportError:
         return target, None, None
     from edgespec.backend import Model
-    from edgespec.heads.evaluate import acceptance
+    from edgespec.headtrain.evaluate import acceptance
 
     target = target or Model(spec.target)
     hm = Model(spec.out)  # llama.cpp's eagle3 loader accepts it (or this raises)
@@ -537,7 +537,7 @@ def _depth1(cfg: HeadConfig, embed_j: Any, heldout: tuple) -> Callable[[dict], A
     import jax
     import jax.numpy as jnp
 
-    from edgespec.heads import model_jax as mj
+    from edgespec.headtrain import model_jax as mj
 
     hf, hrows, hinp, hlab, hscored = heldout
     hf_j = jnp.asarray(hf[hrows].astype(np.float32))

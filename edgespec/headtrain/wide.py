@@ -24,7 +24,7 @@ import re
 from collections.abc import Iterable
 
 from edgespec.headtrain.data import package_files
-from edgespec.headtrain.prompts import round_robin
+from edgespec.headtrain.prompts import category_prompts, round_robin
 
 _CODE_T = [
     "Explain what this Python function does:\n```python\n{code}\n```",

@@ -92,7 +92,7 @@ def test_measure_alternates_and_repeats_shapes(tiny: Path, monkeypatch) -> None:
     calls: list[int] = []
     real = economics._Timer._forward
 
-    def spy(self, n: int) -> float:  # noqa: ANN001
+    def spy(self, n: int) -> float:
         calls.append(n)
         return real(self, n)
 
