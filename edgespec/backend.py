@@ -187,6 +187,7 @@ class Model:
         self.n_vocab = int(ll.llama_vocab_n_tokens(self._vocab))
         self.bos = int(ll.llama_vocab_bos(self._vocab))
         self.eos = int(ll.llama_vocab_eos(self._vocab))
+        self.sep = int(ll.llama_vocab_sep(self._vocab))  # -1: none (a cross-encoder's pair separator)
         self.add_bos = bool(ll.llama_vocab_get_add_bos(self._vocab))
         self.add_eos = bool(ll.llama_vocab_get_add_eos(self._vocab))
         self.vocab_type = int(ll.llama_vocab_type(self._vocab))
@@ -1003,6 +1004,114 @@ class EmbeddingContext:
                 ll.llama_batch_free(batch)
                 ll.llama_memory_clear(self._mem, True)
         return out
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            ll.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self) -> None:  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+RERANK_KINDS = ("cross-encoder", "causal-yes-no")
+
+
+def rank_kind(model: Model) -> str:
+    """The reranker a GGUF is: "cross-encoder" when its `<arch>.pooling_type` is rank (a
+    classifier head llama.cpp pools with, as converted BGE/Jina rerankers carry), else
+    "causal-yes-no" (a causal LM, scored by its yes/no logits)."""
+    pooling = model_meta(model, f"{model_arch(model)}.pooling_type")
+    return "cross-encoder" if pooling is not None and pooling.strip() == str(int(ll.LLAMA_POOLING_TYPE_RANK)) \
+        else "causal-yes-no"
+
+
+class RankContext:
+    """Relevance scores in [0, 1] of whole token sequences (query and document already joined by
+    the caller), many sequences in one forward (one sequence id each); the cache is cleared after
+    each batch. One caller at a time (the reranker's worker thread).
+
+    cross-encoder: llama.cpp's rank pooling (the GGUF's classifier head); score = sigmoid of the
+    head's first output.
+    causal-yes-no: the LM's logits at each sequence's last position; score =
+    p(yes) / (p(yes) + p(no)) = sigmoid(logit[yes] - logit[no]), as Qwen3-Reranker is read."""
+
+    def __init__(self, model: Model, cfg: ModelConfig, kind: str, yes_no: tuple[int, int] = (-1, -1),
+                 n_seq_max: int = 64):
+        if kind not in RERANK_KINDS:
+            raise ModelError(f"unknown reranker kind {kind!r} (known: {', '.join(RERANK_KINDS)})")
+        if kind == "cross-encoder" and rank_kind(model) != "cross-encoder":
+            # llama.cpp aborts the process on rank pooling without a classifier head: refuse first
+            raise ModelError(f"{model.path} has no classifier head (its pooling_type is not rank): "
+                             "not a cross-encoder; use kind = \"causal-yes-no\"")
+        self.model, self.kind, self.yes_no, self.n_seq_max = model, kind, yes_no, n_seq_max
+        cp = _context_params(cfg, n_seq_max, None)
+        if kind == "cross-encoder":
+            cp.embeddings = True
+            cp.pooling_type = ll.LLAMA_POOLING_TYPE_RANK
+        self._ctx = ll.llama_init_from_model(model._model, cp)
+        if not self._ctx:
+            raise ModelError(f"llama.cpp could not create a rerank context for {model.path}")
+        self.n_ctx = int(ll.llama_n_ctx(self._ctx))
+        self.n_batch = cfg.n_batch
+        self._mem = ll.llama_get_memory(self._ctx)
+
+    def score(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
+        """[len(inputs)] float64 scores. Each input holds 1 .. min(n_ctx, n_batch) tokens (checked
+        by the caller); inputs are packed greedily, n_seq_max and n_batch tokens per forward."""
+        out = np.zeros(len(inputs), dtype=np.float64)
+        i = 0
+        while i < len(inputs):
+            group: list[int] = []
+            size = 0
+            while i < len(inputs) and len(group) < self.n_seq_max and size + len(inputs[i]) <= self.n_batch:
+                group.append(i)
+                size += len(inputs[i])
+                i += 1
+            if not group:
+                raise ModelError(f"input of {len(inputs[i])} tokens exceeds the rerank batch ({self.n_batch})")
+            self._forward([inputs[j] for j in group], out, group)
+        return out
+
+    def _forward(self, seqs: Sequence[Sequence[int]], out: np.ndarray, rows: Sequence[int]) -> None:
+        size = sum(len(s) for s in seqs)
+        batch = ll.llama_batch_init(size, 0, 1)
+        causal = self.kind == "causal-yes-no"
+        try:
+            k = 0
+            last = []
+            for s, seq in enumerate(seqs):
+                for p, t in enumerate(seq):
+                    batch.token[k] = t
+                    batch.pos[k] = p
+                    batch.n_seq_id[k] = 1
+                    batch.seq_id[k][0] = s
+                    batch.logits[k] = (not causal) or p == len(seq) - 1
+                    k += 1
+                last.append(k - 1)
+            batch.n_tokens = k
+            rc = ll.llama_decode(self._ctx, batch)
+            if rc != 0:
+                raise ModelError(f"llama_decode failed with code {rc} (rerank batch of {k} tokens)")
+            yes, no = self.yes_no
+            for s, row in enumerate(rows):
+                if causal:
+                    ptr = ll.llama_get_logits_ith(self._ctx, last[s])
+                    if not ptr:
+                        raise ModelError("llama.cpp returned no logits")
+                    margin = float(ptr[yes]) - float(ptr[no])  # log p(yes) - log p(no)
+                else:
+                    ptr = ll.llama_get_embeddings_seq(self._ctx, s)
+                    if not ptr:
+                        raise ModelError("llama.cpp returned no rank score")
+                    margin = float(ptr[0])
+                out[row] = 1.0 / (1.0 + np.exp(-margin))
+        finally:
+            ll.llama_batch_free(batch)
+            ll.llama_memory_clear(self._mem, True)
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):

@@ -15,6 +15,10 @@ class BadRequest(EdgespecError):
         super().__init__(f"{field}: {message}")
 
 
+class UnknownModel(BadRequest):
+    """The request names a model this server does not serve (HTTP 404, gRPC NOT_FOUND)."""
+
+
 class ConfigError(EdgespecError):
     """A configuration file/env/flag value is invalid. `key` names it."""
 

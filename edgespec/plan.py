@@ -88,6 +88,7 @@ class MemoryPlan:
     draft_ratio: float | None  # draft params / target params
     warnings: tuple[str, ...] = field(default_factory=tuple)
     embedding: ModelPlan | None = None  # the [embedding] context (weights 0 when it shares the target's)
+    rerank: ModelPlan | None = None  # the [rerank] context (weights 0 when it shares the target's)
     head: ModelPlan | None = None  # an EAGLE-3 head beside the draft model ([draft] head)
     # the bounds of the caches in host memory (the prompt store, the suffix cache), counted where
     # the device is the host's memory (a CPU engine)
@@ -95,7 +96,7 @@ class MemoryPlan:
 
     @property
     def models(self) -> tuple[ModelPlan, ...]:
-        return tuple(m for m in (self.target, self.draft, self.head, self.embedding) if m is not None)
+        return tuple(m for m in (self.target, self.draft, self.head, self.embedding, self.rerank) if m is not None)
 
     @property
     def total_bytes(self) -> int:
@@ -320,10 +321,19 @@ def embedding_plan(facts: ModelFacts, *, shared: bool, n_ctx: int, n_batch: int,
         output_bytes=4 * facts.n_embd * (n_batch + n_seq_max))
 
 
+def rerank_plan(facts: ModelFacts, *, shared: bool, n_ctx: int, n_batch: int, flash_attn: bool = True,
+                n_seq_max: int = 64) -> ModelPlan:
+    """The rerank context (edgespec.backend.RankContext): as an embedding context, plus a row of
+    logits per document of a forward (a causal-yes-no reranker reads each document's last row)."""
+    p = embedding_plan(facts, shared=shared, n_ctx=n_ctx, n_batch=n_batch, flash_attn=flash_attn,
+                       n_seq_max=n_seq_max)
+    return replace(p, role="rerank", output_bytes=p.output_bytes + 4 * facts.n_vocab * n_seq_max)
+
+
 def plan_for_config(cfg: EngineConfig, *, gpu: bool | None = None, n_outputs: int = 64,
-                    embedding: object = None) -> MemoryPlan:
+                    embedding: object = None, rerank: object = None) -> MemoryPlan:
     """The plan for the daemon's engine config (target/draft sections, parallel slots), and the
-    [embedding] context when `embedding` (an enabled EmbeddingConfig) is given."""
+    [embedding] and [rerank] contexts when `embedding` / `rerank` (enabled sections) are given."""
     on_gpu = cfg.target.n_gpu_layers != 0 if gpu is None else gpu
     plan = _plan_for_engine(cfg, gpu=on_gpu, n_outputs=n_outputs)
     if not on_gpu:  # the caches' bounds come out of the same memory as the models
@@ -331,13 +341,15 @@ def plan_for_config(cfg: EngineConfig, *, gpu: bool | None = None, n_outputs: in
                        + (cfg.suffix_cache_bytes if cfg.suffix_cache else 0))
     if cfg.head is not None:
         plan = with_head(plan, read_model_facts(cfg.head.path))
-    if embedding is None or not getattr(embedding, "enabled", False):
-        return plan
-    path = getattr(embedding, "path", "") or cfg.target.path
-    facts = plan.target.facts if path == cfg.target.path else read_model_facts(path)
-    return replace(plan, embedding=embedding_plan(facts, shared=path == cfg.target.path,
-                                                  n_ctx=embedding.n_ctx, n_batch=embedding.n_batch,  # type: ignore[attr-defined]
-                                                  flash_attn=cfg.target.flash_attn))
+    for section, make in (("embedding", embedding_plan), ("rerank", rerank_plan)):
+        sec: Any = embedding if section == "embedding" else rerank
+        if sec is None or not getattr(sec, "enabled", False):
+            continue
+        path = getattr(sec, "path", "") or cfg.target.path
+        facts = plan.target.facts if path == cfg.target.path else read_model_facts(path)
+        plan = replace(plan, **{section: make(facts, shared=path == cfg.target.path, n_ctx=sec.n_ctx,
+                                               n_batch=sec.n_batch, flash_attn=cfg.target.flash_attn)})
+    return plan
 
 
 def _plan_for_engine(cfg: EngineConfig, *, gpu: bool | None, n_outputs: int) -> MemoryPlan:

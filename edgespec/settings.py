@@ -289,6 +289,35 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("embedding", "threads", I, 0, "CPU threads (0 = all cores)", lo=0, hi=1024),
     Setting("embedding", "n_gpu_layers", I, 0, "layers offloaded to the GPU when `path` is set (-1 = all)", lo=-1),
     Setting("embedding", "max_inputs", I, 256, "inputs in one request", lo=1, hi=1 << 16),
+    Setting("embedding", "name", S, "", "the model's name in /v1/models and in requests' `model`; empty = the "
+            "file's name without .gguf, or `<chat model>-embedding` on the target's weights (whose name is "
+            "also accepted)"),
+    Setting("embedding", "batch_wait_ms", F, 2.0, "how long the first waiting request waits for others to "
+            "share its forward (0 = never waits; a full batch goes at once)", lo=0, hi=1000),
+    Setting("rerank", "enabled", B, True, "serve /v1/rerank and Inference.Rerank"),
+    Setting("rerank", "path", S, "", "GGUF file of a reranker; empty = the target's weights (a context of "
+            "their own, scored as causal-yes-no)", check=_file_or_empty),
+    Setting("rerank", "kind", S, "auto", "cross-encoder = llama.cpp's rank pooling over the GGUF's "
+            "classifier head (BGE/Jina rerankers); causal-yes-no = a causal LM's p(yes) / (p(yes) + p(no)) "
+            "at the end of `template`, as Qwen3-Reranker is read; auto = cross-encoder when the GGUF's "
+            "pooling_type is rank", choices=("auto", "cross-encoder", "causal-yes-no")),
+    Setting("rerank", "template", S, "", "causal-yes-no only: the prompt, with {query} and {document} (and "
+            "optionally {instruction}) where they go (special tokens in the template are read as such, "
+            "never in the query or document); empty = the model's chat template over a system turn that "
+            "asks for yes or no and a user turn with the instruction, query and document"),
+    Setting("rerank", "instruction", S, "Given a web search query, retrieve relevant passages that answer "
+            "the query", "causal-yes-no only: the task the template's {instruction} states"),
+    Setting("rerank", "name", S, "", "the model's name in /v1/models and in requests' `model`; empty = the "
+            "file's name without .gguf, or `<chat model>-rerank` on the target's weights"),
+    Setting("rerank", "n_ctx", I, 4096, "the rerank context's cells (a query and document together at most "
+            "min(n_ctx, n_batch) tokens)", lo=16, hi=1 << 20),
+    Setting("rerank", "n_batch", I, 2048, "tokens scored in one forward (several documents share one)",
+            lo=16, hi=1 << 20),
+    Setting("rerank", "threads", I, 0, "CPU threads (0 = all cores)", lo=0, hi=1024),
+    Setting("rerank", "n_gpu_layers", I, 0, "layers offloaded to the GPU when `path` is set (-1 = all)", lo=-1),
+    Setting("rerank", "max_documents", I, 256, "documents in one request", lo=1, hi=1 << 16),
+    Setting("rerank", "batch_wait_ms", F, 2.0, "how long the first waiting request waits for others to share "
+            "its forward (0 = never waits)", lo=0, hi=1000),
     _spec("policy", S, "auto", "auto: honour request modes; off: force plain decoding", choices=("auto", "off")),
     _spec("mode", S, "auto", "mode used when a request says AUTO", choices=SPEC_MODES),
     _spec("draft_tokens", I, 4, "default chain length", lo=1, hi=MAX_DRAFT_TOKENS),
@@ -421,6 +450,8 @@ SECTION_HELP = {
     "target": "The target model: the distribution every mode reproduces exactly.",
     "draft": "The draft model that proposes tokens (its logits never change the output, only the speed).",
     "embedding": "Embeddings (/v1/embeddings, Inference.Embed): the target's weights, or a model of their own.",
+    "rerank": "Reranking (/v1/rerank, Inference.Rerank): a GGUF cross-encoder, or a causal LM scored by its "
+              "yes/no logits (the target's weights, or a model of their own).",
     "speculation": "The speculation policy and the shape defaults a request gets when it sets none. "
                    "SIGHUP reloads it; `edgespec policy` (Admin.SetPolicy) overrides stay on top until reset.",
     "limits": "What one request may send, checked by the gRPC and HTTP handlers before the engine sees it.",

@@ -67,6 +67,9 @@ def plan_cmd(
     embedding: str = typer.Option("target", "--embedding", help="The embedding model: 'target' (its weights "
                                   "shared, a context of its own), a GGUF path, or 'none'."),
     embedding_n_ctx: int = typer.Option(2048, "--embedding-n-ctx", help="The embedding context's cells."),
+    rerank: str = typer.Option("target", "--rerank", help="The rerank model: 'target' (its weights shared, "
+                               "a context of its own), a GGUF path, or 'none'."),
+    rerank_n_ctx: int = typer.Option(4096, "--rerank-n-ctx", help="The rerank context's cells."),
     headroom: float = typer.Option(0.05, "--headroom", help="Fraction of the device kept free."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     measure: bool = typer.Option(False, "--measure", help="Instead of the memory plan: time the target's "
@@ -91,7 +94,7 @@ def plan_cmd(
                  acceptances=_acceptances(acceptance), as_json=as_json)
         return
 
-    from edgespec.plan import GIB, embedding_plan, plan_memory, read_model_facts, with_head
+    from edgespec.plan import GIB, embedding_plan, plan_memory, read_model_facts, rerank_plan, with_head
 
     with user_errors():
         if not 0 <= headroom < 1:
@@ -111,6 +114,11 @@ def plan_cmd(
             facts = plan.target.facts if shared else read_model_facts(embedding)
             plan = replace(plan, embedding=embedding_plan(facts, shared=shared, n_ctx=embedding_n_ctx,
                                                           n_batch=embedding_n_ctx, flash_attn=flash_attn))
+        if rerank != "none":
+            shared = rerank == "target"
+            facts = plan.target.facts if shared else read_model_facts(rerank)
+            plan = replace(plan, rerank=rerank_plan(facts, shared=shared, n_ctx=rerank_n_ctx,
+                                                    n_batch=min(rerank_n_ctx, 2048), flash_attn=flash_attn))
         if vram is not None:
             device_bytes, device = int(vram * GIB), f"--vram {vram:g} GiB"
         else:

@@ -58,6 +58,7 @@ if TYPE_CHECKING:  # made at run time from the declaration table, one field per 
     TlsConfig: TypeAlias = Any
     HttpConfig: TypeAlias = Any
     EmbeddingConfig: TypeAlias = Any
+    RerankConfig: TypeAlias = Any
     MetricsConfig: TypeAlias = Any
     LoggingConfig: TypeAlias = Any
     AuditConfig: TypeAlias = Any
@@ -72,6 +73,7 @@ else:
     TlsConfig = section_class("TlsConfig", "tls", "[tls]", __name__, namespace={"enabled": property(_tls_enabled)})
     HttpConfig = section_class("HttpConfig", "http", "[http]", __name__)
     EmbeddingConfig = section_class("EmbeddingConfig", "embedding", "[embedding]", __name__)
+    RerankConfig = section_class("RerankConfig", "rerank", "[rerank]", __name__)
     MetricsConfig = section_class("MetricsConfig", "metrics", "[metrics]", __name__)
     LoggingConfig = section_class("LoggingConfig", "logging", "[logging]", __name__)
     AuditConfig = section_class("AuditConfig", "audit", "[audit]: shadow decodes that check exactness on live traffic",
@@ -96,6 +98,7 @@ class DaemonConfig:
     source: str = ""  # the file it came from ("" = defaults only)
     http: HttpConfig = field(default_factory=HttpConfig)
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+    rerank: RerankConfig = field(default_factory=RerankConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
 
 
@@ -288,6 +291,8 @@ def load(
         embedding=EmbeddingConfig(**{**values["embedding"],
                                      "path": str(Path(values["embedding"]["path"]).expanduser())
                                      if values["embedding"]["path"] else ""}),
+        rerank=RerankConfig(**{**values["rerank"], "path": str(Path(values["rerank"]["path"]).expanduser())
+                               if values["rerank"]["path"] else ""}),
         audit=AuditConfig(**values["audit"]),
         rpc_servers=tuple(values["target"]["rpc_servers"]),
         chat_template=_chat_template(values["target"]["chat_template"]),
@@ -388,16 +393,17 @@ def _engine(values: dict[str, dict[str, Any]], check_models: bool, problems: lis
     # the memory plan covers this box only: with rpc_servers the target's layers go to other boxes
     if check_models and not problems and not values["target"]["rpc_servers"]:
         try:
-            emb = values["embedding"]
+            emb, rr = values["embedding"], values["rerank"]
             check_memory(engine, EmbeddingConfig(**{**emb, "path": str(Path(emb["path"]).expanduser()) if emb["path"]
-                                                    else ""}))
+                                                    else ""}),
+                         RerankConfig(**{**rr, "path": str(Path(rr["path"]).expanduser()) if rr["path"] else ""}))
         except ConfigError as exc:
             problems.append(("target.n_ctx", f"with server.parallel = {engine.parallel}, the memory plan "
                              + str(exc).split(": ", 1)[-1]))
     return engine
 
 
-def check_memory(engine_cfg: EngineConfig, embedding: Any = None) -> None:
+def check_memory(engine_cfg: EngineConfig, embedding: Any = None, rerank: Any = None) -> None:
     """Refuse, with the memory plan's explanation, a configuration that does not fit the device it
     would run on (GPU memory when layers are offloaded to a GPU, else RAM)."""
     from edgespec.plan import check_fits, plan_for_config, system_memory_bytes
@@ -407,7 +413,7 @@ def check_memory(engine_cfg: EngineConfig, embedding: Any = None) -> None:
         from edgespec import backend
 
         gpus = [d for d in backend.devices() if d.kind == "gpu"]
-    plan = plan_for_config(engine_cfg, gpu=bool(gpus), embedding=embedding)
+    plan = plan_for_config(engine_cfg, gpu=bool(gpus), embedding=embedding, rerank=rerank)
     if gpus:
         check_fits(plan, gpus[0].total_bytes, device=gpus[0].name)
     else:

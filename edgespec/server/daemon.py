@@ -101,7 +101,7 @@ def default_engine_factory(cfg: DaemonConfig) -> Callable[[], Any]:
             log.info("rpc_servers", servers=list(cfg.rpc_servers),
                      devices=[{"name": d.name, "free_bytes": d.free_bytes} for d in devs])
         else:
-            check_memory(cfg.engine, cfg.embedding)
+            check_memory(cfg.engine, cfg.embedding, cfg.rerank)
         engine = Engine.load(cfg.engine, controller_cfg=controller_cfg)
         if cfg.speculation.suffix_cache_persist:
             _load_suffix(engine)
@@ -205,9 +205,25 @@ class Daemon:
         self.callers = CallerLimits(cfg.limits)  # per-caller limits and figures, for gRPC and HTTP alike
         self.metrics.callers = self.callers.snapshot
 
-        # made on the first embedding request, on the target's weights unless [embedding] path is set
-        self.embedder = Embedder(cfg.embedding, cfg.engine.target, lambda: self.loop.encoder) \
-            if cfg.embedding.enabled else None
+        from edgespec.server.models_api import build_registry, model_name, rerank_kind_of
+        from edgespec.server.rerank import Reranker
+
+        # the served models by name and role (/v1/models, Inference.ListModels; a request's `model`)
+        target_path = cfg.engine.target.path
+        try:
+            created = int(Path(target_path).stat().st_mtime)
+        except OSError:
+            created = 0
+        self.registry = build_registry(model_name(target_path), cfg.embedding, cfg.rerank,
+                                       rerank_kind=rerank_kind_of(cfg.rerank) if cfg.rerank.enabled else "",
+                                       created=created)
+        # each made on its first request (its own context and worker thread), on the target's
+        # weights unless its section's path is set
+        self.metrics.served = tuple((m.id, m.role) for m in self.registry.models)
+        self.embedder = Embedder(cfg.embedding, cfg.engine.target, lambda: self.loop.encoder,
+                                 name=self.registry.of("embedding")[0].id) if cfg.embedding.enabled else None
+        self.reranker = Reranker(cfg.rerank, cfg.engine.target, lambda: self.loop.encoder,
+                                 name=self.registry.of("rerank")[0].id) if cfg.rerank.enabled else None
         self.loop = EngineLoop(
             engine_factory or default_engine_factory(cfg),
             parallel=cfg.server.parallel,
@@ -382,7 +398,8 @@ class Daemon:
             InferenceServicer(self.loop, self.policy, parallel=s.parallel, limits=self.cfg.limits,
                               digests=lambda: self.model_digests, chat_template=self.cfg.chat_template,
                               tool_format=self.cfg.tool_format, reasoning_format=self.cfg.reasoning_format,
-                              embedder=self.embedder, callers=self.callers), server)
+                              embedder=self.embedder, callers=self.callers, registry=self.registry,
+                              reranker=self.reranker, record=self.metrics.model_request), server)
         admin_pb2_grpc.add_AdminServicer_to_server(
             AdminServicer(self.loop, self.policy, self.update_policy, self._drain, self.started,
                           last_reload=lambda: self.last_reload, callers=self.callers), server)
@@ -417,7 +434,9 @@ class Daemon:
 
             http = self.http = HttpServer(self.cfg, self.loop, self.policy, lambda: self.auth,  # the tokens in force
                                    embedder=self.embedder, callers=self.callers,
-                                   metrics=self.metrics.exposition if self.cfg.metrics.enabled else None)
+                                   metrics=self.metrics.exposition if self.cfg.metrics.enabled else None,
+                                   registry=self.registry, reranker=self.reranker,
+                                   record=self.metrics.model_request)
             http.start()
             print(f"HTTP {http.scheme}://{http_address(self.cfg.http.host, http.port)}", flush=True)
         if self.cfg.metrics.enabled:

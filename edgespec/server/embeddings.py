@@ -3,8 +3,9 @@ the vectors computed on a context of their own (the [embedding] model, or the ta
 and OpenAI's response body (float lists or base64 of little-endian float32, as the `openai`
 client asks by default).
 
-The embedding context is made on the first request (a worker thread; the engine thread is never
-involved) and serves one request at a time."""
+The embedding context is made on the first request by the embedding model's own worker thread
+(the engine thread is never involved); the inputs of requests that arrive together share one
+forward (edgespec.server.batcher)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from edgespec.errors import BadRequest, ModelError, NotReady
+from edgespec.server.batcher import Batcher, BatchFigures
 
 Input = str | tuple[int, ...]
 
@@ -28,16 +30,19 @@ class EmbeddingRequest:
     model: str = ""
 
 
-def parse_request(body: Any, *, models: Sequence[str], max_inputs: int, max_bytes: int) -> EmbeddingRequest:
+def parse_request(body: Any, *, models: Sequence[str] | None, max_inputs: int, max_bytes: int) -> EmbeddingRequest:
     """OpenAI's embeddings body: input (a string, a list of strings, a token-id list or a list of
-    token-id lists), model, encoding_format, dimensions (the model's own only), user (ignored)."""
+    token-id lists), model, encoding_format, dimensions (the model's own only), user (ignored).
+    `models`: the names `model` may take (None: any string; the registry routes it)."""
     if not isinstance(body, Mapping):
         raise BadRequest("body", "must be a JSON object")
     for k in body:
         if k not in ("input", "model", "encoding_format", "dimensions", "user"):
             raise BadRequest(k, "unknown field (known: input, model, encoding_format, dimensions, user)")
     model = body.get("model") or ""
-    if model and model not in models:
+    if not isinstance(model, str):
+        raise BadRequest("model", f"must be a string, got {type(model).__name__}")
+    if model and models is not None and model not in models:
         raise BadRequest("model", f"unknown model {model!r} (served: {', '.join(models)})")
     fmt = body.get("encoding_format") or "float"
     if fmt not in ("float", "base64"):
@@ -92,60 +97,80 @@ def response_body(vectors: np.ndarray, *, model: str, prompt_tokens: int, encodi
 
 class Embedder:
     """The daemon's embedding model: `[embedding] path`, or the target's loaded weights (the
-    engine's thread-safe encoder, a backend.Model) when it is empty."""
+    engine's thread-safe encoder, a backend.Model) when it is empty. Requests are tokenised by
+    their callers; the vectors are computed by one worker thread (batcher.Batcher) on a context of
+    its own, the inputs of requests that arrive together in one forward."""
 
-    def __init__(self, cfg: Any, target: Any, encoder: Callable[[], Any]):
+    def __init__(self, cfg: Any, target: Any, encoder: Callable[[], Any], name: str = ""):
         self.cfg = cfg  # EmbeddingConfig
         self.target = target  # the target's ModelConfig (flash_attn, kv_type)
+        self.name = name  # its name in /v1/models
         self._encoder = encoder
         self._lock = threading.Lock()
         self._ctx: Any = None
         self._model: Any = None
+        self._batcher = Batcher("embedding", self._run, wait_s=cfg.batch_wait_ms / 1000, budget=cfg.n_batch)
+
+    @property
+    def figures(self) -> BatchFigures:
+        return self._batcher.figures
+
+    def model(self) -> Any:
+        """The loaded model (a backend.Model): its file's, loaded on first use, or the target's."""
+        with self._lock:
+            if self._model is not None:
+                return self._model
+            from edgespec import backend
+
+            if self.cfg.path:
+                model = backend.Model(self.cfg.path, n_gpu_layers=self.cfg.n_gpu_layers)
+            else:
+                model = self._encoder()
+                if model is None or not isinstance(model, backend.Model):
+                    raise NotReady("the models are still loading") if model is None else \
+                        ModelError("this engine has no model to embed with")
+            self._model = model
+            return model
 
     def _context(self) -> Any:
-        if self._ctx is not None:
-            return self._ctx
-        from edgespec import backend
-        from edgespec.config import ModelConfig
+        """The embedding context, made by the worker thread on its first call."""
+        if self._ctx is None:
+            from edgespec import backend
+            from edgespec.config import ModelConfig
 
-        if self.cfg.path:
-            model = backend.Model(self.cfg.path, n_gpu_layers=self.cfg.n_gpu_layers)
-        else:
-            model = self._encoder()
-            if model is None or not isinstance(model, backend.Model):
-                raise NotReady("the models are still loading") if model is None else \
-                    ModelError("this engine has no model to embed with")
-        mc = ModelConfig(path=str(model.path), n_ctx=self.cfg.n_ctx, n_batch=self.cfg.n_batch,
-                         threads=self.cfg.threads, flash_attn=self.target.flash_attn)
-        self._ctx = backend.EmbeddingContext(model, mc, self.cfg.pooling)
-        self._model = model
+            model = self.model()
+            mc = ModelConfig(path=str(model.path), n_ctx=self.cfg.n_ctx, n_batch=self.cfg.n_batch,
+                             threads=self.cfg.threads, flash_attn=self.target.flash_attn)
+            self._ctx = backend.EmbeddingContext(model, mc, self.cfg.pooling, n_seq_max=64)
         return self._ctx
+
+    def _run(self, seqs: list[list[int]]) -> np.ndarray:
+        return self._context().embed(seqs)
 
     def embed(self, inputs: Sequence[Input]) -> tuple[np.ndarray, int]:
         """(vectors [n, n_embd] of unit length, prompt tokens). Blocking: a worker thread's."""
-        with self._lock:
-            ctx = self._context()
-            model = self._model
-            limit = min(ctx.n_ctx, ctx.n_batch)
-            seqs = []
-            for i, it in enumerate(inputs):
-                if isinstance(it, str):
-                    ids = model.tokenize(it, True, False)
-                else:
-                    bad = next((t for t in it if not 0 <= t < model.n_vocab), None)
-                    if bad is not None:
-                        raise BadRequest(f"input[{i}]", f"token ids must be in [0, {model.n_vocab - 1}], got {bad}")
-                    ids = list(it)
-                if not ids:
-                    raise BadRequest(f"input[{i}]", "has no tokens")
-                if len(ids) > limit:
-                    raise BadRequest(f"input[{i}]", f"{len(ids)} tokens; at most {limit} "
-                                                    "(embedding.n_ctx and embedding.n_batch)")
-                seqs.append(ids)
-            return ctx.embed(seqs), sum(len(s) for s in seqs)
+        model = self.model()
+        limit = min(self.cfg.n_ctx, self.cfg.n_batch)
+        seqs = []
+        for i, it in enumerate(inputs):
+            if isinstance(it, str):
+                ids = model.tokenize(it, True, False)
+            else:
+                bad = next((t for t in it if not 0 <= t < model.n_vocab), None)
+                if bad is not None:
+                    raise BadRequest(f"input[{i}]", f"token ids must be in [0, {model.n_vocab - 1}], got {bad}")
+                ids = list(it)
+            if not ids:
+                raise BadRequest(f"input[{i}]", "has no tokens")
+            if len(ids) > limit:
+                raise BadRequest(f"input[{i}]", f"{len(ids)} tokens; at most {limit} "
+                                                "(embedding.n_ctx and embedding.n_batch)")
+            seqs.append(ids)
+        n = sum(len(s) for s in seqs)
+        return np.asarray(self._batcher.submit(seqs, n), dtype=np.float32), n
 
     def close(self) -> None:
-        with self._lock:
-            if self._ctx is not None:
-                self._ctx.close()
-                self._ctx = None
+        self._batcher.close()
+        if self._ctx is not None:
+            self._ctx.close()
+            self._ctx = None

@@ -30,7 +30,6 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -44,13 +43,15 @@ from starlette.routing import Route
 from edgespec import chat as chat_encoding
 from edgespec import reasoning
 from edgespec import tools as tools_mod
-from edgespec.errors import BadRequest, Cancelled, ConfigError, DeadlineExceeded, EdgespecError, NotReady, Overloaded
+from edgespec.errors import (BadRequest, Cancelled, ConfigError, DeadlineExceeded, EdgespecError, NotReady,
+                             Overloaded, UnknownModel)
 from edgespec.logs import bind_request_id, clear_request, get_logger
 from edgespec.server import answer, convert, pipe
 from edgespec.server import anthropic_api as an
 from edgespec.server import embeddings as emb
 from edgespec.server import openai_api as oa
 from edgespec.server import responses_api as ra
+from edgespec.server import models_api
 from edgespec.server.auth import TokenAuth
 from edgespec.server.callers import UNLIMITED, CallerLimits, Place, Unlimited, current_caller, retry_after_seconds
 from edgespec.server.config import LimitsConfig
@@ -73,10 +74,6 @@ class Unauthenticated(EdgespecError):
 
 class PayloadTooLarge(BadRequest):
     """The request body is larger than server.max_message_bytes."""
-
-
-class UnknownModel(BadRequest):
-    """The request names a model this server does not serve."""
 
 
 # ---- the ONE place where errors become HTTP codes (most specific first) ----------------------
@@ -199,9 +196,15 @@ class HttpApi:
                  limits: LimitsConfig | None = None, chat_template: str = "",
                  embedder: emb.Embedder | None = None, strict: bool = False, callers: CallerLimits | None = None,
                  tool_format: str = "auto", reasoning_format: str = "auto",
-                 metrics: Callable[[str | None], tuple[bytes, str]] | None = None):
+                 metrics: Callable[[str | None], tuple[bytes, str]] | None = None,
+                 registry: models_api.Registry | None = None, reranker: Any = None,
+                 record: Callable[[str, str, int, float], None] | None = None):
         self.loop = loop
         self.embedder = embedder
+        # the served models by name and role (models_api.py): /v1/models, and what `model` routes to
+        self.registry = registry or models_api.build_registry(model_id, embedder.cfg if embedder else None,
+                                                              created=created)
+        self.record = record or (lambda model, role, items, seconds: None)  # per-model figures ([metrics])
         # Accept header -> (exposition, content type) ([metrics] enabled), served at /metrics under the API's auth
         self.metrics = metrics
         self.callers = callers  # per-caller limits and figures (shared with gRPC), None: no limits
@@ -219,11 +222,17 @@ class HttpApi:
         self.limiter = anyio.CapacityLimiter(threads)  # threads waiting on engine events
         self._vocab: list[bytes] | None = None  # token -> bytes (asked of the engine once)
         self._vocab_lock = threading.Lock()
+        self.model_routes = models_api.ModelRoutes(
+            self.registry, reranker=reranker, max_prompt_bytes=self.limits.max_prompt_bytes, read_json=self._json,
+            run=lambda fn, *args: anyio.to_thread.run_sync(lambda: fn(*args), limiter=self.limiter),
+            admit=self._admit_now, record=self.record)
+        rerank = self._endpoint(self.model_routes.rerank)
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._endpoint(self.chat), methods=["POST"]),
                 Route("/v1/completions", self._endpoint(self.completions), methods=["POST"]),
-                Route("/v1/models", self._endpoint(self.models), methods=["GET"]),
+                Route("/v1/models", self._endpoint(self.model_routes.models), methods=["GET"]),
+                *[Route(path, rerank, methods=["POST"]) for path in ("/v1/rerank", "/rerank", "/v2/rerank")],
                 Route("/v1/messages", self._endpoint(self.messages, shape=_anthropic_error), methods=["POST"]),
                 Route("/v1/messages/count_tokens", self._endpoint(self.count_tokens, shape=_anthropic_error),
                       methods=["POST"]),
@@ -392,6 +401,17 @@ class HttpApi:
                 raise UnknownModel("model", str(exc).split(": ", 1)[-1]) from None
             raise
 
+    def _route(self, name: Any) -> None:
+        """A chat request's `model`: a model of another role is a 400 naming the field; an unknown
+        one a 404 listing the served ones under [http] strict (else the chat model answers it)."""
+        if isinstance(name, str) and name:
+            self.registry.resolve("chat", name, strict=self.strict)
+
+    def _admit_now(self) -> Any:
+        """The caller's place for a request that runs at once, outside the engine's slots."""
+        return self.callers.admit(current_caller(), queued=False) if self.callers is not None else \
+            contextlib.nullcontext(UNLIMITED)
+
     def _tool_format(self) -> str:
         """The call format the model writes: [target] tool_format, or the one its chat template writes."""
         return tools_mod.call_format(self.loop.encoder, self.chat_template, self.tool_format)
@@ -413,6 +433,7 @@ class HttpApi:
     async def _openai(self, request: Request, rid: str, chat: bool, hold: contextlib.ExitStack,
                       place: Place | Unlimited) -> Response:
         body = await self._json(request)
+        self._route(body.get("model") if isinstance(body, dict) else None)
         req = self._parse(lambda: oa.parse_request(body, chat=chat, policy=self.policy(), models=(self.model_id,),
                                                    limits=self.limits, strict=self.strict,
                                                    tool_format=self._tool_format(),
@@ -678,6 +699,7 @@ class HttpApi:
         """A chat body translated from another API's (Messages, Responses) as the chat pipeline's
         request; a field error renamed as that API names the field."""
         try:
+            self._route(chat.get("model"))
             return self._parse(lambda: oa.parse_request(chat, chat=True, policy=self.policy(),
                                                         models=(self.model_id,), limits=self.limits,
                                                         strict=self.strict, tool_format=self._tool_format(),
@@ -749,37 +771,25 @@ class HttpApi:
 
     # ---- the rest ------------------------------------------------------------------------------
 
-    async def models(self, request: Request, rid: str) -> Response:
-        return JSONResponse({"object": "list", "data": [
-            {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "edgespec"}]})
-
     async def metrics_text(self, request: Request, rid: str) -> Response:
         assert self.metrics is not None
         body, content_type = self.metrics(request.headers.get("accept"))
         return Response(body, headers={"content-type": content_type})
 
-    @property
-    def embedding_model_id(self) -> str:
-        path = self.embedder.cfg.path if self.embedder is not None else ""
-        return Path(path).name.removesuffix(".gguf") if path else self.model_id
-
     async def embeddings(self, request: Request, rid: str) -> Response:
         body = await self._json(request)
         if self.embedder is None:
             raise UnknownModel("model", "embeddings are off on this server ([embedding] enabled = false)")
-        names = tuple(dict.fromkeys((self.embedding_model_id, self.model_id)))
-        try:
-            req = emb.parse_request(body, models=names, max_inputs=self.embedder.cfg.max_inputs,
-                                    max_bytes=self.limits.max_prompt_bytes)
-        except BadRequest as exc:
-            if exc.field == "model":
-                raise UnknownModel("model", str(exc).split(": ", 1)[-1]) from None
-            raise
-        with self.callers.admit(current_caller(), queued=False) if self.callers is not None else \
-                contextlib.nullcontext(UNLIMITED) as place:  # runs at once, outside the engine's slots
+        req = emb.parse_request(body, models=None, max_inputs=self.embedder.cfg.max_inputs,
+                                max_bytes=self.limits.max_prompt_bytes)
+        served = self.registry.resolve("embedding", req.model)
+        assert served is not None
+        started = time.monotonic()
+        with self._admit_now() as place:  # runs at once, outside the engine's slots
             vectors, n = await anyio.to_thread.run_sync(self.embedder.embed, req.inputs, limiter=self.limiter)
             place.used(n)
-        return JSONResponse(emb.response_body(vectors, model=self.embedding_model_id, prompt_tokens=n,
+        self.record(served.id, "embedding", len(req.inputs), time.monotonic() - started)
+        return JSONResponse(emb.response_body(vectors, model=served.id, prompt_tokens=n,
                                               encoding_format=req.encoding_format))
 
     async def health(self, request: Request, rid: str) -> Response:

@@ -151,7 +151,9 @@ class HttpServer:
     def __init__(self, cfg: DaemonConfig, loop: EngineLoop, policy: Callable[[], Policy],
                  auth: Callable[[], TokenAuth], embedder: emb.Embedder | None = None,
                  callers: CallerLimits | None = None,
-                 metrics: Callable[[str | None], tuple[bytes, str]] | None = None):
+                 metrics: Callable[[str | None], tuple[bytes, str]] | None = None,
+                 registry: Any = None, reranker: Any = None,
+                 record: Callable[[str, str, int, float], None] | None = None):
         self.cfg = cfg
         s = cfg.server
         target = Path(cfg.engine.target.path)
@@ -164,7 +166,8 @@ class HttpServer:
                            max_body_bytes=s.max_message_bytes, threads=workers, n_ctx=cfg.engine.target.n_ctx,
                            limits=cfg.limits, chat_template=cfg.chat_template, embedder=embedder,
                            tool_format=cfg.tool_format, reasoning_format=cfg.reasoning_format,
-                           strict=cfg.http.strict, callers=callers, metrics=metrics)
+                           strict=cfg.http.strict, callers=callers, metrics=metrics, registry=registry,
+                           reranker=reranker, record=record)
         self._workers = workers
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None

@@ -106,6 +106,8 @@ def _suffix(key: str) -> Callable[[Metrics], float]:
 
 # The families read from live state when scraped, in exposition order.
 LIVE: tuple[_Read, ...] = (
+    gauge("edgespec_served_model_info", "1 per model served, by name and role (chat, embedding, rerank).",
+          lambda m: {pair: 1 for pair in m.served}, ("model", "role")),
     gauge("edgespec_queue_depth", "Requests waiting for an engine slot.", _state("queue_depth")),
     gauge("edgespec_active_requests", "Requests being decoded.", _state("active_requests")),
     gauge("edgespec_ready", "1 when both models are loaded and warmed.", _flag("ready")),
@@ -179,6 +181,19 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = prometheus_client.CollectorRegistry()  # this daemon's own
         r = self.registry
+        # the served models by name and role ((model, role) pairs, set by the daemon): the generation
+        # figures are the chat model's (one per daemon); the embedding and rerank figures carry theirs
+        self.served: tuple[tuple[str, str], ...] = ()
+        # the models beside the chat model: requests, inputs (texts embedded, documents scored), seconds
+        self._model_requests = prometheus_client.Counter(
+            "edgespec_model_requests_total", "Embedding and rerank requests answered, per served model.",
+            ["model", "role"], registry=r)
+        self._model_items = prometheus_client.Counter(
+            "edgespec_model_items_total", "Inputs embedded and documents scored, per served model.",
+            ["model", "role"], registry=r)
+        self._model_seconds = prometheus_client.Histogram(
+            "edgespec_model_request_seconds", "Time to answer an embedding or rerank request, per served model.",
+            ["model", "role"], buckets=TTFT_BUCKETS, registry=r)
         # the process's own figures (process_cpu_seconds_total, process_resident_memory_bytes,
         # open fds, start time; Linux /proc) and the Python runtime's (python_info, gc)
         prometheus_client.ProcessCollector(registry=r)
@@ -284,6 +299,12 @@ class Metrics:
             **{f"finished_{reason}": v for reason, v in self.requests.values().items()},
         }
         return {k: int(v) for k, v in out.items()}
+
+    def model_request(self, model: str, role: str, items: int, seconds: float) -> None:
+        """An embedding or rerank request answered by `model`."""
+        self._model_requests.labels(model, role).inc()
+        self._model_items.labels(model, role).inc(items)
+        self._model_seconds.labels(model, role).observe(seconds)
 
     def render(self) -> str:
         """The Prometheus text (format 0.0.4) of every family."""

@@ -37,8 +37,15 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                  limits: LimitsConfig = convert.DEFAULT_LIMITS,
                  digests: Callable[[], dict[str, tuple[str, str]]] = dict, chat_template: str = "",
                  tool_format: str = "auto", reasoning_format: str = "auto", embedder: Any = None,
-                 callers: CallerLimits | None = None):
+                 callers: CallerLimits | None = None, registry: Any = None, reranker: Any = None,
+                 record: Callable[[str, str, int, float], None] | None = None):
+        from edgespec.server.models_api import build_registry
+
         self.loop = loop
+        # the served models by name and role (models_api.Registry); the reranker, None when [rerank] is off
+        self.registry = registry or build_registry("target", embedder.cfg if embedder is not None else None)
+        self.reranker = reranker
+        self.record = record or (lambda model, role, items, seconds: None)
         self.callers = callers  # per-caller limits and figures (shared with HTTP), None: no limits
         self.embedder = embedder  # an edgespec.server.embeddings.Embedder, None when [embedding] is off
         self.chat_template = chat_template  # [target] chat_template's text ("" = the GGUF's own)
@@ -225,14 +232,45 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         items = list(request.texts) or [list(t.ids) for t in request.token_inputs]
         if not items:
             raise BadRequest("texts", "one of texts or token_inputs is required")
-        req = emb.parse_request({"input": items}, models=(), max_inputs=self.embedder.cfg.max_inputs,
+        req = emb.parse_request({"input": items}, models=None, max_inputs=self.embedder.cfg.max_inputs,
                                 max_bytes=self.limits.max_prompt_bytes)
+        served = self.registry.resolve("embedding", request.model)
+        started = time.monotonic()
         with self._admit(queued=False) as place:  # runs at once, outside the engine's slots
             vectors, n = self.embedder.embed(req.inputs)
             place.used(n)
-        name = self.embedder.cfg.path.rsplit("/", 1)[-1].removesuffix(".gguf") if self.embedder.cfg.path else ""
+        self.record(served.id, "embedding", len(req.inputs), time.monotonic() - started)
         return pb.EmbedResponse(embeddings=[pb.Embedding(values=v.tolist()) for v in vectors], prompt_tokens=n,
-                                model=name or "target")
+                                model=served.id)
+
+    def Rerank(self, request: pb.RerankRequest, context: grpc.ServicerContext) -> pb.RerankResponse:  # noqa: N802
+        from edgespec.errors import UnknownModel
+        from edgespec.server import rerank as rr
+
+        if self.reranker is None:
+            raise UnknownModel("model", "reranking is off on this server ([rerank] enabled = false)")
+        body: dict[str, Any] = {"query": request.query, "documents": list(request.documents),
+                                "return_documents": request.return_documents}
+        if request.top_n:
+            body["top_n"] = request.top_n
+        if request.max_tokens_per_doc:
+            body["max_tokens_per_doc"] = request.max_tokens_per_doc
+        req = rr.parse_request(body, max_documents=self.reranker.cfg.max_documents,
+                               max_bytes=self.limits.max_prompt_bytes)
+        served = self.registry.resolve("rerank", request.model)
+        started = time.monotonic()
+        with self._admit(queued=False) as place:  # runs at once, outside the engine's slots
+            scores, n = self.reranker.score(req.query, req.documents, req.max_tokens_per_doc)
+            place.used(n)
+        self.record(served.id, "rerank", len(req.documents), time.monotonic() - started)
+        return pb.RerankResponse(results=[pb.RerankResult(index=i, relevance_score=scores[i],
+                                                          document=req.documents[i] if req.return_documents else "")
+                                          for i in rr.ranked(scores, req.top_n)],
+                                 prompt_tokens=n, model=served.id)
+
+    def ListModels(self, request: pb.ListModelsRequest, context: grpc.ServicerContext) -> pb.ListModelsResponse:  # noqa: N802
+        return pb.ListModelsResponse(models=[pb.ServedModel(id=m["id"], role=m["role"], kind=m.get("kind", ""))
+                                             for m in self.registry.listing()])
 
     def ModelInfo(self, request: pb.ModelInfoRequest, context: grpc.ServicerContext) -> pb.ModelInfoResponse:
         info = dict(self.loop.call(lambda engine: engine.model_info()))

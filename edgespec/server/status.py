@@ -46,6 +46,7 @@ from edgespec.errors import (
     ModelError,
     NotReady,
     Overloaded,
+    UnknownModel,
 )
 from edgespec.logs import bind_request_id, clear_request, get_logger
 from edgespec.server import pipe
@@ -57,6 +58,7 @@ log = get_logger("edgespec.server")
 
 # most specific first
 STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
+    (UnknownModel, grpc.StatusCode.NOT_FOUND),
     (BadRequest, grpc.StatusCode.INVALID_ARGUMENT),
     (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),

@@ -76,7 +76,8 @@ def test_completions_models_tokenize(make_daemon):
     c = client(r)
     resp = c.completions.create(model=MODEL, prompt="Hi", max_tokens=3, temperature=0.5, seed=1)
     assert resp.choices[0].text == "alpha beta gamma " and resp.object == "text_completion"
-    assert [m.id for m in c.models.list()] == [MODEL]
+    assert [(m.id, m.role) for m in c.models.list()] == [(MODEL, "chat"), (f"{MODEL}-embedding", "embedding"),
+                                                          (f"{MODEL}-rerank", "rerank")]
     streamed = "".join(ch.choices[0].text for ch in c.completions.create(model=MODEL, prompt="Hi", max_tokens=3,
                                                                            stream=True))
     assert streamed == resp.choices[0].text

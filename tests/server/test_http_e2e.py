@@ -70,7 +70,7 @@ def test_chat_unary_and_stream_reassemble_chinese_exactly(server):
 
 def test_completions_models_and_tokenize(server):
     c = server.client()
-    assert [m.id for m in c.models.list()] == [MODEL]
+    assert [m.id for m in c.models.list()] == [MODEL, f"{MODEL}-embedding", f"{MODEL}-rerank"]
     resp = c.completions.create(model=MODEL, prompt="1, 2, 3, 4, 5,", max_tokens=8, temperature=0)
     assert resp.choices[0].text.startswith(" 6") and resp.usage.completion_tokens == 8
     assert resp.choices[0].finish_reason == "length"

@@ -1,0 +1,158 @@
+"""The models the daemon serves, by name and role (chat, embedding, rerank): what /v1/models and
+Inference.ListModels list, and how a request's `model` picks one.
+
+A request names a model of its endpoint's role, or none (the role's default). A name served in
+another role is a 400 naming `model` and the names of the role asked for; a name not served at
+all is UnknownModel (HTTP 404, gRPC NOT_FOUND) listing every served name, except on the chat
+routes under `[http] strict = false`, where the default chat model answers it (and the
+response's x-edgespec-warning header says so), as OpenAI clients that send a fixed name expect.
+
+The registry holds a list per role, so that several chat models can be entered later; today
+the daemon serves one of each."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROLES = ("chat", "embedding", "rerank")
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    id: str  # the name in /v1/models and in requests' `model`
+    role: str  # chat | embedding | rerank
+    path: str = ""  # its GGUF ("" when it is the target's weights under another role)
+    aliases: tuple[str, ...] = ()  # other names routed to it (the chat model's, for a context on its weights)
+    detail: str = ""  # how it serves (the reranker's kind, ...)
+
+
+class Registry:
+    def __init__(self, models: Sequence[ServedModel], created: int | None = None):
+        ids = [m.id for m in models]
+        dup = next((i for i in ids if ids.count(i) > 1), None)
+        if dup is not None:
+            from edgespec.errors import ConfigError
+
+            raise ConfigError("name", f"two served models are named {dup!r} (set [embedding] name or [rerank] name)")
+        for m in models:
+            if m.role not in ROLES:
+                raise ValueError(f"unknown role {m.role!r}")
+        self.models = tuple(models)
+        self.created = int(time.time()) if created is None else created
+
+    def of(self, role: str) -> tuple[ServedModel, ...]:
+        return tuple(m for m in self.models if m.role == role)
+
+    def names(self, role: str | None = None) -> str:
+        return ", ".join(m.id for m in self.models if role is None or m.role == role) or "none"
+
+    def resolve(self, role: str, name: str, *, strict: bool = True) -> ServedModel | None:
+        """The model of `role` that `name` picks (empty: the role's first). None: `name` is not
+        served at all and `strict` is false (the caller answers with its default, and says so)."""
+        from edgespec.errors import BadRequest, UnknownModel
+
+        mine = self.of(role)
+        if not mine:
+            raise UnknownModel("model", f"no {role} model is served here (served: {self.names()})")
+        if not name:
+            return mine[0]
+        for m in mine:
+            if name == m.id or name in m.aliases:
+                return m
+        other = next((m for m in self.models if m.id == name), None)
+        if other is not None:
+            raise BadRequest("model", f"{name!r} is a{'n' if other.role[0] in 'aeiou' else ''} {other.role} model, "
+                                      f"not a {role} model ({role} models: {self.names(role)})")
+        if not strict:
+            return None
+        raise UnknownModel("model", f"unknown model {name!r} (served: {self.names()})")
+
+    def listing(self) -> list[dict[str, Any]]:
+        """/v1/models' data: OpenAI's model objects, with the role (and the reranker's kind)."""
+        return [{"id": m.id, "object": "model", "created": self.created, "owned_by": "edgespec", "role": m.role,
+                 **({"kind": m.detail} if m.detail else {})} for m in self.models]
+
+
+def rerank_kind_of(cfg: Any) -> str:
+    """The reranker [rerank] configures: its `kind`, or with auto, cross-encoder when the GGUF's
+    `<arch>.pooling_type` is rank (4, llama.cpp's LLAMA_POOLING_TYPE_RANK; read from the header,
+    nothing loaded), else causal-yes-no (the target's weights are a causal LM's)."""
+    if cfg.kind != "auto":
+        return str(cfg.kind)
+    if not cfg.path:
+        return "causal-yes-no"
+    from gguf import GGUFReader
+
+    try:
+        fields = GGUFReader(cfg.path).fields
+        arch = fields["general.architecture"].contents()
+        pooling = fields.get(f"{arch}.pooling_type")
+    except Exception:  # noqa: BLE001 - loading the model says what is wrong with the file
+        return "auto"
+    return "cross-encoder" if pooling is not None and int(pooling.contents()) == 4 else "causal-yes-no"
+
+
+def model_name(path: str) -> str:
+    return Path(path).name.removesuffix(".gguf")
+
+
+def build_registry(chat_id: str, embedding: Any = None, rerank: Any = None, *, rerank_kind: str = "",
+                   created: int | None = None) -> Registry:
+    """The served models: the chat model, and the [embedding] and [rerank] models when enabled
+    (sections with `enabled`, `path`, `name`). A context on the target's weights is named
+    `<chat>-embedding` / `<chat>-rerank` unless named, and answers to the chat model's name too."""
+    models = [ServedModel(chat_id, "chat")]
+    for role, sec in (("embedding", embedding), ("rerank", rerank)):
+        if sec is None or not sec.enabled:
+            continue
+        shared = not sec.path
+        name = sec.name or (f"{chat_id}-{role}" if shared else model_name(sec.path))
+        models.append(ServedModel(name, role, sec.path, aliases=(chat_id,) if shared else (),
+                                  detail=rerank_kind if role == "rerank" else ""))
+    return Registry(models, created)
+
+
+class ModelRoutes:
+    """The HTTP routes of the models beside the chat model: GET /v1/models and POST /v1/rerank
+    (with llama-server's /rerank and /v2/rerank). Built by HttpApi; `read_json` reads a body
+    within the size limit, `run` runs a blocking call on a worker thread, `admit` holds the
+    caller's place under its limits while a request runs."""
+
+    def __init__(self, registry: Registry, *, reranker: Any, max_prompt_bytes: int,
+                 read_json: Callable[[Any], Awaitable[Any]], run: Callable[..., Awaitable[Any]],
+                 admit: Callable[[], Any], record: Callable[[str, str, int, float], None] | None = None):
+        self.registry = registry
+        self.reranker = reranker  # an edgespec.server.rerank.Reranker, None when [rerank] is off
+        self.max_prompt_bytes = max_prompt_bytes
+        self.read_json, self.run, self.admit = read_json, run, admit
+        self.record = record or (lambda model, role, items, seconds: None)
+
+    async def models(self, request: Any, rid: str) -> Any:
+        from starlette.responses import JSONResponse
+
+        return JSONResponse({"object": "list", "data": self.registry.listing()})
+
+    async def rerank(self, request: Any, rid: str) -> Any:
+        from starlette.responses import JSONResponse
+
+        from edgespec.server import rerank as rr
+
+        body = await self.read_json(request)
+        if self.reranker is None:
+            from edgespec.errors import UnknownModel
+
+            raise UnknownModel("model", "reranking is off on this server ([rerank] enabled = false)")
+        req = rr.parse_request(body, max_documents=self.reranker.cfg.max_documents,
+                               max_bytes=self.max_prompt_bytes)
+        served = self.registry.resolve("rerank", req.model)
+        assert served is not None
+        started = time.monotonic()
+        with self.admit() as place:  # runs at once, outside the engine's slots
+            scores, n = await self.run(self.reranker.score, req.query, req.documents, req.max_tokens_per_doc)
+            place.used(n)
+        self.record(served.id, "rerank", len(req.documents), time.monotonic() - started)
+        return JSONResponse(rr.response_body(req, scores, model=served.id, tokens=n, rid="rerank-" + rid))
