@@ -26,6 +26,7 @@ _COMMAND_MODULES = (
     "edgespec.cli.plan",  # plan
     "edgespec.cli.bench",  # bench
     "edgespec.cli.bench_serve",  # bench-serve
+    "edgespec.cli.bench_embed",  # bench-embed
 )
 
 for _name in _COMMAND_MODULES:
