@@ -1111,7 +1111,8 @@ class RankContext:
                 out[row] = 1.0 / (1.0 + np.exp(-margin))
         finally:
             ll.llama_batch_free(batch)
-            ll.llama_memory_clear(self._mem, True)
+            if self._mem:  # an encoder-only cross-encoder keeps no cache
+                ll.llama_memory_clear(self._mem, True)
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -22,7 +22,7 @@ def _start_edgespec(model: str, threads: int, workdir: Path, timeout: float = 60
     from edgespec.bench.serve_systems import LOOPBACK, Process, ServerStartError, free_port, toml_config
 
     port = free_port()
-    sections = {
+    sections: dict[str, dict[str, Any]] = {
         "server": {"host": LOOPBACK, "port": 0, "parallel": 1, "grace_seconds": 2.0},
         "target": {"path": model, "n_ctx": 512, "threads": threads},
         "draft": {"enabled": False, "head": "none"},

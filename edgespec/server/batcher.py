@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -38,7 +38,7 @@ class BatchFigures:
 
 
 class Batcher(Generic[T, R]):
-    def __init__(self, name: str, run: Callable[[list[T]], Sequence[R]], *, wait_s: float, budget: int):
+    def __init__(self, name: str, run: Callable[[list[T]], Any], *, wait_s: float, budget: int):
         self.name, self.run, self.wait_s, self.budget = name, run, wait_s, budget
         self.figures = BatchFigures()
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()

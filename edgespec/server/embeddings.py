@@ -109,7 +109,7 @@ class Embedder:
         self._lock = threading.Lock()
         self._ctx: Any = None
         self._model: Any = None
-        self._batcher = Batcher("embedding", self._run, wait_s=cfg.batch_wait_ms / 1000, budget=cfg.n_batch)
+        self._batcher: Batcher[list[int], Any] = Batcher("embedding", self._run, wait_s=cfg.batch_wait_ms / 1000, budget=cfg.n_batch)
 
     @property
     def figures(self) -> BatchFigures:

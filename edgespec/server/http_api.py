@@ -782,8 +782,7 @@ class HttpApi:
             raise UnknownModel("model", "embeddings are off on this server ([embedding] enabled = false)")
         req = emb.parse_request(body, models=None, max_inputs=self.embedder.cfg.max_inputs,
                                 max_bytes=self.limits.max_prompt_bytes)
-        served = self.registry.resolve("embedding", req.model)
-        assert served is not None
+        served = self.registry.pick("embedding", req.model)
         started = time.monotonic()
         with self._admit_now() as place:  # runs at once, outside the engine's slots
             vectors, n = await anyio.to_thread.run_sync(self.embedder.embed, req.inputs, limiter=self.limiter)

@@ -71,6 +71,12 @@ class Registry:
             return None
         raise UnknownModel("model", f"unknown model {name!r} (served: {self.names()})")
 
+    def pick(self, role: str, name: str) -> ServedModel:
+        """resolve() for the routes that answer no name they do not serve (all but chat's)."""
+        m = self.resolve(role, name)
+        assert m is not None  # strict: an unknown name raised
+        return m
+
     def listing(self) -> list[dict[str, Any]]:
         """/v1/models' data: OpenAI's model objects, with the role (and the reranker's kind)."""
         return [{"id": m.id, "object": "model", "created": self.created, "owned_by": "edgespec", "role": m.role,
@@ -148,8 +154,7 @@ class ModelRoutes:
             raise UnknownModel("model", "reranking is off on this server ([rerank] enabled = false)")
         req = rr.parse_request(body, max_documents=self.reranker.cfg.max_documents,
                                max_bytes=self.max_prompt_bytes)
-        served = self.registry.resolve("rerank", req.model)
-        assert served is not None
+        served = self.registry.pick("rerank", req.model)
         started = time.monotonic()
         with self.admit() as place:  # runs at once, outside the engine's slots
             scores, n = await self.run(self.reranker.score, req.query, req.documents, req.max_tokens_per_doc)

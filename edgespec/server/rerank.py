@@ -125,7 +125,7 @@ class Reranker:
         self._template: list[tuple[bool, str]] = []  # (is a field, text or field name)
         self._yes_no = (-1, -1)
         self._ctx: Any = None
-        self._batcher = Batcher("rerank", self._run, wait_s=cfg.batch_wait_ms / 1000, budget=cfg.n_batch)
+        self._batcher: Batcher[list[int], Any] = Batcher("rerank", self._run, wait_s=cfg.batch_wait_ms / 1000, budget=cfg.n_batch)
 
     @property
     def figures(self) -> BatchFigures:

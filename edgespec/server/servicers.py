@@ -234,7 +234,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             raise BadRequest("texts", "one of texts or token_inputs is required")
         req = emb.parse_request({"input": items}, models=None, max_inputs=self.embedder.cfg.max_inputs,
                                 max_bytes=self.limits.max_prompt_bytes)
-        served = self.registry.resolve("embedding", request.model)
+        served = self.registry.pick("embedding", request.model)
         started = time.monotonic()
         with self._admit(queued=False) as place:  # runs at once, outside the engine's slots
             vectors, n = self.embedder.embed(req.inputs)
@@ -257,7 +257,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             body["max_tokens_per_doc"] = request.max_tokens_per_doc
         req = rr.parse_request(body, max_documents=self.reranker.cfg.max_documents,
                                max_bytes=self.limits.max_prompt_bytes)
-        served = self.registry.resolve("rerank", request.model)
+        served = self.registry.pick("rerank", request.model)
         started = time.monotonic()
         with self._admit(queued=False) as place:  # runs at once, outside the engine's slots
             scores, n = self.reranker.score(req.query, req.documents, req.max_tokens_per_doc)
