@@ -483,6 +483,9 @@ class Daemon:
             self.http.join(grace + 5)
         self._save_suffix()
         self.loop.stop()
+        for side in (self.embedder, self.reranker):  # their worker threads and contexts
+            if side is not None:
+                side.close()
         if self._interceptor is not None:
             self._interceptor.close()
         if self._metrics_server is not None:
