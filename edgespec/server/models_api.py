@@ -84,22 +84,30 @@ class Registry:
 
 
 def rerank_kind_of(cfg: Any) -> str:
-    """The reranker [rerank] configures: its `kind`, or with auto, cross-encoder when the GGUF's
+    """The reranker [rerank] configures: with kind auto, cross-encoder when the GGUF's
     `<arch>.pooling_type` is rank (4, llama.cpp's LLAMA_POOLING_TYPE_RANK; read from the header,
-    nothing loaded), else causal-yes-no (the target's weights are a causal LM's)."""
-    if cfg.kind != "auto":
-        return str(cfg.kind)
-    if not cfg.path:
-        return "causal-yes-no"
-    from gguf import GGUFReader
+    nothing loaded), else causal-yes-no (the target's weights are a causal LM's). A cross-encoder
+    asked of a file without rank pooling is a ConfigError naming rerank.kind (llama.cpp would
+    abort the process on its first forward)."""
+    ranks = False
+    if cfg.path:
+        from gguf import GGUFReader
 
-    try:
-        fields = GGUFReader(cfg.path).fields
-        arch = fields["general.architecture"].contents()
-        pooling = fields.get(f"{arch}.pooling_type")
-    except Exception:  # noqa: BLE001 - loading the model says what is wrong with the file
-        return "auto"
-    return "cross-encoder" if pooling is not None and int(pooling.contents()) == 4 else "causal-yes-no"
+        try:
+            fields = GGUFReader(cfg.path).fields
+            arch = fields["general.architecture"].contents()
+            pooling = fields.get(f"{arch}.pooling_type")
+            ranks = pooling is not None and int(pooling.contents()) == 4
+        except Exception:  # noqa: BLE001 - loading the model says what is wrong with the file
+            return str(cfg.kind)
+    if cfg.kind == "auto":
+        return "cross-encoder" if ranks else "causal-yes-no"
+    if cfg.kind == "cross-encoder" and not ranks:
+        from edgespec.errors import ConfigError
+
+        raise ConfigError("rerank.kind", f"cross-encoder needs a GGUF with rank pooling (a classifier head); "
+                                         f"{cfg.path or 'the target'} has none: use causal-yes-no")
+    return str(cfg.kind)
 
 
 def model_name(path: str) -> str:

@@ -223,3 +223,21 @@ def test_a_real_reranker_puts_the_relevant_passage_first(make_daemon):
                         ("哪种水果富含钾？", {1, 3}), ("法国的首都是哪里？", {0, 4})):
         status, out = post(r, "/v1/rerank", {"query": query, "documents": docs})
         assert status == 200 and out["results"][0]["index"] in best, (query, out)
+
+
+def test_default_names_and_the_reranker_kind_come_from_the_config(small_model):
+    from types import SimpleNamespace as NS
+
+    from edgespec.server.models_api import build_registry, rerank_kind_of
+
+    on_target = NS(enabled=True, path="", name="", kind="auto")
+    reg = build_registry("chat", on_target, NS(enabled=True, path=small_model, name="", kind="auto"),
+                         rerank_kind=rerank_kind_of(on_target))
+    assert [(m.id, m.role, m.aliases) for m in reg.models] == [
+        ("chat", "chat", ()), ("chat-embedding", "embedding", ("chat",)),
+        ("SmolLM2-135M-Instruct.Q8_0", "rerank", ())]
+    assert rerank_kind_of(NS(path=small_model, kind="auto")) == "causal-yes-no"  # no rank pooling in a chat LM
+    with pytest.raises(ConfigError) as e:  # refused at start, not by llama.cpp aborting on a forward
+        rerank_kind_of(NS(path=small_model, kind="cross-encoder"))
+    assert e.value.key == "rerank.kind"
+    assert len(build_registry("chat", NS(enabled=False), None).models) == 1
