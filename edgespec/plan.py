@@ -347,8 +347,9 @@ def plan_for_config(cfg: EngineConfig, *, gpu: bool | None = None, n_outputs: in
             continue
         path = getattr(sec, "path", "") or cfg.target.path
         facts = plan.target.facts if path == cfg.target.path else read_model_facts(path)
-        plan = replace(plan, **{section: make(facts, shared=path == cfg.target.path, n_ctx=sec.n_ctx,
-                                               n_batch=sec.n_batch, flash_attn=cfg.target.flash_attn)})
+        part = make(facts, shared=path == cfg.target.path, n_ctx=sec.n_ctx, n_batch=sec.n_batch,
+                    flash_attn=cfg.target.flash_attn)
+        plan = replace(plan, embedding=part) if section == "embedding" else replace(plan, rerank=part)
     return plan
 
 

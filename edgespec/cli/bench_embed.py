@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -87,8 +87,8 @@ def _start_llama_server(bin_dir: Path, model: str, threads: int, callers: int, w
 
 
 def bench_embed(
-    model: Optional[Path] = typer.Option(None, "--model", help="GGUF to embed with (default: the demo target)"),
-    llama_server_bin: Optional[Path] = typer.Option(None, "--llama-server-bin", help="directory holding "
+    model: Path | None = typer.Option(None, "--model", help="GGUF to embed with (default: the demo target)"),
+    llama_server_bin: Path | None = typer.Option(None, "--llama-server-bin", help="directory holding "
                                                     "llama-server (none: edgespec alone)"),
     callers: str = typer.Option("1,8", help="comma-separated concurrent callers"),
     requests: int = typer.Option(64, help="inputs per level and round (one input per request)"),

@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -87,14 +88,12 @@ def plan_cmd(
 ) -> None:
     """Memory plan from GGUF metadata; exit 0 if it fits, 1 if it does not. With --measure: will
     speculation pay on this box?"""
-    from dataclasses import replace
-
     if measure:
         _measure(target, draft, context=context, rounds=rounds, threads=threads, gpu=not cpu, alternate=alternate,
                  acceptances=_acceptances(acceptance), as_json=as_json)
         return
 
-    from edgespec.plan import GIB, embedding_plan, plan_memory, read_model_facts, rerank_plan, with_head
+    from edgespec.plan import GIB, plan_memory, read_model_facts, with_head
 
     with user_errors():
         if not 0 <= headroom < 1:
@@ -109,16 +108,7 @@ def plan_cmd(
         )
         if head is not None:
             plan = with_head(plan, read_model_facts(head))
-        if embedding != "none":
-            shared = embedding == "target"
-            facts = plan.target.facts if shared else read_model_facts(embedding)
-            plan = replace(plan, embedding=embedding_plan(facts, shared=shared, n_ctx=embedding_n_ctx,
-                                                          n_batch=embedding_n_ctx, flash_attn=flash_attn))
-        if rerank != "none":
-            shared = rerank == "target"
-            facts = plan.target.facts if shared else read_model_facts(rerank)
-            plan = replace(plan, rerank=rerank_plan(facts, shared=shared, n_ctx=rerank_n_ctx,
-                                                    n_batch=min(rerank_n_ctx, 2048), flash_attn=flash_attn))
+        plan = _with_side_models(plan, embedding, embedding_n_ctx, rerank, rerank_n_ctx, flash_attn)
         if vram is not None:
             device_bytes, device = int(vram * GIB), f"--vram {vram:g} GiB"
         else:
@@ -136,6 +126,27 @@ def plan_cmd(
         if pairing is not None:
             typer.echo(f"pairing: {pairing}")
     raise typer.Exit(0 if plan.fits(device_bytes, headroom) else 1)
+
+
+def _with_side_models(plan: Any, embedding: str, embedding_n_ctx: int, rerank: str, rerank_n_ctx: int,
+                      flash_attn: bool) -> Any:
+    """The plan with the embedding and rerank contexts ('target': its weights shared; a path;
+    'none')."""
+    from dataclasses import replace
+
+    from edgespec.plan import embedding_plan, read_model_facts, rerank_plan
+
+    if embedding != "none":
+        shared = embedding == "target"
+        facts = plan.target.facts if shared else read_model_facts(embedding)
+        plan = replace(plan, embedding=embedding_plan(facts, shared=shared, n_ctx=embedding_n_ctx,
+                                                      n_batch=embedding_n_ctx, flash_attn=flash_attn))
+    if rerank != "none":
+        shared = rerank == "target"
+        facts = plan.target.facts if shared else read_model_facts(rerank)
+        plan = replace(plan, rerank=rerank_plan(facts, shared=shared, n_ctx=rerank_n_ctx,
+                                                n_batch=min(rerank_n_ctx, 2048), flash_attn=flash_attn))
+    return plan
 
 
 def _acceptances(text: str) -> tuple[float, ...]:

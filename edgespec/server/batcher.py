@@ -87,7 +87,7 @@ class Batcher(Generic[T, R]):
             items = [it for p in taken for it in p.items]
             try:
                 out = list(self.run(items))
-            except BaseException as exc:  # noqa: BLE001 - every request of the call gets it
+            except BaseException as exc:
                 for p in taken:
                     p.error = exc
                     p.done.set()

@@ -43,15 +43,22 @@ from starlette.routing import Route
 from edgespec import chat as chat_encoding
 from edgespec import reasoning
 from edgespec import tools as tools_mod
-from edgespec.errors import (BadRequest, Cancelled, ConfigError, DeadlineExceeded, EdgespecError, NotReady,
-                             Overloaded, UnknownModel)
+from edgespec.errors import (
+    BadRequest,
+    Cancelled,
+    ConfigError,
+    DeadlineExceeded,
+    EdgespecError,
+    NotReady,
+    Overloaded,
+    UnknownModel,
+)
 from edgespec.logs import bind_request_id, clear_request, get_logger
-from edgespec.server import answer, convert, pipe
+from edgespec.server import answer, convert, models_api, pipe
 from edgespec.server import anthropic_api as an
 from edgespec.server import embeddings as emb
 from edgespec.server import openai_api as oa
 from edgespec.server import responses_api as ra
-from edgespec.server import models_api
 from edgespec.server.auth import TokenAuth
 from edgespec.server.callers import UNLIMITED, CallerLimits, Place, Unlimited, current_caller, retry_after_seconds
 from edgespec.server.config import LimitsConfig

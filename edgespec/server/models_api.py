@@ -98,7 +98,7 @@ def rerank_kind_of(cfg: Any) -> str:
             arch = fields["general.architecture"].contents()
             pooling = fields.get(f"{arch}.pooling_type")
             ranks = pooling is not None and int(pooling.contents()) == 4
-        except Exception:  # noqa: BLE001 - loading the model says what is wrong with the file
+        except Exception:
             return str(cfg.kind)
     if cfg.kind == "auto":
         return "cross-encoder" if ranks else "causal-yes-no"

@@ -243,7 +243,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         return pb.EmbedResponse(embeddings=[pb.Embedding(values=v.tolist()) for v in vectors], prompt_tokens=n,
                                 model=served.id)
 
-    def Rerank(self, request: pb.RerankRequest, context: grpc.ServicerContext) -> pb.RerankResponse:  # noqa: N802
+    def Rerank(self, request: pb.RerankRequest, context: grpc.ServicerContext) -> pb.RerankResponse:
         from edgespec.errors import UnknownModel
         from edgespec.server import rerank as rr
 
@@ -268,7 +268,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                                           for i in rr.ranked(scores, req.top_n)],
                                  prompt_tokens=n, model=served.id)
 
-    def ListModels(self, request: pb.ListModelsRequest, context: grpc.ServicerContext) -> pb.ListModelsResponse:  # noqa: N802
+    def ListModels(self, request: pb.ListModelsRequest, context: grpc.ServicerContext) -> pb.ListModelsResponse:
         return pb.ListModelsResponse(models=[pb.ServedModel(id=m["id"], role=m["role"], kind=m.get("kind", ""))
                                              for m in self.registry.listing()])
 

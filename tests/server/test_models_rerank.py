@@ -13,7 +13,6 @@ import threading
 import time
 
 import grpc
-import httpx
 import numpy as np
 import openai
 import pytest

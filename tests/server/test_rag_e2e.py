@@ -41,7 +41,7 @@ def test_embeddings_rerank_and_chat_at_once_leave_greedy_chat_unchanged(server):
     def run(name: str, fn) -> None:
         try:
             got[name] = fn()
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     work = {"chat": chat,
