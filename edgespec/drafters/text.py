@@ -184,15 +184,19 @@ class TextDrafter:
 
     def _sync(self, tokens: list[int], room: int) -> int:
         """Update the view and drop the cells its re-tokenization changed; start over on the last
-        `window` draft tokens when more are missing (or the range would overflow). Returns how
-        many of view.ids remain to decode."""
+        `window` draft tokens when more are missing, or on the last half of the range when it
+        would overflow (the draft's tokens may outnumber the target's). Returns how many of
+        view.ids remain to decode."""
         changed = self.view.update(tokens)
         ids = self.view.ids
         keep = min(self.n_kv, max(0, changed - self.offset))
         lack = len(ids) - self.offset - keep
         over = len(ids) - self.offset + room > self.ctx.n_ctx
         if (self.window is not None and lack > self.window) or over:
-            self.offset = max(0, len(ids) - (self.window or len(ids)), len(ids) + room - self.ctx.n_ctx)
+            span = self.window if self.window is not None else len(ids)
+            if over:  # half the range: room to grow before the next start-over
+                span = min(span, max(1, (self.ctx.n_ctx - room) // 2))
+            self.offset = max(0, len(ids) - span)
             keep = 0
             self.ctx.seq_rm(0, -1, -1)
         elif keep < self.n_kv:

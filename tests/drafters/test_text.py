@@ -280,3 +280,18 @@ def test_text_drafts_claimed_as_sampled_are_rejected():
     r = check_tree_exact("text-broken", target_row, text_chain(True), n_tokens=2, trials=20_000,
                          rng=np.random.default_rng(5))
     assert not r.passed and r.p_value < ALPHA
+
+
+def test_a_full_draft_range_starts_over_on_its_last_half_and_stays_exact():
+    """A draft range shorter than the request (the draft's tokens may outnumber the target's):
+    the drafter starts over on the last half of it instead of overflowing, and on every step
+    after that only when it fills again."""
+    eng = text_engine(parallel=1, n_ctx=256)
+    eng.slots[0].draft.n_ctx = 24
+    prompt = ids(FAKE_TARGET, "quickbrown")
+    plain, _ = run(eng, prompt, "plain", max_tokens=60)
+    dctx = eng.slots[0].draft.ctx
+    before = len(dctx.decodes)
+    out, stats = run(eng, prompt, "chain", max_tokens=60)
+    assert out == plain and stats.accepted_by_source.get("draft", 0) > 0
+    assert max(dctx.decodes[before + 1:]) <= 12  # a start-over reads half the range, not all of it
