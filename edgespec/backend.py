@@ -28,7 +28,9 @@ from edgespec.config import ModelConfig
 from edgespec.errors import BadRequest, ForwardAborted, IncompatibleDraft, ModelError
 from edgespec.heap import keep_freed_memory
 from edgespec.pairing import Pairing
-from edgespec.pairing import check_compatible as check_compatible  # the engine's entry point
+from edgespec.pairing import TextPairing as TextPairing
+from edgespec.pairing import check_compatible as check_compatible  # the engine's entry points
+from edgespec.pairing import pair as pair
 
 _init_lock = threading.Lock()
 _initialised = False

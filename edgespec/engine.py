@@ -157,11 +157,13 @@ class Engine:
         self.cfg = cfg
         self.target = target
         self.draft = draft
-        self.pairing = None  # how a draft model speaks the target's vocabulary (backend.Pairing)
+        # how a draft model speaks the target's vocabulary (backend.Pairing, or TextPairing: through text)
+        self.pairing = None
         self.head = head  # an EAGLE-3 head beside the draft model (EngineConfig.head), or None
         self.slots = slots
         self._contexts = contexts  # (target context, draft context or None[, head context])
-        # "model" (a draft model), "eagle3" (a head over the target's features) or None
+        # "model" (a draft model), "text" (one with another tokenizer), "eagle3" (a head over the
+        # target's features) or None
         self.draft_kind = (draft_kind or "model") if draft is not None else None
         # the drafters a request may draft with: the draft's kind, and "eagle3" with a head beside it
         self.drafter_kinds: tuple[str, ...] = ((self.draft_kind,) if self.draft_kind else ()) + \
@@ -221,7 +223,7 @@ class Engine:
                 backend.check_head(target, draft)
                 head = draft
             else:
-                pairing = backend.check_compatible(target, draft)
+                pairing = backend.pair(target, draft)  # another tokenizer: a text draft (drafters/text.py)
         if cfg.head is not None and head is None and draft is not None:
             second = backend.Model(cfg.head.path, cfg.head.n_gpu_layers)
             if draft_kind(backend.model_arch(second)) != "eagle3":
@@ -243,7 +245,7 @@ class Engine:
         elif draft is not None:
             dctx = backend.Context(draft, cfg.draft, n_seq_max=cfg.parallel * n_seq,
                                    n_ctx=shared_cells(cfg.parallel, cfg.draft.n_ctx))
-            if pairing is not None:
+            if isinstance(pairing, backend.Pairing):
                 dctx.speak_target_vocab(pairing)
         hctx = None
         if second is not None:  # the head beside the draft model holds each request's whole context too
@@ -258,7 +260,8 @@ class Engine:
                 h = SeqRange(hctx, i * n_seq, n_seq, cfg.target.n_ctx)
             slots.append(Slot(i, t, d, h))
         contexts = (tctx, dctx) if hctx is None else (tctx, dctx, hctx)
-        eng = cls(cfg, target, draft, slots, contexts, "eagle3" if head is not None else "model", head=second)
+        kind = "eagle3" if head is not None else "text" if isinstance(pairing, backend.TextPairing) else "model"
+        eng = cls(cfg, target, draft, slots, contexts, kind, head=second)
         eng.pairing = pairing
         if controller_cfg is not None:
             eng.controller_cfg = controller_cfg
@@ -276,7 +279,8 @@ class Engine:
         if draft is None:
             log.info("model_free_drafting", hint="no draft model: requests draft from prompt n-grams and the suffix "
                      "cache; to draft with a model set [draft] path to a small model of the target's family (its "
-                     "tokenizer; a padded vocabulary is fine); `edgespec plan --draft FILE` checks the pair")
+                     "tokenizer; a padded vocabulary is fine; one with another tokenizer drafts through text); "
+                     "`edgespec plan --draft FILE` checks the pair")
         return eng
 
     # what the engine applies beyond plain generation (the daemon refuses the others)
@@ -318,7 +322,8 @@ class Engine:
         """The drafter of one request on `slot` (drafters/base.py: Drafter): `kind` ("model",
         "eagle3"; default the draft's)."""
         kind = kind or self.draft_kind
-        return drafter_class(kind)(slot.drafter_range(kind), window=self.cfg.draft_window)
+        models = {"target": self.target, "draft": self.draft} if kind == "text" else {}
+        return drafter_class(kind)(slot.drafter_range(kind), window=self.cfg.draft_window, **models)
 
     def cost_kind(self, kind: str | None) -> str:
         """The cost model's curve that prices drafter `kind`: "head" for a head beside the draft
@@ -606,7 +611,7 @@ class Engine:
         if slot is None:
             raise Overloaded("no free slot")
         out = []
-        for ctx in (slot.target, None if self.draft_kind == "eagle3" else slot.draft):
+        for ctx in (slot.target, None if self.draft_kind in ("eagle3", "text") else slot.draft):
             if ctx is None:
                 out.append(None)
                 continue

@@ -3,6 +3,8 @@
 `check_compatible` takes anything with a vocabulary's facts (`backend.Model` at load, `GgufVocab`
 read from a file's header by `edgespec plan` and `models add`) and returns the `Pairing` the
 engine applies to the draft's context, or raises IncompatibleDraft naming the first difference.
+`pair` goes one step further: a draft with another tokenizer drafts through text (`TextPairing`,
+edgespec/drafters/text.py); only a draft with no tokenizer at all is refused.
 """
 
 from __future__ import annotations
@@ -54,6 +56,34 @@ class Pairing:
             return f"same vocabulary ({self.n_target} tokens)"
         return (f"padded vocabularies: target {self.n_target}, draft {self.n_draft} tokens, the first "
                 f"{self.shared} the same (tail tokens never drafted)")
+
+
+@dataclass(frozen=True)
+class TextPairing:
+    """A draft with another tokenizer: it reads the target's context as text and its continuation
+    is re-tokenized with the target's tokenizer (drafters/text.py). `why`: what differs."""
+
+    why: str
+    padded = False
+
+    def describe(self) -> str:
+        return (f"different tokenizers ({self.why}): drafts through text, its continuation re-tokenized "
+                "with the target's tokenizer and verified as point drafts (output unchanged)")
+
+
+def pair(target: Any, draft: Any) -> Pairing | TextPairing:
+    """How `draft` drafts for `target`: token for token (`check_compatible`'s Pairing), or through
+    text when the vocabularies differ (TextPairing). Raises IncompatibleDraft naming the field
+    only where text cannot bridge them either: a draft (or target) with no tokenizer."""
+    try:
+        return check_compatible(target, draft)
+    except IncompatibleDraft as exc:
+        for role, m in (("draft", draft), ("target", target)):
+            if m.vocab_type == 0 or m.n_vocab <= 0:
+                raise IncompatibleDraft(
+                    f"{role}.path: {m.path.name} has no tokenizer (tokenizer.ggml.model), so it cannot "
+                    "draft or be drafted for through text either") from None
+        return TextPairing(str(exc).split(": ", 1)[-1])
 
 
 def check_compatible(target: Any, draft: Any) -> Pairing:
@@ -134,6 +164,6 @@ class GgufVocab:
 def describe_pair(target: str | Path, draft: str | Path) -> str:
     """One line on a pair's vocabularies, read from the files: what the daemon will do with it."""
     try:
-        return check_compatible(GgufVocab(target), GgufVocab(draft)).describe()
+        return pair(GgufVocab(target), GgufVocab(draft)).describe()
     except IncompatibleDraft as exc:
         return f"incompatible: {exc}"

@@ -197,7 +197,10 @@ I, F, B, S, L = (int,), (int, float), (bool,), (str,), (list,)
 def _model(section: str) -> tuple[Setting, ...]:
     m = partial(Setting, section)
     empty = ("the demo model from `edgespec models prepare-demo`" if section == "target" else
-             "the demo draft when the target is the demo's, else none (model-free drafting)")
+             "the demo draft when the target is the demo's, else none (model-free drafting). A draft with the "
+             "target's vocabulary (a padded tail is fine) drafts token for token; one with another tokenizer "
+             "drafts through text (its continuation re-tokenized with the target's; output unchanged); a "
+             "file with no tokenizer is refused")
     return (
         m("path", S, "", f"GGUF file; empty = {empty}", check=_file_or_empty),
         m("n_gpu_layers", I, 0, "layers offloaded to the GPU (-1 = all; CUDA builds only)", lo=-1),

@@ -135,6 +135,31 @@ def test_a_padded_pair_loads_and_speculates_to_plain_greedy_text(demo_pair, padd
         eng.close()
 
 
+def test_a_draft_with_another_tokenizer_drafts_through_text(demo_pair, gemma_target):
+    """Gemma 3 270M (262,144 SentencePiece tokens) drafting for the demo's F32 target (49,152 BPE
+    tokens): the pair loads as a text draft and says so, and chain and tree give plain's greedy
+    tokens with drafted tokens accepted on a repetitive prompt."""
+    eng = _engine(demo_pair.target, gemma_target)
+    try:
+        assert eng.draft_kind == "text" and "drafts through text" in eng.model_info()["pairing"]
+        tokens = eng.tokenize("Monday, Tuesday, Wednesday, Thursday, Friday. Monday, Tuesday, Wednesday, Thursday,"
+                              " Friday. Monday,")
+        plain = greedy(eng, tokens, "plain", 24)
+        for mode in ("chain", "tree"):
+            s = eng.open_session(GenerationRequest(tuple(tokens), SamplingParams(temperature=0.0, max_tokens=24),
+                                                   SpeculationParams(mode=mode, ngram=False, suffix=False)))
+            s.check_kv = True
+            try:
+                while not s.done:
+                    s.step()
+                assert s.result().token_ids == plain, mode
+                assert s.stats.accepted_by_source.get("draft", 0) > 0, s.stats
+            finally:
+                s.close()
+    finally:
+        eng.close()
+
+
 def test_a_site_target_alone_serves_with_model_free_drafting(gemma_target):
     """The demo draft belongs to the demo target: another target with no draft named loads
     alone (the daemon's config and the CLI's) and drafts from n-grams."""

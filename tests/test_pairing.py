@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from edgespec.errors import IncompatibleDraft
-from edgespec.pairing import VOCAB_CHECK_START_TOKEN_ID, VOCAB_MAX_SIZE_DIFFERENCE, Pairing, check_compatible
+from edgespec.pairing import (VOCAB_CHECK_START_TOKEN_ID, VOCAB_MAX_SIZE_DIFFERENCE, Pairing, TextPairing,
+                              check_compatible, pair)
 from edgespec.sampling import SamplingParams, logits_to_probs
 from edgespec.selftest import ALPHA, check_tree_exact, draw
 from edgespec.tree import DraftTree
@@ -149,3 +150,18 @@ def test_a_draft_q_read_over_its_own_vocabulary_is_rejected():
     r = check_tree_exact("padded-broken", lambda prefix: P, build, n_tokens=2, trials=20_000,
                          rng=np.random.default_rng(3))
     assert not r.passed and r.p_value < ALPHA
+
+
+def test_another_tokenizer_pairs_through_text_naming_what_differs():
+    p = pair(Vocab(), Vocab(path=Path("d.gguf"), vocab_type=1, texts=TEXTS[:6] + [b"B", b"c"]))
+    assert isinstance(p, TextPairing) and not p.padded
+    assert p.describe().startswith("different tokenizers (vocab type 2 vs 1): drafts through text")
+    assert isinstance(pair(Vocab(), Vocab()), Pairing)
+
+
+@pytest.mark.parametrize("role", ["draft", "target"])
+def test_a_model_without_a_tokenizer_is_refused_naming_the_field(role):
+    none = Vocab(path=Path("none.gguf"), vocab_type=0)
+    t, d = (Vocab(), none) if role == "draft" else (none, Vocab())
+    with pytest.raises(IncompatibleDraft, match=f"^{role}.path: none.gguf has no tokenizer"):
+        pair(t, d)

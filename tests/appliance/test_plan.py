@@ -28,9 +28,10 @@ from edgespec.plan import (
 
 
 def write_gguf(path, *, n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_vocab=100, n_ff=128, params_scale=1,
-               tokens=None):
+               tokens=None, tokenizer="gpt2"):
     """A tiny llama-shaped GGUF: header facts plus f32 tensors of known sizes (not a runnable model)."""
     w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model(tokenizer)
     w.add_block_count(n_layer)
     w.add_embedding_length(n_embd)
     w.add_head_count(n_head)
@@ -273,7 +274,8 @@ def test_the_host_caches_count_on_a_cpu_engine(tiny):
 
 def test_cli_plan_says_which_pairing_applies(tiny, tmp_path):
     """`plan --draft` reads both vocabularies from the headers: the same, a padded tail (Qwen's
-    large and small files), or a refusal naming the first differing token."""
+    large and small files), another tokenizer (a text draft, naming the first differing token), or
+    a refusal where text cannot bridge them (a draft with no tokenizer), naming the field."""
     from edgespec.cli.main import app
 
     runner = CliRunner()
@@ -288,7 +290,8 @@ def test_cli_plan_says_which_pairing_applies(tiny, tmp_path):
     padded = write_gguf(tmp_path / "padded.gguf", n_vocab=228)
     assert pairing(padded).startswith("padded vocabularies: target 100, draft 228 tokens, the first 100 the same")
     other = write_gguf(tmp_path / "other.gguf", tokens=[f"t{i}" for i in range(7)] + [f"u{i}" for i in range(7, 100)])
-    assert pairing(other) == ("incompatible: draft other.gguf cannot draft for target tiny.gguf: token 7 text "
-                              "b't7' vs b'u7'")
+    assert pairing(other).startswith("different tokenizers (token 7 text b't7' vs b'u7'): drafts through text")
+    none = write_gguf(tmp_path / "none.gguf", tokenizer="no_vocab")
+    assert pairing(none).startswith("incompatible: draft.path: none.gguf has no tokenizer")
     text = runner.invoke(app, ["plan", "--target", str(tiny), "--draft", str(padded), "--n-ctx", "512", "--vram", "1"])
     assert "pairing: padded vocabularies" in text.output
