@@ -11,8 +11,14 @@ import numpy as np
 import pytest
 
 from edgespec.errors import IncompatibleDraft
-from edgespec.pairing import (VOCAB_CHECK_START_TOKEN_ID, VOCAB_MAX_SIZE_DIFFERENCE, Pairing, TextPairing,
-                              check_compatible, pair)
+from edgespec.pairing import (
+    VOCAB_CHECK_START_TOKEN_ID,
+    VOCAB_MAX_SIZE_DIFFERENCE,
+    Pairing,
+    TextPairing,
+    check_compatible,
+    pair,
+)
 from edgespec.sampling import SamplingParams, logits_to_probs
 from edgespec.selftest import ALPHA, check_tree_exact, draw
 from edgespec.tree import DraftTree

@@ -4,6 +4,8 @@ plain's greedy tokens, and the exactness of its point drafts at T > 0 (with a br
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -170,13 +172,13 @@ def text_engine(parallel: int = 2, n_ctx: int = 256, window: int = 256) -> Engin
     dctx = FakeContext(draft, shared_cells(parallel, n_ctx), parallel * n_seq)
     slots = [Slot(i, SeqRange(tctx, i * n_seq, n_seq, n_ctx), SeqRange(dctx, i * n_seq, n_seq, n_ctx))
              for i in range(parallel)]
-    eng = Engine(cfg, target, draft, slots, (tctx, dctx), draft_kind="text")
+    eng = Engine(cfg, target, draft, slots, (tctx, dctx), draft_kind="text")  # type: ignore[arg-type]
     eng.goodput.enabled = False
     eng.cost.alpha = 0.0
     return eng
 
 
-def run(eng: Engine, prompt: list[int], mode: str, temperature: float = 0.0, max_tokens: int = 40):
+def run(eng: Engine, prompt: list[int], mode: Any, temperature: float = 0.0, max_tokens: int = 40):
     s = eng.open_session(GenerationRequest(tuple(prompt), SamplingParams(temperature=temperature, max_tokens=max_tokens,
                                                                          seed=3),
                                            SpeculationParams(mode=mode, ngram=False, suffix=False)))
