@@ -62,7 +62,7 @@ def test_greedy_equals_plain_token_for_token(engine, mode):
         toks = engine.encode_chat([("user", prompt)])
         plain = run(engine, toks, "plain")
         spec = run(engine, toks, mode)
-        assert len(plain.token_ids) >= 20
+        assert len(plain.token_ids) >= 16  # the shortest, a two-key JSON object, is 18 tokens
         full_length += len(plain.token_ids) >= 96
         # batch-invariant forwards (tools/patches/): equal token for token, no near-tie allowance
         assert spec.token_ids == plain.token_ids, f"{mode} diverged from plain: {prompt}"
