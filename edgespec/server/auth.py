@@ -25,8 +25,15 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
+def unnamed(h: str) -> str:
+    """The name of an unnamed token: derived from its hash (`sha-` and 12 hex digits of a
+    domain-separated digest), so it stays the same wherever the line moves and whichever file holds
+    it; it identifies the token in logs and limits without repeating the stored hash."""
+    return "sha-" + hashlib.sha256(b"edgespec token name\0" + h.encode()).hexdigest()[:12]
+
+
 def read_named_hashes(path: str | Path) -> tuple[tuple[str, str], ...]:
-    """(name, hash) per line; an unnamed hash is named after its file and line (`tokens:3`)."""
+    """(name, hash) per line; an unnamed hash is named after the hash (`unnamed`)."""
     out = []
     p = Path(path).expanduser()
     for n, line in enumerate(p.read_text().splitlines(), 1):
@@ -39,7 +46,7 @@ def read_named_hashes(path: str | Path) -> tuple[tuple[str, str], ...]:
             raise ConfigError(str(path), f"line {n}: expected a sha256 hex hash or name:hash (use `edgespec config hash-token`)")
         if sep and not valid_name(name):
             raise ConfigError(str(path), f"line {n}: a token name is 1-64 characters of [A-Za-z0-9-_.@], got {name!r}")
-        out.append((name or f"{p.name}:{n}", h))
+        out.append((name or unnamed(h), h))
     return tuple(out)
 
 
@@ -97,6 +104,12 @@ class TokenAuth:
                    admin_subjects: tuple[str, ...] = ()) -> TokenAuth:
         users = read_token_file(tokens_file) if tokens_file else ()
         admins = read_token_file(admin_tokens_file) if admin_tokens_file else ()
+        owner: dict[str, str] = {}
+        for path, entries in ((tokens_file, users), (admin_tokens_file, admins)):
+            for name, h in entries:
+                if owner.setdefault(name, h) != h:  # one name, two tokens: one identity for both
+                    raise ConfigError(str(path), f"the token name {name!r} is given to two different tokens "
+                                      "(in this file or the other token file): names must be unique")
         return cls(
             tokens=tuple(h for _, h in users),
             admin_tokens=tuple(h for _, h in admins),

@@ -17,13 +17,14 @@ from structlog.testing import capture_logs
 from edgespec.errors import ConfigError
 from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2_grpc
 from edgespec.proto.edgespec.v1 import inference_pb2 as pb
-from edgespec.server.auth import TokenAuth, hash_token, read_named_hashes
+from edgespec.server.auth import TokenAuth, hash_token, read_named_hashes, unnamed
 from edgespec.server.channel import ClientOptions, open_channel
 from edgespec.server.config import InvalidConfig, load
 from tests.server.test_daemon import req
 
 INF, ADM, HC = "/edgespec.v1.Inference/Generate", "/edgespec.v1.Admin/Stats", "/grpc.health.v1.Health/Check"
 USER_SECRET, ADMIN_SECRET = "user-secret-7f3a", "admin-secret-91bc"
+ADMIN_ID = f"token:{unnamed(hash_token(ADMIN_SECRET))}"  # the unnamed admin token's identity
 
 
 @pytest.fixture
@@ -46,11 +47,34 @@ def rpc_lines(entries: list[dict], method: str) -> list[dict]:
 def named_tokens(tmp_path):
     user, admin = tmp_path / "tokens", tmp_path / "admin_tokens"
     user.write_text(f"# who calls\nops-dashboard:{hash_token(USER_SECRET)}  # the dashboard\n")
-    admin.write_text(hash_token(ADMIN_SECRET) + "\n")  # unnamed: named after file and line
+    admin.write_text(hash_token(ADMIN_SECRET) + "\n")  # unnamed: named after its hash
     return {"tokens_file": str(user), "admin_tokens_file": str(admin)}
 
 
 # ---- pure rules -------------------------------------------------------------------------------
+
+
+def test_an_unnamed_tokens_identity_is_its_own_wherever_its_line_is(tmp_path):
+    """Named after its hash, not its file and line: an edited file keeps every identity (and with
+    it limits, cache partitions, the suffix-cache snapshot), and a user file and an admin file of
+    the same basename give two tokens two identities. A name given to two tokens is refused."""
+    (tmp_path / "u").mkdir()
+    (tmp_path / "a").mkdir()
+    users, admins = tmp_path / "u" / "tokens", tmp_path / "a" / "tokens"
+    users.write_text(f"{hash_token('t1')}\n{hash_token('t2')}\n")
+    admins.write_text(f"{hash_token('t3')}\n")
+    auth = TokenAuth.from_files(str(users), str(admins))
+    before = {t: auth.decide(INF, f"Bearer {t}").identity for t in ("t1", "t2", "t3")}
+    assert len(set(before.values())) == 3 and all(v.startswith("token:sha-") for v in before.values())
+    users.write_text(f"# a comment now\n{hash_token('t2')}\n\n{hash_token('t1')}\n")
+    auth = TokenAuth.from_files(str(users), str(admins))
+    assert {t: auth.decide(INF, f"Bearer {t}").identity for t in ("t1", "t2", "t3")} == before
+    assert not any(hash_token(t) in v for t, v in before.items())  # the stored hash is not the name
+    admins.write_text(f"ops:{hash_token('t3')}\n")
+    users.write_text(f"ops:{hash_token('t1')}\n")
+    with pytest.raises(ConfigError, match="'ops' is given to two different tokens"):
+        TokenAuth.from_files(str(users), str(admins))
+
 
 
 def test_named_hashes_and_decisions(tmp_path, named_tokens):
@@ -62,7 +86,7 @@ def test_named_hashes_and_decisions(tmp_path, named_tokens):
     a = TokenAuth.from_files(**named_tokens, client_certs=True, admin_subjects=("ops team",))
     d = a.decide(INF, f"Bearer {USER_SECRET}")
     assert (d.verdict, d.identity, d.admin) == (None, "token:ops-dashboard", False)
-    assert a.decide(ADM, f"Bearer {ADMIN_SECRET}").identity == "token:admin_tokens:1"
+    assert a.decide(ADM, f"Bearer {ADMIN_SECRET}").identity == ADMIN_ID
     assert a.decide(ADM, f"Bearer {USER_SECRET}").verdict == "permission_denied"
     cert = ("CN=ops team,O=site", "ops team")
     assert a.decide(ADM, None, cert).verdict is None  # admin by common name
@@ -129,7 +153,7 @@ def test_log_lines_name_peer_caller_and_request_id_never_the_secret(make_daemon,
     (st,) = rpc_lines(logs, "/edgespec.v1.Inference/GenerateStream")
     assert (st["caller"], st["x_request_id"], st["code"]) == ("token:ops-dashboard", "trace-43", "OK")
     (adm,) = rpc_lines(logs, ADM)
-    assert adm["caller"] == "token:admin_tokens:1"
+    assert adm["caller"] == ADMIN_ID
     assert USER_SECRET not in repr(logs) and ADMIN_SECRET not in repr(logs) and hash_token(USER_SECRET) not in repr(logs)
 
 
@@ -167,7 +191,7 @@ def test_client_certificate_is_an_identity_and_admin_by_subject(make_daemon, cer
     callers = [(e["method"], e["caller"], e["code"]) for e in logs if e["event"] == "rpc"]
     assert callers == [
         (INF, "cert:CN=edgespec client", "OK"), (ADM, "cert:CN=edgespec client", "PERMISSION_DENIED"),
-        (ADM, "token:admin_tokens:1", "OK"), (ADM, "cert:CN=edgespec client", "OK")]
+        (ADM, ADMIN_ID, "OK"), (ADM, "cert:CN=edgespec client", "OK")]
 
 
 def test_reload_swaps_tokens_and_a_failed_one_changes_nothing(make_daemon, named_tokens, tmp_path):
