@@ -3,7 +3,8 @@
 Token files hold sha256 hex hashes, one per line (`#` comments), optionally named: `name:hash`
 (`edgespec config hash-token --name N`); a presented token is hashed and compared against every
 stored hash in constant time. Under mutual TLS a verified client certificate is an identity too
-(its subject). Admin tokens and the certificate subjects in `[auth] admin_subjects` may call
+(its subject). Admin tokens and the certificates in `[auth] admin_subjects` (a whole subject, or
+`CN:<name>`) may call
 everything; other callers everything but the Admin service. Health is always open. The caller's
 identity (a token's name, never the token; a certificate's subject) goes into every request's log
 line."""
@@ -94,7 +95,7 @@ class TokenAuth:
     admin_tokens: tuple[str, ...] = ()
     names: tuple[tuple[str, str], ...] = ()  # (hash, name) of every token
     client_certs: bool = False  # mutual TLS: a verified client certificate is an identity
-    admin_subjects: tuple[str, ...] = ()  # certificate subjects (or CNs) with admin rights
+    admin_subjects: tuple[str, ...] = ()  # whole subjects, or "CN:<name>" entries, with admin rights
     # token files are configured: callers must present a token (or a certificate), whatever the
     # files held. Fail closed: no loaded hash never means "everyone"
     required: bool = False
@@ -155,10 +156,18 @@ class TokenAuth:
             who = "invalid-token"
         elif subject is not None and self.client_certs:
             full, cn = subject
-            return self._allow(service, f"cert:{full or cn}", full in self.admin_subjects or cn in self.admin_subjects)
+            return self._allow(service, f"cert:{full or cn}", self.admin_subject(full, cn))
         if service in OPEN_SERVICES or not self.enabled:
             return Decision(None, who)
         return Decision("unauthenticated", who)
+
+    def admin_subject(self, full: str, cn: str) -> bool:
+        """Whether a verified certificate has admin rights: an `[auth] admin_subjects` entry equal to
+        its whole subject (RFC 4514, escaped), or an entry `CN:<name>` equal to its common name.
+        Never a subject against a CN entry or a CN against a subject entry: a certificate whose CN
+        is literally "CN=ops,O=site" is not the subject "CN=ops,O=site"."""
+        return any(e == f"CN:{cn}" if e.startswith("CN:") else e == full for e in self.admin_subjects) \
+            if (full or cn) else False
 
     @staticmethod
     def _allow(service: str, identity: str, admin: bool) -> Decision:

@@ -83,7 +83,7 @@ def test_named_hashes_and_decisions(tmp_path, named_tokens):
     bad.write_text(f"two words:{hash_token('x')}\n")
     with pytest.raises(ConfigError, match="line 1: a token name"):
         read_named_hashes(bad)
-    a = TokenAuth.from_files(**named_tokens, client_certs=True, admin_subjects=("ops team",))
+    a = TokenAuth.from_files(**named_tokens, client_certs=True, admin_subjects=("CN:ops team",))
     d = a.decide(INF, f"Bearer {USER_SECRET}")
     assert (d.verdict, d.identity, d.admin) == (None, "token:ops-dashboard", False)
     assert a.decide(ADM, f"Bearer {ADMIN_SECRET}").identity == ADMIN_ID
@@ -113,12 +113,12 @@ def test_no_non_loopback_bind_without_authentication(tmp_path, named_tokens):
     load(None, env={}, overrides={"server": {"host": "0.0.0.0"}, "auth": named_tokens})
     load(None, env={}, overrides={"server": {"host": "0.0.0.0", "insecure": True}})
     with pytest.raises(InvalidConfig, match="auth.admin_subjects: certificate subjects need mutual TLS"):
-        load(None, env={}, overrides={"auth": {"admin_subjects": ["ops"]}})
+        load(None, env={}, overrides={"auth": {"admin_subjects": ["CN:ops"]}})
     with pytest.raises(InvalidConfig, match="auth.admin_subjects"):
         load(None, env={}, overrides={"auth": {"admin_subjects": [""]}, "tls": {**cert, "client_ca": str(ca)}})
-    env = {"EDGESPEC_AUTH_ADMIN_SUBJECTS": "ops team, CN=x"}
+    env = {"EDGESPEC_AUTH_ADMIN_SUBJECTS": "CN:ops team, CN=x"}
     got = load(None, env=env, overrides={"tls": {**cert, "client_ca": str(ca)}}).auth.admin_subjects
-    assert got == ("ops team", "CN=x")
+    assert got == ("CN:ops team", "CN=x")
 
 
 # ---- through a daemon -----------------------------------------------------------------------
@@ -286,3 +286,88 @@ def test_http_lines_name_peer_caller_and_request_id_as_grpc_does(make_daemon, na
         ("token:ops-dashboard", "trace-7", 200), ("token:ops-dashboard", None, 400), ("invalid-token", None, 401)]
     assert all(e["peer"].startswith("ipv4:127.0.0.1:") for e in lines) and lines[0]["request_id"] == "trace-7"
     assert USER_SECRET not in repr(logs)
+
+
+# ---- mutual TLS: one rule for admin, escaped subjects, a removed CA revoked ---------------------
+
+
+def test_admin_by_whole_subject_or_an_explicit_cn_entry_never_across():
+    """An entry is a whole subject (matched exactly) or `CN:<name>` (matched against the common
+    name): a certificate whose CN is literally "ops,O=site" (its subject, escaped as RFC 4514 and
+    grpc write it: "CN=ops\\,O=site") is not the subject "CN=ops,O=site"; a bare name is refused."""
+    from edgespec.server.http_server import cert_subject
+
+    trick = cert_subject({"subject": ((("organizationName", "site"),), (("commonName", "ops,O=site"),))})
+    assert trick == ("CN=ops\\,O=site,O=site", "ops,O=site")
+    assert cert_subject({"subject": ((("commonName", " #a+b;<c> "),),)}) == ("CN=\\ #a\\+b\\;\\<c\\>\\ ", " #a+b;<c> ")
+    by_subject = TokenAuth(client_certs=True, admin_subjects=("CN=ops,O=site",))
+    assert not by_subject.decide(ADM, None, ("CN=ops\\,O=site", "ops,O=site")).admin
+    assert not by_subject.decide(ADM, None, ("CN=x,O=y", "CN=ops,O=site")).admin  # a CN against a subject entry
+    assert by_subject.decide(ADM, None, ("CN=ops,O=site", "ops")).admin
+    by_cn = TokenAuth(client_certs=True, admin_subjects=("CN:ops",))
+    assert by_cn.decide(ADM, None, ("CN=ops,O=site", "ops")).admin
+    assert not by_cn.decide(ADM, None, ("CN=opsx,O=site", "opsx")).admin
+    assert not TokenAuth(client_certs=True, admin_subjects=("ops",)).decide(ADM, None, ("CN=ops", "ops")).admin
+
+
+def test_a_bare_name_in_admin_subjects_is_a_config_error(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-")
+    tls = {"cert": str(ca), "key": str(ca), "client_ca": str(ca)}
+    with pytest.raises(InvalidConfig, match="auth.admin_subjects.*CN:<common name>"):
+        load(None, env={}, overrides={"auth": {"admin_subjects": ["ops team"]}, "tls": tls})
+    with pytest.raises(InvalidConfig, match="auth.admin_subjects"):
+        load(None, env={}, overrides={"auth": {"admin_subjects": ["CN:"]}, "tls": tls})
+    assert load(None, env={}, overrides={"auth": {"admin_subjects": ["CN:ops team", "CN=x,O=y"]},
+                                         "tls": tls}).auth.admin_subjects == ("CN:ops team", "CN=x,O=y")
+
+
+def test_a_certificate_whose_cn_spells_a_subject_is_not_that_subject_over_grpc(make_daemon, certs):
+    tls = {"cert": str(certs["server_cert"]), "key": str(certs["server_key"]), "client_ca": str(certs["ca"])}
+    r = make_daemon(tls=tls, auth={"admin_subjects": ["CN=ops,O=site"]})
+    trick = ClientOptions(addr=f"localhost:{r.daemon.port}", ca=str(certs["ca"]), cert=str(certs["trick_cert"]),
+                          key=str(certs["trick_key"]))
+    with open_channel(trick) as ch:
+        assert inference_pb2_grpc.InferenceStub(ch).Generate(req(max_tokens=2), timeout=5).text
+        with pytest.raises(grpc.RpcError) as e:
+            admin_pb2_grpc.AdminStub(ch).Stats(admin_pb2.StatsRequest(), timeout=5)
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_ca_removed_from_client_ca_is_revoked_on_reload_over_https_and_grpc(make_daemon, certs, tmp_path):
+    import http.client
+    import ssl
+
+    from tests.server.test_http import HTTP
+
+    bundle = tmp_path / "client_ca.pem"
+    bundle.write_text(certs["ca"].read_text() + certs["ca2"].read_text())
+    tls = {"cert": str(certs["server_cert"]), "key": str(certs["server_key"]), "client_ca": str(bundle)}
+    r = make_daemon(http=HTTP, tls=tls)
+
+    def https(cert: str, key: str) -> int:
+        ctx = ssl.create_default_context(cafile=str(certs["ca"]))
+        ctx.load_cert_chain(cert, key)
+        conn = http.client.HTTPSConnection("localhost", r.daemon.http_port, context=ctx, timeout=10)
+        try:
+            conn.request("GET", "/v1/models")
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    def grpc_ok(cert: str, key: str) -> bool:
+        opts = ClientOptions(addr=f"localhost:{r.daemon.port}", ca=str(certs["ca"]), cert=cert, key=key)
+        with open_channel(opts) as ch:
+            try:
+                return bool(inference_pb2_grpc.InferenceStub(ch).Generate(req(max_tokens=2), timeout=5).text)
+            except grpc.RpcError:
+                return False
+
+    one, two = (str(certs["client_cert"]), str(certs["client_key"])), (str(certs["client2_cert"]), str(certs["client2_key"]))
+    assert https(*two) == 200 and grpc_ok(*two)
+    bundle.write_text(certs["ca"].read_text())  # CA 2 removed
+    assert r.daemon.reload()
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        https(*two)
+    assert not grpc_ok(*two)
+    assert https(*one) == 200 and grpc_ok(*one)

@@ -410,7 +410,7 @@ def test_tls(make_daemon, certs):
 
 
 def test_mutual_tls(make_daemon, certs):
-    r = _tls_daemon(make_daemon, certs, mtls=True, auth={"admin_subjects": ["edgespec client"]})
+    r = _tls_daemon(make_daemon, certs, mtls=True, auth={"admin_subjects": ["CN:edgespec client"]})
     addr = f"localhost:{r.daemon.port}"
     good = ClientOptions(addr=addr, ca=str(certs["ca"]), cert=str(certs["client_cert"]), key=str(certs["client_key"]))
     with open_channel(good) as ch:
