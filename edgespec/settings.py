@@ -387,6 +387,9 @@ SETTINGS: tuple[Setting, ...] = (
           "(`edgespec config hash-token --name N`)", check=_file_or_empty),
     _auth("admin_tokens_file", S, "", "hashes of tokens that may also call the Admin service",
           check=_file_or_empty),
+    _auth("metrics_tokens_file", S, "", "hashes of scrape tokens: they may read /metrics (without the "
+          "per-caller figures, which need an admin token) and nothing else; user tokens may not scrape",
+          check=_file_or_empty),
     _auth("admin_subjects", L, [], "client certificates that may also call the Admin service (mutual TLS): a "
           "full subject as RFC 4514 writes it (\"CN=ops,O=site\", matched exactly) or \"CN:<common name>\"",
           check=_subjects),

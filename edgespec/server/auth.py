@@ -99,14 +99,16 @@ class TokenAuth:
     # token files are configured: callers must present a token (or a certificate), whatever the
     # files held. Fail closed: no loaded hash never means "everyone"
     required: bool = False
+    metrics_tokens: tuple[str, ...] = ()  # scrape tokens: /metrics only, without per-caller figures
 
     @classmethod
     def from_files(cls, tokens_file: str = "", admin_tokens_file: str = "", *, client_certs: bool = False,
-                   admin_subjects: tuple[str, ...] = ()) -> TokenAuth:
+                   admin_subjects: tuple[str, ...] = (), metrics_tokens_file: str = "") -> TokenAuth:
         users = read_token_file(tokens_file) if tokens_file else ()
         admins = read_token_file(admin_tokens_file) if admin_tokens_file else ()
+        scrapers = read_token_file(metrics_tokens_file) if metrics_tokens_file else ()
         owner: dict[str, str] = {}
-        for path, entries in ((tokens_file, users), (admin_tokens_file, admins)):
+        for path, entries in ((tokens_file, users), (admin_tokens_file, admins), (metrics_tokens_file, scrapers)):
             for name, h in entries:
                 if owner.setdefault(name, h) != h:  # one name, two tokens: one identity for both
                     raise ConfigError(str(path), f"the token name {name!r} is given to two different tokens "
@@ -118,6 +120,7 @@ class TokenAuth:
             client_certs=client_certs,
             admin_subjects=tuple(admin_subjects),
             required=bool(tokens_file or admin_tokens_file),
+            metrics_tokens=tuple(h for _, h in scrapers),
         )
 
     @property
@@ -128,6 +131,21 @@ class TokenAuth:
     def has_tokens(self) -> bool:
         """Bearer tokens are in force (token files configured, or hashes given): /metrics asks for one."""
         return bool(self.required or self.tokens or self.admin_tokens)
+
+    def scrape(self, authorization: str | None, subject: tuple[str, str] | None = None) -> str | None:
+        """What a /metrics request may read: "all" (an admin token or admin certificate, or no
+        tokens configured at all), "shared" (a metrics token: everything but the per-caller
+        figures, which name other tenants and their traffic), or None (refused: no token, a user
+        token, another certificate). A scrape token sniffed off plain HTTP grants no inference."""
+        token = _bearer(authorization)
+        if token is not None:
+            h = hash_token(token)
+            if _matches(h, self.admin_tokens):
+                return "all"
+            return "shared" if _matches(h, self.metrics_tokens) else None
+        if subject is not None and self.client_certs and self.admin_subject(*subject):
+            return "all"
+        return None if (self.has_tokens or self.metrics_tokens or self.client_certs) else "all"
 
     def needs_subject(self, authorization: str | None) -> bool:
         """Whether decide() depends on the client certificate: no bearer token, under mutual TLS.

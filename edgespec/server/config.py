@@ -336,7 +336,7 @@ def _cross_checks(values: dict[str, dict[str, Any]], found: list[tuple[str, str]
     problems += _exposure(values)
     if values["auth"]["admin_subjects"] and not tls["client_ca"]:
         problems.append(("auth.admin_subjects", "certificate subjects need mutual TLS (tls.client_ca)"))
-    for key in ("tokens_file", "admin_tokens_file"):
+    for key in ("tokens_file", "admin_tokens_file", "metrics_tokens_file"):
         if values["auth"][key] and not any(k == f"auth.{key}" for k, _ in found):
             from edgespec.server.auth import read_hashes
 

@@ -42,7 +42,6 @@ log = get_logger("edgespec.server")
 
 INFERENCE = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
 ADMIN = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
-METRICS_SCRAPE = "/edgespec.v1.Metrics/Scrape"  # how a /metrics scrape is named to the token check
 SPARE_THREADS = 32  # handler threads beyond parallel + queue_size (health, admin, tokenize, rejections)
 
 
@@ -183,7 +182,8 @@ MAX_REQUEST_SECONDS = 3600
 
 def auth_from_config(cfg: DaemonConfig) -> TokenAuth:
     return TokenAuth.from_files(cfg.auth.tokens_file, cfg.auth.admin_tokens_file,
-                                client_certs=bool(cfg.tls.client_ca), admin_subjects=cfg.auth.admin_subjects)
+                                client_certs=bool(cfg.tls.client_ca), admin_subjects=cfg.auth.admin_subjects,
+                                metrics_tokens_file=cfg.auth.metrics_tokens_file)
 
 
 class Daemon:
@@ -449,12 +449,11 @@ class Daemon:
         self.loop.start()
         return self.port
 
-    def _metrics_authorized(self, authorization: str | None) -> bool:
-        """/metrics wants a bearer token (any token, user or admin) whenever token files are
-        configured (plain HTTP carries no client certificate: mutual TLS alone leaves it to the
-        loopback rule of config validation)."""
-        auth = self.auth
-        return not auth.has_tokens or auth.check(METRICS_SCRAPE, authorization) is None
+    def _metrics_authorized(self, authorization: str | None) -> str | None:
+        """/metrics's scope for a scrape (TokenAuth.scrape): a metrics or admin token whenever
+        token files are configured (plain HTTP carries no client certificate: mutual TLS alone
+        leaves it to the loopback rule of config validation)."""
+        return self.auth.scrape(authorization)
 
     @property
     def http_port(self) -> int:

@@ -203,7 +203,7 @@ class HttpApi:
                  limits: LimitsConfig | None = None, chat_template: str = "",
                  embedder: emb.Embedder | None = None, strict: bool = False, callers: CallerLimits | None = None,
                  tool_format: str = "auto", reasoning_format: str = "auto",
-                 metrics: Callable[[str | None], tuple[bytes, str]] | None = None,
+                 metrics: Callable[[str | None, bool], tuple[bytes, str]] | None = None,
                  registry: models_api.Registry | None = None, reranker: Any = None,
                  record: Callable[[str, str, int, float], None] | None = None):
         self.loop = loop
@@ -245,7 +245,8 @@ class HttpApi:
                       methods=["POST"]),
                 Route("/v1/responses", self._endpoint(self.responses), methods=["POST"]),
                 Route("/v1/embeddings", self._endpoint(self.embeddings), methods=["POST"]),
-                *([Route("/metrics", self._endpoint(self.metrics_text), methods=["GET"])] if metrics else []),
+                *([Route("/metrics", self._endpoint(self.metrics_text, open_=True), methods=["GET"])]
+                  if metrics else []),
                 Route("/health", self._endpoint(self.health, open_=True), methods=["GET"]),
                 Route("/tokenize", self._endpoint(self.tokenize), methods=["POST"]),
                 Route("/detokenize", self._endpoint(self.detokenize), methods=["POST"]),
@@ -779,8 +780,13 @@ class HttpApi:
     # ---- the rest ------------------------------------------------------------------------------
 
     async def metrics_text(self, request: Request, rid: str) -> Response:
+        """A metrics or admin token's scrape (TokenAuth.scrape); the per-caller figures for admin."""
         assert self.metrics is not None
-        body, content_type = self.metrics(request.headers.get("accept"))
+        scope = self.auth().scrape(request.headers.get("authorization"), client_subject(request.scope))
+        if scope is None:
+            raise Unauthenticated("/metrics needs a metrics token (auth.metrics_tokens_file) or an admin token "
+                                  "or certificate")
+        body, content_type = self.metrics(request.headers.get("accept"), scope == "all")
         return Response(body, headers={"content-type": content_type})
 
     async def embeddings(self, request: Request, rid: str) -> Response:

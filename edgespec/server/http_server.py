@@ -163,7 +163,7 @@ class HttpServer:
     def __init__(self, cfg: DaemonConfig, loop: EngineLoop, policy: Callable[[], Policy],
                  auth: Callable[[], TokenAuth], embedder: emb.Embedder | None = None,
                  callers: CallerLimits | None = None,
-                 metrics: Callable[[str | None], tuple[bytes, str]] | None = None,
+                 metrics: Callable[[str | None, bool], tuple[bytes, str]] | None = None,
                  registry: Any = None, reranker: Any = None,
                  record: Callable[[str, str, int, float], None] | None = None):
         self.cfg = cfg

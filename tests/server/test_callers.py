@@ -276,7 +276,7 @@ def test_per_caller_figures_in_stats_and_metrics(make_daemon, named_tokens):
     assert set(st.callers) == {DASH, "other"}
     port = r.daemon._metrics_server.server_address[1]
     text = urllib.request.urlopen(urllib.request.Request(
-        f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {USER_SECRET}"}), timeout=5).read().decode()
+        f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {ADMIN_SECRET}"}), timeout=5).read().decode()
     assert f'edgespec_caller_requests_total{{caller="{DASH}"}} 3' in text
     assert f'edgespec_caller_running{{caller="{DASH}"}} 1' in text
     assert f'edgespec_caller_queued{{caller="{DASH}"}} 1' in text

@@ -375,19 +375,20 @@ def test_sighup_rotates_the_https_certificate(make_daemon, certs, tmp_path):
     assert same(served(), certs["other_cert"])  # a bad pair changes nothing
 
 
-def test_metrics_on_the_http_port_take_the_apis_auth_client_certificates_included(make_daemon, certs):
+def test_metrics_on_the_http_port_take_an_admin_certificate(make_daemon, certs):
     import ssl
 
     tls = {"cert": str(certs["server_cert"]), "key": str(certs["server_key"]), "client_ca": str(certs["ca"])}
-    r = make_daemon(http=HTTP, tls=tls, metrics={"enabled": True, "port": 0})
     ok = ssl.create_default_context(cafile=str(certs["ca"]))
     ok.load_cert_chain(str(certs["client_cert"]), str(certs["client_key"]))
-    conn = http.client.HTTPSConnection("localhost", r.daemon.http_port, context=ok, timeout=30)
-    conn.request("GET", "/metrics")
-    resp = conn.getresponse()
-    text = resp.read().decode()
-    assert resp.status == 200 and "# TYPE edgespec_requests_total counter" in text  # a certificate suffices
-    conn.close()
+    for admin, want in (([], 401), (["CN:edgespec client"], 200)):  # a user's certificate may not scrape
+        r = make_daemon(http=HTTP, tls=tls, metrics={"enabled": True, "port": 0}, auth={"admin_subjects": admin})
+        conn = http.client.HTTPSConnection("localhost", r.daemon.http_port, context=ok, timeout=30)
+        conn.request("GET", "/metrics")
+        resp = conn.getresponse()
+        text = resp.read().decode()
+        assert resp.status == want and ("# TYPE edgespec_requests_total counter" in text) == (want == 200)
+        conn.close()
     assert raw(make_daemon(http=HTTP), "GET", "/metrics")[0] == 404  # [metrics] off: not mounted
 
 
