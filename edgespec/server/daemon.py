@@ -65,6 +65,14 @@ class _Systemd:
             pass
 
 
+def stop_timeout_seconds(grace: float) -> float:
+    """The longest `shutdown(grace)` takes: gRPC's stop waits grace + 5 s, HTTP's join as long
+    again and 5 s more to force its exit, then the suffix cache's save and the engine's stop
+    (30 s allowed). Sent to systemd as the drain starts (EXTEND_TIMEOUT_USEC), so that a
+    grace_seconds beyond the unit's TimeoutStopSec never has the drain SIGKILLed."""
+    return 2 * (grace + 5) + 5 + 30
+
+
 STARTUP_SECONDS_PER_MODEL = 300.0  # mapping, warm-up and the first forwards of one model
 STARTUP_DISK_BYTES_PER_SECOND = 25 << 20  # a slow disk: 25 MiB/s
 
@@ -472,6 +480,7 @@ class Daemon:
         log.info("shutting_down", grace_seconds=grace, **{k: v for k, v in self.loop.stats().items()
                                                            if k in ("active_requests", "queue_depth")})
         self.systemd("stopping", "draining")
+        self.systemd("extend_timeout", stop_timeout_seconds(grace))
         self.health.enter_graceful_shutdown()
         self.loop.drain(True)
         if self.http is not None:
