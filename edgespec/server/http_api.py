@@ -54,12 +54,13 @@ from edgespec.errors import (
     UnknownModel,
 )
 from edgespec.logs import bind_request_id, clear_request, get_logger
-from edgespec.server import answer, convert, models_api, pipe
+from edgespec.server import answer, convert, models_api, origin, pipe
 from edgespec.server import anthropic_api as an
 from edgespec.server import embeddings as emb
 from edgespec.server import openai_api as oa
 from edgespec.server import responses_api as ra
 from edgespec.server.auth import TokenAuth
+from edgespec.server.origin import CrossSite
 from edgespec.server.callers import UNLIMITED, CallerLimits, Place, Unlimited, current_caller, retry_after_seconds
 from edgespec.server.config import LimitsConfig
 from edgespec.server.engine_loop import EngineLoop, Job
@@ -91,6 +92,7 @@ STATUS: tuple[tuple[type[BaseException], int, str], ...] = (
     (BadRequest, 400, "invalid_request_error"),
     (ConfigError, 400, "invalid_request_error"),
     (Unauthenticated, 401, "authentication_error"),
+    (CrossSite, 403, "permission_error"),
     (Overloaded, 429, "rate_limit_error"),
     (NotReady, 503, "service_unavailable_error"),
     (Cancelled, 499, "cancelled"),
@@ -278,6 +280,8 @@ class HttpApi:
                 if caller_rid:
                     rid = caller_rid  # the job takes the caller's id
                     bind_request_id(request_id=rid, x_request_id=caller_rid)
+                if not self.auth().enabled:  # no token: browsers on this host are held to their origin
+                    origin.check(request.headers, request.url.scheme, client.host if client else None)
                 if not open_ and decision.verdict is not None:
                     raise Unauthenticated("missing or invalid bearer token (header 'Authorization: Bearer <token>' "
                                           "or 'x-api-key: <token>') or client certificate")
