@@ -117,6 +117,17 @@ def default_engine_factory(cfg: DaemonConfig) -> Callable[[], Any]:
     return load
 
 
+def suffix_model(engine: Any) -> str:
+    """The identity a suffix-cache snapshot records: the target file's name and size and its
+    vocabulary's size (a snapshot of another model's token ids is discarded at load)."""
+    path = Path(engine.cfg.target.path) if getattr(engine, "cfg", None) is not None else None
+    try:
+        size = path.stat().st_size if path is not None else 0
+    except OSError:
+        size = 0
+    return f"{path.name if path else ''}:{size}:{getattr(engine.target, 'n_vocab', 0)}"
+
+
 def _load_suffix(engine: Any) -> None:
     """Load the suffix cache's snapshot (speculation.suffix_cache_persist); a missing one is
     normal, a bad one is logged and ignored (the cache starts empty)."""
@@ -126,7 +137,8 @@ def _load_suffix(engine: Any) -> None:
     if not path.is_file():
         return
     try:
-        n = engine.suffix_cache.load(path, max_file_bytes=snapshot_limit(engine.suffix_cache.max_bytes))
+        n = engine.suffix_cache.load(path, max_file_bytes=snapshot_limit(engine.suffix_cache.max_bytes),
+                                     model=suffix_model(engine), n_vocab=getattr(engine.target, "n_vocab", None))
         log.info("suffix_cache_loaded", path=str(path), documents=n, bytes=engine.suffix_cache.bytes)
     except (OSError, ValueError) as exc:
         engine.suffix_cache.clear()
@@ -362,7 +374,7 @@ class Daemon:
 
         def save(engine: Any) -> int:
             cache = getattr(engine, "suffix_cache", None)
-            return cache.save(path) if cache is not None else 0
+            return cache.save(path, model=suffix_model(engine)) if cache is not None else 0
 
         try:
             n = self.loop.call(save, timeout=60.0)
