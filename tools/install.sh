@@ -65,7 +65,8 @@ fi
 uninstall() {
   if [[ $SYSTEMD == 1 ]] && command -v systemctl >/dev/null; then
     systemctl disable --now "$SERVICE" "$CHECK_SERVICE" 2>/dev/null || true
-    rm -f "$UNIT_DIR/$SERVICE" "$UNIT_DIR/$CHECK_SERVICE" "$UNIT_DIR/$SERVICE.d/override.conf.example"
+    rm -f "$UNIT_DIR/$SERVICE" "$UNIT_DIR/$CHECK_SERVICE" "$UNIT_DIR/$SERVICE.d/override.conf.example" \
+      "$UNIT_DIR/$SERVICE.d/memory.conf"
     rmdir "$UNIT_DIR/$SERVICE.d" 2>/dev/null || true  # kept when it holds an operator's drop-in
     systemctl daemon-reload || true
   fi
@@ -237,6 +238,12 @@ if ! id "$SERVICE_USER" >/dev/null 2>&1; then
 fi
 for grp in video render; do getent group "$grp" >/dev/null && usermod -aG "$grp" "$SERVICE_USER"; done
 chown -R "$SERVICE_USER:$SERVICE_USER" "$STATE_DIR"
+# the models and their manifest belong to root: a compromised daemon can neither rewrite a model
+# nor the digest `models verify` checks it against (the unit mounts the directory read-only too)
+if [[ -d "$STATE_DIR/models" ]]; then
+  chown -R root:"$SERVICE_USER" "$STATE_DIR/models"
+  chmod -R u=rwX,g=rX,o= "$STATE_DIR/models"
+fi
 chown root:"$SERVICE_USER" "$CONF_DIR" "$CONF_DIR"/edgespec.toml*
 chmod 0750 "$CONF_DIR"
 
@@ -247,6 +254,14 @@ install_units() {  # $1 = version dir holding share/systemd
     mv "$UNIT_DIR/$unit.tmp" "$UNIT_DIR/$unit"
   done
   cp "$1/share/systemd/edgespec.service.d/override.conf.example" "$UNIT_DIR/$SERVICE.d/"
+  # MemoryHigh/MemoryMax sized by `edgespec plan` for the configured models, slots and caches
+  if EDGESPEC_HOME="$STATE_DIR" "$1/venv/bin/edgespec" plan --config "$CONF_DIR/edgespec.toml" --systemd \
+      > "$UNIT_DIR/$SERVICE.d/memory.conf.tmp"; then
+    mv "$UNIT_DIR/$SERVICE.d/memory.conf.tmp" "$UNIT_DIR/$SERVICE.d/memory.conf"
+  else
+    rm -f "$UNIT_DIR/$SERVICE.d/memory.conf.tmp"
+    say "warning: no memory limits for $SERVICE (edgespec plan --config $CONF_DIR/edgespec.toml --systemd failed)"
+  fi
   systemctl daemon-reload
 }
 
