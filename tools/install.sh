@@ -141,11 +141,6 @@ switch_to() {  # atomically repoint DIR/current and DIR/bin/edgespec
   ln -sfn "$1" "$PREFIX/current.tmp" && mv -T "$PREFIX/current.tmp" "$PREFIX/current"
   ln -sfn ../current/venv/bin/edgespec "$PREFIX/bin/edgespec.tmp" && mv -T "$PREFIX/bin/edgespec.tmp" "$PREFIX/bin/edgespec"
 }
-switch_to "versions/$STAMP"
-mkdir -p "$PREFIX/share/doc" "$PREFIX/share/edgespec"
-[[ -f "$BUNDLE/doc/appliance.md" ]] && cp "$BUNDLE/doc/appliance.md" "$PREFIX/share/doc/"
-cp "$BUNDLE/install.sh" "$PREFIX/share/edgespec/install.sh"
-say "installed edgespec $VERSION to $PREFIX (bin/edgespec)"
 
 # --- 4. config (never overwritten) and models (kept when unchanged) ---------------------------
 mkdir -p "$CONF_DIR" "$STATE_DIR/models"
@@ -155,10 +150,32 @@ elif ! cmp -s "$BUNDLE/config/edgespec.toml" "$CONF_DIR/edgespec.toml"; then
   install -m 0640 "$BUNDLE/config/edgespec.toml" "$CONF_DIR/edgespec.toml.new"
   say "kept your $CONF_DIR/edgespec.toml; the packaged default is $CONF_DIR/edgespec.toml.new"
 fi
+restore_models() {  # undo this install's model changes: previous files and manifest back, added ones gone
+  "$PYTHON_BIN" - "$STATE_DIR/models" <<'EOF'
+import shutil, sys
+from pathlib import Path
+dst = Path(sys.argv[1])
+keep = dst / ".previous"
+if not keep.is_dir():
+    sys.exit(0)
+for name in (keep / "added").read_text().split() if (keep / "added").exists() else ():
+    (dst / name).unlink(missing_ok=True)
+for f in keep.iterdir():
+    if f.name not in ("added", "manifest.json"):
+        f.replace(dst / f.name)
+        print(f"install.sh: model {f.name} restored", file=sys.stderr)
+if (keep / "manifest.json").exists():
+    (keep / "manifest.json").replace(dst / "manifest.json")
+else:
+    (dst / "manifest.json").unlink(missing_ok=True)
+shutil.rmtree(keep)
+EOF
+}
+
 # The models this install replaces or adds are recorded in models/.previous (the files it
 # overwrites are moved there, not deleted; the manifest before it is copied there), so a rollback
 # restores the previous model set. One generation: each install starts a new record.
-"$VDIR/venv/bin/python" - "$BUNDLE/models" "$STATE_DIR/models" <<'EOF'
+if ! "$VDIR/venv/bin/python" - "$BUNDLE/models" "$STATE_DIR/models" <<'EOF'
 import json, shutil, sys
 from pathlib import Path
 src, dst = Path(sys.argv[1]), Path(sys.argv[2])
@@ -194,28 +211,17 @@ tmp = dst / "manifest.json.tmp"
 tmp.write_text(json.dumps({**have, **meta, "files": have["files"]}, indent=2, sort_keys=True) + "\n")
 tmp.replace(path)
 EOF
+then
+  restore_models
+  die 1 "installing the models failed: the previous models and version stay in place"
+fi
 
-restore_models() {  # undo this install's model changes: previous files and manifest back, added ones gone
-  "$PYTHON_BIN" - "$STATE_DIR/models" <<'EOF'
-import shutil, sys
-from pathlib import Path
-dst = Path(sys.argv[1])
-keep = dst / ".previous"
-if not keep.is_dir():
-    sys.exit(0)
-for name in (keep / "added").read_text().split() if (keep / "added").exists() else ():
-    (dst / name).unlink(missing_ok=True)
-for f in keep.iterdir():
-    if f.name not in ("added", "manifest.json"):
-        f.replace(dst / f.name)
-        print(f"install.sh: model {f.name} restored", file=sys.stderr)
-if (keep / "manifest.json").exists():
-    (keep / "manifest.json").replace(dst / "manifest.json")
-else:
-    (dst / "manifest.json").unlink(missing_ok=True)
-shutil.rmtree(keep)
-EOF
-}
+# --- the switch: only once the software, config and models are in place ---------------------
+switch_to "versions/$STAMP"
+mkdir -p "$PREFIX/share/doc" "$PREFIX/share/edgespec"
+[[ -f "$BUNDLE/doc/appliance.md" ]] && cp "$BUNDLE/doc/appliance.md" "$PREFIX/share/doc/"
+cp "$BUNDLE/install.sh" "$PREFIX/share/edgespec/install.sh"
+say "installed edgespec $VERSION to $PREFIX (bin/edgespec)"
 
 prune_versions() {  # keep the running version and the one before it (for a rollback)
   local d
