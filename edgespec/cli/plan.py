@@ -92,7 +92,6 @@ def plan_cmd(
 ) -> None:
     """Memory plan from GGUF metadata; exit 0 if it fits, 1 if it does not. With --measure: will
     speculation pay on this box?"""
-    from dataclasses import replace
 
     if systemd and config is not None:
         from edgespec.plan import plan_for_config, systemd_memory
