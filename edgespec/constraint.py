@@ -50,6 +50,9 @@ from edgespec.tree import DraftTree
 from edgespec.types import ConstraintSpec
 from edgespec.verify import VerifyResult, verify_greedy, verify_stochastic
 
+# llguidance's resource limits (its defaults), errors without the grammar's text: a grammar that
+# passes them fails its request (Matcher.error), never the engine's tick
+LIMITS = llg.LLParserLimits(verbose_errors=False)
 SPECIAL_PREFIX = b"\xff"  # llguidance's marker for special tokens (never matched by grammar text)
 
 
@@ -130,7 +133,15 @@ class Compiler:
         return g
 
     def matcher(self, spec: ConstraintSpec) -> Matcher:
-        m = Matcher(llg.LLMatcher(self.tokenizer, self.grammar(spec), log_level=0), self.n_vocab)
+        """A request's grammar state, its first mask computed here (the caller's thread): that
+        builds the lexer's first states, which for a grammar like `(a{1000}){1000}` takes seconds
+        or passes llguidance's limits. BadRequest("constraint.value") when it does."""
+        m = Matcher(llg.LLMatcher(self.tokenizer, self.grammar(spec), log_level=0, limits=LIMITS), self.n_vocab,
+                    tuple(self.vocab.eos))
+        m.bitmask()
+        if m.error is not None:
+            raise BadRequest("constraint.value", f"{spec.kind} is too complex for the grammar engine's limits: "
+                             f"{m.error}")
         if spec.budget is None:
             return m
         from edgespec.budget import BudgetMatcher
@@ -144,15 +155,36 @@ def _first_line(s: str) -> str:
 
 class Matcher:
     """One request's grammar state: masks at the state and after hypothetical paths (a tree's),
-    and the commit of emitted tokens. Engine thread only."""
+    and the commit of emitted tokens. Engine thread only.
 
-    def __init__(self, m: Any, n_vocab: int):
+    A grammar can pass llguidance's limits while the request runs (its lexer building too many
+    states after some text): the matcher then records `error` and allows only end-of-generation
+    tokens, so that one request stops and the tick serving the others goes on."""
+
+    def __init__(self, m: Any, n_vocab: int, eos: Sequence[int] = ()):
         self._m = m
         self.n_vocab = n_vocab
         self._words = (n_vocab + 31) // 32
+        self.eos = tuple(eos)
+        self.error: str | None = None  # the first line of llguidance's error, once it failed
+
+    def _failed(self) -> bool:
+        if self.error is None and self._m.is_error():
+            self.error = _first_line(self._m.get_error())[:200]
+        return self.error is not None
+
+    def _eos_bits(self, out: np.ndarray) -> None:
+        out[:] = 0
+        for t in self.eos:
+            out[t // 32] |= np.int32(np.uint32(1 << (t % 32)).view(np.int32))
 
     def _bits(self, out: np.ndarray) -> None:
+        if self._failed():
+            self._eos_bits(out)
+            return
         self._m.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
+        if self._failed():
+            self._eos_bits(out)
 
     def mask(self) -> np.ndarray:
         """[n_vocab] bool: the tokens allowed at the current state."""
@@ -189,9 +221,12 @@ class Matcher:
                     visit(c)
                 m.rollback(1)
 
-        visit(0)
-        if m.is_error():  # never: try_consume_tokens refuses instead of failing
-            raise RuntimeError(f"grammar matcher failed: {m.get_error()}")
+        if not self._failed():
+            visit(0)
+        if self._failed():  # past llguidance's limits: the request may only end
+            bits[:] = 0
+            self._eos_bits(bits[0])
+            valid[1:] = False
         return NodeMasks(bits, valid, self.n_vocab)
 
     def node_masks(self, tree: DraftTree) -> tuple[np.ndarray, np.ndarray]:
@@ -216,6 +251,8 @@ class Matcher:
     def forced(self, limit: int) -> list[int]:
         """At most `limit` tokens the grammar forces after the current state (the only ones it
         allows, in llguidance's canonical tokenization); nothing is committed."""
+        if self._failed():
+            return []
         return [int(t) for t in self._m.compute_ff_tokens()[:limit]]
 
     def allows(self, tokens: Sequence[int]) -> bool:
@@ -226,7 +263,7 @@ class Matcher:
         """Advance the state by the emitted tokens (they were drawn from masked rows, so they are
         allowed; anything else is a bug in the caller)."""
         toks = [int(t) for t in tokens]
-        if not toks:
+        if not toks or self._failed():  # a failed grammar's request ends with what it has
             return
         if self._m.try_consume_tokens(toks) != len(toks):
             raise RuntimeError(f"grammar: tokens {toks} are not allowed at this state")
@@ -237,12 +274,12 @@ class Matcher:
     @property
     def finished(self) -> bool:
         """Nothing but an end-of-generation token may follow."""
-        return bool(self._m.is_stopped())
+        return self._failed() or bool(self._m.is_stopped())
 
     @property
     def accepting(self) -> bool:
         """The text so far satisfies the grammar (end-of-generation allowed now)."""
-        return bool(self._m.is_accepting())
+        return self._failed() or bool(self._m.is_accepting())
 
 
 # ---- pure functions over masks -----------------------------------------------------------------

@@ -7,11 +7,18 @@ class EdgespecError(Exception):
     """Base of every error edgespec raises on purpose."""
 
 
+MAX_MESSAGE_CHARS = 400  # a BadRequest's message at most: it echoes the caller's value into logs
+
+
 class BadRequest(EdgespecError):
-    """The caller sent something invalid. `field` names the offending field."""
+    """The caller sent something invalid. `field` names the offending field. The message (which
+    may quote the rejected value) is cut to MAX_MESSAGE_CHARS: a caller's megabyte-long value
+    never reaches the logs or the answer whole, whatever `log_text` says."""
 
     def __init__(self, field: str, message: str):
         self.field = field
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = f"{message[:MAX_MESSAGE_CHARS]}... ({len(message)} characters)"
         super().__init__(f"{field}: {message}")
 
 

@@ -132,15 +132,34 @@ def _install_head(directory: Path, manifest: dict, target: Path, log: Callable[[
 
 
 def _read_manifest(directory: Path) -> dict:
+    """The manifest ({"files": {}} when there is none). ModelError when it is there but unreadable
+    or not a manifest: read as empty, the next `models add` would write it back with every other
+    digest dropped, and `models verify` would have nothing to check."""
     p = directory / MANIFEST
-    if not p.is_file():
+    if not p.exists():
         return {"files": {}}
     try:
         data = json.loads(p.read_text())
-        data.setdefault("files", {})
-        return data
-    except (json.JSONDecodeError, OSError):
-        return {"files": {}}
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
+        raise ModelError(f"{p}: not a readable manifest ({exc}); restore it from a backup or move it away "
+                         "and re-add the models") from None
+    if not isinstance(data, dict) or not isinstance(data.setdefault("files", {}), dict) \
+            or not all(isinstance(e, dict) for e in data["files"].values()):
+        raise ModelError(f"{p}: not a manifest (expected {{\"files\": {{name: entry}}}})")
+    return data
+
+
+def _copy_hashing(src: Path, dst: Path, chunk: int = 1 << 20) -> tuple[str, int]:
+    """Copy `src` to `dst`, hashing the bytes as they are written: (SHA-256, size) of the copy
+    itself, so that a source changed between a separate hash and copy cannot be recorded under
+    another file's digest."""
+    h, n = hashlib.sha256(), 0
+    with open(src, "rb") as f, open(dst, "wb") as out:
+        while b := f.read(chunk):
+            out.write(b)
+            h.update(b)
+            n += len(b)
+    return h.hexdigest(), n
 
 
 def _write_manifest(directory: Path, manifest: dict) -> None:
@@ -333,32 +352,36 @@ def add_model(
     meta = gguf_metadata(src)  # refuses a non-GGUF before anything is written
     directory = directory or models_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    log(f"{name}: hashing {src} ({src.stat().st_size} bytes)")
-    digest = sha256_file(src)
-    manifest = _read_manifest(directory)
+    manifest = _read_manifest(directory)  # a corrupt one stops here, before anything is written
     files = manifest["files"]
     dst = directory / name
-    old = files.get(name)
-    if old is not None and old.get("sha256") != digest:
-        raise BadRequest("--name", f"{name} is already in the manifest with other contents "
-                         "(choose another --name)")
-    if dst.exists() or dst.is_symlink():
-        same = dst.resolve() == src or (dst.is_file() and dst.stat().st_size == src.stat().st_size
-                                         and sha256_file(dst) == digest)
-        if not same:
-            raise BadRequest("--name", f"{dst} exists and is another file (choose another --name)")
+    tmp = directory / f".{name}.part"
+    tmp.unlink(missing_ok=True)
+    if link:
+        log(f"{name}: hashing {src} ({src.stat().st_size} bytes)")
+        digest, size = sha256_file(src), src.stat().st_size
     else:
-        tmp = directory / f".{name}.part"
-        tmp.unlink(missing_ok=True)
-        if link:
-            tmp.symlink_to(src)
+        log(f"{name}: copying {src} into {directory}, hashing the copy")
+        digest, size = _copy_hashing(src, tmp)
+    try:
+        old = files.get(name)
+        if old is not None and old.get("sha256") != digest:
+            raise BadRequest("--name", f"{name} is already in the manifest with other contents "
+                             "(choose another --name)")
+        if dst.exists() or dst.is_symlink():
+            same = dst.resolve() == src or (dst.is_file() and dst.stat().st_size == size
+                                             and sha256_file(dst) == digest)
+            if not same:
+                raise BadRequest("--name", f"{dst} exists and is another file (choose another --name)")
         else:
-            log(f"{name}: copying into {directory}")
-            shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
+            if link:
+                tmp.symlink_to(src)
+            os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
     files[name] = {
         "sha256": digest,
-        "size": src.stat().st_size,
+        "size": size,
         **({"role": role} if role else {}),
         **meta,
         "source": str(src),
@@ -391,7 +414,11 @@ def manifest_entry_for(path: str | Path) -> tuple[str, str] | None:
     p = Path(path).expanduser()
     want = p.resolve()
     for directory in dict.fromkeys((p.parent, models_dir())):
-        for name, e in _read_manifest(directory)["files"].items():
+        try:
+            files = _read_manifest(directory)["files"]
+        except ModelError:  # named nowhere; `models verify` and `models add` report it
+            continue
+        for name, e in files.items():
             if e.get("sha256") and (directory / name).resolve() == want:
                 return name, e["sha256"]
     return None

@@ -165,6 +165,19 @@ def _strings(v: list) -> str | None:
     return f"must be a list of non-empty strings, got {bad[0]!r}" if bad else None
 
 
+def _subjects(v: list) -> str | None:
+    """[auth] admin_subjects: each entry a full subject (RFC 4514, "CN=ops,O=site") or `CN:<name>`
+    for any certificate of that common name; a bare name is neither (it used to match a CN)."""
+    if bad := _strings(v):
+        return bad
+    for x in v:
+        if not x.startswith("CN:") and "=" not in x:
+            return f"each entry is a full subject (\"CN=ops,O=site\") or \"CN:<common name>\", got {x!r}"
+        if x.startswith("CN:") and not x[3:].strip():
+            return f"\"CN:\" needs a common name, got {x!r}"
+    return None
+
+
 def _endpoints(v: list) -> str | None:
     for x in v:
         host, sep, port = str(x).rpartition(":") if isinstance(x, str) else ("", "", "")
@@ -182,6 +195,7 @@ CHECK_TEXT: dict[Any, str] = {  # how the docs write what an extra check allows
     _file_or_empty: "an existing file, or empty",
     _head_choice: "auto, none, or an existing file",
     _strings: "non-empty strings",
+    _subjects: "subjects (\"CN=x,O=y\") or \"CN:name\" entries",
     _caller_limits: "IDENTITY=CONCURRENT[/QUEUED]/TOKENS_PER_MINUTE strings",
     _endpoints: "host:port entries",
     _json_mode: "\"auto\", true or false",
@@ -373,8 +387,12 @@ SETTINGS: tuple[Setting, ...] = (
           "(`edgespec config hash-token --name N`)", check=_file_or_empty),
     _auth("admin_tokens_file", S, "", "hashes of tokens that may also call the Admin service",
           check=_file_or_empty),
-    _auth("admin_subjects", L, [], "client certificate subjects (\"CN=ops,O=site\") or common names that may "
-          "also call the Admin service (mutual TLS)", check=_strings),
+    _auth("metrics_tokens_file", S, "", "hashes of scrape tokens: they may read /metrics (without the "
+          "per-caller figures, which need an admin token) and nothing else; user tokens may not scrape",
+          check=_file_or_empty),
+    _auth("admin_subjects", L, [], "client certificates that may also call the Admin service (mutual TLS): a "
+          "full subject as RFC 4514 writes it (\"CN=ops,O=site\", matched exactly) or \"CN:<common name>\"",
+          check=_subjects),
     _tls("cert", S, "", "server certificate chain (PEM); empty = plaintext", check=_file_or_empty),
     _tls("key", S, "", "server private key (PEM)", check=_file_or_empty),
     _tls("client_ca", S, "", "CA bundle (PEM) for client certificates; set = mutual TLS required, and a "

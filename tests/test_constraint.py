@@ -28,8 +28,9 @@ REGEX = ConstraintSpec("regex", "a[bc]*|b[ac]*")
 
 def toy_tokenize(s: str) -> list[int]:
     out, b = [], s.encode()
-    while b:
-        t = max((i for i in range(V - 1) if b.startswith(TOKENS[i])), key=lambda i: len(TOKENS[i]))
+    while b:  # a byte the toy vocabulary lacks (JSON's braces) reads as "x": only shapes are checked then
+        t = max((i for i in range(V - 1) if b.startswith(TOKENS[i])), key=lambda i: len(TOKENS[i]), default=6)
+        b = b if t != 6 or b.startswith(b"x") else b"x" + b[1:]
         out.append(t)
         b = b[len(TOKENS[t]):]
     return out
@@ -316,3 +317,52 @@ def test_constrained_greedy_decoding_of_the_demo_target_matches_the_schema():
     finally:
         ctx.close()
         model.close()
+
+
+class _FailsAfterCommit:
+    """A real matcher that passes llguidance's limits once a token is committed (as a grammar
+    like `(a{1000}){1000}` does after some text on a real vocabulary)."""
+
+    def __init__(self, m):  # noqa: ANN001
+        self._m, self.failed = m, False
+
+    def __getattr__(self, name):  # noqa: ANN001, ANN204
+        return getattr(self._m, name)
+
+    def try_consume_tokens(self, toks):  # noqa: ANN001, ANN201
+        if self.failed:
+            return 0
+        n = self._m.try_consume_tokens(toks)
+        self.failed = True
+        return n
+
+    def is_error(self) -> bool:
+        return self.failed
+
+    def get_error(self) -> str:
+        return "lexer error: too many expressions constructed\n<state>the grammar's text</state>"
+
+
+def test_a_grammar_past_its_limits_ends_its_request_never_the_tick(compiler):
+    """Once llguidance fails (its limits) the request may only end: its masks allow end-of-
+    generation alone, no drafted node is valid, nothing is forced, commits are ignored. Raising
+    there failed the engine's tick for every request batched with it."""
+    m = compiler.matcher(REGEX)
+    m._m = _FailsAfterCommit(m._m)
+    m.commit((0,))
+    tree = two_level([2, 6, 1], {2: [2], 6: [0], 1: [0]})
+    masks, valid = m.node_masks(tree)
+    assert valid.tolist() == [True] + [False] * (len(tree) - 1)
+    assert set(np.flatnonzero(masks[0])) == {EOS} and not masks[1:].any()
+    assert set(np.flatnonzero(m.mask())) == {EOS} and m.forced(4) == [] and m.finished and m.accepting
+    m.commit((2,))  # the tokens the tick emitted before it saw: ignored, no error
+    assert m.error == "lexer error: too many expressions constructed <state>the grammar's text</state>"
+
+
+def test_a_grammar_past_its_limits_at_its_first_mask_is_refused_by_field(compiler, monkeypatch):
+    import llguidance as llg
+
+    monkeypatch.setattr(C, "LIMITS", llg.LLParserLimits(max_lexer_states=2, verbose_errors=False))
+    with pytest.raises(BadRequest) as e:
+        compiler.matcher(ConstraintSpec("regex", "(a|b|c){3,40}[bc]{5,30}"))
+    assert e.value.field == "constraint.value" and "too complex" in str(e.value)

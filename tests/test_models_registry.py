@@ -111,6 +111,45 @@ def test_bad_input_names_the_field_and_writes_nothing(tmp_path):
     assert sha256_file(d / "a.gguf") == sha256_file(good)
 
 
+@pytest.mark.parametrize("text", ["{not json", "[]", '{"files": []}', '{"files": {"a.gguf": 3}}', "\xff\xfe"])
+def test_a_corrupt_manifest_is_an_error_and_add_keeps_it(tmp_path, text):
+    """Read as empty, the next add wrote it back holding only the new file: every other digest
+    gone, and verify with nothing to check. It is a ModelError naming the file; nothing is written."""
+    d = tmp_path / "models"
+    d.mkdir()
+    (d / MANIFEST).write_text(text, encoding="latin-1")
+    before = (d / MANIFEST).read_bytes()
+    with pytest.raises(ModelError, match="manifest"):
+        add_model(write_gguf(tmp_path / "a.gguf"), directory=d)
+    with pytest.raises(ModelError, match=str(d / MANIFEST)):
+        verify_models(d)
+    with pytest.raises(ModelError):
+        list_models(d)
+    assert (d / MANIFEST).read_bytes() == before and sorted(p.name for p in d.iterdir()) == [MANIFEST]
+
+
+def test_add_records_the_digest_of_the_copy_it_made(tmp_path, monkeypatch):
+    """A source that changes between a hash and a separate copy (swapped by whoever can write it)
+    must not land under the first file's digest: the copy is hashed as it is written."""
+    import edgespec.models as models
+
+    src = write_gguf(tmp_path / "a.gguf")
+    real = models.sha256_file
+
+    def hash_then_swap(path, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+        digest = real(path, *a, **k)
+        if Path(path) == src:
+            with open(src, "ab") as f:
+                f.write(b"swapped")
+        return digest
+
+    monkeypatch.setattr(models, "sha256_file", hash_then_swap)
+    d = tmp_path / "models"
+    e = add_model(src, directory=d)
+    assert e.sha256 == real(d / "a.gguf") and e.size == (d / "a.gguf").stat().st_size
+    assert verify_models(d) == []
+
+
 def test_cli_add_list_verify(tmp_path):
     env = {**os.environ, "EDGESPEC_HOME": str(tmp_path / "home")}
     src = write_gguf(tmp_path / "mine.gguf", arch="phi3")

@@ -65,7 +65,8 @@ fi
 uninstall() {
   if [[ $SYSTEMD == 1 ]] && command -v systemctl >/dev/null; then
     systemctl disable --now "$SERVICE" "$CHECK_SERVICE" 2>/dev/null || true
-    rm -f "$UNIT_DIR/$SERVICE" "$UNIT_DIR/$CHECK_SERVICE" "$UNIT_DIR/$SERVICE.d/override.conf.example"
+    rm -f "$UNIT_DIR/$SERVICE" "$UNIT_DIR/$CHECK_SERVICE" "$UNIT_DIR/$SERVICE.d/override.conf.example" \
+      "$UNIT_DIR/$SERVICE.d/memory.conf"
     rmdir "$UNIT_DIR/$SERVICE.d" 2>/dev/null || true  # kept when it holds an operator's drop-in
     systemctl daemon-reload || true
   fi
@@ -140,11 +141,6 @@ switch_to() {  # atomically repoint DIR/current and DIR/bin/edgespec
   ln -sfn "$1" "$PREFIX/current.tmp" && mv -T "$PREFIX/current.tmp" "$PREFIX/current"
   ln -sfn ../current/venv/bin/edgespec "$PREFIX/bin/edgespec.tmp" && mv -T "$PREFIX/bin/edgespec.tmp" "$PREFIX/bin/edgespec"
 }
-switch_to "versions/$STAMP"
-mkdir -p "$PREFIX/share/doc" "$PREFIX/share/edgespec"
-[[ -f "$BUNDLE/doc/appliance.md" ]] && cp "$BUNDLE/doc/appliance.md" "$PREFIX/share/doc/"
-cp "$BUNDLE/install.sh" "$PREFIX/share/edgespec/install.sh"
-say "installed edgespec $VERSION to $PREFIX (bin/edgespec)"
 
 # --- 4. config (never overwritten) and models (kept when unchanged) ---------------------------
 mkdir -p "$CONF_DIR" "$STATE_DIR/models"
@@ -154,10 +150,32 @@ elif ! cmp -s "$BUNDLE/config/edgespec.toml" "$CONF_DIR/edgespec.toml"; then
   install -m 0640 "$BUNDLE/config/edgespec.toml" "$CONF_DIR/edgespec.toml.new"
   say "kept your $CONF_DIR/edgespec.toml; the packaged default is $CONF_DIR/edgespec.toml.new"
 fi
+restore_models() {  # undo this install's model changes: previous files and manifest back, added ones gone
+  "$PYTHON_BIN" - "$STATE_DIR/models" <<'EOF'
+import shutil, sys
+from pathlib import Path
+dst = Path(sys.argv[1])
+keep = dst / ".previous"
+if not keep.is_dir():
+    sys.exit(0)
+for name in (keep / "added").read_text().split() if (keep / "added").exists() else ():
+    (dst / name).unlink(missing_ok=True)
+for f in keep.iterdir():
+    if f.name not in ("added", "manifest.json"):
+        f.replace(dst / f.name)
+        print(f"install.sh: model {f.name} restored", file=sys.stderr)
+if (keep / "manifest.json").exists():
+    (keep / "manifest.json").replace(dst / "manifest.json")
+else:
+    (dst / "manifest.json").unlink(missing_ok=True)
+shutil.rmtree(keep)
+EOF
+}
+
 # The models this install replaces or adds are recorded in models/.previous (the files it
 # overwrites are moved there, not deleted; the manifest before it is copied there), so a rollback
 # restores the previous model set. One generation: each install starts a new record.
-"$VDIR/venv/bin/python" - "$BUNDLE/models" "$STATE_DIR/models" <<'EOF'
+if ! "$VDIR/venv/bin/python" - "$BUNDLE/models" "$STATE_DIR/models" <<'EOF'
 import json, shutil, sys
 from pathlib import Path
 src, dst = Path(sys.argv[1]), Path(sys.argv[2])
@@ -193,28 +211,17 @@ tmp = dst / "manifest.json.tmp"
 tmp.write_text(json.dumps({**have, **meta, "files": have["files"]}, indent=2, sort_keys=True) + "\n")
 tmp.replace(path)
 EOF
+then
+  restore_models
+  die 1 "installing the models failed: the previous models and version stay in place"
+fi
 
-restore_models() {  # undo this install's model changes: previous files and manifest back, added ones gone
-  "$PYTHON_BIN" - "$STATE_DIR/models" <<'EOF'
-import shutil, sys
-from pathlib import Path
-dst = Path(sys.argv[1])
-keep = dst / ".previous"
-if not keep.is_dir():
-    sys.exit(0)
-for name in (keep / "added").read_text().split() if (keep / "added").exists() else ():
-    (dst / name).unlink(missing_ok=True)
-for f in keep.iterdir():
-    if f.name not in ("added", "manifest.json"):
-        f.replace(dst / f.name)
-        print(f"install.sh: model {f.name} restored", file=sys.stderr)
-if (keep / "manifest.json").exists():
-    (keep / "manifest.json").replace(dst / "manifest.json")
-else:
-    (dst / "manifest.json").unlink(missing_ok=True)
-shutil.rmtree(keep)
-EOF
-}
+# --- the switch: only once the software, config and models are in place ---------------------
+switch_to "versions/$STAMP"
+mkdir -p "$PREFIX/share/doc" "$PREFIX/share/edgespec"
+[[ -f "$BUNDLE/doc/appliance.md" ]] && cp "$BUNDLE/doc/appliance.md" "$PREFIX/share/doc/"
+cp "$BUNDLE/install.sh" "$PREFIX/share/edgespec/install.sh"
+say "installed edgespec $VERSION to $PREFIX (bin/edgespec)"
 
 prune_versions() {  # keep the running version and the one before it (for a rollback)
   local d
@@ -237,6 +244,12 @@ if ! id "$SERVICE_USER" >/dev/null 2>&1; then
 fi
 for grp in video render; do getent group "$grp" >/dev/null && usermod -aG "$grp" "$SERVICE_USER"; done
 chown -R "$SERVICE_USER:$SERVICE_USER" "$STATE_DIR"
+# the models and their manifest belong to root: a compromised daemon can neither rewrite a model
+# nor the digest `models verify` checks it against (the unit mounts the directory read-only too)
+if [[ -d "$STATE_DIR/models" ]]; then
+  chown -R root:"$SERVICE_USER" "$STATE_DIR/models"
+  chmod -R u=rwX,g=rX,o= "$STATE_DIR/models"
+fi
 chown root:"$SERVICE_USER" "$CONF_DIR" "$CONF_DIR"/edgespec.toml*
 chmod 0750 "$CONF_DIR"
 
@@ -247,6 +260,14 @@ install_units() {  # $1 = version dir holding share/systemd
     mv "$UNIT_DIR/$unit.tmp" "$UNIT_DIR/$unit"
   done
   cp "$1/share/systemd/edgespec.service.d/override.conf.example" "$UNIT_DIR/$SERVICE.d/"
+  # MemoryHigh/MemoryMax sized by `edgespec plan` for the configured models, slots and caches
+  if EDGESPEC_HOME="$STATE_DIR" "$1/venv/bin/edgespec" plan --config "$CONF_DIR/edgespec.toml" --systemd \
+      > "$UNIT_DIR/$SERVICE.d/memory.conf.tmp"; then
+    mv "$UNIT_DIR/$SERVICE.d/memory.conf.tmp" "$UNIT_DIR/$SERVICE.d/memory.conf"
+  else
+    rm -f "$UNIT_DIR/$SERVICE.d/memory.conf.tmp"
+    say "warning: no memory limits for $SERVICE (edgespec plan --config $CONF_DIR/edgespec.toml --systemd failed)"
+  fi
   systemctl daemon-reload
 }
 

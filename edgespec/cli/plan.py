@@ -53,7 +53,9 @@ def _render(plan, device_bytes: int, device: str, headroom: float) -> str:
 
 
 def plan_cmd(
-    target: Path = typer.Option(..., "--target", help="Target model GGUF."),
+    target: Path | None = typer.Option(None, "--target", help="Target model GGUF (required but with --config)."),
+    config: Path | None = typer.Option(None, "--config", help="With --systemd: plan the daemon this config "
+                                       "describes (its models, slots, caches) instead of --target/--draft."),
     draft: Path | None = typer.Option(None, "--draft", help="Draft model GGUF (omit for n-gram drafting only)."),
     head: Path | None = typer.Option(None, "--head", help="An EAGLE-3 head GGUF loaded beside the draft model "
                                      "([draft] head)."),
@@ -73,6 +75,8 @@ def plan_cmd(
     rerank_n_ctx: int = typer.Option(4096, "--rerank-n-ctx", help="The rerank context's cells."),
     headroom: float = typer.Option(0.05, "--headroom", help="Fraction of the device kept free."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    systemd: bool = typer.Option(False, "--systemd", help="Print a systemd drop-in for edgespec.service "
+                                 "(MemoryHigh=, MemoryMax=) sized from this plan; the installer writes it."),
     measure: bool = typer.Option(False, "--measure", help="Instead of the memory plan: time the target's "
                                  "forwards of 1-64 tokens and the draft's one-token forward on this box, and "
                                  "print the break-even acceptance and the speedup a chain of each depth can "
@@ -88,6 +92,22 @@ def plan_cmd(
 ) -> None:
     """Memory plan from GGUF metadata; exit 0 if it fits, 1 if it does not. With --measure: will
     speculation pay on this box?"""
+
+    if systemd and config is not None:
+        from edgespec.plan import plan_for_config, systemd_memory
+        from edgespec.server.config import load
+
+        with user_errors():
+            cfg = load(config)
+            from edgespec.server.config import systemd_network
+
+            typer.echo(systemd_memory(plan_for_config(cfg.engine, embedding=cfg.embedding)) + systemd_network(cfg),
+                       nl=False)
+        return
+    if target is None:
+        from edgespec.cli.common import fail
+
+        fail("--target: required (or --config with --systemd)")
     if measure:
         _measure(target, draft, context=context, rounds=rounds, threads=threads, gpu=not cpu, alternate=alternate,
                  acceptances=_acceptances(acceptance), as_json=as_json)
@@ -118,6 +138,11 @@ def plan_cmd(
             from edgespec.pairing import describe_pair
 
             pairing = describe_pair(target, draft)
+    if systemd:
+        from edgespec.plan import systemd_memory
+
+        typer.echo(systemd_memory(plan), nl=False)
+        raise typer.Exit(0)
     if as_json:
         extra = {} if pairing is None else {"pairing": pairing}
         typer.echo(json.dumps({**plan.as_dict(device_bytes, headroom), "device": device, **extra}, indent=2))

@@ -361,11 +361,12 @@ class SuffixCache:
         }
 
     # -- persistence ------------------------------------------------------------------------
-    def save(self, path: Path) -> int:
-        """Write the documents (oldest first) to `path`, checksummed; returns the bytes written.
-        The snapshot holds callers' text (their replies, and prompts if stored)."""
+    def save(self, path: Path, model: str = "") -> int:
+        """Write the documents (oldest first) to `path`, checksummed, with the identity of the
+        model whose token ids they are (`model`); returns the bytes written. The snapshot holds
+        callers' text (their replies, and prompts if stored)."""
         docs = [(name, toks.tolist()) for name, toks in self._docs.values()]
-        body = zlib.compress(json.dumps({"store": self.store, "docs": docs}).encode())
+        body = zlib.compress(json.dumps({"store": self.store, "model": model, "docs": docs}).encode())
         digest = hashlib.sha256(body).digest()
         path = Path(path)
         tmp = path.with_suffix(path.suffix + ".tmp")
@@ -373,10 +374,11 @@ class SuffixCache:
         tmp.replace(path)
         return len(SNAPSHOT_MAGIC) + 8 + len(digest) + len(body)
 
-    def load(self, path: Path, max_file_bytes: int | None = None) -> int:
+    def load(self, path: Path, max_file_bytes: int | None = None, model: str = "", n_vocab: int | None = None) -> int:
         """Read a snapshot written by `save` (documents re-inserted, oldest first, within
-        max_bytes); returns the documents loaded. ValueError when it is not one or its checksum
-        fails (nothing is loaded then)."""
+        max_bytes); returns the documents loaded. ValueError, with nothing loaded, when it is not
+        one, its checksum fails, it was written for another model than `model`, or a token id is
+        outside [0, n_vocab): drafts of another vocabulary's ids would fail every tick they join."""
         raw = Path(path).read_bytes() if max_file_bytes is None else _read_at_most(Path(path), max_file_bytes)
         head = len(SNAPSHOT_MAGIC)
         if not raw.startswith(SNAPSHOT_MAGIC) or len(raw) < head + 40:
@@ -386,13 +388,20 @@ class SuffixCache:
         if len(body) != n or hashlib.sha256(body).digest() != digest:
             raise ValueError(f"{path}: checksum mismatch (truncated or altered snapshot)")
         data = json.loads(zlib.decompress(body))
-        loaded = 0
-        for name, toks in data.get("docs", []):
-            if not isinstance(name, str) or not isinstance(toks, list):
-                raise ValueError(f"{path}: malformed document")
+        if not isinstance(data, dict) or not isinstance(data.get("docs", []), list):
+            raise ValueError(f"{path}: malformed snapshot")
+        if model and data.get("model") != model:
+            raise ValueError(f"{path}: written for model {str(data.get('model'))[:200]!r}, not {model!r} (stale)")
+        docs = data.get("docs", [])
+        for doc in docs:
+            if not (isinstance(doc, list) and len(doc) == 2 and isinstance(doc[0], str) and isinstance(doc[1], list)
+                    and all(type(t) is int and 0 <= t < (n_vocab if n_vocab is not None else 1 << 31)
+                            for t in doc[1])):
+                raise ValueError(f"{path}: malformed document or a token id outside the vocabulary "
+                                 f"({n_vocab} tokens)")
+        for name, toks in docs:
             self._insert_doc("" if self.pooled else name, toks)
-            loaded += 1
-        return loaded
+        return len(docs)
 
     def _insert_doc(self, name: str, toks: list[int]) -> None:
         """Re-insert a stored document as it was (its anchor or prompt included), into partition `name`."""

@@ -3,7 +3,8 @@
 Token files hold sha256 hex hashes, one per line (`#` comments), optionally named: `name:hash`
 (`edgespec config hash-token --name N`); a presented token is hashed and compared against every
 stored hash in constant time. Under mutual TLS a verified client certificate is an identity too
-(its subject). Admin tokens and the certificate subjects in `[auth] admin_subjects` may call
+(its subject). Admin tokens and the certificates in `[auth] admin_subjects` (a whole subject, or
+`CN:<name>`) may call
 everything; other callers everything but the Admin service. Health is always open. The caller's
 identity (a token's name, never the token; a certificate's subject) goes into every request's log
 line."""
@@ -25,8 +26,15 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
+def unnamed(h: str) -> str:
+    """The name of an unnamed token: derived from its hash (`sha-` and 12 hex digits of a
+    domain-separated digest), so it stays the same wherever the line moves and whichever file holds
+    it; it identifies the token in logs and limits without repeating the stored hash."""
+    return "sha-" + hashlib.sha256(b"edgespec token name\0" + h.encode()).hexdigest()[:12]
+
+
 def read_named_hashes(path: str | Path) -> tuple[tuple[str, str], ...]:
-    """(name, hash) per line; an unnamed hash is named after its file and line (`tokens:3`)."""
+    """(name, hash) per line; an unnamed hash is named after the hash (`unnamed`)."""
     out = []
     p = Path(path).expanduser()
     for n, line in enumerate(p.read_text().splitlines(), 1):
@@ -39,7 +47,7 @@ def read_named_hashes(path: str | Path) -> tuple[tuple[str, str], ...]:
             raise ConfigError(str(path), f"line {n}: expected a sha256 hex hash or name:hash (use `edgespec config hash-token`)")
         if sep and not valid_name(name):
             raise ConfigError(str(path), f"line {n}: a token name is 1-64 characters of [A-Za-z0-9-_.@], got {name!r}")
-        out.append((name or f"{p.name}:{n}", h))
+        out.append((name or unnamed(h), h))
     return tuple(out)
 
 
@@ -87,16 +95,24 @@ class TokenAuth:
     admin_tokens: tuple[str, ...] = ()
     names: tuple[tuple[str, str], ...] = ()  # (hash, name) of every token
     client_certs: bool = False  # mutual TLS: a verified client certificate is an identity
-    admin_subjects: tuple[str, ...] = ()  # certificate subjects (or CNs) with admin rights
+    admin_subjects: tuple[str, ...] = ()  # whole subjects, or "CN:<name>" entries, with admin rights
     # token files are configured: callers must present a token (or a certificate), whatever the
     # files held. Fail closed: no loaded hash never means "everyone"
     required: bool = False
+    metrics_tokens: tuple[str, ...] = ()  # scrape tokens: /metrics only, without per-caller figures
 
     @classmethod
     def from_files(cls, tokens_file: str = "", admin_tokens_file: str = "", *, client_certs: bool = False,
-                   admin_subjects: tuple[str, ...] = ()) -> TokenAuth:
+                   admin_subjects: tuple[str, ...] = (), metrics_tokens_file: str = "") -> TokenAuth:
         users = read_token_file(tokens_file) if tokens_file else ()
         admins = read_token_file(admin_tokens_file) if admin_tokens_file else ()
+        scrapers = read_token_file(metrics_tokens_file) if metrics_tokens_file else ()
+        owner: dict[str, str] = {}
+        for path, entries in ((tokens_file, users), (admin_tokens_file, admins), (metrics_tokens_file, scrapers)):
+            for name, h in entries:
+                if owner.setdefault(name, h) != h:  # one name, two tokens: one identity for both
+                    raise ConfigError(str(path), f"the token name {name!r} is given to two different tokens "
+                                      "(in this file or the other token file): names must be unique")
         return cls(
             tokens=tuple(h for _, h in users),
             admin_tokens=tuple(h for _, h in admins),
@@ -104,6 +120,7 @@ class TokenAuth:
             client_certs=client_certs,
             admin_subjects=tuple(admin_subjects),
             required=bool(tokens_file or admin_tokens_file),
+            metrics_tokens=tuple(h for _, h in scrapers),
         )
 
     @property
@@ -114,6 +131,21 @@ class TokenAuth:
     def has_tokens(self) -> bool:
         """Bearer tokens are in force (token files configured, or hashes given): /metrics asks for one."""
         return bool(self.required or self.tokens or self.admin_tokens)
+
+    def scrape(self, authorization: str | None, subject: tuple[str, str] | None = None) -> str | None:
+        """What a /metrics request may read: "all" (an admin token or admin certificate, or no
+        tokens configured at all), "shared" (a metrics token: everything but the per-caller
+        figures, which name other tenants and their traffic), or None (refused: no token, a user
+        token, another certificate). A scrape token sniffed off plain HTTP grants no inference."""
+        token = _bearer(authorization)
+        if token is not None:
+            h = hash_token(token)
+            if _matches(h, self.admin_tokens):
+                return "all"
+            return "shared" if _matches(h, self.metrics_tokens) else None
+        if subject is not None and self.client_certs and self.admin_subject(*subject):
+            return "all"
+        return None if (self.has_tokens or self.metrics_tokens or self.client_certs) else "all"
 
     def needs_subject(self, authorization: str | None) -> bool:
         """Whether decide() depends on the client certificate: no bearer token, under mutual TLS.
@@ -142,10 +174,18 @@ class TokenAuth:
             who = "invalid-token"
         elif subject is not None and self.client_certs:
             full, cn = subject
-            return self._allow(service, f"cert:{full or cn}", full in self.admin_subjects or cn in self.admin_subjects)
+            return self._allow(service, f"cert:{full or cn}", self.admin_subject(full, cn))
         if service in OPEN_SERVICES or not self.enabled:
             return Decision(None, who)
         return Decision("unauthenticated", who)
+
+    def admin_subject(self, full: str, cn: str) -> bool:
+        """Whether a verified certificate has admin rights: an `[auth] admin_subjects` entry equal to
+        its whole subject (RFC 4514, escaped), or an entry `CN:<name>` equal to its common name.
+        Never a subject against a CN entry or a CN against a subject entry: a certificate whose CN
+        is literally "CN=ops,O=site" is not the subject "CN=ops,O=site"."""
+        return any(e == f"CN:{cn}" if e.startswith("CN:") else e == full for e in self.admin_subjects) \
+            if (full or cn) else False
 
     @staticmethod
     def _allow(service: str, identity: str, admin: bool) -> Decision:

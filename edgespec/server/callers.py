@@ -104,7 +104,9 @@ class Place:
 
     def reserve(self, tokens: int) -> None:
         """The most tokens the request may use: counted against its caller's tokens-per-minute
-        limit while it is in flight, so that concurrent requests cannot overshoot it together."""
+        limit while it is in flight, so that concurrent requests cannot overshoot it together.
+        CallerLimited (the place then still to be closed) when the caller's other requests
+        reserved the limit since this one was admitted."""
         self._limits._reserve(self, tokens)
 
     def start(self) -> bool:
@@ -178,15 +180,7 @@ class CallerLimits:
             if not queued and caps.concurrent and n.running >= caps.concurrent:
                 raise self._refuse(fig, "concurrent", f"{identity} has {n.running} requests running, its limit "
                                    f"(limits.caller_concurrent / limits.callers)", RETRY_SECONDS)
-            if caps.tokens_per_minute:
-                used = self._window(identity, now)
-                # what the window holds and what the caller's requests in flight may still use
-                total = sum(t for _, t in used) + self._reserved.get(identity, 0)
-                if total >= caps.tokens_per_minute:
-                    wait = used[0][0] + WINDOW_SECONDS - now if used else RETRY_SECONDS
-                    raise self._refuse(fig, "tokens", f"{identity} used or holds in flight {total} tokens of the "
-                                       f"last minute, its limit (limits.caller_tokens_per_minute / limits.callers)",
-                                       wait)
+            self._within_tokens(identity, caps, fig, now)
             self._counts[identity] = n
             fig.requests += 1
             if queued:
@@ -238,10 +232,27 @@ class CallerLimits:
             if not n.running and not n.queued:
                 del self._counts[p.identity]
 
+    def _within_tokens(self, identity: str, caps: Caps, fig: Figures, now: float) -> None:
+        """CallerLimited unless what the window holds and what the caller's requests in flight may
+        still use are under its tokens-per-minute limit (under the lock)."""
+        if not caps.tokens_per_minute:
+            return
+        used = self._window(identity, now)
+        total = sum(t for _, t in used) + self._reserved.get(identity, 0)
+        if total >= caps.tokens_per_minute:
+            wait = used[0][0] + WINDOW_SECONDS - now if used else RETRY_SECONDS
+            raise self._refuse(fig, "tokens", f"{identity} used or holds in flight {total} tokens of the "
+                               f"last minute, its limit (limits.caller_tokens_per_minute / limits.callers)", wait)
+
     def _reserve(self, p: Place, tokens: int) -> None:
         with self._lock:
             if p.state == "released":
                 return
+            if not p.reserved:
+                # checked again as the request's tokens are known: requests admitted together
+                # (their prompts tokenised and constraints compiled in parallel after admission)
+                # reserve one at a time, and those past the limit are refused here
+                self._within_tokens(p.identity, self.caps(p.identity), self._fig(p.identity), self._clock())
             self._unreserve(p)
             p.reserved = max(0, int(tokens))
             if p.reserved:

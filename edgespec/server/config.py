@@ -113,6 +113,27 @@ def _check_controller(values: dict[str, Any]) -> list[tuple[str, str]]:
     return []
 
 
+def systemd_network(cfg: "DaemonConfig") -> str:
+    """IPAddressDeny=/IPAddressAllow= lines for the unit, where systemd can express what the
+    config allows: every listener on loopback (gRPC, HTTP when enabled, metrics when enabled) ->
+    only localhost, plus the hosts of target.rpc_servers given as IP addresses. A listener on
+    another address serves clients the config does not list: nothing is written then."""
+    import ipaddress
+
+    hosts = [cfg.server.host, *([cfg.http.host] if cfg.http.enabled else []),
+             *([cfg.metrics.host] if cfg.metrics.enabled else [])]
+    if not all(is_loopback(h) for h in hosts):
+        return ""
+    allow = ["localhost"]
+    for endpoint in cfg.rpc_servers:
+        host = endpoint.rpartition(":")[0].strip("[]")
+        try:
+            allow.append(str(ipaddress.ip_address(host)))
+        except ValueError:
+            return ""  # a host name: systemd allows addresses only
+    return "IPAddressDeny=any\n" + "".join(f"IPAddressAllow={a}\n" for a in allow)
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -336,7 +357,7 @@ def _cross_checks(values: dict[str, dict[str, Any]], found: list[tuple[str, str]
     problems += _exposure(values)
     if values["auth"]["admin_subjects"] and not tls["client_ca"]:
         problems.append(("auth.admin_subjects", "certificate subjects need mutual TLS (tls.client_ca)"))
-    for key in ("tokens_file", "admin_tokens_file"):
+    for key in ("tokens_file", "admin_tokens_file", "metrics_tokens_file"):
         if values["auth"][key] and not any(k == f"auth.{key}" for k, _ in found):
             from edgespec.server.auth import read_hashes
 

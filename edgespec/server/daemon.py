@@ -42,7 +42,6 @@ log = get_logger("edgespec.server")
 
 INFERENCE = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
 ADMIN = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
-METRICS_SCRAPE = "/edgespec.v1.Metrics/Scrape"  # how a /metrics scrape is named to the token check
 SPARE_THREADS = 32  # handler threads beyond parallel + queue_size (health, admin, tokenize, rejections)
 
 
@@ -64,6 +63,14 @@ class _Systemd:
             self._watchdog.kick()
         except Exception:
             pass
+
+
+def stop_timeout_seconds(grace: float) -> float:
+    """The longest `shutdown(grace)` takes: gRPC's stop waits grace + 5 s, HTTP's join as long
+    again and 5 s more to force its exit, then the suffix cache's save and the engine's stop
+    (30 s allowed). Sent to systemd as the drain starts (EXTEND_TIMEOUT_USEC), so that a
+    grace_seconds beyond the unit's TimeoutStopSec never has the drain SIGKILLed."""
+    return 2 * (grace + 5) + 5 + 30
 
 
 STARTUP_SECONDS_PER_MODEL = 300.0  # mapping, warm-up and the first forwards of one model
@@ -110,6 +117,17 @@ def default_engine_factory(cfg: DaemonConfig) -> Callable[[], Any]:
     return load
 
 
+def suffix_model(engine: Any) -> str:
+    """The identity a suffix-cache snapshot records: the target file's name and size and its
+    vocabulary's size (a snapshot of another model's token ids is discarded at load)."""
+    path = Path(engine.cfg.target.path) if getattr(engine, "cfg", None) is not None else None
+    try:
+        size = path.stat().st_size if path is not None else 0
+    except OSError:
+        size = 0
+    return f"{path.name if path else ''}:{size}:{getattr(engine.target, 'n_vocab', 0)}"
+
+
 def _load_suffix(engine: Any) -> None:
     """Load the suffix cache's snapshot (speculation.suffix_cache_persist); a missing one is
     normal, a bad one is logged and ignored (the cache starts empty)."""
@@ -119,7 +137,8 @@ def _load_suffix(engine: Any) -> None:
     if not path.is_file():
         return
     try:
-        n = engine.suffix_cache.load(path, max_file_bytes=snapshot_limit(engine.suffix_cache.max_bytes))
+        n = engine.suffix_cache.load(path, max_file_bytes=snapshot_limit(engine.suffix_cache.max_bytes),
+                                     model=suffix_model(engine), n_vocab=getattr(engine.target, "n_vocab", None))
         log.info("suffix_cache_loaded", path=str(path), documents=n, bytes=engine.suffix_cache.bytes)
     except (OSError, ValueError) as exc:
         engine.suffix_cache.clear()
@@ -183,7 +202,8 @@ MAX_REQUEST_SECONDS = 3600
 
 def auth_from_config(cfg: DaemonConfig) -> TokenAuth:
     return TokenAuth.from_files(cfg.auth.tokens_file, cfg.auth.admin_tokens_file,
-                                client_certs=bool(cfg.tls.client_ca), admin_subjects=cfg.auth.admin_subjects)
+                                client_certs=bool(cfg.tls.client_ca), admin_subjects=cfg.auth.admin_subjects,
+                                metrics_tokens_file=cfg.auth.metrics_tokens_file)
 
 
 class Daemon:
@@ -354,7 +374,7 @@ class Daemon:
 
         def save(engine: Any) -> int:
             cache = getattr(engine, "suffix_cache", None)
-            return cache.save(path) if cache is not None else 0
+            return cache.save(path, model=suffix_model(engine)) if cache is not None else 0
 
         try:
             n = self.loop.call(save, timeout=60.0)
@@ -449,12 +469,11 @@ class Daemon:
         self.loop.start()
         return self.port
 
-    def _metrics_authorized(self, authorization: str | None) -> bool:
-        """/metrics wants a bearer token (any token, user or admin) whenever token files are
-        configured (plain HTTP carries no client certificate: mutual TLS alone leaves it to the
-        loopback rule of config validation)."""
-        auth = self.auth
-        return not auth.has_tokens or auth.check(METRICS_SCRAPE, authorization) is None
+    def _metrics_authorized(self, authorization: str | None) -> str | None:
+        """/metrics's scope for a scrape (TokenAuth.scrape): a metrics or admin token whenever
+        token files are configured (plain HTTP carries no client certificate: mutual TLS alone
+        leaves it to the loopback rule of config validation)."""
+        return self.auth.scrape(authorization)
 
     @property
     def http_port(self) -> int:
@@ -473,6 +492,7 @@ class Daemon:
         log.info("shutting_down", grace_seconds=grace, **{k: v for k, v in self.loop.stats().items()
                                                            if k in ("active_requests", "queue_depth")})
         self.systemd("stopping", "draining")
+        self.systemd("extend_timeout", stop_timeout_seconds(grace))
         self.health.enter_graceful_shutdown()
         self.loop.drain(True)
         if self.http is not None:

@@ -54,12 +54,13 @@ from edgespec.errors import (
     UnknownModel,
 )
 from edgespec.logs import bind_request_id, clear_request, get_logger
-from edgespec.server import answer, convert, models_api, pipe
+from edgespec.server import answer, convert, models_api, origin, pipe
 from edgespec.server import anthropic_api as an
 from edgespec.server import embeddings as emb
 from edgespec.server import openai_api as oa
 from edgespec.server import responses_api as ra
 from edgespec.server.auth import TokenAuth
+from edgespec.server.origin import CrossSite
 from edgespec.server.callers import UNLIMITED, CallerLimits, Place, Unlimited, current_caller, retry_after_seconds
 from edgespec.server.config import LimitsConfig
 from edgespec.server.engine_loop import EngineLoop, Job
@@ -91,6 +92,7 @@ STATUS: tuple[tuple[type[BaseException], int, str], ...] = (
     (BadRequest, 400, "invalid_request_error"),
     (ConfigError, 400, "invalid_request_error"),
     (Unauthenticated, 401, "authentication_error"),
+    (CrossSite, 403, "permission_error"),
     (Overloaded, 429, "rate_limit_error"),
     (NotReady, 503, "service_unavailable_error"),
     (Cancelled, 499, "cancelled"),
@@ -203,7 +205,7 @@ class HttpApi:
                  limits: LimitsConfig | None = None, chat_template: str = "",
                  embedder: emb.Embedder | None = None, strict: bool = False, callers: CallerLimits | None = None,
                  tool_format: str = "auto", reasoning_format: str = "auto",
-                 metrics: Callable[[str | None], tuple[bytes, str]] | None = None,
+                 metrics: Callable[[str | None, bool], tuple[bytes, str]] | None = None,
                  registry: models_api.Registry | None = None, reranker: Any = None,
                  record: Callable[[str, str, int, float], None] | None = None):
         self.loop = loop
@@ -245,7 +247,8 @@ class HttpApi:
                       methods=["POST"]),
                 Route("/v1/responses", self._endpoint(self.responses), methods=["POST"]),
                 Route("/v1/embeddings", self._endpoint(self.embeddings), methods=["POST"]),
-                *([Route("/metrics", self._endpoint(self.metrics_text), methods=["GET"])] if metrics else []),
+                *([Route("/metrics", self._endpoint(self.metrics_text, open_=True), methods=["GET"])]
+                  if metrics else []),
                 Route("/health", self._endpoint(self.health, open_=True), methods=["GET"]),
                 Route("/tokenize", self._endpoint(self.tokenize), methods=["POST"]),
                 Route("/detokenize", self._endpoint(self.detokenize), methods=["POST"]),
@@ -277,6 +280,8 @@ class HttpApi:
                 if caller_rid:
                     rid = caller_rid  # the job takes the caller's id
                     bind_request_id(request_id=rid, x_request_id=caller_rid)
+                if not self.auth().enabled:  # no token: browsers on this host are held to their origin
+                    origin.check(request.headers, request.url.scheme, client.host if client else None)
                 if not open_ and decision.verdict is not None:
                     raise Unauthenticated("missing or invalid bearer token (header 'Authorization: Bearer <token>' "
                                           "or 'x-api-key: <token>') or client certificate")
@@ -779,8 +784,13 @@ class HttpApi:
     # ---- the rest ------------------------------------------------------------------------------
 
     async def metrics_text(self, request: Request, rid: str) -> Response:
+        """A metrics or admin token's scrape (TokenAuth.scrape); the per-caller figures for admin."""
         assert self.metrics is not None
-        body, content_type = self.metrics(request.headers.get("accept"))
+        scope = self.auth().scrape(request.headers.get("authorization"), client_subject(request.scope))
+        if scope is None:
+            raise Unauthenticated("/metrics needs a metrics token (auth.metrics_tokens_file) or an admin token "
+                                  "or certificate")
+        body, content_type = self.metrics(request.headers.get("accept"), scope == "all")
         return Response(body, headers={"content-type": content_type})
 
     async def embeddings(self, request: Request, rid: str) -> Response:

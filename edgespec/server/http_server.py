@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from uvicorn.config import HTTP_PROTOCOLS
+from uvicorn.config import HTTP_PROTOCOLS, create_ssl_context
 from uvicorn.importer import import_from_string
 
 from edgespec.errors import ConfigError
@@ -47,13 +47,25 @@ _RDN = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "
 _TLS_VERSIONS = {"TLSv1": 0x0301, "TLSv1.1": 0x0302, "TLSv1.2": 0x0303, "TLSv1.3": 0x0304}
 
 
+def rdn_escape(value: str) -> str:
+    """An attribute value escaped as RFC 4514 (and grpc's x509_subject, OpenSSL's RFC 2253 form)
+    writes it: `,+"\\<>;` and NUL, a leading `#` or space and a trailing space, backslashed. Without
+    it a CN of "ops,O=site" reads as the subject "CN=ops,O=site"."""
+    out = [f"\\{c}" if c in ',+"\\<>;' else "\\00" if c == "\0" else c for c in value]
+    if value[:1] in ("#", " "):
+        out[0] = "\\" + out[0]
+    if len(value) > 1 and value.endswith(" "):
+        out[-1] = "\\ "
+    return "".join(out)
+
+
 def cert_subject(peercert: dict | None) -> tuple[str, str] | None:
     """(subject, common name) of a verified peer certificate (ssl's getpeercert() dict), the
     subject written as gRPC writes it (most specific first: "CN=x,O=y"), or None."""
     if not peercert or not peercert.get("subject"):
         return None
     pairs = [(k, v) for rdn in peercert["subject"] for k, v in rdn]
-    full = ",".join(f"{_RDN.get(k, k)}={v}" for k, v in reversed(pairs))
+    full = ",".join(f"{_RDN.get(k, k)}={rdn_escape(v)}" for k, v in reversed(pairs))
     cn = next((v for k, v in pairs if k == "commonName"), "")
     return full, cn
 
@@ -151,7 +163,7 @@ class HttpServer:
     def __init__(self, cfg: DaemonConfig, loop: EngineLoop, policy: Callable[[], Policy],
                  auth: Callable[[], TokenAuth], embedder: emb.Embedder | None = None,
                  callers: CallerLimits | None = None,
-                 metrics: Callable[[str | None], tuple[bytes, str]] | None = None,
+                 metrics: Callable[[str | None, bool], tuple[bytes, str]] | None = None,
                  registry: Any = None, reranker: Any = None,
                  record: Callable[[str, str, int, float], None] | None = None):
         self.cfg = cfg
@@ -172,7 +184,9 @@ class HttpServer:
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._sock: socket.socket | None = None
-        self._ssl: ssl.SSLContext | None = None  # the context uvicorn serves from (reload_tls)
+        self._ssl: ssl.SSLContext | None = None  # the context uvicorn serves from
+        self._current: ssl.SSLContext | None = None  # the one handshakes get (reload_tls rebuilds it)
+        self._ssl_config: uvicorn.Config | None = None
         self.port = 0
 
     @property
@@ -180,8 +194,17 @@ class HttpServer:
         return "https" if self.cfg.tls.enabled else "http"
 
     def _keep_ssl(self, config: uvicorn.Config, default: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
-        """uvicorn's ssl_context_factory: its own context from the configured files, kept for reload_tls."""
-        self._ssl = default()
+        """uvicorn's ssl_context_factory: its own context from the configured files. Each handshake
+        is handed the context in force (`_current`, rebuilt by reload_tls) from the SNI callback,
+        which OpenSSL calls for every ClientHello, with or without a server name."""
+        self._ssl_config = config
+        self._ssl = self._current = default()
+
+        def current(sslobj: ssl.SSLObject, _name: str | None, _ctx: ssl.SSLContext) -> None:
+            if self._current is not self._ssl:
+                sslobj.context = self._current  # its certificate, key and client CAs
+
+        self._ssl.sni_callback = current
         return self._ssl
 
     def start(self) -> int:
@@ -228,15 +251,17 @@ class HttpServer:
         return self.port
 
     def reload_tls(self, t: Any) -> None:
-        """SIGHUP: the HTTPS listener's certificate and key (and client CAs, added) re-read into
-        the SSL context uvicorn serves from: new handshakes get them, connections already open keep
-        theirs. ssl.SSLError / OSError for a bad pair (the daemon's reload then changes nothing)."""
-        ctx = self._ssl
-        if ctx is None:
+        """SIGHUP: a new SSL context from the certificate, key and client CAs as the files now
+        hold them, handed to every new handshake (connections already open keep theirs). Rebuilt,
+        not added to: a CA removed from tls.client_ca no longer verifies anyone. ssl.SSLError /
+        OSError for a bad pair (the daemon's reload then changes nothing)."""
+        c = self._ssl_config
+        if self._ssl is None or c is None:
             return
-        ctx.load_cert_chain(str(Path(t.cert).expanduser()), str(Path(t.key).expanduser()))
-        if t.client_ca:
-            ctx.load_verify_locations(cafile=str(Path(t.client_ca).expanduser()))
+        ca = str(Path(t.client_ca).expanduser()) if t.client_ca else None
+        self._current = create_ssl_context(
+            str(Path(t.cert).expanduser()), str(Path(t.key).expanduser()), None, c.ssl_version,
+            ssl.CERT_REQUIRED if ca else ssl.CERT_NONE, ca, c.ssl_ciphers)
 
     def stop(self, grace: float | None = None) -> None:
         """Begin the graceful stop (returns at once); join() waits for it."""

@@ -310,11 +310,12 @@ class Metrics:
         """The Prometheus text (format 0.0.4) of every family."""
         return prometheus_client.generate_latest(self.registry).decode()
 
-    def exposition(self, accept: str | None) -> tuple[bytes, str]:
+    def exposition(self, accept: str | None, per_caller: bool = True) -> tuple[bytes, str]:
         """(body, Content-Type) in the format the scraper's Accept header asks for: OpenMetrics
-        for `application/openmetrics-text`, else Prometheus text."""
+        for `application/openmetrics-text`, else Prometheus text. `per_caller` False leaves out
+        the edgespec_caller_* families (a metrics token's scrape: TokenAuth.scrape)."""
         encoder, content_type = choose_encoder(accept or "")
-        return encoder(self.registry), content_type
+        return encoder(self.registry if per_caller else _Shared(self.registry)), content_type
 
 
 # /metrics is a thread per connection (wsgiref): every read and write on a scrape's socket must
@@ -378,22 +379,35 @@ class _BoundedServer(ThreadingWSGIServer):
         pass  # a timed-out, evicted or reset connection: nothing to report
 
 
+class _Shared:
+    """A registry's families but the per-caller ones (edgespec_caller_*), for a metrics token."""
+
+    def __init__(self, registry: prometheus_client.CollectorRegistry):
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        return (m for m in self.registry.collect() if not m.name.startswith("edgespec_caller_"))
+
+
 def serve_metrics(metrics: Metrics, host: str, port: int,
-                  authorize: Callable[[str | None], bool] | None = None) -> ThreadingWSGIServer:
+                  authorize: Callable[[str | None], str | None] | None = None) -> ThreadingWSGIServer:
     """Start the /metrics HTTP server (prometheus_client's WSGI app: OpenMetrics when asked, gzip
     when accepted) in a daemon thread; returns it (`.server_address`, `.shutdown()`).
-    `authorize(Authorization header)`: False answers 401 (the daemon passes its token check when
-    auth is configured; None = open). Paths other than /metrics and / are 404."""
-    exporter = prometheus_client.make_wsgi_app(metrics.registry)
+    `authorize(Authorization header)`: the scrape's scope (TokenAuth.scrape: "all", "shared"
+    without the per-caller families, None answers 401); no `authorize` = "all". Paths other than
+    /metrics and / are 404."""
+    exporters = {"all": prometheus_client.make_wsgi_app(metrics.registry),
+                 "shared": prometheus_client.make_wsgi_app(_Shared(metrics.registry))}  # type: ignore[arg-type]
 
     def app(environ: dict, start_response: Callable) -> list[bytes]:
         if environ.get("PATH_INFO", "/") not in ("/metrics", "/"):
             start_response("404 Not Found", [("Content-Length", "0")])
             return [b""]
-        if authorize is not None and not authorize(environ.get("HTTP_AUTHORIZATION")):
+        scope = "all" if authorize is None else authorize(environ.get("HTTP_AUTHORIZATION"))
+        if scope is None:
             start_response("401 Unauthorized", [("WWW-Authenticate", 'Bearer realm="edgespec"'), ("Content-Length", "0")])
             return [b""]
-        return exporter(environ, start_response)
+        return exporters[scope](environ, start_response)
 
     class Server(_BoundedServer):
         request_queue_size = 128  # the listen backlog (socketserver's 5 dropped a burst's SYNs)

@@ -295,3 +295,54 @@ def test_cli_plan_says_which_pairing_applies(tiny, tmp_path):
     assert pairing(none).startswith("incompatible: draft.path: none.gguf has no tokenizer")
     text = runner.invoke(app, ["plan", "--target", str(tiny), "--draft", str(padded), "--n-ctx", "512", "--vram", "1"])
     assert "pairing: padded vocabularies" in text.output
+
+
+def test_plan_systemd_writes_memory_limits_sized_from_the_plan(tiny):
+    """`plan --systemd`: the unit's MemoryHigh is the plan's total plus the host's allowance, and
+    MemoryMax sits above it; more slots (a larger plan) raise both."""
+    import configparser
+
+    from edgespec.cli.main import app
+    from edgespec.plan import HOST_ALLOWANCE_BYTES, MEMORY_MAX_FACTOR
+
+    def limits(parallel: int) -> tuple[int, int, int]:
+        out = CliRunner().invoke(app, ["plan", "--target", str(tiny), "--n-ctx", "4096", "--cpu", "--parallel",
+                                       str(parallel), "--systemd"])
+        assert out.exit_code == 0, out.output
+        unit = configparser.ConfigParser()
+        unit.read_string(out.output)
+        js = CliRunner().invoke(app, ["plan", "--target", str(tiny), "--n-ctx", "4096", "--cpu", "--parallel",
+                                      str(parallel), "--json"])
+        total = json.loads(js.output)["total_bytes"]
+        mib = lambda v: int(v.removesuffix("M")) << 20  # noqa: E731
+        return mib(unit["Service"]["MemoryHigh"]), mib(unit["Service"]["MemoryMax"]), total
+
+    high, top, total = limits(1)
+    assert total + HOST_ALLOWANCE_BYTES <= high < total + HOST_ALLOWANCE_BYTES + (1 << 20)
+    assert abs(top - high * MEMORY_MAX_FACTOR) < 2 << 20 and top > high
+    assert limits(8)[0] > high
+
+
+def test_plan_systemd_from_a_config_adds_the_address_rules_systemd_can_express(tmp_path):
+    """From the daemon's config: listeners all on loopback -> IPAddressDeny=any with localhost
+    and the rpc_servers' addresses allowed; a listener elsewhere serves clients the config does
+    not list -> no address rules (a host name in rpc_servers, which systemd cannot express, too)."""
+    from edgespec.cli.main import app
+
+    target = write_gguf(tmp_path / "t.gguf")
+
+    def dropin(extra: str, in_target: str = "") -> list[tuple[str, str]]:
+        (tmp_path / "e.toml").write_text(f'[draft]\npath = ""\n{extra}[target]\npath = "{target}"\n{in_target}')
+        out = CliRunner().invoke(app, ["plan", "--config", str(tmp_path / "e.toml"), "--systemd"])
+        assert out.exit_code == 0, out.output
+        lines = [ln for ln in out.output.splitlines() if ln and not ln.startswith("#")]
+        assert lines[0] == "[Service]"
+        return [tuple(ln.split("=", 1)) for ln in lines[1:]]  # type: ignore[misc]
+
+    rules = dropin("")
+    assert [k for k, _ in rules[:2]] == ["MemoryHigh", "MemoryMax"]
+    assert rules[2:] == [("IPAddressDeny", "any"), ("IPAddressAllow", "localhost")]
+    rules = dropin("", 'n_gpu_layers = -1\nrpc_servers = ["10.0.0.7:50052"]\n')
+    assert rules[2:] == [("IPAddressDeny", "any"), ("IPAddressAllow", "localhost"), ("IPAddressAllow", "10.0.0.7")]
+    assert len(dropin("", 'n_gpu_layers = -1\nrpc_servers = ["gpu-box:50052"]\n')) == 2
+    assert [k for k, _ in dropin('[server]\nhost = "0.0.0.0"\ninsecure = true\n')] == ["MemoryHigh", "MemoryMax"]

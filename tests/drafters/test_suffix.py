@@ -374,12 +374,12 @@ def test_bigram_rows_make_a_usable_test():
 
 def test_the_daemon_loads_its_snapshot_and_starts_empty_on_a_bad_one(tmp_path, monkeypatch):
     from edgespec.drafters.suffix import snapshot_path
-    from edgespec.server.daemon import _load_suffix
+    from edgespec.server.daemon import _load_suffix, suffix_model
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     eng = fake_engine(parallel=1)
     stream(eng, PROMPTS[:2], "auto", caller="token:a")
-    eng.suffix_cache.save(snapshot_path())
+    eng.suffix_cache.save(snapshot_path(), model=suffix_model(eng))
     fresh = fake_engine(parallel=1)
     _load_suffix(fresh)
     assert fresh.suffix_stats()["documents"] == 2
@@ -409,3 +409,30 @@ def test_real_models_greedy_output_with_the_cache_equals_plain(engine, monkeypat
         assert sum(r.stats.accepted_by_source.get("suffix", 0) for r in got[1:]) > 0
     finally:
         engine.suffix_control(enabled=False, clear=True)
+
+
+def test_a_snapshot_of_another_model_or_vocabulary_is_discarded_with_a_log_line(tmp_path, monkeypatch):
+    """A snapshot records the model whose token ids it holds: after a model change it is stale
+    (discarded, logged), and ids outside the vocabulary are refused before anything is inserted
+    (they failed the tick of every request a draft of theirs joined)."""
+    from structlog.testing import capture_logs
+
+    from edgespec.drafters.suffix import snapshot_path
+    from edgespec.server.daemon import _load_suffix, suffix_model
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    eng = fake_engine(parallel=1)
+    stream(eng, PROMPTS[:2], "auto", caller="token:a")
+    eng.suffix_cache.save(snapshot_path(), model="another-target.gguf:123:32000")
+    fresh = fake_engine(parallel=1)
+    with capture_logs() as logs:
+        _load_suffix(fresh)
+    assert fresh.suffix_stats()["documents"] == 0
+    assert any(e["event"] == "suffix_cache_load_failed" and "stale" in e["error"] for e in logs), logs
+    c = SuffixCache(1 << 20)
+    c.insert("token:a", TEMPLATE, [1, 2, fresh.target.n_vocab + 5])
+    c.save(snapshot_path(), model=suffix_model(fresh))
+    with capture_logs() as logs:
+        _load_suffix(fresh)
+    assert fresh.suffix_stats()["documents"] == 0
+    assert any(e["event"] == "suffix_cache_load_failed" and "outside the vocabulary" in e["error"] for e in logs)

@@ -80,7 +80,21 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     # a second, unrelated CA: clients it signs must be refused under mTLS
     ossl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "other.key", "-out", "other.pem",
          "-days", "2", "-subj", "/CN=other")
+    # a client whose common name is literally a subject ("ops,O=site"), signed by the CA
+    ossl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "trick.key", "-out", "trick.csr",
+         "-subj", "/CN=ops\\,O=site")
+    ossl("x509", "-req", "-in", "trick.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+         "-out", "trick.pem", "-days", "2")
+    # a second CA of the site's and a client it signs (a CA removed from client_ca is revoked)
+    ossl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca2.key", "-out", "ca2.pem",
+         "-days", "2", "-subj", "/CN=edgespec test CA 2")
+    ossl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "client2.key", "-out", "client2.csr",
+         "-subj", "/CN=client of CA 2")
+    ossl("x509", "-req", "-in", "client2.csr", "-CA", "ca2.pem", "-CAkey", "ca2.key", "-CAcreateserial",
+         "-out", "client2.pem", "-days", "2")
     return {
+        "trick_cert": d / "trick.pem", "trick_key": d / "trick.key", "ca2": d / "ca2.pem",
+        "client2_cert": d / "client2.pem", "client2_key": d / "client2.key",
         "ca": d / "ca.pem", "server_cert": d / "server.pem", "server_key": d / "server.key",
         "client_cert": d / "client.pem", "client_key": d / "client.key", "other_cert": d / "other.pem",
         "other_key": d / "other.key"}

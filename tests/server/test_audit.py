@@ -17,13 +17,14 @@ from structlog.testing import capture_logs
 from edgespec.errors import ConfigError
 from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2_grpc
 from edgespec.proto.edgespec.v1 import inference_pb2 as pb
-from edgespec.server.auth import TokenAuth, hash_token, read_named_hashes
+from edgespec.server.auth import TokenAuth, hash_token, read_named_hashes, unnamed
 from edgespec.server.channel import ClientOptions, open_channel
 from edgespec.server.config import InvalidConfig, load
 from tests.server.test_daemon import req
 
 INF, ADM, HC = "/edgespec.v1.Inference/Generate", "/edgespec.v1.Admin/Stats", "/grpc.health.v1.Health/Check"
 USER_SECRET, ADMIN_SECRET = "user-secret-7f3a", "admin-secret-91bc"
+ADMIN_ID = f"token:{unnamed(hash_token(ADMIN_SECRET))}"  # the unnamed admin token's identity
 
 
 @pytest.fixture
@@ -46,11 +47,34 @@ def rpc_lines(entries: list[dict], method: str) -> list[dict]:
 def named_tokens(tmp_path):
     user, admin = tmp_path / "tokens", tmp_path / "admin_tokens"
     user.write_text(f"# who calls\nops-dashboard:{hash_token(USER_SECRET)}  # the dashboard\n")
-    admin.write_text(hash_token(ADMIN_SECRET) + "\n")  # unnamed: named after file and line
+    admin.write_text(hash_token(ADMIN_SECRET) + "\n")  # unnamed: named after its hash
     return {"tokens_file": str(user), "admin_tokens_file": str(admin)}
 
 
 # ---- pure rules -------------------------------------------------------------------------------
+
+
+def test_an_unnamed_tokens_identity_is_its_own_wherever_its_line_is(tmp_path):
+    """Named after its hash, not its file and line: an edited file keeps every identity (and with
+    it limits, cache partitions, the suffix-cache snapshot), and a user file and an admin file of
+    the same basename give two tokens two identities. A name given to two tokens is refused."""
+    (tmp_path / "u").mkdir()
+    (tmp_path / "a").mkdir()
+    users, admins = tmp_path / "u" / "tokens", tmp_path / "a" / "tokens"
+    users.write_text(f"{hash_token('t1')}\n{hash_token('t2')}\n")
+    admins.write_text(f"{hash_token('t3')}\n")
+    auth = TokenAuth.from_files(str(users), str(admins))
+    before = {t: auth.decide(INF, f"Bearer {t}").identity for t in ("t1", "t2", "t3")}
+    assert len(set(before.values())) == 3 and all(v.startswith("token:sha-") for v in before.values())
+    users.write_text(f"# a comment now\n{hash_token('t2')}\n\n{hash_token('t1')}\n")
+    auth = TokenAuth.from_files(str(users), str(admins))
+    assert {t: auth.decide(INF, f"Bearer {t}").identity for t in ("t1", "t2", "t3")} == before
+    assert not any(hash_token(t) in v for t, v in before.items())  # the stored hash is not the name
+    admins.write_text(f"ops:{hash_token('t3')}\n")
+    users.write_text(f"ops:{hash_token('t1')}\n")
+    with pytest.raises(ConfigError, match="'ops' is given to two different tokens"):
+        TokenAuth.from_files(str(users), str(admins))
+
 
 
 def test_named_hashes_and_decisions(tmp_path, named_tokens):
@@ -59,10 +83,10 @@ def test_named_hashes_and_decisions(tmp_path, named_tokens):
     bad.write_text(f"two words:{hash_token('x')}\n")
     with pytest.raises(ConfigError, match="line 1: a token name"):
         read_named_hashes(bad)
-    a = TokenAuth.from_files(**named_tokens, client_certs=True, admin_subjects=("ops team",))
+    a = TokenAuth.from_files(**named_tokens, client_certs=True, admin_subjects=("CN:ops team",))
     d = a.decide(INF, f"Bearer {USER_SECRET}")
     assert (d.verdict, d.identity, d.admin) == (None, "token:ops-dashboard", False)
-    assert a.decide(ADM, f"Bearer {ADMIN_SECRET}").identity == "token:admin_tokens:1"
+    assert a.decide(ADM, f"Bearer {ADMIN_SECRET}").identity == ADMIN_ID
     assert a.decide(ADM, f"Bearer {USER_SECRET}").verdict == "permission_denied"
     cert = ("CN=ops team,O=site", "ops team")
     assert a.decide(ADM, None, cert).verdict is None  # admin by common name
@@ -89,12 +113,12 @@ def test_no_non_loopback_bind_without_authentication(tmp_path, named_tokens):
     load(None, env={}, overrides={"server": {"host": "0.0.0.0"}, "auth": named_tokens})
     load(None, env={}, overrides={"server": {"host": "0.0.0.0", "insecure": True}})
     with pytest.raises(InvalidConfig, match="auth.admin_subjects: certificate subjects need mutual TLS"):
-        load(None, env={}, overrides={"auth": {"admin_subjects": ["ops"]}})
+        load(None, env={}, overrides={"auth": {"admin_subjects": ["CN:ops"]}})
     with pytest.raises(InvalidConfig, match="auth.admin_subjects"):
         load(None, env={}, overrides={"auth": {"admin_subjects": [""]}, "tls": {**cert, "client_ca": str(ca)}})
-    env = {"EDGESPEC_AUTH_ADMIN_SUBJECTS": "ops team, CN=x"}
+    env = {"EDGESPEC_AUTH_ADMIN_SUBJECTS": "CN:ops team, CN=x"}
     got = load(None, env=env, overrides={"tls": {**cert, "client_ca": str(ca)}}).auth.admin_subjects
-    assert got == ("ops team", "CN=x")
+    assert got == ("CN:ops team", "CN=x")
 
 
 # ---- through a daemon -----------------------------------------------------------------------
@@ -129,7 +153,7 @@ def test_log_lines_name_peer_caller_and_request_id_never_the_secret(make_daemon,
     (st,) = rpc_lines(logs, "/edgespec.v1.Inference/GenerateStream")
     assert (st["caller"], st["x_request_id"], st["code"]) == ("token:ops-dashboard", "trace-43", "OK")
     (adm,) = rpc_lines(logs, ADM)
-    assert adm["caller"] == "token:admin_tokens:1"
+    assert adm["caller"] == ADMIN_ID
     assert USER_SECRET not in repr(logs) and ADMIN_SECRET not in repr(logs) and hash_token(USER_SECRET) not in repr(logs)
 
 
@@ -167,7 +191,7 @@ def test_client_certificate_is_an_identity_and_admin_by_subject(make_daemon, cer
     callers = [(e["method"], e["caller"], e["code"]) for e in logs if e["event"] == "rpc"]
     assert callers == [
         (INF, "cert:CN=edgespec client", "OK"), (ADM, "cert:CN=edgespec client", "PERMISSION_DENIED"),
-        (ADM, "token:admin_tokens:1", "OK"), (ADM, "cert:CN=edgespec client", "OK")]
+        (ADM, ADMIN_ID, "OK"), (ADM, "cert:CN=edgespec client", "OK")]
 
 
 def test_reload_swaps_tokens_and_a_failed_one_changes_nothing(make_daemon, named_tokens, tmp_path):
@@ -262,3 +286,88 @@ def test_http_lines_name_peer_caller_and_request_id_as_grpc_does(make_daemon, na
         ("token:ops-dashboard", "trace-7", 200), ("token:ops-dashboard", None, 400), ("invalid-token", None, 401)]
     assert all(e["peer"].startswith("ipv4:127.0.0.1:") for e in lines) and lines[0]["request_id"] == "trace-7"
     assert USER_SECRET not in repr(logs)
+
+
+# ---- mutual TLS: one rule for admin, escaped subjects, a removed CA revoked ---------------------
+
+
+def test_admin_by_whole_subject_or_an_explicit_cn_entry_never_across():
+    """An entry is a whole subject (matched exactly) or `CN:<name>` (matched against the common
+    name): a certificate whose CN is literally "ops,O=site" (its subject, escaped as RFC 4514 and
+    grpc write it: "CN=ops\\,O=site") is not the subject "CN=ops,O=site"; a bare name is refused."""
+    from edgespec.server.http_server import cert_subject
+
+    trick = cert_subject({"subject": ((("organizationName", "site"),), (("commonName", "ops,O=site"),))})
+    assert trick == ("CN=ops\\,O=site,O=site", "ops,O=site")
+    assert cert_subject({"subject": ((("commonName", " #a+b;<c> "),),)}) == ("CN=\\ #a\\+b\\;\\<c\\>\\ ", " #a+b;<c> ")
+    by_subject = TokenAuth(client_certs=True, admin_subjects=("CN=ops,O=site",))
+    assert not by_subject.decide(ADM, None, ("CN=ops\\,O=site", "ops,O=site")).admin
+    assert not by_subject.decide(ADM, None, ("CN=x,O=y", "CN=ops,O=site")).admin  # a CN against a subject entry
+    assert by_subject.decide(ADM, None, ("CN=ops,O=site", "ops")).admin
+    by_cn = TokenAuth(client_certs=True, admin_subjects=("CN:ops",))
+    assert by_cn.decide(ADM, None, ("CN=ops,O=site", "ops")).admin
+    assert not by_cn.decide(ADM, None, ("CN=opsx,O=site", "opsx")).admin
+    assert not TokenAuth(client_certs=True, admin_subjects=("ops",)).decide(ADM, None, ("CN=ops", "ops")).admin
+
+
+def test_a_bare_name_in_admin_subjects_is_a_config_error(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-")
+    tls = {"cert": str(ca), "key": str(ca), "client_ca": str(ca)}
+    with pytest.raises(InvalidConfig, match="auth.admin_subjects.*CN:<common name>"):
+        load(None, env={}, overrides={"auth": {"admin_subjects": ["ops team"]}, "tls": tls})
+    with pytest.raises(InvalidConfig, match="auth.admin_subjects"):
+        load(None, env={}, overrides={"auth": {"admin_subjects": ["CN:"]}, "tls": tls})
+    assert load(None, env={}, overrides={"auth": {"admin_subjects": ["CN:ops team", "CN=x,O=y"]},
+                                         "tls": tls}).auth.admin_subjects == ("CN:ops team", "CN=x,O=y")
+
+
+def test_a_certificate_whose_cn_spells_a_subject_is_not_that_subject_over_grpc(make_daemon, certs):
+    tls = {"cert": str(certs["server_cert"]), "key": str(certs["server_key"]), "client_ca": str(certs["ca"])}
+    r = make_daemon(tls=tls, auth={"admin_subjects": ["CN=ops,O=site"]})
+    trick = ClientOptions(addr=f"localhost:{r.daemon.port}", ca=str(certs["ca"]), cert=str(certs["trick_cert"]),
+                          key=str(certs["trick_key"]))
+    with open_channel(trick) as ch:
+        assert inference_pb2_grpc.InferenceStub(ch).Generate(req(max_tokens=2), timeout=5).text
+        with pytest.raises(grpc.RpcError) as e:
+            admin_pb2_grpc.AdminStub(ch).Stats(admin_pb2.StatsRequest(), timeout=5)
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_ca_removed_from_client_ca_is_revoked_on_reload_over_https_and_grpc(make_daemon, certs, tmp_path):
+    import http.client
+    import ssl
+
+    from tests.server.test_http import HTTP
+
+    bundle = tmp_path / "client_ca.pem"
+    bundle.write_text(certs["ca"].read_text() + certs["ca2"].read_text())
+    tls = {"cert": str(certs["server_cert"]), "key": str(certs["server_key"]), "client_ca": str(bundle)}
+    r = make_daemon(http=HTTP, tls=tls)
+
+    def https(cert: str, key: str) -> int:
+        ctx = ssl.create_default_context(cafile=str(certs["ca"]))
+        ctx.load_cert_chain(cert, key)
+        conn = http.client.HTTPSConnection("localhost", r.daemon.http_port, context=ctx, timeout=10)
+        try:
+            conn.request("GET", "/v1/models")
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    def grpc_ok(cert: str, key: str) -> bool:
+        opts = ClientOptions(addr=f"localhost:{r.daemon.port}", ca=str(certs["ca"]), cert=cert, key=key)
+        with open_channel(opts) as ch:
+            try:
+                return bool(inference_pb2_grpc.InferenceStub(ch).Generate(req(max_tokens=2), timeout=5).text)
+            except grpc.RpcError:
+                return False
+
+    one, two = (str(certs["client_cert"]), str(certs["client_key"])), (str(certs["client2_cert"]), str(certs["client2_key"]))
+    assert https(*two) == 200 and grpc_ok(*two)
+    bundle.write_text(certs["ca"].read_text())  # CA 2 removed
+    assert r.daemon.reload()
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        https(*two)
+    assert not grpc_ok(*two)
+    assert https(*one) == 200 and grpc_ok(*one)

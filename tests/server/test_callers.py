@@ -276,7 +276,7 @@ def test_per_caller_figures_in_stats_and_metrics(make_daemon, named_tokens):
     assert set(st.callers) == {DASH, "other"}
     port = r.daemon._metrics_server.server_address[1]
     text = urllib.request.urlopen(urllib.request.Request(
-        f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {USER_SECRET}"}), timeout=5).read().decode()
+        f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {ADMIN_SECRET}"}), timeout=5).read().decode()
     assert f'edgespec_caller_requests_total{{caller="{DASH}"}} 3' in text
     assert f'edgespec_caller_running{{caller="{DASH}"}} 1' in text
     assert f'edgespec_caller_queued{{caller="{DASH}"}} 1' in text
@@ -348,3 +348,86 @@ def test_a_request_in_flight_holds_its_tokens_against_a_concurrent_one(make_daem
         r.inference.Generate(req(max_tokens=40), timeout=5)
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "in flight" in e.value.details()
     stream.cancel()
+
+
+@pytest.mark.parametrize("api", ["grpc", "http"])
+def test_a_client_gone_after_the_last_chunk_is_charged_in_full(make_daemon, api):
+    """The client reads every token and goes before the final message (gRPC: the one with usage;
+    HTTP: the usage chunk and [DONE]): the engine charged the prompt and all 6 tokens at the job's
+    end, so with a cap of 7 its next request is refused."""
+    r = _tpm_daemon(make_daemon, cap=7)
+    lim = r.daemon.callers
+    got = 0
+    if api == "grpc":
+        stream = r.inference.GenerateStream(req(max_tokens=6), timeout=20)
+        for chunk in stream:
+            got += len(chunk.token_ids)
+            if got >= 6 or chunk.finish_reason:
+                break
+        stream.cancel()
+    else:
+        import http.client
+        import json
+
+        conn = http.client.HTTPConnection("127.0.0.1", r.daemon.http_port, timeout=20)
+        conn.request("POST", "/v1/completions", body=json.dumps({
+            "model": MODEL, "prompt": "Hello", "max_tokens": 6, "stream": True,
+            "stream_options": {"include_usage": True}}), headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200
+        while line := resp.readline():
+            if line.startswith(b"data: {") and json.loads(line[6:])["choices"]:
+                choice = json.loads(line[6:])["choices"][0]
+                got += 1 if choice["text"] else 0
+                if choice.get("finish_reason"):
+                    break
+        conn.close()
+    assert got >= 1
+    wait_for(lambda: lim.counts("anonymous") == (0, 0) and r.daemon.loop.stats()["active_requests"] == 0)
+    assert lim.snapshot()[OTHER]["tokens"] >= 7  # the prompt (1 token at least) and its 6 tokens
+    with pytest.raises(grpc.RpcError) as e:
+        r.inference.Generate(req(max_tokens=2), timeout=5)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "tokens" in e.value.details()
+
+
+@pytest.mark.parametrize("api", ["grpc", "http"])
+def test_concurrent_requests_overshoot_the_limit_by_one_request_at_most(make_daemon, api):
+    """Eight requests of 20 tokens at once against a cap of 30: what the caller is charged in the
+    minute stays under the cap plus one request (prompt + max_tokens), whichever are admitted,
+    cancelled half-way or refused."""
+    import httpx
+
+    r = make_daemon(http=HTTP, step_seconds=0.02, server={"parallel": 4, "queue_size": 8},
+                    limits={"caller_tokens_per_minute": 30})
+    lim = r.daemon.callers
+    codes: list[str] = []
+
+    def one(i: int) -> None:
+        if api == "grpc":
+            try:
+                stream = r.inference.GenerateStream(req(max_tokens=20), timeout=20)
+                for n, _ in enumerate(stream):
+                    if i % 2 and n == 2:
+                        stream.cancel()  # half of them cancel after a few chunks
+                        break
+                codes.append("ok")
+            except grpc.RpcError as e:
+                codes.append(e.code().name)
+        else:
+            with httpx.Client(timeout=20) as c, c.stream(
+                    "POST", f"http://127.0.0.1:{r.daemon.http_port}/v1/completions",
+                    json={"model": MODEL, "prompt": "Hello", "max_tokens": 20, "stream": True}) as s:
+                codes.append(str(s.status_code))
+                for n, _ in enumerate(s.iter_lines()):
+                    if i % 2 and n == 2:
+                        break
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wait_for(lambda: lim.counts("anonymous") == (0, 0) and r.daemon.loop.stats()["active_requests"] == 0)
+    one_request = 20 + 8  # max_tokens and a short prompt's tokens (the fake tokenises a byte a token)
+    assert lim.snapshot()[OTHER]["tokens"] <= 30 + one_request, (codes, lim.snapshot())
+    assert any(c in ("ok", "200") for c in codes) and any(c in ("RESOURCE_EXHAUSTED", "429") for c in codes), codes

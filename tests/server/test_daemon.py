@@ -410,7 +410,7 @@ def test_tls(make_daemon, certs):
 
 
 def test_mutual_tls(make_daemon, certs):
-    r = _tls_daemon(make_daemon, certs, mtls=True, auth={"admin_subjects": ["edgespec client"]})
+    r = _tls_daemon(make_daemon, certs, mtls=True, auth={"admin_subjects": ["CN:edgespec client"]})
     addr = f"localhost:{r.daemon.port}"
     good = ClientOptions(addr=addr, ca=str(certs["ca"]), cert=str(certs["client_cert"]), key=str(certs["client_key"]))
     with open_channel(good) as ch:
@@ -467,3 +467,18 @@ def test_the_startup_timeout_grows_with_each_model_and_its_size(tmp_path):
     assert t > 1800  # a 40 GiB model on a slow disk gets more than the old fixed 600 s
     alone = load(None, env={}, overrides={"target": {"path": str(big)}, "draft": {"enabled": False}})
     assert startup_timeout_seconds(alone) == pytest.approx(t - STARTUP_SECONDS_PER_MODEL - 1000 / STARTUP_DISK_BYTES_PER_SECOND)
+
+
+def test_shutdown_extends_systemds_stop_timeout_past_the_longest_drain(make_daemon, monkeypatch):
+    """The unit's TimeoutStopSec (60 s) is shorter than the drain grace_seconds allows (3600 s):
+    as the drain starts the daemon asks systemd for as long as shutdown(grace) can take."""
+    from edgespec import notify
+    from edgespec.server.daemon import stop_timeout_seconds
+
+    sent: list[tuple[str, tuple]] = []
+    for name in ("stopping", "extend_timeout"):
+        monkeypatch.setattr(notify, name, lambda *a, _n=name: sent.append((_n, a)) or True)
+    r = make_daemon(server={"grace_seconds": 3600.0})
+    r.daemon.shutdown(grace=0.2)
+    assert ("extend_timeout", (stop_timeout_seconds(0.2),)) in sent
+    assert stop_timeout_seconds(3600.0) > 2 * 3600 and stop_timeout_seconds(0.2) > 0.2 + 5

@@ -281,12 +281,12 @@ def test_request_id_allowed_characters(make_daemon):
 def test_metrics_need_a_token_when_auth_is_on(make_daemon, token_files):
     r = make_daemon(auth=token_files, metrics={"enabled": True, "port": 0})
     url = f"http://127.0.0.1:{r.daemon.metrics_port}/metrics"
-    for header in (None, "Bearer wrong", "user-secret"):
+    for header in (None, "Bearer wrong", "user-secret", "Bearer user-secret"):  # a user token may not scrape
         rq = urllib.request.Request(url, headers={"Authorization": header} if header else {})
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(rq, timeout=5)
         assert e.value.code == 401
-    for token in ("user-secret", "admin-secret"):
+    for token in ("admin-secret",):
         rq = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
         assert "edgespec_ready 1" in urllib.request.urlopen(rq, timeout=5).read().decode()
 
@@ -336,3 +336,30 @@ def test_an_engine_without_an_encoder_tokenises_on_its_own_thread(make_daemon):
     t.messages.add(role="user", content="Hi")
     assert r.inference.Tokenize(t, timeout=10).count == len("<user>Hi\n<assistant>") + 1
     assert r.engine.encoder.threads <= r.engine.threads
+
+
+def test_a_rejected_value_is_cut_short_in_the_logs_and_the_answer(make_daemon, info_logs):
+    """A 200,000-character bad value (a temperature over HTTP, a constraint kind over gRPC) is quoted in
+    the refusal, cut to MAX_MESSAGE_CHARS: the access log line and the answer stay short."""
+    import json as json_
+
+    from edgespec.errors import MAX_MESSAGE_CHARS
+
+    huge = "x" * 200_000
+    r = make_daemon(http={"enabled": True, "port": 0})
+    conn = __import__("http.client").client.HTTPConnection("127.0.0.1", r.daemon.http_port, timeout=30)
+    conn.request("POST", "/v1/completions", body=json_.dumps({"prompt": "hi", "temperature": huge}),
+                 headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    body = resp.read()
+    conn.close()
+    assert resp.status in (400, 404) and len(body) < MAX_MESSAGE_CHARS + 500
+    g = req(max_tokens=2)
+    g.sampling.stop.append("ok")
+    g.request_id = "r1"
+    g.sampling.constraint.kind = huge
+    e = rpc_error(r.inference.Generate, g, timeout=10)
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and len(e.details()) < MAX_MESSAGE_CHARS + 200
+    rejected = [ev for ev in info_logs if ev.get("event") in ("http_rejected", "rpc_rejected")]
+    assert len(rejected) == 2 and all(len(repr(ev)) < MAX_MESSAGE_CHARS + 600 for ev in rejected), \
+        [len(repr(ev)) for ev in rejected]

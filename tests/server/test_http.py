@@ -375,19 +375,20 @@ def test_sighup_rotates_the_https_certificate(make_daemon, certs, tmp_path):
     assert same(served(), certs["other_cert"])  # a bad pair changes nothing
 
 
-def test_metrics_on_the_http_port_take_the_apis_auth_client_certificates_included(make_daemon, certs):
+def test_metrics_on_the_http_port_take_an_admin_certificate(make_daemon, certs):
     import ssl
 
     tls = {"cert": str(certs["server_cert"]), "key": str(certs["server_key"]), "client_ca": str(certs["ca"])}
-    r = make_daemon(http=HTTP, tls=tls, metrics={"enabled": True, "port": 0})
     ok = ssl.create_default_context(cafile=str(certs["ca"]))
     ok.load_cert_chain(str(certs["client_cert"]), str(certs["client_key"]))
-    conn = http.client.HTTPSConnection("localhost", r.daemon.http_port, context=ok, timeout=30)
-    conn.request("GET", "/metrics")
-    resp = conn.getresponse()
-    text = resp.read().decode()
-    assert resp.status == 200 and "# TYPE edgespec_requests_total counter" in text  # a certificate suffices
-    conn.close()
+    for admin, want in (([], 401), (["CN:edgespec client"], 200)):  # a user's certificate may not scrape
+        r = make_daemon(http=HTTP, tls=tls, metrics={"enabled": True, "port": 0}, auth={"admin_subjects": admin})
+        conn = http.client.HTTPSConnection("localhost", r.daemon.http_port, context=ok, timeout=30)
+        conn.request("GET", "/metrics")
+        resp = conn.getresponse()
+        text = resp.read().decode()
+        assert resp.status == want and ("# TYPE edgespec_requests_total counter" in text) == (want == 200)
+        conn.close()
     assert raw(make_daemon(http=HTTP), "GET", "/metrics")[0] == 404  # [metrics] off: not mounted
 
 
@@ -482,3 +483,37 @@ def test_n_choices_stream_ends_once_and_a_disconnect_cancels_every_choice(make_d
     assert wait_for(lambda: r.daemon.loop.stats().get("finished_cancelled", 0) == 3, timeout=10)
     assert wait_for(lambda: r.engine.busy == 0 and r.daemon.loop.stats()["active_requests"] == 0)
     assert r.engine.free_slots == 3
+
+
+def test_without_tokens_a_browsers_cross_site_or_rebound_request_is_refused(make_daemon):
+    """No token guards a loopback API, so a page in a browser on this host could POST to it (a
+    text/plain body needs no preflight) or rebind its own name to 127.0.0.1 and read the answers.
+    A request whose Origin is not the API's own, or from this host naming another host, is 403;
+    clients that are not browsers (no Origin, a loopback Host) and same-origin pages are served."""
+    r = make_daemon(http=HTTP)
+    port = r.daemon.http_port
+    body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 2})
+    plain = {"Content-Type": "text/plain"}
+
+    def post(headers: dict) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("POST", "/v1/completions", body=body, headers=headers)
+        status = conn.getresponse().status
+        conn.close()
+        return status
+
+    assert post({**plain, "Origin": "https://evil.example"}) == 403
+    assert post({**plain, "Origin": "null"}) == 403
+    assert post({**plain, "Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"}) == 403
+    assert post({**plain, "Host": f"evil.example:{port}"}) == 403
+    assert r.engine.requests == []
+    assert post(plain) == 200  # curl, the openai client: no Origin, Host 127.0.0.1:port
+    assert post({**plain, "Host": f"localhost:{port}", "Origin": f"http://localhost:{port}"}) == 200
+
+
+def test_with_tokens_the_token_decides_whatever_the_origin(make_daemon, tmp_path):
+    (tmp_path / "tokens").write_text(hash_token("t") + "\n")
+    r = make_daemon(http=HTTP, auth={"tokens_file": str(tmp_path / "tokens")})
+    status, _, _ = raw(r, "POST", "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2},
+                       headers={"Origin": "https://app.example", "Authorization": "Bearer t"})
+    assert status == 200

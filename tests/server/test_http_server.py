@@ -22,7 +22,9 @@ def test_the_client_certificate_is_the_identity_where_tokens_are_required(make_d
     tokens = tmp_path / "tokens"
     tokens.write_text(hash_token("user-secret") + "\n")
     tls = {"cert": str(certs["server_cert"]), "key": str(certs["server_key"]), "client_ca": str(certs["ca"])}
-    r = make_daemon(http=HTTP, tls=tls, auth={"tokens_file": str(tokens)}, metrics={"enabled": True, "port": 0},
+    # an admin certificate: /metrics with the per-caller figures
+    r = make_daemon(http=HTTP, tls=tls, auth={"tokens_file": str(tokens), "admin_subjects": [CLIENT.removeprefix("cert:")]},
+                    metrics={"enabled": True, "port": 0},
                     limits={"callers": [f"{CLIENT}=4/0"]})
     ctx = ssl.create_default_context(cafile=str(certs["ca"]))
     ctx.load_cert_chain(str(certs["client_cert"]), str(certs["client_key"]))

@@ -8,6 +8,7 @@ import http.client
 import urllib.error
 import urllib.request
 
+import grpc
 import openai
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
@@ -16,6 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from edgespec.server.auth import hash_token
 from edgespec.server.metrics import Metrics
 from edgespec.types import GenerationResult, SpecStats
+from tests.server.test_daemon import req
+from tests.server.test_http import MODEL, raw
 
 HTTP = {"enabled": True, "port": 0}
 METRICS = {"enabled": True, "port": 0}
@@ -105,15 +108,32 @@ def user_token(tmp_path):
     return {"tokens_file": str(user)}
 
 
-def test_metrics_refuse_a_missing_token_when_tokens_are_configured(make_daemon, user_token):
-    r = make_daemon(auth=user_token, http=HTTP, metrics=METRICS)
+def test_metrics_take_a_metrics_or_admin_token_and_per_caller_figures_need_admin(make_daemon, user_token, tmp_path):
+    """A scrape token (auth.metrics_tokens_file) reads /metrics without the per-caller families,
+    on both ports, and calls nothing else; an admin token reads them all; a user token, none."""
+    (tmp_path / "admin").write_text(hash_token("admin-secret") + "\n")
+    (tmp_path / "scrape").write_text(f"prometheus:{hash_token('scrape-secret')}\n")
+    r = make_daemon(auth={**user_token, "admin_tokens_file": str(tmp_path / "admin"),
+                          "metrics_tokens_file": str(tmp_path / "scrape")}, http=HTTP, metrics=METRICS,
+                    limits={"caller_concurrent": 4})
+    r.inference.Generate(req(max_tokens=2), timeout=5, metadata=(("authorization", "Bearer user-secret"),))
     for port in (r.daemon.metrics_port, r.daemon.http_port):
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "user-secret"}):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "user-secret"},
+                        {"Authorization": "Bearer user-secret"}):
             status, got, text = scrape(port, headers)
             assert status == 401 and "edgespec_" not in text, (port, headers)
             assert got["www-authenticate"].startswith("Bearer")
-        status, _, text = scrape(port, {"Authorization": "Bearer user-secret"})
+        status, _, text = scrape(port, {"Authorization": "Bearer scrape-secret"})
         assert status == 200 and samples(text)["edgespec_ready"][("edgespec_ready", ())] == 1
+        assert "edgespec_caller_" not in text and "edgespec_requests_total" in text
+        status, _, text = scrape(port, {"Authorization": "Bearer admin-secret"})
+        assert status == 200 and 'edgespec_caller_tokens_total{caller="other"}' in text
+    scraper = (("authorization", "Bearer scrape-secret"),)
+    with pytest.raises(grpc.RpcError) as e:  # a sniffed scrape token grants no inference
+        r.inference.Generate(req(max_tokens=2), timeout=5, metadata=scraper)
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert raw(r, "POST", "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2},
+               headers={"Authorization": "Bearer scrape-secret"})[0] == 401
     with pytest.raises(urllib.error.HTTPError) as e:  # and an unknown path is not the exporter
         urllib.request.urlopen(f"http://127.0.0.1:{r.daemon.metrics_port}/other", timeout=5)
     assert e.value.code == 404

@@ -139,6 +139,7 @@ def test_idle_and_slow_header_floods_leave_health_and_a_real_generate_answering(
     rq = pb.GenerateRequest(prompt="The capital of France is")
     rq.sampling.max_tokens = 2
     bearer = {"authorization": f"Bearer {TOKENS['alice']}"}
+    admin = {"authorization": f"Bearer {ADMIN}"}  # /metrics: a metrics or admin token
     checks = {
         "http /health": lambda: httpx.get(f"{server.http}/health", timeout=2).status_code,
         "http completion": lambda: httpx.post(
@@ -149,7 +150,7 @@ def test_idle_and_slow_header_floods_leave_health_and_a_real_generate_answering(
         == health_pb2.HealthCheckResponse.SERVING else 503,
         "grpc generate": lambda: 200 if server.inference.Generate(rq, timeout=2, metadata=server.md("alice"))
         .usage.completion_tokens == 2 else 500,
-        "/metrics": lambda: httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics", headers=bearer,
+        "/metrics": lambda: httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics", headers=admin,
                                       timeout=2).status_code,
     }
     with flood(http_port, 150, 150, "http"), flood(grpc_port, 150, 150, "grpc"), \
