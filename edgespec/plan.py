@@ -150,13 +150,13 @@ HOST_ALLOWANCE_BYTES = 1 << 30
 MEMORY_MAX_FACTOR = 1.25  # MemoryMax over MemoryHigh: reclaim pressure first, the OOM kill only past it
 
 
-def systemd_memory(plan: "MemoryPlan", extra_bytes: int = 0) -> str:
+def systemd_memory(plan: MemoryPlan, extra_bytes: int = 0) -> str:
     """A systemd drop-in ([Service] MemoryHigh=, MemoryMax=) for the daemon this plan describes:
     MemoryHigh the plan's total plus HOST_ALLOWANCE_BYTES (and `extra_bytes`, e.g. a larger
     prompt store), where the kernel starts reclaiming; MemoryMax MEMORY_MAX_FACTOR above it, where
     a runaway daemon is killed instead of the host."""
     high = plan.total_bytes + HOST_ALLOWANCE_BYTES + max(0, extra_bytes)
-    mib = lambda n: f"{math.ceil(n / (1 << 20))}M"  # noqa: E731
+    mib = lambda n: f"{math.ceil(n / (1 << 20))}M"
     return ("# written by `edgespec plan --systemd` (the models' plan plus the host's allowance)\n"
             f"[Service]\nMemoryHigh={mib(high)}\nMemoryMax={mib(high * MEMORY_MAX_FACTOR)}\n")
 

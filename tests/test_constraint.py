@@ -323,13 +323,13 @@ class _FailsAfterCommit:
     """A real matcher that passes llguidance's limits once a token is committed (as a grammar
     like `(a{1000}){1000}` does after some text on a real vocabulary)."""
 
-    def __init__(self, m):  # noqa: ANN001
+    def __init__(self, m):
         self._m, self.failed = m, False
 
-    def __getattr__(self, name):  # noqa: ANN001, ANN204
+    def __getattr__(self, name):
         return getattr(self._m, name)
 
-    def try_consume_tokens(self, toks):  # noqa: ANN001, ANN201
+    def try_consume_tokens(self, toks):
         if self.failed:
             return 0
         n = self._m.try_consume_tokens(toks)

@@ -136,7 +136,7 @@ def test_add_records_the_digest_of_the_copy_it_made(tmp_path, monkeypatch):
     src = write_gguf(tmp_path / "a.gguf")
     real = models.sha256_file
 
-    def hash_then_swap(path, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def hash_then_swap(path, *a, **k):
         digest = real(path, *a, **k)
         if Path(path) == src:
             with open(src, "ab") as f:

@@ -94,15 +94,7 @@ def plan_cmd(
     speculation pay on this box?"""
 
     if systemd and config is not None:
-        from edgespec.plan import plan_for_config, systemd_memory
-        from edgespec.server.config import load
-
-        with user_errors():
-            cfg = load(config)
-            from edgespec.server.config import systemd_network
-
-            typer.echo(systemd_memory(plan_for_config(cfg.engine, embedding=cfg.embedding)) + systemd_network(cfg),
-                       nl=False)
+        _systemd_for_config(config)
         return
     if target is None:
         from edgespec.cli.common import fail
@@ -113,6 +105,15 @@ def plan_cmd(
                  acceptances=_acceptances(acceptance), as_json=as_json)
         return
 
+    _memory(target, draft, head, n_ctx=n_ctx, parallel=parallel, vram=vram, kv_type=kv_type, n_batch=n_batch,
+            n_outputs=n_outputs, flash_attn=flash_attn, cpu=cpu, side=(embedding, embedding_n_ctx, rerank, rerank_n_ctx),
+            headroom=headroom, as_json=as_json, systemd=systemd)
+
+def _memory(target: Path, draft: Path | None, head: Path | None, *, n_ctx: int, parallel: int, vram: float | None,
+            kv_type: str, n_batch: int, n_outputs: int, flash_attn: bool, cpu: bool,
+            side: tuple[str, int, str, int], headroom: float, as_json: bool, systemd: bool = False) -> None:
+    """The memory plan printed; exits 0 if it fits, 1 if not."""
+    embedding, embedding_n_ctx, rerank, rerank_n_ctx = side
     from edgespec.plan import GIB, plan_memory, read_model_facts, with_head
 
     with user_errors():
@@ -151,6 +152,17 @@ def plan_cmd(
         if pairing is not None:
             typer.echo(f"pairing: {pairing}")
     raise typer.Exit(0 if plan.fits(device_bytes, headroom) else 1)
+
+
+def _systemd_for_config(config: Path) -> None:
+    """The unit's memory limits and address rules for the daemon `config` describes."""
+    from edgespec.plan import plan_for_config, systemd_memory
+    from edgespec.server.config import load, systemd_network
+
+    with user_errors():
+        cfg = load(config)
+        plan = plan_for_config(cfg.engine, embedding=cfg.embedding, rerank=cfg.rerank)
+        typer.echo(systemd_memory(plan) + systemd_network(cfg), nl=False)
 
 
 def _with_side_models(plan: Any, embedding: str, embedding_n_ctx: int, rerank: str, rerank_n_ctx: int,

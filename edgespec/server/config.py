@@ -113,7 +113,7 @@ def _check_controller(values: dict[str, Any]) -> list[tuple[str, str]]:
     return []
 
 
-def systemd_network(cfg: "DaemonConfig") -> str:
+def systemd_network(cfg: DaemonConfig) -> str:
     """IPAddressDeny=/IPAddressAllow= lines for the unit, where systemd can express what the
     config allows: every listener on loopback (gRPC, HTTP when enabled, metrics when enabled) ->
     only localhost, plus the hosts of target.rpc_servers given as IP addresses. A listener on

@@ -60,10 +60,10 @@ from edgespec.server import embeddings as emb
 from edgespec.server import openai_api as oa
 from edgespec.server import responses_api as ra
 from edgespec.server.auth import TokenAuth
-from edgespec.server.origin import CrossSite
 from edgespec.server.callers import UNLIMITED, CallerLimits, Place, Unlimited, current_caller, retry_after_seconds
 from edgespec.server.config import LimitsConfig
 from edgespec.server.engine_loop import EngineLoop, Job
+from edgespec.server.origin import CrossSite
 from edgespec.server.policy import Policy
 from edgespec.types import Chunk, GenerationResult
 

@@ -397,7 +397,7 @@ def serve_metrics(metrics: Metrics, host: str, port: int,
     without the per-caller families, None answers 401); no `authorize` = "all". Paths other than
     /metrics and / are 404."""
     exporters = {"all": prometheus_client.make_wsgi_app(metrics.registry),
-                 "shared": prometheus_client.make_wsgi_app(_Shared(metrics.registry))}  # type: ignore[arg-type]
+                 "shared": prometheus_client.make_wsgi_app(_Shared(metrics.registry))}
 
     def app(environ: dict, start_response: Callable) -> list[bytes]:
         if environ.get("PATH_INFO", "/") not in ("/metrics", "/"):

@@ -314,7 +314,7 @@ def test_plan_systemd_writes_memory_limits_sized_from_the_plan(tiny):
         js = CliRunner().invoke(app, ["plan", "--target", str(tiny), "--n-ctx", "4096", "--cpu", "--parallel",
                                       str(parallel), "--json"])
         total = json.loads(js.output)["total_bytes"]
-        mib = lambda v: int(v.removesuffix("M")) << 20  # noqa: E731
+        mib = lambda v: int(v.removesuffix("M")) << 20
         return mib(unit["Service"]["MemoryHigh"]), mib(unit["Service"]["MemoryMax"]), total
 
     high, top, total = limits(1)

@@ -20,7 +20,8 @@ import time
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from edgespec.config import models_dir
 from edgespec.server.auth import hash_token
