@@ -940,6 +940,24 @@ POOLING = {"auto": ll.LLAMA_POOLING_TYPE_UNSPECIFIED, "mean": ll.LLAMA_POOLING_T
 _POOLING_NAMES = {v: k for k, v in POOLING.items()}
 
 
+def packed(inputs: Sequence[Sequence[int]], n_seq_max: int, n_batch: int, what: str) -> list[list[int]]:
+    """The inputs' indices in groups of at most n_seq_max sequences and n_batch tokens, in order
+    (one forward each: a sequence per input)."""
+    groups: list[list[int]] = []
+    i = 0
+    while i < len(inputs):
+        group: list[int] = []
+        size = 0
+        while i < len(inputs) and len(group) < n_seq_max and size + len(inputs[i]) <= n_batch:
+            group.append(i)
+            size += len(inputs[i])
+            i += 1
+        if not group:
+            raise ModelError(f"input of {len(inputs[i])} tokens exceeds the {what} batch ({n_batch})")
+        groups.append(group)
+    return groups
+
+
 class EmbeddingContext:
     """Pooled, L2-normalised embeddings of whole token sequences: a context of its own with
     llama.cpp's embeddings on, over any loaded Model (an [embedding] model, or the target's
@@ -970,16 +988,8 @@ class EmbeddingContext:
         """[len(inputs), n_embd] float32, each row of unit length. Each input must hold at
         least one token and at most min(n_ctx, n_batch) (checked by the caller)."""
         out = np.zeros((len(inputs), self.n_embd), dtype=np.float32)
-        i = 0
-        while i < len(inputs):
-            group: list[int] = []
-            size = 0
-            while i < len(inputs) and len(group) < self.n_seq_max and size + len(inputs[i]) <= self.n_batch:
-                group.append(i)
-                size += len(inputs[i])
-                i += 1
-            if not group:
-                raise ModelError(f"input of {len(inputs[i])} tokens exceeds the embedding batch ({self.n_batch})")
+        for group in packed(inputs, self.n_seq_max, self.n_batch, "embedding"):
+            size = sum(len(inputs[j]) for j in group)
             batch = ll.llama_batch_init(size, 0, 1)
             try:
                 k = 0
@@ -1065,16 +1075,7 @@ class RankContext:
         """[len(inputs)] float64 scores. Each input holds 1 .. min(n_ctx, n_batch) tokens (checked
         by the caller); inputs are packed greedily, n_seq_max and n_batch tokens per forward."""
         out = np.zeros(len(inputs), dtype=np.float64)
-        i = 0
-        while i < len(inputs):
-            group: list[int] = []
-            size = 0
-            while i < len(inputs) and len(group) < self.n_seq_max and size + len(inputs[i]) <= self.n_batch:
-                group.append(i)
-                size += len(inputs[i])
-                i += 1
-            if not group:
-                raise ModelError(f"input of {len(inputs[i])} tokens exceeds the rerank batch ({self.n_batch})")
+        for group in packed(inputs, self.n_seq_max, self.n_batch, "rerank"):
             self._forward([inputs[j] for j in group], out, group)
         return out
 

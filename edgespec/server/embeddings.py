@@ -23,6 +23,21 @@ from edgespec.server.batcher import Batcher, BatchFigures
 Input = str | tuple[int, ...]
 
 
+def side_model(cfg: Any, encoder: Callable[[], Any], purpose: str) -> Any:
+    """The model an [embedding] or [rerank] section serves (a backend.Model): its own file's,
+    loaded now, or the target's (`encoder()`, None while the engine loads)."""
+    from edgespec import backend
+
+    if cfg.path:
+        return backend.Model(cfg.path, n_gpu_layers=cfg.n_gpu_layers)
+    model = encoder()
+    if model is None:
+        raise NotReady("the models are still loading")
+    if not isinstance(model, backend.Model):
+        raise ModelError(f"this engine has no model to {purpose} with")
+    return model
+
+
 @dataclass(frozen=True)
 class EmbeddingRequest:
     inputs: tuple[Input, ...]
@@ -120,17 +135,8 @@ class Embedder:
         with self._lock:
             if self._model is not None:
                 return self._model
-            from edgespec import backend
-
-            if self.cfg.path:
-                model = backend.Model(self.cfg.path, n_gpu_layers=self.cfg.n_gpu_layers)
-            else:
-                model = self._encoder()
-                if model is None or not isinstance(model, backend.Model):
-                    raise NotReady("the models are still loading") if model is None else \
-                        ModelError("this engine has no model to embed with")
-            self._model = model
-            return model
+            self._model = side_model(self.cfg, self._encoder, "embed")
+            return self._model
 
     def _context(self) -> Any:
         """The embedding context, made by the worker thread on its first call."""

@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from edgespec.errors import BadRequest, ModelError, NotReady
+from edgespec.errors import BadRequest, ModelError
 from edgespec.server.batcher import Batcher, BatchFigures
+from edgespec.server.embeddings import side_model
 
 KNOWN = ("model", "query", "documents", "top_n", "return_documents", "max_tokens_per_doc", "user")
 SYSTEM = ('Judge whether the Document meets the requirements based on the Query and the Instruct provided. '
@@ -138,13 +139,7 @@ class Reranker:
                 return self._model
             from edgespec import backend
 
-            if self.cfg.path:
-                model = backend.Model(self.cfg.path, n_gpu_layers=self.cfg.n_gpu_layers)
-            else:
-                model = self._encoder()
-                if model is None or not isinstance(model, backend.Model):
-                    raise NotReady("the models are still loading") if model is None else \
-                        ModelError("this engine has no model to rerank with")
+            model = side_model(self.cfg, self._encoder, "rerank")
             kind = self.cfg.kind if self.cfg.kind != "auto" else backend.rank_kind(model)
             if kind == "causal-yes-no":
                 yes, no = model.tokenize("yes", False, False), model.tokenize("no", False, False)
