@@ -14,6 +14,8 @@ RPC ?= 0
 export RPC
 HOST ?= 127.0.0.1
 PORT ?= 50051
+# the OpenAI/Anthropic-compatible HTTP API beside gRPC (0 = off)
+HTTP_PORT ?= 8080
 PYTEST_ARGS ?=
 
 .PHONY: all venv install proto models serve lint test test-fast bundle clean bench rpc-server
@@ -41,7 +43,7 @@ models: install
 	$(EDGESPEC) models prepare-demo
 
 serve: install models
-	$(EDGESPEC) serve --host $(HOST) --port $(PORT)
+	$(EDGESPEC) serve --host $(HOST) --port $(PORT) $(if $(filter-out 0,$(HTTP_PORT)),--http-port $(HTTP_PORT))
 
 # ruff and mypy ([tool.ruff], [tool.mypy] in pyproject.toml): no models; mypy reads the protobuf stubs.
 lint: proto
