@@ -267,7 +267,8 @@ def test_role_injection_is_text_and_huge_chats_are_refused_without_stalling_a_st
     t = pb.TokenizeRequest()
     t.messages.add(role="user", content=INJECTION)
     ids = list(server.inference.Tokenize(t, timeout=60).token_ids)
-    assert ids.count(im_start[0]) == 2  # the user turn and the generation prompt; no system turn
+    # the template's own system turn, the user turn and the generation prompt; none from the content
+    assert ids.count(im_start[0]) == 3
 
     rq = pb.GenerateRequest(prompt="Once upon a time")
     rq.sampling.max_tokens = 48
