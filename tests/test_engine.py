@@ -212,7 +212,8 @@ def test_useless_draft_still_exact(demo_pair, tmp_path):
         tree = run(eng, toks, "tree", max_tokens=32)
         auto = run(eng, toks, "auto", max_tokens=32)
         assert tree.token_ids == plain.token_ids == auto.token_ids
-        assert tree.stats.accepted_tokens <= 3  # random weights almost never agree
+        # random weights almost never agree (prompt lookups, grafted into the tree too, may)
+        assert tree.stats.accepted_by_source.get("draft", 0) <= 3
     finally:
         eng.close()
 
