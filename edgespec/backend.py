@@ -958,6 +958,25 @@ def packed(inputs: Sequence[Sequence[int]], n_seq_max: int, n_batch: int, what: 
     return groups
 
 
+def sequences_batch(seqs: Sequence[Sequence[int]], last_only: bool) -> tuple[Any, list[int]]:
+    """A llama_batch (the caller frees it) of one sequence per entry of `seqs` (sequence id = its
+    index, positions from 0), every token's output asked for, or each sequence's last only; and
+    each sequence's last token's index in the batch."""
+    batch = ll.llama_batch_init(sum(len(q) for q in seqs), 0, 1)
+    k, last = 0, []
+    for s, seq in enumerate(seqs):
+        for p, t in enumerate(seq):
+            batch.token[k] = t
+            batch.pos[k] = p
+            batch.n_seq_id[k] = 1
+            batch.seq_id[k][0] = s
+            batch.logits[k] = not last_only or p == len(seq) - 1
+            k += 1
+        last.append(k - 1)
+    batch.n_tokens = k
+    return batch, last
+
+
 class EmbeddingContext:
     """Pooled, L2-normalised embeddings of whole token sequences: a context of its own with
     llama.cpp's embeddings on, over any loaded Model (an [embedding] model, or the target's
@@ -989,22 +1008,11 @@ class EmbeddingContext:
         least one token and at most min(n_ctx, n_batch) (checked by the caller)."""
         out = np.zeros((len(inputs), self.n_embd), dtype=np.float32)
         for group in packed(inputs, self.n_seq_max, self.n_batch, "embedding"):
-            size = sum(len(inputs[j]) for j in group)
-            batch = ll.llama_batch_init(size, 0, 1)
+            batch, _ = sequences_batch([inputs[j] for j in group], last_only=False)
             try:
-                k = 0
-                for s, j in enumerate(group):
-                    for p, t in enumerate(inputs[j]):
-                        batch.token[k] = t
-                        batch.pos[k] = p
-                        batch.n_seq_id[k] = 1
-                        batch.seq_id[k][0] = s
-                        batch.logits[k] = True
-                        k += 1
-                batch.n_tokens = k
                 rc = ll.llama_decode(self._ctx, batch)
                 if rc != 0:
-                    raise ModelError(f"llama_decode failed with code {rc} (embedding batch of {k} tokens)")
+                    raise ModelError(f"llama_decode failed with code {rc} (embedding batch of {batch.n_tokens} tokens)")
                 for s, j in enumerate(group):
                     ptr = ll.llama_get_embeddings_seq(self._ctx, s)
                     if not ptr:
@@ -1080,25 +1088,12 @@ class RankContext:
         return out
 
     def _forward(self, seqs: Sequence[Sequence[int]], out: np.ndarray, rows: Sequence[int]) -> None:
-        size = sum(len(s) for s in seqs)
-        batch = ll.llama_batch_init(size, 0, 1)
         causal = self.kind == "causal-yes-no"
+        batch, last = sequences_batch(seqs, last_only=causal)
         try:
-            k = 0
-            last = []
-            for s, seq in enumerate(seqs):
-                for p, t in enumerate(seq):
-                    batch.token[k] = t
-                    batch.pos[k] = p
-                    batch.n_seq_id[k] = 1
-                    batch.seq_id[k][0] = s
-                    batch.logits[k] = (not causal) or p == len(seq) - 1
-                    k += 1
-                last.append(k - 1)
-            batch.n_tokens = k
             rc = ll.llama_decode(self._ctx, batch)
             if rc != 0:
-                raise ModelError(f"llama_decode failed with code {rc} (rerank batch of {k} tokens)")
+                raise ModelError(f"llama_decode failed with code {rc} (rerank batch of {batch.n_tokens} tokens)")
             yes, no = self.yes_no
             for s, row in enumerate(rows):
                 if causal:
