@@ -14,7 +14,6 @@ the graph's rebuild. The models and sizes take turns within every round (edgespe
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -100,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     curves = measure_curves(models, sizes, shapes, rounds=a.rounds, context=a.context, n_gpu_layers=a.n_gpu_layers,
                             flash_attn=a.flash_attn, threads=a.threads or None, log=log)
-    from edgespec.bench.report import machine_info
+    from edgespec.bench.report import machine_info, write_outputs
 
     report = {"settings": {"models": {label: str(p) for label, p in models}, "sizes": sizes, "shapes": shapes,
                            "rounds": a.rounds, "context": a.context, "n_gpu_layers": a.n_gpu_layers,
@@ -109,10 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "curves": {shape: {label: {str(n): t for n, t in table.items()} for label, table in by.items()}
                          for shape, by in curves.items()}}
     md = to_markdown(report)
-    if a.json:
-        a.json.write_text(json.dumps(report, indent=2), encoding="utf-8")
-    if a.markdown:
-        a.markdown.write_text(md, encoding="utf-8")
+    write_outputs(report, md, json_out=a.json, markdown_out=a.markdown)
     print(md)
     return 0
 

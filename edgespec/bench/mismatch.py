@@ -15,7 +15,6 @@ output is compared with the plain one token by token.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Sequence
@@ -129,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--markdown", type=Path)
     a = ap.parse_args(argv)
 
-    from edgespec.bench.report import machine_info
+    from edgespec.bench.report import machine_info, write_outputs
     from edgespec.bench.runner import bench_engine_config, prompt_tokens
     from edgespec.bench.suite import load_suite
     from edgespec.engine import Engine
@@ -154,10 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                            "draft": cfg.draft.path if cfg.draft else None},
               "backend": backend, "machine": machine_info(backend), "widths": [c.as_dict() for c in counts]}
     md = to_markdown(report)
-    if a.json:
-        a.json.write_text(json.dumps(report, indent=2), encoding="utf-8")
-    if a.markdown:
-        a.markdown.write_text(md, encoding="utf-8")
+    write_outputs(report, md, json_out=a.json, markdown_out=a.markdown)
     print(md)
     return 0
 

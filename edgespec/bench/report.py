@@ -473,13 +473,13 @@ def write_json(report: dict[str, Any], path: str) -> None:
 
 
 def write_outputs(report: dict[str, Any], markdown: str, *, json_out: Path | None, markdown_out: Path | None,
-                  plot_out: Path | None, plot: Callable[[dict[str, Any], str], None]) -> None:
+                  plot_out: Path | None = None, plot: Callable[[dict[str, Any], str], None] | None = None) -> None:
     """A bench command's report where it was asked for: JSON, markdown, a PNG through `plot`."""
     if json_out:
         write_json(report, str(json_out))
     if markdown_out:
         markdown_out.write_text(markdown, encoding="utf-8")
-    if plot_out:
+    if plot_out and plot is not None:
         plot(report, str(plot_out))
 
 
