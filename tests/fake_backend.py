@@ -46,6 +46,28 @@ class FakeModel:
         pass
 
 
+def piece_model(pieces: list[str]) -> type[FakeModel]:
+    """A FakeModel whose token t >= 2 spells pieces[t - 2] (0 BOS, 1 EOS), tokenising text longest
+    piece first: a vocabulary a grammar can read (JSON, <think> markers)."""
+
+    class PieceModel(FakeModel):
+        def piece(self, t: int) -> bytes:
+            return b"" if t < 2 else pieces[t - 2].encode()
+
+        def token_text(self, t: int) -> bytes:
+            return {0: b"<s>", 1: b"</s>"}.get(t, b"")
+
+        def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+            out, i = ([0] if add_special else []), 0
+            while i < len(text):  # longest piece first
+                k = max((j for j, p in enumerate(pieces) if text.startswith(p, i)), key=lambda j: len(pieces[j]))
+                out.append(k + 2)
+                i += len(pieces[k])
+            return out
+
+    return PieceModel
+
+
 class FakeContext:
     """A unified KV cache of (position, token, sequences) cells and bigram logits."""
 

@@ -21,7 +21,7 @@ from edgespec.sampling import SamplingParams, logits_to_probs
 from edgespec.selftest import ALPHA, chi_square_gof
 from edgespec.types import ConstraintSpec, GenerationRequest, ReasoningBudget, SpeculationParams
 from tests import fake_backend
-from tests.fake_backend import EOS, VOCAB, FakeModel
+from tests.fake_backend import EOS, VOCAB
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -156,21 +156,7 @@ L, TOP_K, SAMPLES = 6, 3, 2000
 PROMPT = (0, 7, 21)
 
 
-class PieceModel(FakeModel):
-    def piece(self, t: int) -> bytes:
-        return b"" if t < 2 else PIECES[t - 2].encode()
-
-    def token_text(self, t: int) -> bytes:
-        return {0: b"<s>", 1: b"</s>"}.get(t, b"")
-
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        out, i = ([0] if add_special else []), 0
-        while i < len(text):  # longest piece first
-            k = max((j for j, p in enumerate(PIECES) if text.startswith(p, i)), key=lambda j: len(PIECES[j]))
-            out.append(k + 2)
-            i += len(PIECES[k])
-        return out
-
+PieceModel = fake_backend.piece_model(PIECES)
 
 @pytest.fixture
 def engine(monkeypatch):
