@@ -264,6 +264,13 @@ class _Xml(ToolFormat):
 
     value_end = ""  # the text that ends a value
     terminal = ""  # the Lark terminal of a raw string value, its end included
+    # a call's opening and name, each (key, value), its end: the family's text
+    _CALL: re.Pattern[str]
+    _PARAM: re.Pattern[str]
+    _END: re.Pattern[str]
+
+    def scan(self, text: str, tools: Mapping[str, Tool]) -> Scan:
+        return _scan_xml(text, tools, self._CALL, self._PARAM, self._END, "<tool_call>")
 
     def _param(self, key: str) -> tuple[str, str]:
         """The text before a value of `key`, and after its end."""
@@ -342,9 +349,6 @@ class Qwen3Coder(_Xml):
     _PARAM = re.compile(r"\s*<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
     _END = re.compile(r"\s*</function>\s*</tool_call>")
 
-    def scan(self, text: str, tools: Mapping[str, Tool]) -> Scan:
-        return _scan_xml(text, tools, self._CALL, self._PARAM, self._END, "<tool_call>")
-
 
 def _scan_xml(text: str, tools: Mapping[str, Tool], call_re: re.Pattern, param_re: re.Pattern,
               end_re: re.Pattern, opener: str) -> Scan:
@@ -419,9 +423,6 @@ class Glm45(_Xml):
     _CALL = re.compile(r"<tool_call>([^<\n]+)")
     _PARAM = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
     _END = re.compile(r"\s*</tool_call>")
-
-    def scan(self, text: str, tools: Mapping[str, Tool]) -> Scan:
-        return _scan_xml(text, tools, self._CALL, self._PARAM, self._END, "<tool_call>")
 
 
 # ---- the JSON families -------------------------------------------------------------------------
