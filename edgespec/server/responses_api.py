@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from edgespec.errors import BadRequest
@@ -348,26 +348,23 @@ class ResponseStream:
                                                                      "arguments": item["arguments"]})
         return out + self._ev("response.output_item.done", {"output_index": index, "item": item})
 
+    def _text_delta(self, kind: str, make: Callable[[str, str], dict], name: str, text: str,
+                    **extra: Any) -> bytes:
+        """`text` appended to the open item of `kind` (a reasoning or a message item), opened first
+        when the open item is another, as event `name`."""
+        item, out = self.open, b""
+        if item is None or item["type"] != kind:
+            item = make("", "in_progress")
+            out = self._begin(item)
+        item["content"][0]["text"] += text
+        return out + self._ev(name, {"item_id": item["id"], "output_index": len(self.output) - 1,
+                                     "content_index": 0, "delta": text, **extra})
+
     def event(self, ev: answer.Event) -> bytes:
         if isinstance(ev, answer.Reasoning):
-            item = self.open
-            out = b""
-            if item is None or item["type"] != "reasoning":
-                item = reasoning_item("", "in_progress")
-                out = self._begin(item)
-            item["content"][0]["text"] += ev.text
-            return out + self._ev("response.reasoning_text.delta", {
-                "item_id": item["id"], "output_index": len(self.output) - 1, "content_index": 0, "delta": ev.text})
+            return self._text_delta("reasoning", reasoning_item, "response.reasoning_text.delta", ev.text)
         if isinstance(ev, answer.Text):
-            item = self.open
-            out = b""
-            if item is None or item["type"] != "message":
-                item = message_item("", "in_progress")
-                out = self._begin(item)
-            item["content"][0]["text"] += ev.text
-            return out + self._ev("response.output_text.delta", {
-                "item_id": item["id"], "output_index": len(self.output) - 1, "content_index": 0, "delta": ev.text,
-                "logprobs": []})
+            return self._text_delta("message", message_item, "response.output_text.delta", ev.text, logprobs=[])
         if isinstance(ev, answer.Call):
             d = ev.delta
             if d.id is not None:
