@@ -197,15 +197,18 @@ def prepare_demo(
     target_type: str = "f32",
     log: Callable[[str], None] = lambda s: None,
     draft_type: str = DRAFT_TYPE,
+    also_drafts: Sequence[str] = (),
 ) -> DemoPair:
     """Idempotent: files whose SHA-256 matches the manifest are kept; missing or corrupted ones
-    are derived again from the source."""
+    are derived again from the source. `also_drafts`: further draft types derived beside the
+    pair (model_path names them)."""
     from edgespec import backend  # heavy import kept out of module import
 
     if target_type not in TARGET_TYPES:
         raise ModelError(f"target type must be one of {', '.join(TARGET_TYPES)}, got {target_type!r}")
-    if draft_type not in DRAFT_TYPES:
-        raise ModelError(f"draft type must be one of {', '.join(DRAFT_TYPES)}, got {draft_type!r}")
+    for kind in (draft_type, *also_drafts):
+        if kind not in DRAFT_TYPES:
+            raise ModelError(f"draft type must be one of {', '.join(DRAFT_TYPES)}, got {kind!r}")
     if draft_type == target_type:
         raise ModelError(f"draft type must differ from the target type ({target_type}): a draft that is the target saves nothing")
     directory = directory or models_dir()
@@ -214,7 +217,8 @@ def prepare_demo(
     files = manifest["files"]
     pair = DemoPair(model_path(target_type, directory), model_path(draft_type, directory))
     source: Path | None = None
-    for ftype, path in ((target_type, pair.target), (draft_type, pair.draft)):
+    extra = [(kind, model_path(kind, directory)) for kind in also_drafts if kind != draft_type]
+    for ftype, path in ((target_type, pair.target), (draft_type, pair.draft), *extra):
         entry = files.get(path.name)
         if path.is_file() and entry and entry.get("size") == path.stat().st_size:
             if sha256_file(path) == entry.get("sha256"):

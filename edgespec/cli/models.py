@@ -35,7 +35,9 @@ def prepare_demo(
         from edgespec.models import prepare_demo as prep
 
         log = lambda s: typer.echo(s, err=True)
-        pair = prep(models_dir, target_type, log=log, draft_type=draft_type)
+        # with --cost, the weaker Q4_0 draft beside the pair: a real pair's acceptance (0.6-0.8), not the
+        # Q8_0 twin's ~0.88
+        pair = prep(models_dir, target_type, log=log, draft_type=draft_type, also_drafts=("q4_0",) if cost else ())
         out = pair.as_dict()
         if cost is not None:
             from edgespec.models import model_path
@@ -43,9 +45,7 @@ def prepare_demo(
 
             out["cost_target"] = str(prepare_cost_target(cost, model_path("f32", models_dir), directory=models_dir,
                                                          log=log))
-            # the weaker same-vocabulary draft: acceptance in a real pair's 0.6-0.8, not the Q8_0 twin's ~0.88
-            out["weak_draft"] = str(pair.draft if draft_type == "q4_0" else
-                                    prep(models_dir, target_type, log=log, draft_type="q4_0").draft)
+            out["weak_draft"] = str(model_path("q4_0", models_dir))
         typer.echo(json.dumps(out) if as_json else "\n".join(f"{k + ':':<12} {v}" for k, v in out.items()))
 
 
