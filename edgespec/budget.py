@@ -22,16 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from edgespec.constraint import Compiler, Matcher, NodeMasks
 from edgespec.reasoning import CLOSE, OPEN
 from edgespec.tree import DraftTree
-from edgespec.types import ReasoningBudget
-
-if TYPE_CHECKING:  # types only: edgespec.constraint makes a BudgetMatcher around its Matcher
-    from edgespec.constraint import Matcher, NodeMasks
+from edgespec.types import ConstraintSpec, ReasoningBudget
 
 _OPEN, _CLOSE = OPEN.encode(), CLOSE.encode()
 
@@ -179,6 +176,14 @@ class BudgetMatcher:
     @property
     def accepting(self) -> bool:
         return self.inner.accepting and self.state.phase != "close"
+
+
+def matcher(compiler: Compiler, spec: ConstraintSpec) -> Matcher | BudgetMatcher:
+    """A request's grammar state (Compiler.matcher), held to its reasoning budget when it has one."""
+    m = compiler.matcher(spec)
+    if spec.budget is None:
+        return m
+    return BudgetMatcher(m, spec.budget, compiler.vocab.tokens, compiler.vocab.tokenize(spec.budget.close))
 
 
 def _pack(mask: np.ndarray, words: int) -> np.ndarray:

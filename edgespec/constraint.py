@@ -135,18 +135,15 @@ class Compiler:
     def matcher(self, spec: ConstraintSpec) -> Matcher:
         """A request's grammar state, its first mask computed here (the caller's thread): that
         builds the lexer's first states, which for a grammar like `(a{1000}){1000}` takes seconds
-        or passes llguidance's limits. BadRequest("constraint.value") when it does."""
+        or passes llguidance's limits. BadRequest("constraint.value") when it does. The request's
+        reasoning budget is not applied here: edgespec.budget.matcher wraps this one in it."""
         m = Matcher(llg.LLMatcher(self.tokenizer, self.grammar(spec), log_level=0, limits=LIMITS), self.n_vocab,
                     tuple(self.vocab.eos))
         m.bitmask()
         if m.error is not None:
             raise BadRequest("constraint.value", f"{spec.kind} is too complex for the grammar engine's limits: "
                              f"{m.error}")
-        if spec.budget is None:
-            return m
-        from edgespec.budget import BudgetMatcher
-
-        return BudgetMatcher(m, spec.budget, self.vocab.tokens, self.vocab.tokenize(spec.budget.close))  # type: ignore[return-value]
+        return m
 
 
 def _first_line(s: str) -> str:

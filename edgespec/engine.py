@@ -296,12 +296,13 @@ class Engine:
         its handler thread (GenerationRequest.matcher), so that neither a large schema, regex or
         grammar (llguidance drops the GIL while it compiles) nor the first request's reading of the
         whole vocabulary stalls the engine thread, which decodes every caller's requests."""
+        from edgespec import budget
         from edgespec.constraint import Compiler, Vocabulary
 
         with self._compiler_lock:
             if self._compiler is None:
                 self._compiler = Compiler(Vocabulary.from_model(self.target))
-        return self._compiler.matcher(spec)
+        return budget.matcher(self._compiler, spec)
 
     @property
     def features(self) -> bool:

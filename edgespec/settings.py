@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from edgespec.errors import BadRequest
-from edgespec.tool_formats import FORMATS as TOOL_FORMATS
+
+# the tool-call formats edgespec.tool_formats reads and writes (its FORMATS)
+TOOL_FORMATS = ("hermes", "qwen3_coder", "glm45", "llama3", "mistral", "mistral_v11", "deepseek_r1", "deepseek_v31")
 
 # the limits a request's speculation shape may reach
 MAX_DRAFT_TOKENS = 16

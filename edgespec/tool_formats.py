@@ -35,19 +35,34 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 from edgespec.call_reader import CallReader
-
-if TYPE_CHECKING:  # a type only: edgespec.tools imports this module
-    from edgespec.tools import Tool
+from edgespec.settings import TOOL_FORMATS
 
 # the tags the call formats are parsed by (edgespec.markers: kept as text when a control token)
 MARKERS = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "[TOOL_CALLS]",
            "[ARGS]", "[CALL_ID]", "<|python_tag|>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
            "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>")
-FORMATS = ("hermes", "qwen3_coder", "glm45", "llama3", "mistral", "mistral_v11", "deepseek_r1", "deepseek_v31")
+FORMATS = TOOL_FORMATS
+EMPTY_PARAMETERS = {"type": "object", "properties": {}}
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One function a request offers the model (edgespec.tools reads them from the APIs' bodies)."""
+
+    name: str
+    description: str = ""
+    parameters: Mapping[str, Any] = field(default_factory=lambda: dict(EMPTY_PARAMETERS))
+
+    def as_openai(self) -> dict:
+        f: dict[str, Any] = {"name": self.name}
+        if self.description:
+            f["description"] = self.description
+        f["parameters"] = dict(self.parameters)
+        return {"type": "function", "function": f}
 
 
 @dataclass(frozen=True)

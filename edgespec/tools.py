@@ -31,33 +31,20 @@ import json
 import re
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from edgespec import tool_formats
 from edgespec.call_reader import CallReader
 from edgespec.errors import BadRequest
+from edgespec.tool_formats import EMPTY_PARAMETERS
+from edgespec.tool_formats import Tool as Tool  # re-exported: edgespec.tools.Tool is the name callers use
 from edgespec.types import ConstraintSpec
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
 MAX_TOOLS = 128
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_EMPTY_PARAMETERS = {"type": "object", "properties": {}}
-
-
-@dataclass(frozen=True)
-class Tool:
-    name: str
-    description: str = ""
-    parameters: Mapping[str, Any] = field(default_factory=lambda: dict(_EMPTY_PARAMETERS))
-
-    def as_openai(self) -> dict:
-        f: dict[str, Any] = {"name": self.name}
-        if self.description:
-            f["description"] = self.description
-        f["parameters"] = dict(self.parameters)
-        return {"type": "function", "function": f}
 
 
 @dataclass(frozen=True)
@@ -190,7 +177,7 @@ def _tool(t: Any, where: str) -> Tool:
         raise BadRequest(f"{where}.function.description", "must be a string")
     params = f.get("parameters")
     if params is None:
-        params = dict(_EMPTY_PARAMETERS)
+        params = dict(EMPTY_PARAMETERS)
     if not isinstance(params, Mapping):
         raise BadRequest(f"{where}.function.parameters", "must be a JSON schema object")
     if params.get("type", "object") != "object":

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edgespec import chat, reasoning, tool_formats, tools
+from edgespec import budget, chat, reasoning, tool_formats, tools
 from edgespec.constraint import Compiler, Vocabulary, apply_mask
 from edgespec.sampling import SamplingParams, logits_to_probs
 from edgespec.selftest import ALPHA, chi_square_gof
@@ -107,7 +107,7 @@ def compiler() -> Compiler:
 
 
 def accepts(compiler: Compiler, spec: ConstraintSpec, text: str) -> bool:
-    m = compiler.matcher(spec)
+    m = budget.matcher(compiler, spec)
     toks = list(text.encode())
     if not m.allows(toks):
         return False
@@ -168,7 +168,7 @@ def engine(monkeypatch):
 
 def exact(engine, spec: ConstraintSpec = SPEC) -> dict:
     """P(first L emitted tokens): the target's rows masked by the grammar's state after each path."""
-    m = Compiler(Vocabulary.from_model(engine.target)).matcher(spec)
+    m = budget.matcher(Compiler(Vocabulary.from_model(engine.target)), spec)
     s = SamplingParams(temperature=1.0, top_k=TOP_K)
     out: dict = {}
 
