@@ -48,19 +48,21 @@ def _toml_str(s: str) -> str:
 def daemon_sections(*, target: str, draft: str | None, parallel: int, n_ctx: int, threads: int,
                     max_tokens: int, n_gpu_layers: int = 0, suffix_cache: bool = False,
                     prompt_cache: bool = False, head: str = "none",
-                    flash_attn: bool = True) -> dict[str, dict[str, Any]]:
+                    flash_attn: bool = True, chat_template: str | None = None) -> dict[str, dict[str, Any]]:
     """The daemon's config for one concurrency level. No prompt cache unless asked
     (`prompt_cache`; llama-server then gets `cache_prompt: true`, else false), so by default both
     prefill every request in full. No suffix cache unless asked
     (`suffix_cache`): the rounds repeat the same prompts, and the cache would hand the later
     rounds the earlier rounds' replies. `head`: the [draft] head (a GGUF beside the draft, or none).
-    `flash_attn`: both models' (off for a CUDA build without its flash-attention kernels)."""
+    `flash_attn`: both models' (off for a CUDA build without its flash-attention kernels).
+    `chat_template`: the target's [target] chat_template (a file), for a GGUF without one."""
     model = {"n_ctx": n_ctx, "threads": threads, "n_gpu_layers": n_gpu_layers, "flash_attn": flash_attn}
+    target_extra = {"chat_template": chat_template} if chat_template else {}
     return {
         "server": {"host": LOOPBACK, "port": 0, "parallel": parallel, "queue_size": max(16, 2 * parallel),
                    "max_tokens": max(max_tokens, 16), "default_max_tokens": max(min(max_tokens, 256), 1),
                    "prompt_cache": prompt_cache, "grace_seconds": 5.0},
-        "target": {"path": target, **model},
+        "target": {"path": target, **model, **target_extra},
         "draft": {"path": draft or "", "enabled": draft is not None, "head": head, **model},
         "speculation": {"suffix_cache": suffix_cache},
         "logging": {"level": "warning", "json": True},
@@ -127,7 +129,8 @@ def free_port() -> int:
 
 
 def llama_server_cmd(bin_dir: Path, *, target: str, draft: str | None, parallel: int, n_ctx: int, threads: int,
-                     port: int, draft_max: int = 4, n_gpu_layers: int = 0, flash_attn: bool = True) -> list[str]:
+                     port: int, draft_max: int = 4, n_gpu_layers: int = 0, flash_attn: bool = True,
+                     chat_template: str | None = None) -> list[str]:
     """llama-server with one slot per client (-np N, each slot n_ctx: -c N x n_ctx, no unified
     KV), no prompt cache in RAM, loopback only; with `draft`: draft-model speculation, at most
     `draft_max` drafted tokens, no minimum (as llama-speculative-simple in the anchor)."""
@@ -135,6 +138,8 @@ def llama_server_cmd(bin_dir: Path, *, target: str, draft: str | None, parallel:
            "-np", str(parallel), "-c", str(parallel * n_ctx), "--no-kv-unified", "-t", str(threads),
            "-tb", str(threads), "-ngl", str(n_gpu_layers), "--cache-ram", "0", "--no-webui", "--seed", "0",
            "-fa", "on" if flash_attn else "off"]
+    if chat_template:
+        cmd += ["--jinja", "--chat-template-file", chat_template]
     if draft:
         cmd += ["-md", draft, "--spec-type", "draft-simple", "--spec-draft-n-max", str(draft_max),
                 "--spec-draft-n-min", "0", "-td", str(threads), "-ngld", str(n_gpu_layers)]

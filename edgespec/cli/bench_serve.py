@@ -59,7 +59,11 @@ def bench_serve(
     max_tokens: int = typer.Option(128, "--max-tokens", help="max tokens per request (EOS ends earlier)"),
     target: str | None = typer.Option(None, help="target GGUF (default: the demo F32 target)"),
     draft: str | None = typer.Option(None, help="draft GGUF (default: the Q8_0 demo draft; llama-server gets "
-                                        "the Q8_0 draft in any case)"),
+                                        "the Q8_0 draft in any case); none: the daemon drafts model-free "
+                                        "(no llama-server-draft system)"),
+    chat_template: Path | None = typer.Option(None, "--chat-template", help="a Jinja chat template file for a "
+                                              "target whose GGUF has none: the daemon's [target] chat_template "
+                                              "and llama-server's --chat-template-file"),
     head: str | None = typer.Option(None, help="the daemon's `[draft] head`: an EAGLE-3 head GGUF loaded beside "
                                        "the draft (each request chooses), or none; default: without --draft the "
                                        "head installed for the demo target (the daemon's own default), else none"),
@@ -109,12 +113,17 @@ def _bench_serve(a: SimpleNamespace) -> None:
     from edgespec.bench.report import machine_info, write_outputs
     from edgespec.bench.serve_run import default_threads, run_levels, workdir_default
     from edgespec.bench.suite import load_suite
+    from edgespec.errors import BadRequest
 
     levels = _ints("concurrency", a.concurrency)
     systems = _systems(a.modes, a.llama_server_modes, a.llama_server_bin is not None)
     _check(a)
     prompts = load_suite(a.suite, limit=a.limit)
     target_path, draft_path = _models(a.target, a.draft)
+    if draft_path is None and "llama-server-draft" in systems:
+        raise BadRequest("llama_server_modes", "draft needs a draft model (not --draft none)")
+    if a.chat_template is not None and not a.chat_template.is_file():
+        raise BadRequest("chat_template", f"{a.chat_template}: no such file")
     t = default_threads(a.threads)
     commands: dict[str, str] = {}
     starter = _Starter(addr=a.addr, target=target_path, draft=draft_path, daemon_default_draft=a.draft is None,
@@ -122,7 +131,8 @@ def _bench_serve(a: SimpleNamespace) -> None:
                        threads=t, n_gpu_layers=a.n_gpu_layers, flash_attn=a.flash_attn,
                        max_tokens=max(a.max_tokens, a.scenario_stream_tokens), systems=systems,
                        llama_bin=a.llama_server_bin, draft_max=a.draft_max, workdir=a.workdir or workdir_default(),
-                       commands=commands, suffix_cache=a.suffix_cache, prompt_cache=a.prompt_cache)
+                       commands=commands, suffix_cache=a.suffix_cache, prompt_cache=a.prompt_cache,
+                       chat_template=str(a.chat_template) if a.chat_template else None)
     level_results = run_levels(lambda n: starter.start(n, a.n_ctx, prompts, a.max_tokens), systems, prompts, levels,
                                requests=a.requests, rounds=a.rounds, max_tokens=a.max_tokens, progress=a.progress,
                                log=_log)
@@ -189,7 +199,7 @@ class _Starter:
 
     addr: str | None
     target: str
-    draft: str
+    draft: str | None  # None: the daemon drafts model-free
     threads: int
     n_gpu_layers: int
     max_tokens: int  # the daemon's max_tokens limit: the largest any request of the run asks for
@@ -203,6 +213,7 @@ class _Starter:
     daemon_default_draft: bool = False  # the daemon drafts with its own default (no --draft)
     head: str | None = None  # --head: the daemon's [draft] head
     flash_attn: bool = True  # every server's models
+    chat_template: str | None = None  # --chat-template: every server's template file
 
     def daemon_head(self) -> str:
         """The daemon's `[draft] head`: --head, else without --draft the head installed for the
@@ -237,12 +248,13 @@ class _Starter:
             addr = self.addr
             if addr is None:
                 draft, head = self.draft, self.daemon_head()
-                info["daemon_draft"] = Path(draft).name
+                info["daemon_draft"] = Path(draft).name if draft else "none"
                 info["daemon_head"] = Path(head).name if head != "none" else None
                 sections = ss.daemon_sections(target=self.target, draft=draft, head=head, parallel=n, n_ctx=ctx,
                                               threads=self.threads, max_tokens=self.max_tokens,
                                               n_gpu_layers=self.n_gpu_layers, suffix_cache=self.suffix_cache,
-                                              prompt_cache=self.prompt_cache, flash_attn=self.flash_attn)
+                                              prompt_cache=self.prompt_cache, flash_attn=self.flash_attn,
+                                              chat_template=self.chat_template)
                 d = ss.start_daemon(self.workdir, sections)
                 procs.append(d)
                 addr = d.addr
@@ -275,7 +287,8 @@ class _Starter:
                     p = ss.start_llama_server(self.llama_bin, self.workdir, name, target=self.target,
                                               draft=self.draft if with_draft else None, parallel=n, n_ctx=ctx,
                                               threads=self.threads, draft_max=self.draft_max,
-                                              n_gpu_layers=self.n_gpu_layers, flash_attn=self.flash_attn)
+                                              n_gpu_layers=self.n_gpu_layers, flash_attn=self.flash_attn,
+                                              chat_template=self.chat_template)
                     procs.append(p)
                     self.commands.setdefault(name, shlex.join(p.command))
                     clients[name] = LlamaServerClient(int(p.addr.rsplit(":", 1)[1]), name,
@@ -294,13 +307,15 @@ class _Starter:
         return Level(clients=clients, stop=stop, info=info, draft_stats=draft_stats if base is not None else None)
 
 
-def _models(target: str | None, draft: str | None) -> tuple[str, str]:
+def _models(target: str | None, draft: str | None) -> tuple[str, str | None]:
+    """The target and draft files (the demo pair's by default); draft None for `--draft none`."""
     from edgespec.models import default_pair
 
     pair = default_pair()
-    t, d = target or str(pair.target), draft or str(pair.draft)
+    t = target or str(pair.target)
+    d = None if draft == "none" else draft or str(pair.draft)
     for p in (t, d):
-        if not Path(p).is_file():
+        if p is not None and not Path(p).is_file():
             raise FileNotFoundError(2, "model not found (run `edgespec models prepare-demo`)", p)
     return t, d
 

@@ -227,3 +227,37 @@ def test_llama_server_command():
     spec = llama_server_cmd(Path("/b"), target="t.gguf", draft="d.gguf", parallel=1, n_ctx=1024, threads=2, port=9)
     assert spec[spec.index("-md") + 1] == "d.gguf"
     assert spec[spec.index("--spec-draft-n-max") + 1] == "4" and spec[spec.index("--spec-draft-n-min") + 1] == "0"
+
+
+def test_a_chat_template_file_reaches_both_servers(tmp_path: Path):
+    """--chat-template: a GGUF without a template (the registry's Gemma 3 270M) is served by both
+    systems with the same file."""
+    from edgespec.server.config import load
+
+    tpl = Path(__file__).parents[1] / "templates" / "gemma-3.jinja"
+    (tmp_path / "t.gguf").write_bytes(b"")
+    sections = daemon_sections(target=str(tmp_path / "t.gguf"), draft=None, parallel=1, n_ctx=1024, threads=1,
+                               max_tokens=64, chat_template=str(tpl))
+    (tmp_path / "c.toml").write_text(toml_config(sections))
+    assert load(tmp_path / "c.toml", env={}).chat_template == tpl.read_text()
+    assert "chat_template" not in daemon_sections(target="t.gguf", draft=None, parallel=1, n_ctx=1024, threads=1,
+                                                  max_tokens=64)["target"]
+    cmd = llama_server_cmd(Path("/b"), target="t.gguf", draft=None, parallel=1, n_ctx=1024, threads=2, port=9,
+                           chat_template=str(tpl))
+    assert "--jinja" in cmd and cmd[cmd.index("--chat-template-file") + 1] == str(tpl)
+
+
+def test_draft_none_serves_model_free_and_refuses_llama_servers_draft(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from edgespec.cli.bench_serve import _models
+    from edgespec.cli.main import app
+
+    t = tmp_path / "t.gguf"
+    t.write_bytes(b"")
+    assert _models(str(t), "none") == (str(t), None)
+    with pytest.raises(FileNotFoundError):
+        _models(str(t), str(tmp_path / "missing.gguf"))
+    out = CliRunner().invoke(app, ["bench-serve", "--target", str(t), "--draft", "none", "--llama-server-bin",
+                                   str(tmp_path), "--llama-server-modes", "draft"])
+    assert out.exit_code != 0 and "llama_server" in out.output
