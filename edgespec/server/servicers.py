@@ -214,6 +214,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         text = convert.text_within(request.text, "text", self.limits)
 
         def encode(tok: Any) -> list[int]:
+            if messages and self.chat_template:  # [target] chat_template, as a generate request renders it
+                return encode_request(tok, text, messages, (), None, self.chat_template)
             return chat.encode_prompt(tok, text, messages, add_special=request.add_special,
                                       parse_special=request.parse_special)
 

@@ -95,6 +95,18 @@ def test_chat_messages_use_template(make_daemon):
     assert resp.usage.prompt_tokens == expected
 
 
+def test_tokenize_counts_a_chat_with_the_configured_template(make_daemon, tmp_path):
+    """[target] chat_template serves a GGUF without a template: Tokenize must count a chat as
+    Generate renders it (bench-serve sizes its prompts with Tokenize), not refuse it."""
+    path = tmp_path / "t.jinja"
+    path.write_text("{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}[assistant]")
+    r = make_daemon(target={"chat_template": str(path)})
+    msgs = [pb.ChatMessage(role="user", content="Hi")]
+    t = r.inference.Tokenize(pb.TokenizeRequest(messages=msgs), timeout=5)
+    g = r.inference.Generate(pb.GenerateRequest(messages=msgs, sampling=pb.SamplingOptions(max_tokens=1)), timeout=10)
+    assert t.count == g.usage.prompt_tokens == len("[user]Hi[assistant]") + 1
+
+
 def test_tokenize_and_model_info(make_daemon):
     r = make_daemon()
     t = r.inference.Tokenize(pb.TokenizeRequest(text="abc", add_special=True), timeout=5)
