@@ -11,6 +11,7 @@ valid token, a foreign browser origin) is handed on at once: it never makes a mo
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -73,11 +74,21 @@ class ModelDispatch:
         name, timeout = body_model(b"".join(p.get("body", b"") for p in parts if p["type"] == "http.request"))
         model = self.models.find(name)
         deadline = time.monotonic() + timeout if timeout is not None else None
-        try:
-            await anyio.to_thread.run_sync(self.models.acquire, model, deadline, abandon_on_cancel=True)
+        held = threading.Event()
+
+        def hold() -> None:
+            self.models.acquire(model, deadline)
+            held.set()
+
+        try:  # a cancel (the client gone) waits for the thread: `held` then says what to give back
+            await anyio.to_thread.run_sync(hold)
         except EdgespecError as exc:
             await self.error(exc, scope.get("path", ""))(scope, replay, send)
             return
+        except BaseException:
+            if held.is_set():
+                self.models.release(model)
+            raise
         try:
             await self.apps[model.name](scope, replay, send)
         finally:

@@ -6,6 +6,7 @@ edgespec.notify when present)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import ssl
@@ -297,6 +298,9 @@ class Daemon:
 
         if len(entries) == 1:
             return ChatModels([ChatModel(entries[0], maker(0, entries[0]), 0)], budget_bytes=1 << 62)
+        if any(side.enabled and not side.path for side in (cfg.embedding, cfg.rerank)):
+            # an embedding or rerank context on the default model's weights holds them: it stays loaded
+            entries = [dataclasses.replace(entries[0], keep_alive=-1.0), *entries[1:]]
         from edgespec.server.chat_plan import models_plan
 
         plan = models_plan(cfg.engine, entries[1:], cfg.models.memory_bytes, cfg.embedding, cfg.rerank,

@@ -100,7 +100,8 @@ def _serve(path: Path) -> Served:
 @pytest.fixture(scope="module")
 def two(tmp_path_factory, demo_pair):
     """Both models fit: the second loads on its first request. One request per caller at a time."""
-    s = _serve(_config(tmp_path_factory.mktemp("two"), demo_pair, "[limits]\ncaller_concurrent = 1\ncaller_queued = 1"))
+    s = _serve(_config(tmp_path_factory.mktemp("two"), demo_pair, "[limits]\ncaller_concurrent = 1\ncaller_queued = 1",
+                       draft=False))
     yield s
     s.close()
 
