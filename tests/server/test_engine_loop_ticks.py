@@ -283,7 +283,7 @@ def test_stats_and_metrics_count_from_one_set_of_counters():
         body = metrics.render()
         m = 'model=""'  # a loop on its own: no chat model's name (the daemon's loops count under theirs)
         for line in (f"edgespec_submitted_requests_total{{{m}}} 1", f'edgespec_rejected_requests_total{{{m},reason="overloaded"}} 1',
-                     f'edgespec_requests_total{{{m},finish_reason="length"}} 1', f"edgespec_generated_tokens_total{{{m}}} 3",
+                     f'edgespec_requests_total{{finish_reason="length",{m}}} 1', f"edgespec_generated_tokens_total{{{m}}} 3",
                      f"edgespec_target_forwards_total{{{m}}} {res.stats.target_forwards}"):
             assert line in body, line
     finally:
