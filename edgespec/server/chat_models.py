@@ -249,6 +249,25 @@ class ChatModels:
             if loop is not None:
                 loop.stop()
 
+    def stats(self, totals: Callable[[], dict[str, int]] | None = None) -> dict[str, Any]:
+        """Admin.Stats' and the gauges' view of every chat model: the default model's figures, the
+        requests active and queued in all of them, and `totals()` (the daemon's counters summed
+        over the models) in place of the default's own."""
+        out = dict(self.default.stats())
+        for m in self.models[1:]:
+            other = m.stats()
+            for key in ("active_requests", "queue_depth", "queue_capacity"):
+                out[key] = out.get(key, 0) + other.get(key, 0)
+            out["idle"] = out.get("idle", True) and other.get("idle", True)
+        if totals is not None:
+            out = {k: v for k, v in out.items() if not k.endswith("_total") and not k.startswith("finished_")}
+            out.update(totals())
+        return out
+
+    def call(self, fn: Callable[[Any], Any], timeout: float | None = 60.0) -> Any:
+        """fn(engine) on the default model's engine thread (Admin's suffix cache controls)."""
+        return self.default.call(fn, timeout=timeout)
+
     def loaded_figures(self) -> dict[str, int]:
         """1 per loaded chat model, 0 per unloaded (the edgespec_chat_model_loaded gauge)."""
         return {m.name: int(m.loaded) for m in self.models}

@@ -509,7 +509,8 @@ RELOADED_SECTIONS = ("auth", "tls", "speculation")  # what SIGHUP re-reads; the 
 
 
 def reload_config(cfg: DaemonConfig, env: Mapping[str, str] | None = None) -> DaemonConfig:
-    """SIGHUP: `cfg` with [auth], [tls] and [speculation] re-read from its config file (validated
+    """SIGHUP: `cfg` with [auth], [tls], [speculation] and each [[chat]] entry's [chat.speculation]
+    re-read from its config file (validated
     as at start, against the running [server] section); without a file, `cfg` itself (the caller
     re-reads the token and certificate files it names). Turning TLS or mutual TLS on or off needs
     a restart (the listening socket's credentials are fixed)."""
@@ -518,7 +519,10 @@ def reload_config(cfg: DaemonConfig, env: Mapping[str, str] | None = None) -> Da
     new = load(cfg.source, env=env, overrides={"server": asdict(cfg.server)})
     if new.tls.enabled != cfg.tls.enabled or bool(new.tls.client_ca) != bool(cfg.tls.client_ca):
         raise ConfigError("tls", "turning TLS or mutual TLS on or off needs a restart, not a reload")
-    return replace(cfg, auth=new.auth, tls=new.tls, speculation=new.speculation)
+    # each [[chat]] entry's [chat.speculation] too (the entries themselves need a restart)
+    spec = {e.name: e.speculation for e in new.chat}
+    chat = tuple(replace(e, speculation=spec.get(e.name, e.speculation)) for e in cfg.chat)
+    return replace(cfg, auth=new.auth, tls=new.tls, speculation=new.speculation, chat=chat)
 
 
 SHIPPED_HEADER = """\

@@ -268,7 +268,10 @@ class Daemon:
         self.chat_models = self._chat_models(entries, engine_factory)
         self.loop: Any = self.chat_models.default  # the default model's loop (an EngineLoop's surface)
         self.metrics.chat_loaded = self.chat_models.loaded_figures
-        self.metrics.state = self.loop.stats
+        # Admin.Stats and the gauges: with several chat models, all of them (ChatModels.stats)
+        self.all_models: Any = self.loop if len(self.chat_models.models) == 1 else \
+            _AllModels(self.chat_models, self.metrics.totals)
+        self.metrics.state = self.all_models.stats
         self.model_digests = _model_digests(cfg)
         self.started = time.monotonic()
         self.server: grpc.Server | None = None
@@ -355,6 +358,7 @@ class Daemon:
             if tls is not None and self.http is not None:  # before anything is swapped: a bad pair changes nothing
                 self.http.reload_tls(new.tls)
             file_policy = Policy.from_config(new.speculation, new.server) if new.source else None
+            entry_policies = {e.name: Policy.from_config(e.speculation, new.server) for e in new.chat}
             if file_policy is not None:
                 with self._policy_lock:  # the admin overrides must still apply on top of it
                     convert.with_overrides(file_policy, self._overrides)
@@ -383,6 +387,7 @@ class Daemon:
             # stay on top of it until SetPolicy(reset)
             with self._policy_lock:
                 self._file_policy = file_policy
+                self._entry_policies = entry_policies
                 self._policy = convert.with_overrides(file_policy, self._overrides)
                 kept = dict(self._overrides)
             reloaded.append("speculation")
@@ -471,7 +476,7 @@ class Daemon:
         )
         inference_pb2_grpc.add_InferenceServicer_to_server(self._inference(), server)
         admin_pb2_grpc.add_AdminServicer_to_server(
-            AdminServicer(self.loop, self.policy, self.update_policy, self._drain, self.started,
+            AdminServicer(self.all_models, self.policy, self.update_policy, self._drain, self.started,
                           last_reload=lambda: self.last_reload, callers=self.callers), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -580,6 +585,19 @@ class Daemon:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
         log.info("stopped")
+
+
+class _AllModels:
+    """What Admin and the gauges read of the engine loop, over every chat model."""
+
+    def __init__(self, models: Any, totals: Callable[[], dict[str, int]]):
+        self.models, self.totals = models, totals
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.models.stats(self.totals))
+
+    def call(self, fn: Callable[[Any], Any], timeout: float | None = 60.0) -> Any:
+        return self.models.call(fn, timeout)
 
 
 def _raise_open_files() -> None:

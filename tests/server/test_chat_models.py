@@ -73,6 +73,16 @@ tree_nodes = 8
     assert e.value.problems[0][0] == "chat[0].name"
 
 
+def test_sighup_rereads_each_entrys_speculation(tmp_path, demo_pair):
+    from edgespec.server.config import reload_config
+
+    text = f'[[chat]]\nname = "twin"\n[chat.target]\npath = "{DEMO_DRAFT}"\n[chat.speculation]\ntree_nodes = 8\n'
+    path = _toml(tmp_path, text)
+    cfg = load(path, env={})
+    path.write_text(text.replace("tree_nodes = 8", "tree_nodes = 4"))
+    assert reload_config(cfg, env={}).chat[0].speculation.tree_nodes == 4
+
+
 class StandInLoop:
     """An EngineLoop's lifecycle: started, loaded after `load_seconds`, stopped."""
 

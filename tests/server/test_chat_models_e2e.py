@@ -129,7 +129,9 @@ def test_the_second_model_loads_on_its_first_request_and_both_answer_alike_at_on
     with pytest.raises(grpc.RpcError) as e:
         two.inference.Generate(pb.GenerateRequest(model="nope", prompt="hi"), metadata=md, timeout=60)
     assert e.value.code() == grpc.StatusCode.NOT_FOUND and Q8 in e.value.details()
-    # the generation figures carry the model's name
+    # the generation figures carry the model's name; Admin.Stats' totals are every model's
+    per = {m: two.daemon.metrics.for_model(m).totals()["requests_total"] for m in (F32, Q8)}
+    assert all(per.values()) and two.daemon.all_models.stats()["requests_total"] == sum(per.values())
     text = two.daemon.metrics.render()
     assert f'edgespec_generated_tokens_total{{model="{Q8}"}}' in text
     assert f'edgespec_generated_tokens_total{{model="{F32}"}}' in text
