@@ -64,10 +64,13 @@ class ChatModel:
 
     @property
     def ready(self) -> bool:
-        """Serving: loaded and ready, or unloaded and loadable on a request."""
+        """Serving: loaded and ready, or unloaded and loadable on a request (not a model loaded at
+        start before its first load: the daemon is still starting)."""
         if self._draining:
             return False
-        return self._loop.ready if self._loop is not None else True
+        if self._loop is None:
+            return self.loads > 0 or self.entry.load == "on_demand"
+        return bool(self._loop.ready)
 
     @property
     def stopped(self) -> bool:

@@ -80,8 +80,9 @@ STARTUP_DISK_BYTES_PER_SECOND = 25 << 20  # a slow disk: 25 MiB/s
 
 def startup_timeout_seconds(cfg: DaemonConfig) -> float:
     """How long systemd should wait for READY=1: for each model the daemon loads at start (the
-    target, the draft, a head beside it, and those of [[chat]] entries loaded at start), a fixed allowance plus its file read at a slow disk's
-    speed, so a large model on a slow disk is not killed while it loads."""
+    target, the draft, a head beside it, and those of [[chat]] entries loaded at start), a fixed
+    allowance plus its file read at a slow disk's speed, so a large model on a slow disk is not
+    killed while it loads."""
     engines = [cfg.engine, *(e.engine for e in cfg.chat if e.load == "start")]  # [[chat]] entries loaded at start
     paths = [m.path for eng in engines for m in (eng.target, eng.draft, eng.head) if m is not None]
     total = 0.0

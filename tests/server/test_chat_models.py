@@ -131,8 +131,9 @@ def _models(load_seconds: float = 0.0, keep_alive: float = 0.0, budget: int = 15
 
 def test_a_model_loads_on_first_use_and_an_idle_one_makes_room():
     models, loops = _models()
-    models.start()
     a, b = models.by_name["a"], models.by_name["b"]
+    assert not a.ready and b.ready  # before the start: a model loaded at start is not serving yet
+    models.start()
     assert models.loaded_figures() == {"a": 1, "b": 0}
     with models.use(b, None):  # a is idle and past its keep_alive (0): it goes
         assert models.loaded_figures() == {"a": 0, "b": 1} and loops[0].stopped_
