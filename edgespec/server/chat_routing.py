@@ -54,7 +54,7 @@ class ModelDispatch:
         self.max_body_bytes = max_body_bytes
         self.admitted, self.error = admitted, error
 
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope.get("type") != "http" or scope.get("path") not in ROUTED or scope.get("method") != "POST":
             await self.default(scope, receive, send)
             return

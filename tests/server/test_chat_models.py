@@ -93,7 +93,9 @@ class StandInLoop:
         self.error = None
 
     def start(self):
-        threading.Timer(self.load_seconds, self.loaded.set).start()
+        timer = threading.Timer(self.load_seconds, self.loaded.set)
+        timer.daemon = True
+        timer.start()
         return self
 
     def wait_loaded(self, timeout=None):
@@ -194,3 +196,60 @@ def test_a_failed_load_is_not_ready_and_the_next_request_tries_again():
     with pytest.raises(NotReady, match="failed to load"):
         models.acquire(b, None)
     assert not b.loaded and b.uses == 0
+
+
+def _echo(name: str):
+    async def app(scope, receive, send):
+        body = b""
+        while True:
+            msg = await receive()
+            body += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": name.encode() + b":" + body})
+
+    return app
+
+
+def _dispatch(models: ChatModels, admitted=lambda scope: True, max_body_bytes: int = 1 << 16):
+    from starlette.testclient import TestClient
+
+    from edgespec.server.chat_routing import ModelDispatch, error_app
+
+    app = ModelDispatch(models, {"a": _echo("a"), "b": _echo("b")}, max_body_bytes=max_body_bytes,
+                        admitted=admitted, error=error_app)
+    return TestClient(app)
+
+
+def test_the_http_dispatch_routes_by_model_and_hands_the_body_on_unchanged():
+    models, _ = _models(budget=1000)
+    models.start()
+    client = _dispatch(models)
+    body = b'{"model": "b", "messages": []}'
+    r = client.post("/v1/chat/completions", content=body)
+    assert r.text == "b:" + body.decode() and models.loaded_figures() == {"a": 1, "b": 1}
+    assert models.by_name["b"].uses == 0  # given back as the answer ended
+    assert client.post("/v1/completions", content=b'{"model": "nope"}').text.startswith("a:")  # a answers (or 404s)
+    assert client.get("/v1/models").text == "a:"  # not a chat route: the default app's
+
+
+def test_a_refused_caller_or_an_oversized_body_never_loads_a_model():
+    models, _ = _models(budget=1000)
+    models.start()
+    r = _dispatch(models, admitted=lambda scope: False).post("/v1/chat/completions", content=b'{"model": "b"}')
+    assert r.text.startswith("a:") and models.loaded_figures() == {"a": 1, "b": 0}  # the API answers 401
+    big = b'{"model": "b", "x": "' + b"y" * 2000 + b'"}'
+    r = _dispatch(models, max_body_bytes=1000).post("/v1/chat/completions", content=big)
+    assert r.text == "a:" + big.decode() and models.loaded_figures() == {"a": 1, "b": 0}  # the API answers 413
+
+
+def test_a_load_past_the_requests_timeout_is_a_504_over_http():
+    models, _ = _models(load_seconds=30.0, budget=1000)
+    models.start()
+    r = _dispatch(models).post("/v1/chat/completions",
+                               content=b'{"model": "b", "edgespec": {"timeout_seconds": 0.05}}')
+    assert r.status_code == 504 and r.json()["error"]["code"] == "deadline_exceeded", r.text
+    r = _dispatch(models).post("/v1/messages", content=b'{"model": "b", "edgespec": {"timeout_seconds": 0.05}}')
+    assert r.status_code == 504 and r.json()["type"] == "error", r.text  # Anthropic's error shape there
+    assert models.by_name["b"].uses == 0
