@@ -16,6 +16,8 @@ HOST ?= 127.0.0.1
 PORT ?= 50051
 # the OpenAI/Anthropic-compatible HTTP API beside gRPC (0 = off)
 HTTP_PORT ?= 8080
+# the demo's whole stack: two chat models (the F32 target, its Q8_0 twin on demand), embeddings, rerank
+CONFIG ?= configs/demo.toml
 PYTEST_ARGS ?=
 
 .PHONY: all venv install proto models serve lint test test-fast bundle clean bench rpc-server
@@ -43,7 +45,7 @@ models: install
 	$(EDGESPEC) models prepare-demo
 
 serve: install models
-	$(EDGESPEC) serve --host $(HOST) --port $(PORT) $(if $(filter-out 0,$(HTTP_PORT)),--http-port $(HTTP_PORT))
+	$(EDGESPEC) serve --config $(CONFIG) --host $(HOST) --port $(PORT) $(if $(filter-out 0,$(HTTP_PORT)),--http-port $(HTTP_PORT))
 
 # ruff and mypy ([tool.ruff], [tool.mypy] in pyproject.toml): no models; mypy reads the protobuf stubs.
 lint: proto

@@ -425,6 +425,18 @@ SETTINGS: tuple[Setting, ...] = (
             "with its request id (0 = off)", lo=0.0, hi=1.0),
     Setting("audit", "shadow_queue", I, 16, "requests waiting for their shadow decode; beyond, the oldest "
             "is skipped", lo=1, hi=4096),
+    Setting("models", "memory_bytes", I, 0, "the memory every chat model ([target] and each [[chat]] entry) with "
+            "its KV cache and compute buffers, and the [embedding] and [rerank] contexts, may take together; a model "
+            "that would not fit beside the loaded ones waits for an idle one to be unloaded (its keep_alive passed); "
+            "0 = the device's memory (RAM, or the GPU's when layers are offloaded) less the plan's headroom",
+            lo=0, hi=1 << 50, hi_text="2^50"),
+    Setting("models", "keep_alive", F, 300.0, "seconds a chat model stays loaded after its last request before "
+            "it may be unloaded to make room for another ([[chat]] keep_alive overrides it; -1 = never unloaded; "
+            "the default model stays loaded while [embedding] or [rerank] runs on its weights)",
+            lo=-1, hi=1e9),
+    Setting("models", "load_wait_seconds", F, 600.0, "the longest a request without a deadline of its own "
+            "waits for its model to load (and for the memory to load it); a request's own deadline "
+            "(gRPC deadline, edgespec.timeout_seconds) bounds the wait too", lo=1, hi=86400),
     # the adaptive controller (docs/controller.md): acceptance model
     _ctl("window", I, 32, "speculative steps of this request the acceptance estimate looks at", lo=1, hi=4096),
     _ctl("decay", F, 1.0, "weight of a step in the window = decay**age (1 = plain sliding window)", lo=0.5, hi=1.0),
@@ -486,6 +498,8 @@ SECTION_HELP = {
     "logging": "Structured logs.",
     "audit": "Exactness an operator can audit: shadow plain decodes of live greedy requests, run when the engine "
              "is idle (docs/architecture.md, \"Exactness\").",
+    "models": "Several chat models in one daemon: the memory they share, how long an idle one stays loaded, "
+              "how long a request waits for a load. The models themselves: [target] (the default) and [[chat]].",
     "controller": "The adaptive controller of `auto` mode and its circuit breaker (docs/controller.md).",
 }
 

@@ -54,8 +54,10 @@ def _render(plan, device_bytes: int, device: str, headroom: float) -> str:
 
 def plan_cmd(
     target: Path | None = typer.Option(None, "--target", help="Target model GGUF (required but with --config)."),
-    config: Path | None = typer.Option(None, "--config", help="With --systemd: plan the daemon this config "
-                                       "describes (its models, slots, caches) instead of --target/--draft."),
+    config: Path | None = typer.Option(None, "--config", help="Plan the daemon this config describes "
+                                       "(every chat model with its slots and caches, the embedding and rerank "
+                                       "contexts, the budget they share) instead of --target/--draft; with "
+                                       "--systemd its unit's limits."),
     draft: Path | None = typer.Option(None, "--draft", help="Draft model GGUF (omit for n-gram drafting only)."),
     head: Path | None = typer.Option(None, "--head", help="An EAGLE-3 head GGUF loaded beside the draft model "
                                      "([draft] head)."),
@@ -95,6 +97,9 @@ def plan_cmd(
 
     if systemd and config is not None:
         _systemd_for_config(config)
+        return
+    if config is not None and target is None:
+        _config_plan(config, headroom=headroom, as_json=as_json)
         return
     if target is None:
         from edgespec.cli.common import fail
@@ -155,14 +160,53 @@ def _memory(target: Path, draft: Path | None, head: Path | None, *, n_ctx: int, 
 
 
 def _systemd_for_config(config: Path) -> None:
-    """The unit's memory limits and address rules for the daemon `config` describes."""
+    """The unit's memory limits and address rules for the daemon `config` describes (with [[chat]]
+    entries: as many of its chat models as the budget lets load at once)."""
     from edgespec.plan import plan_for_config, systemd_memory
     from edgespec.server.config import load, systemd_network
 
     with user_errors():
         cfg = load(config)
         plan = plan_for_config(cfg.engine, embedding=cfg.embedding, rerank=cfg.rerank)
-        typer.echo(systemd_memory(plan) + systemd_network(cfg), nl=False)
+        extra = 0
+        if cfg.chat:
+            models = _models_plan(cfg)
+            extra = max(0, min(models.all_bytes, models.budget_bytes) - plan.total_bytes)
+        typer.echo(systemd_memory(plan, extra_bytes=extra) + systemd_network(cfg), nl=False)
+
+
+def _models_plan(cfg: Any) -> Any:
+    from edgespec.server.chat_plan import models_plan
+
+    entries = cfg.chat_entries()
+    return models_plan(cfg.engine, entries[1:], cfg.models.memory_bytes, cfg.embedding, cfg.rerank,
+                       default_name=entries[0].name)
+
+
+def _config_plan(config: Path, *, headroom: float, as_json: bool) -> None:
+    """The one memory plan of the daemon `config` describes: each chat model ([target] and every
+    [[chat]] entry) with its KV cache and compute buffers, the embedding and rerank contexts, and
+    the budget they share. Exit 0 if it can serve, 1 if not."""
+    from edgespec.server.config import load
+
+    with user_errors():
+        cfg = load(config)
+        models = _models_plan(cfg)
+    problem = models.problem()
+    if as_json:
+        typer.echo(json.dumps({"chat": {name: {"load": load, **p.as_dict()} for name, p, load in models.chat},
+                               "side_bytes": models.side_bytes, "all_bytes": models.all_bytes,
+                               "at_start_bytes": models.at_start, "budget_bytes": models.budget_bytes,
+                               "device": models.device, "fits": problem is None}, indent=2))
+    else:
+        for name, p, _ in models.chat:
+            typer.echo(f"-- {name}")
+            typer.echo(_render(p, models.budget_bytes, models.device, 0.0))
+        for line in models.lines():
+            typer.echo(line)
+        if problem is not None:
+            typer.echo(f"does NOT fit: {problem}")
+    raise typer.Exit(0 if problem is None else 1)
 
 
 def _with_side_models(plan: Any, embedding: str, embedding_n_ctx: int, rerank: str, rerank_n_ctx: int,

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from edgespec.config import ENGINE_KEYS, EngineConfig, ModelConfig, models_dir
 from edgespec.errors import ConfigError
+from edgespec.server import chat_config
+from edgespec.server.chat_config import ChatEntry
 from edgespec.settings import SECTION_HELP, SECTIONS, Setting, defaults, section_class
 
 DEMO_TARGET = "SmolLM2-135M-Instruct.F32.gguf"
@@ -62,6 +64,7 @@ if TYPE_CHECKING:  # made at run time from the declaration table, one field per 
     MetricsConfig: TypeAlias = Any
     LoggingConfig: TypeAlias = Any
     AuditConfig: TypeAlias = Any
+    ModelsConfig: TypeAlias = Any
 else:
     ServerConfig = section_class("ServerConfig", "server", "[server]", __name__,
                                  namespace={"loopback": property(_loopback)})
@@ -78,6 +81,8 @@ else:
     LoggingConfig = section_class("LoggingConfig", "logging", "[logging]", __name__)
     AuditConfig = section_class("AuditConfig", "audit", "[audit]: shadow decodes that check exactness on live traffic",
                                 __name__)
+    ModelsConfig = section_class("ModelsConfig", "models", "[models]: the memory the chat models share, keep_alive",
+                                 __name__)
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,18 @@ class DaemonConfig:
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     rerank: RerankConfig = field(default_factory=RerankConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
+    models: ModelsConfig = field(default_factory=ModelsConfig)
+    chat: tuple[ChatEntry, ...] = ()  # the [[chat]] entries: chat models beside the default one
+
+    def chat_entries(self) -> tuple[ChatEntry, ...]:
+        """Every chat model, the default one ([target], [draft], [speculation]) first."""
+        from edgespec.server.models_api import model_name
+
+        default = ChatEntry(model_name(self.engine.target.path), self.engine, self.speculation,
+                            chat_template=self.chat_template, tool_format=self.tool_format,
+                            reasoning_format=self.reasoning_format, load="start",
+                            keep_alive=float(self.models.keep_alive))
+        return (default, *self.chat)
 
 
 def _check_controller(values: dict[str, Any]) -> list[tuple[str, str]]:
@@ -291,9 +308,11 @@ def load(
     env_vals, env_problems = env_overrides(os.environ if env is None else env)
     problems += env_problems
     merged = _merge(_merge(raw, env_vals), overrides or {})
+    chat_raw = chat_config.raw_entries(merged.pop("chat", None), problems)
     values = _check_sections(merged, problems)
     problems += _cross_checks(values, problems)
-    engine = _engine(values, check_models, problems)
+    engine = _engine(values, check_models, problems, memory=not chat_raw)
+    chat = _chat_entries(chat_raw, values, check_models, problems)
     if problems:
         raise InvalidConfig(problems)
     controller = merged.get("controller", {})
@@ -315,6 +334,9 @@ def load(
         rerank=RerankConfig(**{**values["rerank"], "path": str(Path(values["rerank"]["path"]).expanduser())
                                if values["rerank"]["path"] else ""}),
         audit=AuditConfig(**values["audit"]),
+        models=ModelsConfig(**{**values["models"], "keep_alive": float(values["models"]["keep_alive"]),
+                               "load_wait_seconds": float(values["models"]["load_wait_seconds"])}),
+        chat=chat,
         rpc_servers=tuple(values["target"]["rpc_servers"]),
         chat_template=_chat_template(values["target"]["chat_template"]),
         tool_format=values["target"]["tool_format"],
@@ -322,7 +344,50 @@ def load(
     )
 
 
-def _chat_template(path: str) -> str:
+def _chat_entries(raw: list, values: dict[str, dict[str, Any]], check_models: bool,
+                  problems: list[tuple[str, str]]) -> tuple[ChatEntry, ...]:
+    """The [[chat]] entries, each checked as the top-level sections are (problems named
+    `chat[i].section.key`); with `check_models`, every chat model together in one memory plan."""
+    def build(merged: dict[str, dict[str, Any]], where: str) -> ChatEntry | None:
+        found: list[tuple[str, str]] = []
+        engine = _engine(merged, check_models, found, memory=False)
+        try:
+            template = _chat_template(merged["target"]["chat_template"], f"{where}.target.chat_template")
+        except InvalidConfig as exc:
+            found += exc.problems
+        problems.extend((k if k.startswith(where) else f"{where}.{k}", m) for k, m in found)
+        if found:
+            return None
+        return ChatEntry("", engine, SpeculationConfig(**merged["speculation"]), chat_template=template,
+                         tool_format=merged["target"]["tool_format"],
+                         reasoning_format=merged["target"]["reasoning_format"])
+
+    if not raw or problems:
+        return ()
+    entries = [e for i, r in enumerate(raw) if (e := chat_config.parse_entry(i, r, values, problems, build))]
+    if problems:
+        return ()
+    from edgespec.server.models_api import model_name
+
+    chat_config.check_names(model_name(_model(values["target"], DEMO_TARGET).path), entries, problems)
+    if check_models and not problems and not values["target"]["rpc_servers"]:
+        from edgespec.server.chat_plan import check_models_memory
+
+        try:
+            check_models_memory(_engine(values, False, [], memory=False), entries, values["models"]["memory_bytes"],
+                                _side(values, "embedding"), _side(values, "rerank"))
+        except ConfigError as exc:
+            problems.append((exc.key, str(exc).split(": ", 1)[-1]))
+    return tuple(entries)
+
+
+def _side(values: dict[str, dict[str, Any]], section: str) -> Any:
+    sec = values[section]
+    cls = EmbeddingConfig if section == "embedding" else RerankConfig
+    return cls(**{**sec, "path": str(Path(sec["path"]).expanduser()) if sec["path"] else ""})
+
+
+def _chat_template(path: str, key: str = "target.chat_template") -> str:
     """[target] chat_template's text, checked to compile (ConfigError naming the key)."""
     if not path:
         return ""
@@ -331,9 +396,9 @@ def _chat_template(path: str) -> str:
     try:
         text = Path(path).expanduser().read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidConfig([("target.chat_template", f"cannot read {path}: {exc}")]) from None
+        raise InvalidConfig([(key, f"cannot read {path}: {exc}")]) from None
     try:
-        ChatTemplate(text, origin="target.chat_template")
+        ChatTemplate(text, origin=key)
     except ConfigError as exc:
         raise InvalidConfig([(exc.key, str(exc).split(": ", 1)[-1])]) from None
     return text
@@ -392,9 +457,11 @@ def _exposure(values: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
     return problems
 
 
-def _engine(values: dict[str, dict[str, Any]], check_models: bool, problems: list[tuple[str, str]]) -> EngineConfig:
+def _engine(values: dict[str, dict[str, Any]], check_models: bool, problems: list[tuple[str, str]],
+            memory: bool = True) -> EngineConfig:
     """The engine's section, from [server], [target] and [draft]; with `check_models`, the model
-    files must exist and the memory plan must fit this box (appends to `problems`)."""
+    files must exist and (with `memory`: one chat model) the memory plan must fit this box
+    (appends to `problems`)."""
     target = _model(values["target"], DEMO_TARGET)
     draft = _draft(values)
     head = _head(values["draft"], target.path) if draft is not None else None
@@ -412,12 +479,9 @@ def _engine(values: dict[str, dict[str, Any]], check_models: bool, problems: lis
     except ConfigError as exc:
         problems.append((exc.key, str(exc).split(": ", 1)[-1]))
     # the memory plan covers this box only: with rpc_servers the target's layers go to other boxes
-    if check_models and not problems and not values["target"]["rpc_servers"]:
+    if check_models and memory and not problems and not values["target"]["rpc_servers"]:
         try:
-            emb, rr = values["embedding"], values["rerank"]
-            check_memory(engine, EmbeddingConfig(**{**emb, "path": str(Path(emb["path"]).expanduser()) if emb["path"]
-                                                    else ""}),
-                         RerankConfig(**{**rr, "path": str(Path(rr["path"]).expanduser()) if rr["path"] else ""}))
+            check_memory(engine, _side(values, "embedding"), _side(values, "rerank"))
         except ConfigError as exc:
             problems.append(("target.n_ctx", f"with server.parallel = {engine.parallel}, the memory plan "
                              + str(exc).split(": ", 1)[-1]))
@@ -445,7 +509,8 @@ RELOADED_SECTIONS = ("auth", "tls", "speculation")  # what SIGHUP re-reads; the 
 
 
 def reload_config(cfg: DaemonConfig, env: Mapping[str, str] | None = None) -> DaemonConfig:
-    """SIGHUP: `cfg` with [auth], [tls] and [speculation] re-read from its config file (validated
+    """SIGHUP: `cfg` with [auth], [tls], [speculation] and each [[chat]] entry's [chat.speculation]
+    re-read from its config file (validated
     as at start, against the running [server] section); without a file, `cfg` itself (the caller
     re-reads the token and certificate files it names). Turning TLS or mutual TLS on or off needs
     a restart (the listening socket's credentials are fixed)."""
@@ -454,7 +519,10 @@ def reload_config(cfg: DaemonConfig, env: Mapping[str, str] | None = None) -> Da
     new = load(cfg.source, env=env, overrides={"server": asdict(cfg.server)})
     if new.tls.enabled != cfg.tls.enabled or bool(new.tls.client_ca) != bool(cfg.tls.client_ca):
         raise ConfigError("tls", "turning TLS or mutual TLS on or off needs a restart, not a reload")
-    return replace(cfg, auth=new.auth, tls=new.tls, speculation=new.speculation)
+    # each [[chat]] entry's [chat.speculation] too (the entries themselves need a restart)
+    spec = {e.name: e.speculation for e in new.chat}
+    chat = tuple(replace(e, speculation=spec.get(e.name, e.speculation)) for e in cfg.chat)
+    return replace(cfg, auth=new.auth, tls=new.tls, speculation=new.speculation, chat=chat)
 
 
 SHIPPED_HEADER = """\
@@ -482,6 +550,7 @@ def documented_defaults() -> str:
             lines.append(f"# {s.help}")
             lines.append(f"{key} = {_toml_value(s.default)}")
         lines.append("")
+    lines += chat_config.EXAMPLE
     return "\n".join(lines)
 
 
@@ -507,6 +576,7 @@ def reference() -> str:
                   "| key | type | default | range | what it does |", "| --- | --- | --- | --- | --- |"]
         lines += [_reference_row(s) for s in keys.values()]
         lines.append("")
+    lines += chat_config.reference_rows()
     return "\n".join(lines)
 
 

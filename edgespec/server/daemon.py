@@ -6,13 +6,14 @@ edgespec.notify when present)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import ssl
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,9 +80,11 @@ STARTUP_DISK_BYTES_PER_SECOND = 25 << 20  # a slow disk: 25 MiB/s
 
 def startup_timeout_seconds(cfg: DaemonConfig) -> float:
     """How long systemd should wait for READY=1: for each model the daemon loads at start (the
-    target, the draft, a head beside it), a fixed allowance plus its file read at a slow disk's
-    speed, so a large model on a slow disk is not killed while it loads."""
-    paths = [m.path for m in (cfg.engine.target, cfg.engine.draft, cfg.engine.head) if m is not None]
+    target, the draft, a head beside it, and those of [[chat]] entries loaded at start), a fixed
+    allowance plus its file read at a slow disk's speed, so a large model on a slow disk is not
+    killed while it loads."""
+    engines = [cfg.engine, *(e.engine for e in cfg.chat if e.load == "start")]  # [[chat]] entries loaded at start
+    paths = [m.path for eng in engines for m in (eng.target, eng.draft, eng.head) if m is not None]
     total = 0.0
     for path in paths:
         try:
@@ -92,7 +95,12 @@ def startup_timeout_seconds(cfg: DaemonConfig) -> float:
     return total
 
 
-def default_engine_factory(cfg: DaemonConfig) -> Callable[[], Any]:
+def default_engine_factory(cfg: DaemonConfig, entry: Any = None) -> Callable[[], Any]:
+    """The engine of the default chat model, or of the [[chat]] `entry` (its own target, draft and
+    speculation section; the memory plan of all of them is kept by chat_models.ChatModels)."""
+    if entry is not None:
+        return _entry_engine_factory(cfg, entry)
+
     def load() -> Any:
         from edgespec.engine import Engine
 
@@ -107,12 +115,23 @@ def default_engine_factory(cfg: DaemonConfig) -> Callable[[], Any]:
             devs = backend.add_rpc_servers(cfg.rpc_servers)
             log.info("rpc_servers", servers=list(cfg.rpc_servers),
                      devices=[{"name": d.name, "free_bytes": d.free_bytes} for d in devs])
-        else:
+        elif not cfg.chat:  # with [[chat]] entries, the daemon's one plan covers them all
             check_memory(cfg.engine, cfg.embedding, cfg.rerank)
         engine = Engine.load(cfg.engine, controller_cfg=controller_cfg)
         if cfg.speculation.suffix_cache_persist:
             _load_suffix(engine)
         return engine
+
+    return load
+
+
+def _entry_engine_factory(cfg: DaemonConfig, entry: Any) -> Callable[[], Any]:
+    def load() -> Any:
+        from edgespec.controller import ControllerConfig
+        from edgespec.engine import Engine
+
+        controller_cfg = ControllerConfig.from_dict(dict(cfg.controller)) if cfg.controller else None
+        return Engine.load(entry.engine, controller_cfg=controller_cfg)
 
     return load
 
@@ -234,9 +253,10 @@ class Daemon:
             created = int(Path(target_path).stat().st_mtime)
         except OSError:
             created = 0
+        entries = cfg.chat_entries()
         self.registry = build_registry(model_name(target_path), cfg.embedding, cfg.rerank,
                                        rerank_kind=rerank_kind_of(cfg.rerank) if cfg.rerank.enabled else "",
-                                       created=created)
+                                       created=created, more_chat=[e.name for e in entries[1:]])
         # each made on its first request (its own context and worker thread), on the target's
         # weights unless its section's path is set
         self.metrics.served = tuple((m.id, m.role) for m in self.registry.models)
@@ -244,18 +264,15 @@ class Daemon:
                                  name=self.registry.of("embedding")[0].id) if cfg.embedding.enabled else None
         self.reranker = Reranker(cfg.rerank, cfg.engine.target, lambda: self.loop.encoder,
                                  name=self.registry.of("rerank")[0].id) if cfg.rerank.enabled else None
-        self.loop = EngineLoop(
-            engine_factory or default_engine_factory(cfg),
-            parallel=cfg.server.parallel,
-            queue_size=cfg.server.queue_size,
-            metrics=self.metrics,
-            on_ready=self._on_ready,
-            on_heartbeat=self.systemd.kick,
-            log_text=cfg.logging.log_text,
-            shadow_fraction=cfg.audit.shadow_fraction,
-            shadow_queue=cfg.audit.shadow_queue,
-        )
-        self.metrics.state = self.loop.stats
+        # the chat models, the default first: each its own engine loop while loaded, one memory plan
+        self._entry_policies = {e.name: Policy.from_config(e.speculation, cfg.server) for e in entries[1:]}
+        self.chat_models = self._chat_models(entries, engine_factory)
+        self.loop: Any = self.chat_models.default  # the default model's loop (an EngineLoop's surface)
+        self.metrics.chat_loaded = self.chat_models.loaded_figures
+        # Admin.Stats and the gauges: with several chat models, all of them (ChatModels.stats)
+        self.all_models: Any = self.loop if len(self.chat_models.models) == 1 else \
+            _AllModels(self.chat_models, self.metrics.totals)
+        self.metrics.state = self.all_models.stats
         self.model_digests = _model_digests(cfg)
         self.started = time.monotonic()
         self.server: grpc.Server | None = None
@@ -268,11 +285,53 @@ class Daemon:
         self._tls_pending: Any = None
         self.last_reload: dict[str, Any] | None = None
 
+    def _chat_models(self, entries: Sequence[Any], engine_factory: Callable[[], Any] | None) -> Any:
+        """The chat models (chat_models.ChatModels) with the memory plan of all of them: planned
+        from their GGUF headers when [[chat]] entries are configured (one model alone: the
+        budget is the start's memory check, as it always was)."""
+        from edgespec.server.chat_models import ChatModel, ChatModels
+
+        cfg = self.cfg
+
+        def maker(i: int, entry: Any) -> Callable[[bool], EngineLoop]:
+            factory = (engine_factory or default_engine_factory(cfg)) if i == 0 else default_engine_factory(cfg, entry)
+            return lambda first: EngineLoop(
+                factory, parallel=cfg.server.parallel, queue_size=cfg.server.queue_size,
+                metrics=self.metrics.for_model(entry.name), on_ready=self._on_ready if i == 0 and first else None,
+                on_heartbeat=self.systemd.kick, log_text=cfg.logging.log_text,
+                shadow_fraction=cfg.audit.shadow_fraction, shadow_queue=cfg.audit.shadow_queue)
+
+        if len(entries) == 1:
+            return ChatModels([ChatModel(entries[0], maker(0, entries[0]), 0)], budget_bytes=1 << 62)
+        if any(side.enabled and not side.path for side in (cfg.embedding, cfg.rerank)):
+            # an embedding or rerank context on the default model's weights holds them: it stays loaded
+            entries = [dataclasses.replace(entries[0], keep_alive=-1.0), *entries[1:]]
+        from edgespec.server.chat_plan import models_plan
+
+        plan = models_plan(cfg.engine, entries[1:], cfg.models.memory_bytes, cfg.embedding, cfg.rerank,
+                           default_name=entries[0].name)
+        log.info("models_plan", lines=plan.lines())
+        return ChatModels([ChatModel(e, maker(i, e), plan.need(e.name)) for i, e in enumerate(entries)],
+                          budget_bytes=plan.budget_bytes, side_bytes=plan.side_bytes,
+                          load_wait=cfg.models.load_wait_seconds)
+
     # ---- policy ----------------------------------------------------------------------------
 
     def policy(self) -> Policy:
         with self._policy_lock:
             return self._policy
+
+    def policy_of(self, name: str) -> Callable[[], Policy]:
+        """The policy in force for chat model `name`: its [speculation] (the default model's, or its
+        [[chat]] entry's), with the admin's SetPolicy overrides on top."""
+        if name not in self._entry_policies:
+            return self.policy
+
+        def current() -> Policy:
+            with self._policy_lock:
+                return convert.with_overrides(self._entry_policies[name], self._overrides)
+
+        return current
 
     def update_policy(self, changes: dict[str, object], reset: bool = False) -> Policy:
         """Admin.SetPolicy: `changes` become overrides of the file's values (after dropping the
@@ -300,6 +359,7 @@ class Daemon:
             if tls is not None and self.http is not None:  # before anything is swapped: a bad pair changes nothing
                 self.http.reload_tls(new.tls)
             file_policy = Policy.from_config(new.speculation, new.server) if new.source else None
+            entry_policies = {e.name: Policy.from_config(e.speculation, new.server) for e in new.chat}
             if file_policy is not None:
                 with self._policy_lock:  # the admin overrides must still apply on top of it
                     convert.with_overrides(file_policy, self._overrides)
@@ -328,6 +388,7 @@ class Daemon:
             # stay on top of it until SetPolicy(reset)
             with self._policy_lock:
                 self._file_policy = file_policy
+                self._entry_policies = entry_policies
                 self._policy = convert.with_overrides(file_policy, self._overrides)
                 kept = dict(self._overrides)
             reloaded.append("speculation")
@@ -383,7 +444,7 @@ class Daemon:
             log.warning("suffix_cache_save_failed", path=str(path), error=str(exc))
 
     def _drain(self, on: bool) -> None:
-        self.loop.drain(on)
+        self.chat_models.drain(on)
         if on:
             self._save_suffix()
             self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -414,14 +475,9 @@ class Daemon:
             options=options,
             maximum_concurrent_rpcs=workers + 2 * anonymous,
         )
-        inference_pb2_grpc.add_InferenceServicer_to_server(
-            InferenceServicer(self.loop, self.policy, parallel=s.parallel, limits=self.cfg.limits,
-                              digests=lambda: self.model_digests, chat_template=self.cfg.chat_template,
-                              tool_format=self.cfg.tool_format, reasoning_format=self.cfg.reasoning_format,
-                              embedder=self.embedder, callers=self.callers, registry=self.registry,
-                              reranker=self.reranker, record=self.metrics.model_request), server)
+        inference_pb2_grpc.add_InferenceServicer_to_server(self._inference(), server)
         admin_pb2_grpc.add_AdminServicer_to_server(
-            AdminServicer(self.loop, self.policy, self.update_policy, self._drain, self.started,
+            AdminServicer(self.all_models, self.policy, self.update_policy, self._drain, self.started,
                           last_reload=lambda: self.last_reload, callers=self.callers), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -456,7 +512,8 @@ class Daemon:
                                    embedder=self.embedder, callers=self.callers,
                                    metrics=self.metrics.exposition if self.cfg.metrics.enabled else None,
                                    registry=self.registry, reranker=self.reranker,
-                                   record=self.metrics.model_request)
+                                   record=self.metrics.model_request,
+                                   chat=(self.chat_models, self.policy_of) if len(self.chat_models.models) > 1 else None)
             http.start()
             print(f"HTTP {http.scheme}://{http_address(self.cfg.http.host, http.port)}", flush=True)
         if self.cfg.metrics.enabled:
@@ -466,8 +523,25 @@ class Daemon:
             log.info("metrics_listening", address=format_address(m.host, metrics_server.server_address[1]))
         self.systemd("status", "loading models")
         self.systemd("extend_timeout", startup_timeout_seconds(self.cfg))
-        self.loop.start()
+        self.chat_models.start()
         return self.port
+
+    def _inference(self) -> Any:
+        """Inference's servicer: the default model's, or with [[chat]] entries one per chat model
+        behind a router that picks by the request's `model` (chat_routing.RoutingServicer)."""
+        s = self.cfg.server
+        servicers = {m.name: InferenceServicer(
+            m, self.policy_of(m.name), parallel=s.parallel, limits=self.cfg.limits,
+            digests=(lambda: self.model_digests) if m is self.chat_models.default else dict,
+            chat_template=m.entry.chat_template, tool_format=m.entry.tool_format,
+            reasoning_format=m.entry.reasoning_format, embedder=self.embedder, callers=self.callers,
+            registry=self.registry, reranker=self.reranker, record=self.metrics.model_request)
+            for m in self.chat_models.models}
+        if len(servicers) == 1:
+            return servicers[self.chat_models.default.name]
+        from edgespec.server.chat_routing import RoutingServicer
+
+        return RoutingServicer(self.chat_models, servicers, self.registry)
 
     def _metrics_authorized(self, authorization: str | None) -> str | None:
         """/metrics's scope for a scrape (TokenAuth.scrape): a metrics or admin token whenever
@@ -494,7 +568,7 @@ class Daemon:
         self.systemd("stopping", "draining")
         self.systemd("extend_timeout", stop_timeout_seconds(grace))
         self.health.enter_graceful_shutdown()
-        self.loop.drain(True)
+        self.chat_models.drain(True)
         if self.http is not None:
             self.http.stop(grace)  # both APIs drain at once
         if self.server is not None:
@@ -502,7 +576,7 @@ class Daemon:
         if self.http is not None:
             self.http.join(grace + 5)
         self._save_suffix()
-        self.loop.stop()
+        self.chat_models.stop()
         for side in (self.embedder, self.reranker):  # their worker threads and contexts
             if side is not None:
                 side.close()
@@ -512,6 +586,19 @@ class Daemon:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
         log.info("stopped")
+
+
+class _AllModels:
+    """What Admin and the gauges read of the engine loop, over every chat model."""
+
+    def __init__(self, models: Any, totals: Callable[[], dict[str, int]]):
+        self.models, self.totals = models, totals
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.models.stats(self.totals))
+
+    def call(self, fn: Callable[[Any], Any], timeout: float | None = 60.0) -> Any:
+        return self.models.call(fn, timeout)
 
 
 def _raise_open_files() -> None:

@@ -165,21 +165,34 @@ class HttpServer:
                  callers: CallerLimits | None = None,
                  metrics: Callable[[str | None, bool], tuple[bytes, str]] | None = None,
                  registry: Any = None, reranker: Any = None,
-                 record: Callable[[str, str, int, float], None] | None = None):
+                 record: Callable[[str, str, int, float], None] | None = None,
+                 chat: tuple[Any, Callable[[str], Callable[[], Policy]]] | None = None):
+        """`chat`: (chat_models.ChatModels, name -> its policy) when the daemon serves several
+        chat models: an HttpApi each, behind chat_routing.ModelDispatch."""
         self.cfg = cfg
         s = cfg.server
-        target = Path(cfg.engine.target.path)
-        try:
-            created = int(target.stat().st_mtime)
-        except OSError:
-            created = 0
         workers = s.parallel + s.queue_size + 32  # as the gRPC server's handler threads
-        self.api = HttpApi(loop, policy, auth, model_id=target.name.removesuffix(".gguf"), created=created,
-                           max_body_bytes=s.max_message_bytes, threads=workers, n_ctx=cfg.engine.target.n_ctx,
-                           limits=cfg.limits, chat_template=cfg.chat_template, embedder=embedder,
-                           tool_format=cfg.tool_format, reasoning_format=cfg.reasoning_format,
-                           strict=cfg.http.strict, callers=callers, metrics=metrics, registry=registry,
-                           reranker=reranker, record=record)
+        shared = dict(auth=auth, max_body_bytes=s.max_message_bytes, threads=workers, limits=cfg.limits,
+                      embedder=embedder, strict=cfg.http.strict, callers=callers, metrics=metrics,
+                      registry=registry, reranker=reranker, record=record)
+        target = Path(cfg.engine.target.path)
+        self.api = HttpApi(loop, policy, model_id=target.name.removesuffix(".gguf"), created=_created(target),
+                           n_ctx=cfg.engine.target.n_ctx, chat_template=cfg.chat_template,
+                           tool_format=cfg.tool_format, reasoning_format=cfg.reasoning_format, **shared)
+        self.app: Callable = self.api.app
+        if chat is not None:
+            from edgespec.server import chat_routing
+
+            models, policy_of = chat
+            apps = {models.default.name: self.api.app}
+            for m in models.models[1:]:
+                e = m.entry
+                apps[m.name] = HttpApi(m, policy_of(m.name), model_id=m.name, created=_created(Path(e.engine.target.path)),
+                                       n_ctx=e.engine.target.n_ctx, chat_template=e.chat_template,
+                                       tool_format=e.tool_format, reasoning_format=e.reasoning_format, **shared).app
+            self.app = chat_routing.ModelDispatch(models, apps, max_body_bytes=s.max_message_bytes,
+                                                  admitted=lambda scope: chat_routing.admitted(auth, scope),
+                                                  error=chat_routing.error_app)
         self._workers = workers
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -227,7 +240,7 @@ class HttpServer:
         # idle and slow-header connections are timed out and never hold a request's place
         # (edgespec/server/connections.py); uvicorn's own cap counted them
         self.guard = ConnectionGuard(h.header_timeout_seconds, h.max_connections, self._workers)
-        app: Callable = self.guard.app(self.api.app)
+        app: Callable = self.guard.app(self.app)
         protocol = import_from_string(HTTP_PROTOCOLS["h11"])
         tls: dict[str, Any] = {}
         if t.enabled:
@@ -278,6 +291,14 @@ class HttpServer:
                 self._thread.join(5)
         if self._sock is not None:
             self._sock.close()
+
+
+def _created(path: Path) -> int:
+    """A model's `created` in /v1/models: its file's modification time."""
+    try:
+        return int(path.stat().st_mtime)
+    except OSError:
+        return 0
 
 
 def format_host(host: str) -> str:

@@ -12,6 +12,7 @@ its route; both take the daemon's token check."""
 
 from __future__ import annotations
 
+import copy
 import socket
 import threading
 import wsgiref.simple_server
@@ -33,20 +34,33 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
 class Counter:
-    """A prometheus_client Counter in the daemon's registry with at most one label, read back
-    (Admin.Stats' totals) through the library's own samples."""
+    """A prometheus_client Counter in the daemon's registry with a `model` label (the chat model
+    whose engine counted) and at most one label more, read back (Admin.Stats' totals) through the
+    library's own samples. `model` None: counts under "" and reads every model's together;
+    `for_model(name)` is the same counter seen from one model."""
 
-    def __init__(self, registry: prometheus_client.CollectorRegistry, name: str, doc: str, label: str | None = None):
-        self.name, self.label = name, label
-        self._counter = prometheus_client.Counter(name, doc, [label] if label else [], registry=registry)
+    def __init__(self, registry: prometheus_client.CollectorRegistry | None, name: str, doc: str,
+                 label: str | None = None, *, model: str | None = None, counter: Any = None):
+        self.name, self.label, self.model = name, label, model
+        self._counter = counter if counter is not None else prometheus_client.Counter(
+            name, doc, ["model", *([label] if label else [])], registry=registry)
+
+    def for_model(self, model: str) -> Counter:
+        return Counter(None, self.name, "", self.label, model=model, counter=self._counter)
 
     def inc(self, amount: float = 1.0, label: str = "") -> None:
-        (self._counter.labels(label) if self.label else self._counter).inc(amount)
+        self._counter.labels(self.model or "", *([label] if self.label else [])).inc(amount)
 
     def values(self) -> dict[str, float]:
-        """{label value: count} ({"": count} for an unlabelled counter)."""
-        return {(s.labels[self.label] if self.label else ""): s.value
-                for family in self._counter.collect() for s in family.samples if s.name.endswith("_total")}
+        """{label value: count} ({"": count} for a counter without a label of its own), of this
+        counter's model (every model's summed when it has none)."""
+        out: dict[str, float] = {}
+        for family in self._counter.collect():
+            for s in family.samples:
+                if s.name.endswith("_total") and (self.model is None or s.labels["model"] == self.model):
+                    key = s.labels[self.label] if self.label else ""
+                    out[key] = out.get(key, 0.0) + s.value
+        return out
 
     def value(self, label: str = "") -> float:
         return self.values().get(label, 0.0)
@@ -108,6 +122,8 @@ def _suffix(key: str) -> Callable[[Metrics], float]:
 LIVE: tuple[_Read, ...] = (
     gauge("edgespec_served_model_info", "1 per model served, by name and role (chat, embedding, rerank).",
           lambda m: {pair: 1 for pair in m.served}, ("model", "role")),
+    gauge("edgespec_chat_model_loaded", "1 per chat model loaded now, 0 per one unloaded (loaded on its next "
+          "request).", lambda m: m.chat_loaded(), "model"),
     gauge("edgespec_queue_depth", "Requests waiting for an engine slot.", _state("queue_depth")),
     gauge("edgespec_active_requests", "Requests being decoded.", _state("active_requests")),
     gauge("edgespec_ready", "1 when both models are loaded and warmed.", _flag("ready")),
@@ -202,12 +218,14 @@ class Metrics:
         self.state: Callable[[], dict] = lambda: {}
         # per-caller figures (edgespec.server.callers.CallerLimits.snapshot): labels bounded by [limits] callers
         self.callers: Callable[[], dict[str, dict[str, Any]]] = lambda: {}
+        self.model = ""  # the chat model this view counts for (for_model); "" the daemon's whole
+        self.chat_loaded: Callable[[], dict[str, int]] = lambda: {}  # chat model -> 1 loaded, 0 not
         self.ttft = prometheus_client.Histogram("edgespec_time_to_first_token_seconds",
-                                                "Time from admission to the first output token.", buckets=TTFT_BUCKETS,
-                                                registry=r)
+                                                "Time from admission to the first output token.", ["model"],
+                                                buckets=TTFT_BUCKETS, registry=r)
         self.tpot = prometheus_client.Histogram("edgespec_time_per_output_token_seconds",
                                                 "Mean time per output token after the first, per request.",
-                                                buckets=TPOT_BUCKETS, registry=r)
+                                                ["model"], buckets=TPOT_BUCKETS, registry=r)
         self.submitted = Counter(r, "edgespec_submitted_requests_total", "Generation requests admitted to the queue.")
         self.requests = Counter(r, "edgespec_requests_total", "Finished generation requests by finish reason.", "finish_reason")
         self.rejected = Counter(r, "edgespec_rejected_requests_total", "Requests rejected before generation by reason.", "reason")
@@ -227,8 +245,22 @@ class Metrics:
         self.accepted_by_source = Counter(r, "edgespec_accepted_tokens_by_source_total",
                                           "Draft tokens accepted by verification, by source.", "source")
         self.forward_seconds = Counter(r, "edgespec_forward_seconds_total",
-                                       "Seconds inside model forwards by model (target = verification).", "model")
+                                       "Seconds inside model forwards by chat model and part (target = verification, "
+                                       "draft).", "part")
         r.register(_LiveCollector(self))
+
+    GENERATION = ("submitted", "requests", "rejected", "prompt_tokens", "generated", "target_forwards", "drafted",
+                  "accepted", "accepted_by_depth", "steps_by_mode", "breaker", "shadow", "proposed_by_source",
+                  "accepted_by_source", "forward_seconds")
+
+    def for_model(self, model: str) -> Metrics:
+        """This daemon's metrics as one chat model's engine counts them: the generation counters and
+        histograms under its `model` label, the same registry (one /metrics for every model)."""
+        view = copy.copy(self)
+        view.model = model
+        for name in self.GENERATION:
+            setattr(view, name, getattr(self, name).for_model(model))
+        return view
 
     # -- live state, as the LIVE families read it ---------------------------------------------
     def caller_figure(self, key: str) -> dict[str, float]:
@@ -281,9 +313,9 @@ class Metrics:
         self.forward_seconds.inc(st.target_seconds, label="target")
         self.forward_seconds.inc(st.draft_seconds, label="draft")
         if ttft is not None:
-            self.ttft.observe(ttft)
+            self.ttft.labels(self.model).observe(ttft)
             if n > 1:
-                self.tpot.observe(max(0.0, total - ttft) / (n - 1))
+                self.tpot.labels(self.model).observe(max(0.0, total - ttft) / (n - 1))
 
     def totals(self) -> dict[str, int]:
         """The counters under Admin.Stats' names: requests_total, rejected_<reason>_total,

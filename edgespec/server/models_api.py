@@ -7,8 +7,8 @@ all is UnknownModel (HTTP 404, gRPC NOT_FOUND) listing every served name, except
 routes under `[http] strict = false`, where the default chat model answers it (and the
 response's x-edgespec-warning header says so), as OpenAI clients that send a fixed name expect.
 
-The registry holds a list per role, so that several chat models can be entered later; today
-the daemon serves one of each."""
+The registry holds a list per role: the chat models are the default one ([target]) and the
+[[chat]] entries (chat_models.py loads and routes them); one embedding and one rerank model."""
 
 from __future__ import annotations
 
@@ -115,11 +115,12 @@ def model_name(path: str) -> str:
 
 
 def build_registry(chat_id: str, embedding: Any = None, rerank: Any = None, *, rerank_kind: str = "",
-                   created: int | None = None) -> Registry:
-    """The served models: the chat model, and the [embedding] and [rerank] models when enabled
-    (sections with `enabled`, `path`, `name`). A context on the target's weights is named
-    `<chat>-embedding` / `<chat>-rerank` unless named, and answers to the chat model's name too."""
-    models = [ServedModel(chat_id, "chat")]
+                   created: int | None = None, more_chat: Sequence[str] = ()) -> Registry:
+    """The served models: the chat model (and the `more_chat` ones after it: [[chat]] entries),
+    and the [embedding] and [rerank] models when enabled (sections with `enabled`, `path`, `name`).
+    A context on the target's weights is named `<chat>-embedding` / `<chat>-rerank` unless named,
+    and answers to the chat model's name too."""
+    models = [ServedModel(chat_id, "chat"), *(ServedModel(name, "chat") for name in more_chat)]
     for role, sec in (("embedding", embedding), ("rerank", rerank)):
         if sec is None or not sec.enabled:
             continue

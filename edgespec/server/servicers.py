@@ -93,6 +93,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         rid = (pipe.request_id(request.request_id, "request_id")
                or structlog.contextvars.get_contextvars().get("x_request_id") or uuid.uuid4().hex[:16])
         bind_request_id(request_id=rid)
+        if request.model:  # another role's name, or one not served: refused by name
+            self.registry.pick("chat", request.model)
         policy = self.policy()
         prompt, messages = convert.prompt_from(request, self.limits)
         sampling = convert.sampling_from(request.sampling, policy, self.limits)

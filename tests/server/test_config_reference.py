@@ -32,7 +32,9 @@ def test_reference_lists_every_key_with_its_default_and_range():
         elif line.startswith("| `"):
             cells = [c.strip() for c in line.strip("|").split(" | ")]
             rows[(section, cells[0].strip("`"))] = cells
-    assert set(rows) == {(s.section, s.key) for s in SETTINGS}
+    from edgespec.server.chat_config import ENTRY_SETTINGS
+
+    assert set(rows) == {(s.section, s.key) for s in SETTINGS} | {("[chat]", s.key) for s in ENTRY_SETTINGS}
     assert rows[("server", "parallel")][1:4] == ["integer", "`2`", "[1, 64]"]
     assert rows[("speculation", "tree_nodes")][2:4] == ["`16`", "[1, 64]"]
     assert rows[("controller", "window")][2:4] == ["`32`", "[1, 4096]"]

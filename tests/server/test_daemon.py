@@ -343,11 +343,12 @@ def test_stats_and_metrics_endpoint(make_daemon):
     assert s.ready and s.generated_tokens_total == 5 and s.finished_by_reason["length"] == 1
     assert s.policy.speculation == admin_pb2.SPECULATION_POLICY_AUTO
     body = urllib.request.urlopen(f"http://127.0.0.1:{r.daemon.metrics_port}/metrics", timeout=5).read().decode()
-    for name in ("edgespec_time_to_first_token_seconds_bucket", "edgespec_time_per_output_token_seconds_count 1",
-                 "edgespec_generated_tokens_total 5", "edgespec_drafted_tokens_total", "edgespec_accepted_tokens_total",
-                 'edgespec_accepted_tokens_by_depth_total{depth="1"}', "edgespec_breaker_transitions_total",
-                 "edgespec_queue_depth 0", "edgespec_active_requests 0", 'edgespec_requests_total{finish_reason="length"} 1',
-                 'edgespec_forward_seconds_total{model="target"}', 'edgespec_forward_seconds_total{model="draft"}'):
+    m = 'model="SmolLM2-135M-Instruct.F32"'  # the generation figures carry the chat model's name
+    for name in ("edgespec_time_to_first_token_seconds_bucket", f"edgespec_time_per_output_token_seconds_count{{{m}}} 1",
+                 f"edgespec_generated_tokens_total{{{m}}} 5", "edgespec_drafted_tokens_total", "edgespec_accepted_tokens_total",
+                 f'edgespec_accepted_tokens_by_depth_total{{depth="1",{m}}}', "edgespec_breaker_transitions_total",
+                 "edgespec_queue_depth 0", "edgespec_active_requests 0", f'edgespec_requests_total{{finish_reason="length",{m}}} 1',
+                 f'edgespec_forward_seconds_total{{{m},part="target"}}', f'edgespec_forward_seconds_total{{{m},part="draft"}}'):
         assert name in body, name
 
 

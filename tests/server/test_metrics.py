@@ -43,6 +43,9 @@ def samples(text: str, parse=text_string_to_metric_families) -> dict[str, dict]:
     return out
 
 
+M = ("model", "SmolLM2-135M-Instruct.F32")  # the generation figures' label: the chat model's name
+
+
 def test_the_scrape_parses_after_real_requests_on_both_ports(make_daemon):
     r = make_daemon(http=HTTP, metrics=METRICS)
     c = openai.OpenAI(base_url=f"http://127.0.0.1:{r.daemon.http_port}/v1", api_key="none", max_retries=0, timeout=30)
@@ -54,17 +57,17 @@ def test_the_scrape_parses_after_real_requests_on_both_ports(make_daemon):
     assert status == 200 and headers["content-type"].startswith("text/plain; version=0.0.4")
     fams = samples(text)
     assert fams["edgespec_requests"]["type"] == "counter"
-    assert fams["edgespec_requests"][("edgespec_requests_total", (("finish_reason", "length"),))] == 2
-    assert fams["edgespec_generated_tokens"][("edgespec_generated_tokens_total", ())] == 8
-    assert fams["edgespec_submitted_requests"][("edgespec_submitted_requests_total", ())] == 2
+    assert fams["edgespec_requests"][("edgespec_requests_total", (("finish_reason", "length"), M))] == 2
+    assert fams["edgespec_generated_tokens"][("edgespec_generated_tokens_total", (M,))] == 8
+    assert fams["edgespec_submitted_requests"][("edgespec_submitted_requests_total", (M,))] == 2
     ttft = fams["edgespec_time_to_first_token_seconds"]
     assert ttft["type"] == "histogram"
     buckets = [v for (name, labels), v in ((k, v) for k, v in ttft.items() if k != "type")
                if name.endswith("_bucket")]
     assert buckets == sorted(buckets)  # cumulative
-    assert ttft[("edgespec_time_to_first_token_seconds_bucket", (("le", "+Inf"),))] == 2
-    assert ttft[("edgespec_time_to_first_token_seconds_count", ())] == 2
-    assert ttft[("edgespec_time_to_first_token_seconds_sum", ())] > 0
+    assert ttft[("edgespec_time_to_first_token_seconds_bucket", (("le", "+Inf"), M))] == 2
+    assert ttft[("edgespec_time_to_first_token_seconds_count", (M,))] == 2
+    assert ttft[("edgespec_time_to_first_token_seconds_sum", (M,))] > 0
     assert fams["edgespec_ready"] == {"type": "gauge", ("edgespec_ready", ()): 1.0}
     assert fams["edgespec_queue_depth"][("edgespec_queue_depth", ())] == 0
     assert fams["edgespec_cost_host_factor"]["type"] == "gauge"
@@ -74,7 +77,7 @@ def test_the_scrape_parses_after_real_requests_on_both_ports(make_daemon):
     assert status == 200 and headers["content-type"].startswith("application/openmetrics-text")
     assert om.endswith("# EOF\n")
     fams = samples(om, openmetrics_families)
-    assert fams["edgespec_requests"][("edgespec_requests_total", (("finish_reason", "length"),))] == 2
+    assert fams["edgespec_requests"][("edgespec_requests_total", (("finish_reason", "length"), M))] == 2
     assert fams["edgespec_ready"][("edgespec_ready", ())] == 1
 
 
@@ -98,7 +101,8 @@ def test_two_daemons_keep_their_own_counts():
     a, b = Metrics(), Metrics()
     a.submitted.inc(3)
     assert a.totals()["requests_total"] == 3 and b.totals()["requests_total"] == 0
-    assert "edgespec_submitted_requests_total 0.0" in b.render()
+    assert 'edgespec_submitted_requests_total{model=""} 3.0' in a.render()
+    assert "edgespec_submitted_requests_total{" not in b.render()  # no sample: nothing counted there
 
 
 @pytest.fixture
