@@ -621,8 +621,7 @@ class Engine:
             **({"draft_economics": dict(self.draft_verdicts)} if self.draft_verdicts else {}),
             **({"sliding_window": f"{t.n_swa} tokens: a full-size window cache, tree verification, prompt "
                 "reuse off"} if t.n_swa else {}),
-            "n_ctx": self.n_ctx,
-            "parallel": len(self.slots),
+            "n_ctx": self.n_ctx, "parallel": len(self.slots),
             "backend": self.backend_name, "pad_forwards": self.cost.widths is not None,
         }
 
