@@ -15,7 +15,8 @@ import ctypes
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -312,6 +313,11 @@ class _Decoding:
     decode_seconds = 0.0
     _abort_flag = None
     _abort_cb = None
+    scratch_seq = -1  # the sequence id padding tokens go in (Context(scratch=True)); -1: none
+    # tokens -> the width a forward of them runs at (a fixed set: controller/widths.py); None: unpadded
+    pad_width: Callable[[int], int] | None = None
+    forward_widths: Counter[int]  # llama_decode calls by the tokens handed to llama.cpp
+    padded_tokens = 0  # inert tokens those calls carried
 
     def _arm_abort(self) -> None:
         """Install the flag-reading abort callback on this context (after llama_init_from_model)."""
@@ -351,8 +357,15 @@ class _Decoding:
             m = min(self.n_batch, n - start)
             sl = slice(start, start + m)
             self._fill(tokens[sl], positions[sl], seq_ids[sl], logits[sl], None if embd is None else embd[sl])
+            w = self._pad(m)
+            self.forward_widths[w] += 1
+            self.padded_tokens += w - m
             t0 = time.perf_counter()
-            rc = self._forward(m)
+            try:
+                rc = self._forward(w)
+            finally:
+                if w > m:  # the padding's cells go at once: nothing else ever sees them
+                    self.seq_rm(self.scratch_seq)
             self.decode_seconds += time.perf_counter() - t0
             if rc == 2 and self._abort_flag is not None and self._abort_flag.value:
                 raise ForwardAborted(f"forward of {m} tokens aborted")
@@ -364,6 +377,12 @@ class _Decoding:
 
     def _fill(self, tokens, positions, seq_ids, logits, embd) -> None:
         raise NotImplementedError
+
+    def _pad(self, m: int) -> int:
+        """The width the filled batch of m tokens is handed to llama.cpp at: m, or (a context made
+        with a scratch sequence, `pad_width` set) the width `pad_width(m)` names, the batch's
+        tail then filled with inert tokens of the scratch sequence (Context._pad)."""
+        return m
 
     def _forward(self, m: int) -> int:
         raise NotImplementedError
@@ -440,12 +459,24 @@ def _context_params(cfg: ModelConfig, n_seq_max: int, n_ctx: int | None):
 
 
 class Context(_Decoding):
-    """One llama.cpp context (its own KV cache) over a loaded Model, plus a reusable batch."""
+    """One llama.cpp context (its own KV cache) over a loaded Model, plus a reusable batch.
 
-    def __init__(self, model: Model, cfg: ModelConfig, n_seq_max: int = 1, n_ctx: int | None = None):
+    `scratch`: one more sequence id than `n_seq_max` (`scratch_seq`), which no caller uses: with
+    `pad_width` set, a forward of m tokens is padded up to `pad_width(m)` tokens with inert ones
+    in that sequence, whose cells are removed right after the forward (so that on a GPU the
+    forward's shape repeats and its CUDA graph stays warm: controller/widths.py). They have no
+    logits and attend only to each other, and no real token attends to them; the patched CPU
+    kernels make every real token's logits and cells independent of what shares its forward and
+    where its cells lie (tools/patches/README.md), so on a CPU padding changes no bit."""
+
+    def __init__(self, model: Model, cfg: ModelConfig, n_seq_max: int = 1, n_ctx: int | None = None,
+                 scratch: bool = True):
         self.model = model
         self.n_seq_max = n_seq_max
-        cp = _context_params(cfg, n_seq_max, n_ctx)
+        self.forward_widths = Counter()
+        if scratch:
+            self.scratch_seq = n_seq_max
+        cp = _context_params(cfg, n_seq_max + scratch, n_ctx)
         self._ctx = ll.llama_init_from_model(model._model, cp)
         if not self._ctx:
             raise ModelError(f"llama.cpp could not create a context for {model.path} (n_ctx={cfg.n_ctx})")
@@ -453,14 +484,15 @@ class Context(_Decoding):
         self.n_ctx = int(ll.llama_n_ctx(self._ctx))
         self.n_batch = cfg.n_batch
         self._mem = ll.llama_get_memory(self._ctx)
-        self._batch: Any = ll.llama_batch_init(self.n_batch, 0, n_seq_max)
+        self._batch: Any = ll.llama_batch_init(self.n_batch, 0, n_seq_max + scratch)
         b = self._batch
         nb = self.n_batch
         self._tok: np.ndarray = np.ctypeslib.as_array(b.token, shape=(nb,))
         self._pos: np.ndarray = np.ctypeslib.as_array(b.pos, shape=(nb,))
         self._nseq: np.ndarray = np.ctypeslib.as_array(b.n_seq_id, shape=(nb,))
         self._out: np.ndarray = np.ctypeslib.as_array(b.logits, shape=(nb,))
-        self._seq: list[np.ndarray] = [np.ctypeslib.as_array(b.seq_id[i], shape=(n_seq_max,)) for i in range(nb)]
+        self._seq: list[np.ndarray] = [np.ctypeslib.as_array(b.seq_id[i], shape=(n_seq_max + scratch,))
+                                       for i in range(nb)]
         self.n_vocab: int = model.n_vocab  # the width of the rows it returns (the target's, for a padded draft)
         self._pairing: Pairing | None = None
         self.decode_seconds = 0.0  # wall time inside llama_decode (the rest of a step is overhead)
@@ -488,6 +520,22 @@ class Context(_Decoding):
             self._seq[j][: len(s)] = s
         self._out[:m] = logits
         self._batch.n_tokens = m
+
+    def _pad(self, m: int) -> int:
+        if self.pad_width is None or self.scratch_seq < 0:
+            return m
+        w = min(self.pad_width(m), self.n_batch)
+        if w <= m:
+            return m
+        # inert tokens: the piece's first token id, at positions 0.. of the (empty) scratch sequence
+        self._tok[m:w] = self._tok[0]
+        self._pos[m:w] = np.arange(w - m)
+        self._nseq[m:w] = 1
+        for j in range(m, w):
+            self._seq[j][0] = self.scratch_seq
+        self._out[m:w] = 0
+        self._batch.n_tokens = w
+        return w
 
     def _forward(self, m: int) -> int:
         return ll.llama_decode(self._ctx, self._batch)
@@ -763,6 +811,7 @@ class HeadContext(_Decoding):
         self.model = head
         self.target = target
         self.n_seq_max = n_seq_max
+        self.forward_widths = Counter()  # never padded: its batch_ext forwards keep their widths
         self.layers = target_layer_ids(head)
         cp = _context_params(cfg, n_seq_max, n_ctx)
         cp.flash_attn_type = ll.llama_context_default_params().flash_attn_type

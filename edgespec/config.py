@@ -25,12 +25,16 @@ def models_dir() -> Path:
 
 # the largest tree a request may verify (settings.MAX_TREE_NODES), plus its root
 TREE_CELLS = 65
+# a padded forward's inert tokens (backend.Context, `[speculation] pad_forwards`): a forward of m
+# tokens pads up to the next fixed width (controller/widths.py), below 2m up to the widest, 64
+SCRATCH_CELLS = 32
 
 
 def shared_cells(parallel: int, n_ctx: int) -> int:
     """Cells of a context shared by `parallel` slots of `n_ctx` positions each, with room for the
-    largest tree every slot may verify at once beyond its context."""
-    return parallel * (n_ctx + TREE_CELLS)
+    largest tree every slot may verify at once beyond its context and for a padded forward's
+    inert tokens (removed right after it)."""
+    return parallel * (n_ctx + TREE_CELLS) + SCRATCH_CELLS
 
 
 _MODEL = SECTIONS["target"]  # [target] and [draft] declare the same model keys
@@ -75,6 +79,7 @@ ENGINE_KEYS = {
     "suffix_cache_store": ("speculation", "suffix_cache_store"),
     "suffix_cache_scope": ("speculation", "suffix_cache_scope"),
     "fast_kernels": ("target", "fast_kernels"),
+    "pad_forwards": ("speculation", "pad_forwards"),
 }
 
 
@@ -120,6 +125,13 @@ class EngineConfig:
     # the one the measured costs and acceptances favour at the load it meets (Engine.choose_drafter);
     # its context takes the [draft] section's settings. None: one drafter (`draft`, a model or a head)
     head: ModelConfig | None = None
+    # forwards padded to a few fixed widths, the padding in a scratch sequence (backend.Context):
+    # "auto" = on when the target is offloaded to a GPU (pads_forwards)
+    pad_forwards: str | bool = setting("speculation", "pad_forwards").default
+
+    def pads_forwards(self, gpu: bool) -> bool:
+        """Whether the forwards are padded, `gpu`: whether the target's layers run on a GPU."""
+        return gpu if self.pad_forwards == "auto" else bool(self.pad_forwards)
 
     def validate(self) -> None:
         """Raise ConfigError naming the TOML key (`server.parallel`, `draft.window`, ...)."""

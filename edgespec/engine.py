@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -60,8 +61,27 @@ CALIBRATE_AT_LEAST = 16
 
 def seqs_per_slot(parallel: int, max_tree_leaves: int) -> int:
     """Sequence ids each slot's range gets: its main sequence plus one per extra tree leaf (the
-    spine's leaf shares the main sequence), within llama.cpp's limit for all slots together."""
-    return max(2, min(max_tree_leaves + 1, MAX_SEQ // parallel))
+    spine's leaf shares the main sequence), within llama.cpp's limit for all slots together less
+    the context's scratch sequence (a padded forward's inert tokens: backend.Context)."""
+    return max(2, min(max_tree_leaves + 1, (MAX_SEQ - 1) // parallel))
+
+
+def pad_forwards(cost, contexts: tuple, cfg: EngineConfig):
+    """`cost`, and where `[speculation] pad_forwards` asks for it (auto: a target on a GPU) its
+    forwards priced at the fixed widths (controller/widths.py) and the target's and draft model's
+    contexts padding each forward to the width it is priced at (backend.Context): a shape that
+    repeats from step to step keeps a GPU's CUDA graph warm. An EAGLE-3 head is not padded."""
+    from edgespec.controller.widths import WIDTHS
+
+    on = cfg.pads_forwards(cfg.target.n_gpu_layers != 0 and backend.gpu_offload_supported())
+    log.info("pad_forwards", on=on, setting=cfg.pad_forwards, widths=list(WIDTHS) if on else None)
+    if not on:
+        return cost
+    cost.widths = WIDTHS
+    for ctx, kind in zip(contexts, ("target", "draft")):
+        if ctx is not None and not isinstance(ctx, backend.HeadContext):
+            ctx.pad_width = partial(cost.pad_to, kind=kind)
+    return cost
 
 
 @dataclass
@@ -173,7 +193,7 @@ class Engine:
         from edgespec.controller.goodput import GoodputGuard
 
         self.controller_cfg = ControllerConfig()
-        self.cost = CostModel()
+        self.cost = pad_forwards(CostModel(), contexts, cfg)  # a GPU's forwards at fixed widths
         # each drafter's acceptance, learnt across the requests that drafted with it
         self.priors = {k: AcceptancePrior() for k in self.drafter_kinds or ("model",)}
         self.prior = self.priors[self.drafter_kinds[0] if self.drafter_kinds else "model"]
@@ -601,9 +621,8 @@ class Engine:
             **({"draft_economics": dict(self.draft_verdicts)} if self.draft_verdicts else {}),
             **({"sliding_window": f"{t.n_swa} tokens: a full-size window cache, tree verification, prompt "
                 "reuse off"} if t.n_swa else {}),
-            "n_ctx": self.n_ctx,
-            "parallel": len(self.slots),
-            "backend": self.backend_name,
+            "n_ctx": self.n_ctx, "parallel": len(self.slots),
+            "backend": self.backend_name, "pad_forwards": self.cost.widths is not None,
         }
 
     def next_logits(self, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray | None]:

@@ -343,6 +343,13 @@ SETTINGS: tuple[Setting, ...] = (
     _spec("tree_nodes", I, 16, "default tree node budget (excluding the root)", lo=1, hi=MAX_TREE_NODES),
     _spec("tree_depth", I, 6, "default tree depth", lo=1, hi=MAX_TREE_DEPTH),
     _spec("ngram", B, True, "also draft from prompt n-grams"),
+    _spec("pad_forwards", (str, bool), "auto", "every target and draft-model forward handed to llama.cpp holds "
+          "one of a few fixed widths (1, 2, 4 ... 64; the controller prices each tree at the width it pads "
+          "to), the extra tokens inert in a scratch sequence whose cells are removed after the forward: on "
+          "a GPU the forward's shape then repeats from step to step and llama.cpp replays it as a CUDA graph; "
+          "outputs are unchanged (bit for bit on a CPU). auto = on when the target is offloaded to a GPU "
+          "(n_gpu_layers != 0), off on a CPU, where padding only costs (restart to change)",
+          choices=("auto", True, False)),
     _spec("suffix_cache", B, True, "draft from a cross-request suffix cache of recent replies (point drafts: "
           "the output never changes); a request that does not speculate neither reads nor feeds it; false "
           "(SIGHUP) also empties it"),

@@ -15,6 +15,9 @@
 #              forwards (python -m edgespec.bench.cost_curve)
 #   serve-N    `edgespec bench-serve` at N = 1, 4, 8 streams: the daemon auto vs plain, then
 #              llama-server without and with the Q8_0 draft, on the same files
+#   serve-1-unpadded  the daemon auto vs plain at one stream with its forwards not padded to fixed
+#              widths ([speculation] pad_forwards = false; serve-1's auto pads them on a GPU): what
+#              the CUDA graphs that padding keeps warm make (a dry run flips it: serve-1-padded)
 #   mismatch   greedy speculative vs plain output, token by token, by verification width 2..64
 #              (python -m edgespec.bench.mismatch)
 #   batched    llama-batched-bench on the 8B-cost target (llama.cpp's own cost by batch)
@@ -35,7 +38,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 DRY=0
 [[ "${1:-}" == "--dry-run" ]] && DRY=1
-[[ $# -gt 1 || ( $# -eq 1 && $DRY -eq 0 ) ]] && { sed -n '2,32p' "$0" >&2; exit 2; }
+[[ $# -gt 1 || ( $# -eq 1 && $DRY -eq 0 ) ]] && { sed -n '2,35p' "$0" >&2; exit 2; }
 OUT=$(mkdir -p "${OUT:-gpu-bench-out}" && cd "${OUT:-gpu-bench-out}" && pwd)
 BUDGET=${BUDGET_S:-720}
 SCALE=1  # the steps' time boxes: x3 on a CPU (a dry run)
@@ -206,17 +209,24 @@ if [[ $HAVE_MODELS == 1 ]]; then
   else
     echo "no llama-server (LLAMA_BIN='${LLAMA_BIN:-}', $OUT/build-anchor.log): the daemon alone"
   fi
-  serve() {  # serve N MAX_SECONDS
-    step "serve-$1" "$2" 60 "${ES[@]}" bench-serve --concurrency "$1" --modes auto,plain "${LLAMA[@]}" \
+  serve() {  # serve N MAX_SECONDS [NAME BENCH-SERVE-OPTIONS...]
+    local n=$1 max=$2 name=${3:-serve-$1}
+    shift $(( $# < 3 ? $# : 3 ))
+    step "$name" "$max" 60 "${ES[@]}" bench-serve --concurrency "$n" --modes auto,plain \
       --target "$TARGET" --suite "$HELD" --requests "$REQ" --rounds "$SROUNDS" --max-tokens "$MT" --no-scenario \
-      "${GPU[@]}" --no-progress --workdir "$OUT/serve-$1" --json "$OUT/serve-$1.json" --markdown "$OUT/serve-$1.md"
+      "${GPU[@]}" --no-progress --workdir "$OUT/$name" --json "$OUT/$name.json" --markdown "$OUT/$name.md" "$@"
   }
-  serve 1 180
-  serve 4 150
+  serve 1 180 serve-1 "${LLAMA[@]}"
+  # serve-1 again with its forwards' padding flipped (pad_forwards: auto pads on a GPU, not on a CPU):
+  # CUDA graphs stay warm only for repeated shapes; auto / plain here against serve-1's is what padding makes
+  FLIP=(serve-1-unpadded --pad-forwards false)
+  [[ $DRY == 1 ]] && FLIP=(serve-1-padded --pad-forwards true)
+  serve 1 120 "${FLIP[@]}"
+  serve 4 150 serve-4 "${LLAMA[@]}"
   step mismatch 120 40 "$PY" -m edgespec.bench.mismatch --target "$TARGET" --draft "$DRAFT" --suite "$HELD" \
     --limit 1000 --widths "$WIDTHS" --max-tokens "$MM_TOKENS" "${GPU[@]}" --json "$OUT/mismatch.json" \
     --markdown "$OUT/mismatch.md"
-  serve 8 150
+  serve 8 150 serve-8 "${LLAMA[@]}"
   if [[ -n "${LLAMA_BIN:-}" && -x "$LLAMA_BIN/llama-batched-bench" ]]; then
     NGL=99; [[ $DRY == 1 ]] && NGL=0
     batched() {

@@ -48,14 +48,16 @@ def _toml_str(s: str) -> str:
 def daemon_sections(*, target: str, draft: str | None, parallel: int, n_ctx: int, threads: int,
                     max_tokens: int, n_gpu_layers: int = 0, suffix_cache: bool = False,
                     prompt_cache: bool = False, head: str = "none",
-                    flash_attn: bool = True, chat_template: str | None = None) -> dict[str, dict[str, Any]]:
+                    flash_attn: bool = True, chat_template: str | None = None,
+                    pad_forwards: str | bool = "auto") -> dict[str, dict[str, Any]]:
     """The daemon's config for one concurrency level. No prompt cache unless asked
     (`prompt_cache`; llama-server then gets `cache_prompt: true`, else false), so by default both
     prefill every request in full. No suffix cache unless asked
     (`suffix_cache`): the rounds repeat the same prompts, and the cache would hand the later
     rounds the earlier rounds' replies. `head`: the [draft] head (a GGUF beside the draft, or none).
     `flash_attn`: both models' (off for a CUDA build without its flash-attention kernels).
-    `chat_template`: the target's [target] chat_template (a file), for a GGUF without one."""
+    `chat_template`: the target's [target] chat_template (a file), for a GGUF without one.
+    `pad_forwards`: [speculation] pad_forwards (auto: on with a target on a GPU)."""
     model = {"n_ctx": n_ctx, "threads": threads, "n_gpu_layers": n_gpu_layers, "flash_attn": flash_attn}
     target_extra = {"chat_template": chat_template} if chat_template else {}
     return {
@@ -64,7 +66,7 @@ def daemon_sections(*, target: str, draft: str | None, parallel: int, n_ctx: int
                    "prompt_cache": prompt_cache, "grace_seconds": 5.0},
         "target": {"path": target, **model, **target_extra},
         "draft": {"path": draft or "", "enabled": draft is not None, "head": head, **model},
-        "speculation": {"suffix_cache": suffix_cache},
+        "speculation": {"suffix_cache": suffix_cache, "pad_forwards": pad_forwards},
         "logging": {"level": "warning", "json": True},
     }
 

@@ -98,6 +98,9 @@ def bench_serve(
                                       "(its [server] prompt_cache, on by default in a deployment) and llama-server "
                                       "reuses its slot's prefix (cache_prompt: true): a prompt sharing a prefix "
                                       "with an earlier one prefills only what follows it, in both"),
+    pad_forwards: str = typer.Option("auto", "--pad-forwards", help="the daemon's [speculation] pad_forwards: "
+                                     "auto (on with a target on a GPU), true or false; compare a level's auto / "
+                                     "plain ratio with padding on and off"),
     progress: bool = typer.Option(True, help="progress bar on stderr"),
 ) -> None:
     """Serving benchmark: tokens/s, TTFT and inter-token latency at N concurrent streams, edgespec's
@@ -132,7 +135,8 @@ def _bench_serve(a: SimpleNamespace) -> None:
                        max_tokens=max(a.max_tokens, a.scenario_stream_tokens), systems=systems,
                        llama_bin=a.llama_server_bin, draft_max=a.draft_max, workdir=a.workdir or workdir_default(),
                        commands=commands, suffix_cache=a.suffix_cache, prompt_cache=a.prompt_cache,
-                       chat_template=str(a.chat_template) if a.chat_template else None)
+                       chat_template=str(a.chat_template) if a.chat_template else None,
+                       pad_forwards={"true": True, "false": False}.get(a.pad_forwards, a.pad_forwards))
     level_results = run_levels(lambda n: starter.start(n, a.n_ctx, prompts, a.max_tokens), systems, prompts, levels,
                                requests=a.requests, rounds=a.rounds, max_tokens=a.max_tokens, progress=a.progress,
                                log=_log)
@@ -145,7 +149,8 @@ def _bench_serve(a: SimpleNamespace) -> None:
                      "target": target_path,
                      "draft": draft_path, "draft_max": a.draft_max, "addr": a.addr,
                      "prompt_cache": a.prompt_cache if a.addr is None else "as the attached daemon",
-                     "suffix_cache": a.suffix_cache if a.addr is None else "as the attached daemon"},
+                     "suffix_cache": a.suffix_cache if a.addr is None else "as the attached daemon",
+                     "pad_forwards": a.pad_forwards if a.addr is None else "as the attached daemon"},
         "machine": machine_info(),
         "commands": commands,
         "levels": level_results,
@@ -168,6 +173,8 @@ def _check(a: SimpleNamespace) -> None:
     if a.llama_server_bin is not None and not (a.llama_server_bin / "llama-server").is_file():
         raise BadRequest("llama_server_bin", f"{a.llama_server_bin / 'llama-server'} not found "
                                              "(tools/llama-anchor.sh build prints the directory)")
+    if a.pad_forwards not in ("auto", "true", "false"):
+        raise BadRequest("pad_forwards", f"must be one of auto, true, false, got {a.pad_forwards!r}")
     for name, lo in (("max_tokens", 1), ("requests", 1), ("rounds", 1), ("scenario_tokens", 16),
                      ("scenario_rounds", 1), ("draft_max", 1), ("n_ctx", 128)):
         v = getattr(a, name)
@@ -210,6 +217,7 @@ class _Starter:
     commands: dict = field(default_factory=dict)  # what the report lists under "commands"
     suffix_cache: bool = False  # the daemon's speculation.suffix_cache
     prompt_cache: bool = False  # the daemon's server.prompt_cache and llama-server's cache_prompt
+    pad_forwards: str | bool = "auto"  # the daemon's speculation.pad_forwards
     daemon_default_draft: bool = False  # the daemon drafts with its own default (no --draft)
     head: str | None = None  # --head: the daemon's [draft] head
     flash_attn: bool = True  # every server's models
@@ -254,7 +262,7 @@ class _Starter:
                                               threads=self.threads, max_tokens=self.max_tokens,
                                               n_gpu_layers=self.n_gpu_layers, suffix_cache=self.suffix_cache,
                                               prompt_cache=self.prompt_cache, flash_attn=self.flash_attn,
-                                              chat_template=self.chat_template)
+                                              chat_template=self.chat_template, pad_forwards=self.pad_forwards)
                 d = ss.start_daemon(self.workdir, sections)
                 procs.append(d)
                 addr = d.addr

@@ -313,6 +313,9 @@ class CostModel:
         # per drafter kind (row_seconds)
         self.rows = {k: 0.0 for k in DRAFTERS}
         self.calib_context = 0  # tokens of context the curves were measured at
+        # the fixed widths every forward is padded into (backend.Context, `[speculation]
+        # pad_forwards`): pad_to rounds up into them; None: forwards run at their own width
+        self.widths: tuple[int, ...] | None = None
         self.ctx = ContextFit(alpha)
 
     @property
@@ -405,8 +408,10 @@ class CostModel:
     def pad_to(self, n: int, kind: str = "target", widths: Iterable[int] | None = None) -> int:
         """The width a forward of n tokens runs at for the price `curve(kind)(n)` quotes: n, or a
         wider measured size that costs less (widths.pad_to). `widths`: a fixed set (a GPU's,
-        widths.WIDTHS) the forward is always rounded up into, the cheapest of them that holds n."""
+        widths.WIDTHS) the forward is always rounded up into, the cheapest of them that holds n;
+        by default the model's own `widths` (set where the backend pads forwards)."""
         c = self._curves[kind]
+        widths = self.widths if widths is None else widths
         if widths is None:
             return pad_to(n, c.raw, c.sizes)
         ws = tuple(widths)
