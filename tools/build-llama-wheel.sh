@@ -10,7 +10,8 @@
 # batch-invariant (one reduction order per element in the F32 and Q8_0 mat-muls and in flash
 # attention, cells visited in position order), streams each F32 weight row once for all
 # of a forward's tokens (verification costs about what a plain step costs), gives Q8_0 a multi-column kernel, and adds
-# an abort flag the engine sets to stop a forward between graph nodes.
+# an abort flag the engine sets to stop a forward between graph nodes; ggml-repack-invariant.patch makes the x86
+# repacked Q4_K kernels batch-invariant, so exact CPU targets keep ggml's repacked layouts.
 #
 # usage: tools/build-llama-wheel.sh PYTHON
 #   env: LLAMA_CPP_VERSION (default 0.3.36), CUDA=1, CUDA_ARCHITECTURES, CMAKE_ARGS (override)
