@@ -107,8 +107,37 @@ def quantize(src: Path, dst: Path, ftype: str, threads: int = 0) -> None:
 # each one. F32 covers the norms and biases every file carries.
 EXACT_CPU_TYPES = frozenset({"F32", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q3_K", "Q4_K", "Q5_K", "Q6_K"})
 K_QUANTS = frozenset({"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"})
-# what ggml's CPU backend repacks on x86 (AVX2): their 4-token gemm and one-token gemv round apart
+# what ggml's CPU backend repacks on x86 (AVX2): stock ggml's 4-token gemm and one-token gemv
+# round Q4_K apart
 REPACKED_TYPES = frozenset({"Q4_0", "Q4_K", "Q2_K", "IQ4_NL", "MXFP4"})
+# the repacked layouts whose kernels give a column the same bits at every batch width in a build
+# with tools/patches/ggml-repack-invariant.patch (tests/test_model_families.py checks each)
+INVARIANT_REPACKED_TYPES = frozenset({"Q4_0", "Q4_K"})
+
+
+def repack_invariant() -> bool:
+    """Whether the loaded ggml's x86 repacked kernels are batch-invariant: the patch's
+    `edgespec_repack_invariant` symbol (compiled only where the kernels it fixes are, AVX2 and
+    AVX-512 builds)."""
+    _init()
+    try:
+        return bool(ll.llama_cpp._lib.edgespec_repack_invariant)
+    except AttributeError:
+        return False
+
+
+def exact_repack(path: str | Path) -> bool:
+    """Whether a CPU target loads with ggml's repacked layouts and stays bit-exact: the library's
+    repacked kernels are invariant and the file holds no type repacked into a layout they do not
+    cover (Q2_K, IQ4_NL, MXFP4 then load as the file has them, as without the patch)."""
+    return repack_invariant() and not weight_types(Path(path)) & (REPACKED_TYPES - INVARIANT_REPACKED_TYPES)
+
+
+def target_repack(path: str | Path, n_gpu_layers: int, fast_kernels: bool = False) -> bool:
+    """Model `repack` for a target: on a GPU always (ggml repacks only CPU-resident weights); on
+    a CPU where the repacked kernels are batch-invariant for its types (`exact_repack`), or where
+    [target] fast_kernels gives up exactness for llama.cpp's own kernels."""
+    return n_gpu_layers != 0 or fast_kernels or exact_repack(path)
 
 
 def exact_cpu_types() -> frozenset[str]:
@@ -169,11 +198,12 @@ class Model:
 
     def __init__(self, path: str | Path, n_gpu_layers: int = 0, repack: bool = True):
         """`repack`: let ggml's CPU backend convert Q4_0, Q4_K, IQ4_NL (and on ARM more) weights
-        to its interleaved layouts. Their batched kernel (4 tokens at a time) and their one-token
-        kernel round differently, so a token's logits would depend on its place in the batch: a
-        target whose verification must reproduce plain decoding bit for bit loads without it; the
-        types then take ggml's per-element dot products (tests/test_backend_exact.py checks each
-        type at every batch width)."""
+        to its interleaved layouts. In stock ggml their batched kernel (4 tokens at a time) and
+        their one-token kernel round Q4_K differently, so a token's logits would depend on its
+        place in the batch: a target whose verification must reproduce plain decoding bit for bit
+        loads repacked only where `exact_repack` says the library's kernels are invariant for
+        its types, and otherwise without (its types then take ggml's per-element dot products;
+        tests/test_model_families.py checks each type at every batch width, both ways)."""
         _init()
         self.path = Path(path)
         if not self.path.is_file():

@@ -201,11 +201,14 @@ def measure(models: Sequence[tuple[Path, Sequence[int]]], context: int = 256, ro
     follows that many untimed forwards of its own size (steady shapes: llama.cpp replays a CUDA
     graph once two identical calls have warmed it; with `alternate` the one-token forward still
     comes last, so the timed shape is always new). The first `n_targets` models
-    are loaded as the engine loads a target (on a CPU without ggml's repacked layouts, for exact
-    verification: edgespec/engine.py), the others as drafts. `flash_attn`: off for a CUDA build
-    without its flash-attention kernels (GGML_CUDA_FA=OFF)."""
-    timers = [_Timer(p, context, threads, max(sizes), n_gpu_layers, repack=i >= n_targets or n_gpu_layers != 0,
-                     flash_attn=flash_attn)
+    are loaded as the engine loads a target (on a CPU with ggml's repacked layouts only where
+    their kernels are batch-invariant, for exact verification: edgespec/engine.py), the others
+    as drafts. `flash_attn`: off for a CUDA build without its flash-attention kernels
+    (GGML_CUDA_FA=OFF)."""
+    from edgespec import backend
+
+    timers = [_Timer(p, context, threads, max(sizes), n_gpu_layers,
+                     repack=i >= n_targets or backend.target_repack(p, n_gpu_layers), flash_attn=flash_attn)
               for i, (p, sizes) in enumerate(models)]
     try:
         for t, (_, sizes) in zip(timers, models):  # warm-up: buffers allocated, pages faulted in

@@ -235,7 +235,7 @@ class Engine:
         if cfg.fast_kernels:
             os.environ["GGML_CPU_TILED_MM"] = "1"
         target = backend.Model(cfg.target.path, cfg.target.n_gpu_layers,
-                               repack=cfg.target.n_gpu_layers != 0 or cfg.fast_kernels)
+                               repack=backend.target_repack(cfg.target.path, cfg.target.n_gpu_layers, cfg.fast_kernels))
         draft = head = second = pairing = None
         if cfg.draft is not None:
             draft = backend.Model(cfg.draft.path, cfg.draft.n_gpu_layers)

@@ -68,14 +68,57 @@ def test_each_weight_type_called_exact_is_batch_invariant(model_variant, ftype):
         model.close()
 
 
-def test_repacked_weights_are_not_batch_invariant_which_is_why_targets_load_without(model_variant):
-    """The control: ggml's repacked Q4_K layout (4-token gemm beside a one-token gemv) rounds
-    differently, so the check above has the power to see a kernel that is not invariant."""
-    path = model_variant("q4_k_m")
+# ggml's repacked x86 kernels take 4 columns at a time in a gemm and the rest one by one in a gemv:
+# every width from 1 to 9 mixes them differently
+REPACK_WIDTHS = (2, 3, 4, 5, 6, 7, 8, 9, 17)
+
+
+def test_the_library_has_the_invariant_repacked_kernels():
+    """Without tools/patches/ggml-repack-invariant.patch the engine loads CPU targets unrepacked
+    (exact, ~0.8x llama.cpp's decoding speed on a Q4_K_M file): say so first."""
+    assert backend.repack_invariant(), "libggml-cpu built without tools/patches/ggml-repack-invariant.patch"
+    covered = set().union(*FTYPES.values())
+    assert backend.INVARIANT_REPACKED_TYPES <= covered, backend.INVARIANT_REPACKED_TYPES - covered
+
+
+def pieces_vs_whole(model: backend.Model, ctx: backend.Context) -> list[tuple[list[int], float]]:
+    """(pieces, largest difference) for each way of reading a 100-token prompt whose next four
+    logits differ from reading it whole."""
+    toks = model.tokenize(TEXT * 4)[:104]
+    prompt, nxt = toks[:100], toks[100:]
+    ref, bad = None, []
+    for pieces in ([100], [5, 64, 31], [1, 3, 4, 92]):
+        ctx.clear()
+        at = 0
+        for m in pieces:
+            ctx.decode(prompt[at:at + m], list(range(at, at + m)), [[0]] * m, [False] * m)
+            at += m
+        rows = []
+        for i, t in enumerate(nxt):
+            ctx.decode([t], [100 + i], [[0]], [True])
+            rows.append(ctx.logits(0).copy())
+        got = np.array(rows)
+        if ref is None:
+            ref = got
+        elif not np.array_equal(got, ref):
+            bad.append((pieces, float(np.abs(got - ref).max())))
+    return bad
+
+
+@pytest.mark.parametrize("ftype", sorted(f for f, types in FTYPES.items() if types & backend.REPACKED_TYPES))
+def test_repacked_weights_are_batch_invariant_as_the_engine_loads_them(model_variant, ftype):
+    """Loaded as the engine loads a CPU target with the patched library (ggml's 8-row repacked
+    Q4_0 and Q4_K layouts), every width 1-9 and a prompt read in any pieces give each token the
+    bits of its one-token forward. Stock ggml's Q4_K gemv (one float FMA per 256 values, the gemm
+    one per 64) fails this at widths 4, 5 and 8, by up to ~1e-3 in the logits; a rebuilt library
+    that loses a type's coverage fails here, by type."""
+    path = model_variant(ftype)
+    assert backend.exact_repack(path), "the engine would load this target unrepacked"
     model = backend.Model(path, repack=True)
     ctx = backend.Context(model, ModelConfig(path=str(path), n_ctx=512, threads=2))
     try:
-        assert chain_vs_one_by_one(model, ctx, widths=(4, 5, 8)) != []
+        assert chain_vs_one_by_one(model, ctx, widths=REPACK_WIDTHS) == []
+        assert pieces_vs_whole(model, ctx) == []
     finally:
         ctx.close()
         model.close()
@@ -237,7 +280,8 @@ def test_fast_kernels_trade_exactness_for_speed_and_say_so(model_variant, monkey
     path = model_variant("q4_k_m")
     exact = _engine(path)
     try:
-        assert not exact.target.repacked and exact.exactness().startswith("bit-exact")
+        # repacked only where the library's repacked kernels are batch-invariant
+        assert exact.target.repacked == backend.repack_invariant() and exact.exactness().startswith("bit-exact")
     finally:
         exact.close()
     fast = Engine.load(EngineConfig(target=ModelConfig(path=str(path), n_ctx=512), draft=None, fast_kernels=True),
