@@ -7,12 +7,20 @@ A session's context is `tokens` = prompt + emitted. Invariant between ticks once
 done: the slot's main sequence (local seq 0 of its range) holds exactly tokens[:-1]; tokens[-1]
 (the root) is decoded by the next tick together with the drafted tree. Before that, the prompt
 is prefilled in pieces (`prefill_pos` tokens are in the cache), one piece per tick.
+
+What a session is doing is its `state` (SessionState), as llama.cpp's server_slot says of a slot:
+PREFILLING -> READY -> STEPPING -> VERIFIED -> READY ... -> CLOSED; ABANDONED when a forward of
+its tick was aborted (it is then closed). The tick (tick/schedule.py) reads it to sort sessions
+into those reading their prompt and those decoding; the slot pool (slots.py) reads it to know
+whether the caches hold what the invariants say when the session ends.
 """
 
 from __future__ import annotations
 
+import enum
 import os
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +36,13 @@ from edgespec.tick import graft, layout, verdict
 from edgespec.tick.step import StepRecord, count_verified, outcome
 from edgespec.tree import DraftTree
 from edgespec.types import Chunk, FinishReason, GenerationRequest, GenerationResult, SpecStats, TokenLogprob
+
+if TYPE_CHECKING:
+    from edgespec.drafters.base import DraftReport
+    from edgespec.engine import Engine
+    from edgespec.slots import Slot
+    from edgespec.tick.contract import DraftSteps
+    from edgespec.tick.schedule import Batch
 
 log = get_logger("edgespec.session")
 
@@ -45,8 +60,24 @@ def fixed_shape(mode: str, draft_tokens: int, tree_nodes: int, tree_depth: int) 
     return eagle(tree_depth, TREE_WIDTH, TREE_EXPAND, tree_nodes)
 
 
+class SessionState(enum.Enum):
+    """What a session is doing (Session.state)."""
+
+    PREFILLING = "prefilling"  # reading its prompt in pieces: seq 0 holds prompt[:prefill_pos]
+    READY = "ready"  # between steps: seq 0 holds tokens[:-1], nothing else survives
+    STEPPING = "stepping"  # a step begun (begin_step): its tree's cells are not committed yet
+    VERIFIED = "verified"  # the step committed and emitted; its tick's observe is to come
+    ABANDONED = "abandoned"  # a forward of its tick was aborted: llama.cpp dropped part of its cells
+    CLOSED = "closed"  # ended (Session.close): the slot kept what was reusable, or nothing
+
+
+# the states in which the slot's caches are as the invariants say (a session ending in one of
+# them leaves its slot something reusable)
+CONSISTENT = frozenset({SessionState.PREFILLING, SessionState.READY, SessionState.VERIFIED})
+
+
 class Session:
-    def __init__(self, engine, slot, req: GenerationRequest, keep: int = 0, drafter: str | None = None):
+    def __init__(self, engine: Engine, slot: Slot, req: GenerationRequest, keep: int = 0, drafter: str | None = None):
         """`keep`: leading prompt positions whose KV the slot's main sequence already holds
         (the prompt cache); the rest of the prompt is prefilled by the ticks. `drafter`: the
         drafter kind it drafts with ("model", "eagle3"; default the engine's draft)."""
@@ -67,7 +98,7 @@ class Session:
         self.adjuster = Adjuster(self.sampling, model.n_vocab, req.prompt_tokens) if adjusts(self.sampling) else None
         self.check_kv = False  # tests turn this on: assert the KV invariants after every step
         self.guard_seen = False  # the goodput guard has seen this request decode (tick/schedule.py)
-        self._closed_reason: FinishReason | None = None
+        self.closed_reason: FinishReason | None = None  # why close() ended it before it finished
         self.drafter_kind = drafter or engine.draft_kind
         # drafters/base.py: Drafter, in its range of the drafter's shared context (draft_range)
         self.draft_range = slot.drafter_range(self.drafter_kind)
@@ -95,9 +126,11 @@ class Session:
             self.stats.draft_cached_tokens = self.drafter.begin(self.tokens, kept, features_from=keep)
         self.prefill_pos = keep
         self.prefill_tokens = tuple(self.tokens[:-1])  # what the prompt's prefill leaves in seq 0
-        self.consistent = True  # the caches are as the invariants say (false while a step runs)
         self.n_past = keep
-        if not self.prefilling:  # all of it kept
+        self.state = SessionState.PREFILLING if keep < self.n_prompt - 1 else SessionState.READY
+        # the state a step begun from (begin_step): a fused first step begins while PREFILLING
+        self._before_step = self.state
+        if self.state is SessionState.READY:  # all of it kept
             self._share_prompt()
         self._t_start = time.perf_counter()
         self.record: StepRecord | None = None  # the step under way (between begin_step and observe)
@@ -105,11 +138,18 @@ class Session:
     # -- state --------------------------------------------------------------------------------
     @property
     def done(self) -> bool:
-        return self.emitter.finish_reason is not None or self._closed_reason is not None
+        """Finished by itself (a stop, EOS, max_tokens: the emitter's reason) or closed."""
+        return self.emitter.finish_reason is not None or self.state is SessionState.CLOSED
 
     @property
     def finish_reason(self) -> FinishReason | None:
-        return self._closed_reason or self.emitter.finish_reason
+        return self.closed_reason or self.emitter.finish_reason
+
+    @property
+    def consistent(self) -> bool:
+        """Whether the slot's caches are as the invariants say (not while a step's cells are
+        uncommitted, nor after an aborted forward)."""
+        return self.state in CONSISTENT
 
     @property
     def breaker_state(self) -> str | None:
@@ -122,12 +162,14 @@ class Session:
 
     def abandon(self) -> None:
         """A forward of this session's tick was aborted (a cancel or a deadline): llama.cpp dropped
-        part of its cells, so the slot keeps nothing of it (Engine.release)."""
-        self.consistent = False
+        part of its cells, so the slot keeps nothing of it (SlotPool.give_back)."""
+        self.state = SessionState.ABANDONED
 
     @property
     def prefilling(self) -> bool:
-        return self.prefill_pos < self.n_prompt - 1
+        """Still reading its prompt (a fused first step may begin before the last piece is in)."""
+        return self.state is SessionState.PREFILLING or (
+            self.state is SessionState.STEPPING and self._before_step is SessionState.PREFILLING)
 
     @property
     def prefill_left(self) -> int:
@@ -173,7 +215,11 @@ class Session:
         self.n_past = self.prefill_pos
         if features is not None and self.drafter is not None and self.drafter.features:
             self.drafter.add_features(features)
-        if not self.prefilling:
+        if self.prefill_pos >= self.n_prompt - 1:  # the prompt is read
+            if self.state is SessionState.STEPPING:  # a fused first step, begun while PREFILLING
+                self._before_step = SessionState.READY
+            else:
+                self.state = SessionState.READY
             self._share_prompt()
             # decoding time starts after the target's prefill (the same in every mode, like
             # llama.cpp's eval time); the draft's own prefill happens in its first steps and counts
@@ -200,12 +246,13 @@ class Session:
                                           context=self.n_past, emitted=len(self.out))
         return fixed_shape(self.spec.mode, self.spec.draft_tokens, self.spec.tree_nodes, self.spec.tree_depth)
 
-    def begin_step(self, shape: Shape, batch=None, bare: bool = False) -> None:
+    def begin_step(self, shape: Shape, batch: Batch | None = None, bare: bool = False) -> None:
         """`batch` (a tick of several sessions, schedule.Batch): prompt lookups are priced on the
         whole tick's verification, not on this step's alone. `bare`: the goodput guard holds this
         auto step plain, grafts and all; it looks nothing up either (a lookup, and the suffix
         cache's proposal it is keyed by, cost Python time that matters beside a fast forward)."""
-        self.consistent = False  # until the step's KV commit is done
+        self._before_step = self.state
+        self.state = SessionState.STEPPING  # until the step's KV commit is done
         st = StepRecord(shape, DraftTree.root(self.tokens[-1]), time.perf_counter(), batch=batch, bare=bare)
         if self.ngram is not None and self.remaining > 1 and not bare:
             # prompt lookup costs no forward pass; every lookup is scored against what the target
@@ -222,9 +269,9 @@ class Session:
     def cancel_step(self) -> None:
         """Drop a step begun but never verified (a schedule computed only to be inspected)."""
         self.record = None
-        self.consistent = True
+        self.state = self._before_step
 
-    def draft_steps(self):
+    def draft_steps(self) -> DraftSteps | None:
         """The drafter's generator for this step (edgespec/tick/draft.py drives it), or None."""
         st = self.record
         if st.shape.mode == "plain" or self.drafter is None or st.shape.depth <= 0 or self.remaining <= 1:
@@ -243,12 +290,12 @@ class Session:
         then propose only allowed tokens, which the target (masked alike) accepts more often."""
         return self.matcher.mask_after(path)
 
-    def absorb_steps(self, budget: int):
+    def absorb_steps(self, budget: int) -> DraftSteps:
         """The draft absorbs `budget` more tokens of its backlog this tick (a long catch-up in
         pieces, so it cannot stall the other sessions' tick); the step itself decodes plainly."""
         return self.drafter.absorb_steps(self.tokens, budget)
 
-    def drafted(self, report) -> None:
+    def drafted(self, report: DraftReport | None) -> None:
         """The drafter is done (report None: it did not run): graft prompt lookups, and under a
         constraint the tokens the grammar forces."""
         st = self.record
@@ -302,6 +349,7 @@ class Session:
             self.verified_features(features)
         chunk = self.finish_step(rows)
         self.record = None
+        self.state = SessionState.READY
         return chunk
 
     def verified_features(self, features: np.ndarray) -> None:
@@ -332,7 +380,7 @@ class Session:
             # the context tokens this forward committed: the root and the accepted path
             at = {node: j for j, node in enumerate(lay.order)}
             self.drafter.add_features(st.features[[at[i] for i in [0, *res.accepted]]])
-        self.consistent = True
+        self.state = SessionState.VERIFIED
         if self.check_kv:
             self.assert_kv_invariants()
         count_verified(self.stats, st, res)
@@ -365,6 +413,7 @@ class Session:
                                             overhead_seconds=overhead))
             s.breaker_transitions = len(self.controller.breaker.transitions)
         self.record = None
+        self.state = SessionState.READY
 
     # -- KV -----------------------------------------------------------------------------------
     def assert_kv_invariants(self) -> None:
@@ -388,6 +437,9 @@ class Session:
         return self.controller.summary() if self.controller is not None else None
 
     def close(self, reason: FinishReason | None = None) -> None:
-        if self.emitter.finish_reason is None and self._closed_reason is None:
-            self._closed_reason = reason or "cancelled"
-        self.engine.release(self)
+        if self.emitter.finish_reason is None and self.closed_reason is None:
+            self.closed_reason = reason or "cancelled"
+        try:
+            self.engine.release(self)  # reads the state it ends in (SlotPool.give_back)
+        finally:
+            self.state = SessionState.CLOSED
