@@ -23,33 +23,33 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
 
 from edgespec import backend, chat
 from edgespec.config import EngineConfig, shared_cells
-from edgespec.drafters import ModelDrafter, draft_kind, drafter_class
+from edgespec.controller import AcceptancePrior, Controller, ControllerConfig, CostModel
+from edgespec.controller.drafter_choice import DrafterChoice
+from edgespec.controller.goodput import GoodputGuard
+from edgespec.controller.threads import ThreadGovernor
+from edgespec.drafters import draft_kind, drafter_class
 from edgespec.drafters.base import decode_batch
-from edgespec.drafters.eagle3 import HeadCache
-from edgespec.drafters.eagle3 import reusable as head_reusable
-from edgespec.drafters.model import DraftCache
 from edgespec.drafters.ngram import ReachPriors
 from edgespec.drafters.suffix import SuffixCache, SuffixDrafter
 from edgespec.economics import drafter_verdict
-from edgespec.errors import BadRequest, ForwardAborted, ModelError, Overloaded
+from edgespec.errors import BadRequest, ForwardAborted, Overloaded
 from edgespec.kv import SeqRange
 from edgespec.logs import get_logger
-from edgespec.prompt_store import PromptStore, StoredPrompt
+from edgespec.prompt_store import PromptStore
 from edgespec.sampling import SamplingParams
 from edgespec.session import NGRAM_MAX, Session, fixed_shape  # noqa: F401 - re-exported
+from edgespec.slots import Slot, SlotPool, seqs_per_slot
+from edgespec.tick import tick as run_tick
 from edgespec.types import Chunk, GenerationRequest, GenerationResult
 
 log = get_logger("edgespec.engine")
 
-# llama.cpp's limit on sequence ids in one context (LLAMA_MAX_SEQ)
-MAX_SEQ = 256
 # a drafter is left idle when no chain of it pays even at this per-token acceptance (a good draft's:
 # the demo's Q8_0 twin reaches 0.9-0.95, real 3-5 % drafts 0.6-0.8), so a noisy calibration does
 # not idle a draft that would pay
@@ -57,13 +57,6 @@ JUDGED_AT = 0.9
 # calibration times every size up to this one whatever its budget: a tick of 8 sessions verifies
 # 8 to 40 tokens, and a curve extrapolated from sizes 1-4 priced each of them at the 3-to-4 slope
 CALIBRATE_AT_LEAST = 16
-
-
-def seqs_per_slot(parallel: int, max_tree_leaves: int) -> int:
-    """Sequence ids each slot's range gets: its main sequence plus one per extra tree leaf (the
-    spine's leaf shares the main sequence), within llama.cpp's limit for all slots together less
-    the context's scratch sequence (a padded forward's inert tokens: backend.Context)."""
-    return max(2, min(max_tree_leaves + 1, (MAX_SEQ - 1) // parallel))
 
 
 def pad_forwards(cost, contexts: tuple, cfg: EngineConfig):
@@ -84,90 +77,6 @@ def pad_forwards(cost, contexts: tuple, cfg: EngineConfig):
     return cost
 
 
-@dataclass
-class Slot:
-    index: int
-    target: SeqRange  # this slot's sequence range of the shared target context
-    draft: SeqRange | None
-    # with a head beside the draft model (EngineConfig.head): this slot's range of the head's
-    # context and what the last request that drafted with the head left there
-    head: SeqRange | None = None
-    head_cache: HeadCache | None = None
-    busy: bool = False
-    drafting: str | None = None  # the drafter kind of the request on this slot
-    # the prompt tokens (all but the last) whose KV a finished request's prefill left in the
-    # target's sequence 0; () when the cache holds nothing reusable
-    prefill: tuple[int, ...] = ()
-    # what the last request left in the draft's sequence 0 (any shared prefix is reusable there:
-    # the draft needs no bit-exactness), or a head's positions and unabsorbed features; None when nothing
-    draft_cache: DraftCache | HeadCache | None = None
-    # the whole context (prompt and reply) of the last request that ended cleanly: what idle time
-    # may bring the draft cache up to (Engine.idle_work)
-    last_context: tuple[int, ...] = ()
-    # what the head-drafting request on this slot lends other slots of its prompt once its prefill
-    # is done: the head's positions (which only grow while it runs) and the prompt's features
-    lent: HeadCache | None = None
-    caller: str = ""  # the caller whose requests left what the slot holds (Engine._shares)
-    opened: int = 0  # when a request last took the slot (Engine's count of sessions opened)
-
-    @property
-    def empty(self) -> bool:
-        """Whether the slot holds nothing a later request could reuse."""
-        return not (self.prefill or self.last_context or self.draft_cache or self.head_cache or self.lent)
-
-    def reset(self) -> None:
-        """Empty every cache; nothing is reusable."""
-        self.target.clear()
-        for rng in (self.draft, self.head):
-            if rng is not None:
-                rng.clear()
-        self.prefill = ()
-        self.draft_cache = self.head_cache = self.lent = None
-        self.last_context = ()
-
-    def _beside(self, kind: str) -> bool:
-        """Whether drafter `kind` is the head beside the draft model (its own range and cache)."""
-        return kind == "eagle3" and self.head is not None
-
-    def drafter_range(self, kind: str) -> SeqRange | None:
-        """The range drafter `kind` ("model", "eagle3") drafts in: the head's when a head sits
-        beside the draft model, else the slot's one draft range."""
-        return self.head if self._beside(kind) else self.draft
-
-    def cache_of(self, kind: str):
-        return self.head_cache if self._beside(kind) else self.draft_cache
-
-    def head_to_lend(self, kind: str) -> HeadCache | None:
-        """What this slot can lend a request drafting with head `kind` on another slot: the
-        running request's prompt if it drafts with the head, else what the head's cells hold."""
-        return self.lent if self.drafting == kind else self.cache_of(kind)
-
-    def set_cache(self, kind: str, cache) -> None:
-        if self._beside(kind):
-            self.head_cache = cache
-        else:
-            self.draft_cache = cache
-
-
-def reusable_prefix(prefill: Sequence[int], prompt: Sequence[int], chunk: int) -> int:
-    """Leading positions of `prompt` whose KV a slot may keep from its last prefill: their common
-    prefix (the prompt's last token is never prefilled), cut to whole `chunk`s. With
-    batch-invariant forwards (a CPU with the patched ggml: `Engine.reuse_chunk` is 1) a cell holds
-    the same bits however the prompt was split, so the whole common prefix is kept. Elsewhere a
-    prefill's batches start at position 0 and every `chunk` (n_batch) tokens, and a batch of that
-    size is computed the same whatever follows it, so a kept chunk holds exactly the KV this
-    prompt's own prefill would write; a partial last chunk (a small batch, another kernel) is
-    recomputed."""
-    n = min(len(prefill), len(prompt) - 1)
-    if n < max(chunk, 1):
-        return 0
-    a = np.asarray(prefill[:n])
-    b = np.asarray(prompt[:n])
-    diff = np.flatnonzero(a != b)
-    common = int(diff[0]) if len(diff) else n
-    return common // chunk * chunk
-
-
 class Engine:
     """Loaded models, the shared contexts and their slots, the shared cost model and acceptance
     prior. Confined to one thread (the daemon's engine thread)."""
@@ -180,7 +89,6 @@ class Engine:
         # how a draft model speaks the target's vocabulary (backend.Pairing, or TextPairing: through text)
         self.pairing = None
         self.head = head  # an EAGLE-3 head beside the draft model (EngineConfig.head), or None
-        self.slots = slots
         self._contexts = contexts  # (target context, draft context or None[, head context])
         # "model" (a draft model), "text" (one with another tokenizer), "eagle3" (a head over the
         # target's features) or None
@@ -188,9 +96,6 @@ class Engine:
         # the drafters a request may draft with: the draft's kind, and "eagle3" with a head beside it
         self.drafter_kinds: tuple[str, ...] = ((self.draft_kind,) if self.draft_kind else ()) + \
             (("eagle3",) if head is not None else ())
-        from edgespec.controller import AcceptancePrior, ControllerConfig, CostModel
-        from edgespec.controller.drafter_choice import DrafterChoice
-        from edgespec.controller.goodput import GoodputGuard
 
         self.controller_cfg = ControllerConfig()
         self.cost = pad_forwards(CostModel(), contexts, cfg)  # a GPU's forwards at fixed widths
@@ -200,8 +105,6 @@ class Engine:
         self.drafter_choice = DrafterChoice()  # which drafter a request drafts with (two loaded)
         self.draft_verdicts: dict[str, dict] = {}  # cost curve -> economics.drafter_verdict at calibration
         self.goodput = GoodputGuard()  # auto falls back to plain where speculating measured slower
-        from edgespec.controller.threads import ThreadGovernor
-
         # the target's and draft's CPU threads: the configured count or one (controller/threads.py)
         self.threads = ThreadGovernor(cfg.target.n_threads,
                                       enabled=all(hasattr(c, "set_threads") for c in contexts if c is not None)
@@ -220,9 +123,22 @@ class Engine:
         # reach each new request's lookups start from (drafters/ngram.py)
         self.lookup_priors = ReachPriors()
         # kept prefills beyond the slots' own, in host memory (edgespec/prompt_store.py)
-        self.prompt_store = PromptStore(cfg.prompt_cache_bytes, pooled=cfg.prompt_cache_scope == "pooled") \
+        store = PromptStore(cfg.prompt_cache_bytes, pooled=cfg.prompt_cache_scope == "pooled") \
             if cfg.prompt_cache and cfg.prompt_cache_bytes and not target.n_swa else None
-        self._opened = 0  # sessions opened: each slot's `opened` says when it was last taken
+        # the slots, where each request sits and what it keeps of earlier ones (edgespec/slots.py)
+        self.pool = SlotPool(self, slots, store)
+
+    @property
+    def slots(self) -> list[Slot]:
+        return self.pool.slots
+
+    @property
+    def prompt_store(self) -> PromptStore | None:
+        return self.pool.prompt_store
+
+    @prompt_store.setter
+    def prompt_store(self, store: PromptStore | None) -> None:
+        self.pool.prompt_store = store
 
     # -- lifecycle ----------------------------------------------------------------------------
     @classmethod
@@ -375,16 +291,16 @@ class Engine:
     def _once_seconds(self, req: GenerationRequest, slot: Slot, kind: str) -> float:
         """What drafting `req` with `kind` on `slot` costs before its first proposal, beyond what
         the other drafter would: the prompt prefill the target computes again (a head keeps no
-        more of the prefill than the head positions it can hold: _kept_prefill) and the drafter's
+        more of the prefill than the head positions it can hold: SlotPool.kept_prefill) and the drafter's
         catch-up over the prompt tokens it does not hold (a draft model over its window at most)."""
         prompt = req.prompt_tokens
         cost = self.cost.drafting(self.cost_kind(kind))
-        keep, _, hdonor = self._kept_prefill(slot, req, kind)
+        keep, _, hdonor = self.pool.kept_prefill(slot, req, kind)
         prefill = len(prompt) - 1 - keep
         if hdonor is not None:  # the head's positions and features come from another slot
             cache = hdonor.head_to_lend(kind)
         else:
-            cache = slot.cache_of(kind) if self.prompt_cache and self._shares(slot, req) else None
+            cache = slot.cache_of(kind) if self.prompt_cache and self.pool.shares(slot, req) else None
         held = cache.reusable(prompt) if cache is not None else 0
         backlog = max(1, len(prompt) - 1 - held)
         if kind == "model":
@@ -394,8 +310,6 @@ class Engine:
     def new_controller(self, req: GenerationRequest, slot: Slot, kind: str | None = None):
         """The speculation controller of one auto request on `slot` (edgespec/controller/), pricing
         and judging drafter `kind` (its cost curve and acceptance prior)."""
-        from edgespec.controller import Controller
-
         spec = req.speculation
         kind = kind or self.draft_kind
         has_draft = kind is not None and slot.drafter_range(kind) is not None and self.drafter_pays(kind)
@@ -645,38 +559,8 @@ class Engine:
 
     # -- sessions -----------------------------------------------------------------------------
     def idle_work(self, budget: int = 16) -> bool:
-        """Use idle time: let a free slot's draft absorb up to `budget` more tokens of the last
-        context that slot served (its prompt and reply), so that a request sharing a prefix with it
-        (a system prompt, a document asked about again, a chat's next turn) finds the draft already
-        there and speculates from its second step, instead of paying the draft's prefill (a draft
-        forward per prompt piece), which auto often declines to pay for a long prompt. The draft needs
-        no bit-exactness, so this is only a matter of time. Call it only when no request waits: one
-        call is one draft forward of at most `budget` tokens. Returns whether it did any (call it
-        again until it returns False)."""
-        if not self.prompt_cache or self.draft_kind != "model":
-            return False
-        for slot in self.slots:
-            ctx = slot.last_context
-            held = slot.draft_cache.tokens if slot.draft_cache is not None else ()
-            if slot.busy or slot.draft is None or len(ctx) < 2 or len(held) >= len(ctx):
-                continue
-            window = self.cfg.draft_window
-            d = ModelDrafter(slot.draft, window=window)
-            tokens = list(ctx)
-            d.begin(tokens, slot.draft_cache)
-            if len(tokens) - d.n_past > window:
-                # as a request would: the draft holds the context's last `window` tokens, not all
-                # of a long one (its every forward would pay attention over them)
-                d.start_at(len(tokens) - window)
-            try:
-                d.absorb(tokens, budget)
-            except ForwardAborted:  # a job arrived (abort_idle_work): llama.cpp dropped the piece's
-                slot.draft.seq_rm(0, d.n_past - d.offset, -1)  # cells; the draft keeps what it held
-                slot.draft_cache = DraftCache(d.offset, tuple(tokens[:d.n_past])) if d.n_past > d.offset else None
-                return False
-            slot.draft_cache = DraftCache(d.offset, tuple(tokens[:d.n_past]))
-            return True
-        return False
+        """Bring a free slot's draft up to its last context in idle time (SlotPool.idle_work)."""
+        return self.pool.idle_work(budget)
 
     def abort_idle_work(self, on: bool = True) -> None:
         """From any thread: stop idle work's draft forward at its next graph node (`idle_work`
@@ -689,7 +573,7 @@ class Engine:
 
     @property
     def free_slots(self) -> int:
-        return sum(not s.busy for s in self.slots)
+        return self.pool.free
 
     def open_session(self, req: GenerationRequest) -> Session:
         """Admit a request to a free slot. No forward runs here: the ticks prefill its prompt in
@@ -710,64 +594,11 @@ class Engine:
         bad = [t for t, _ in req.sampling.logit_bias if t >= self.target.n_vocab]
         if bad:
             raise BadRequest(f"logit_bias.{bad[0]}", f"token id outside [0, {self.target.n_vocab})")
-        free = [s for s in self.slots if not s.busy]
-        if not free:
-            raise Overloaded(f"all {len(self.slots)} slots are busy")
-
-        def best_slot(kind: str | None) -> Slot:  # the free slot whose caches this prompt can reuse most
-            if not self.prompt_cache or len(free) == 1:
-                return free[0]
-
-            def reuse(s: Slot) -> tuple[int, int, bool, int]:
-                mine = self._shares(s, req)
-                cache = s.cache_of(kind) if kind and mine else None
-                # on a tie, a slot that holds nothing of another caller's (theirs stays for them),
-                # then the least recently used
-                return (self._keepable(s, req, kind), cache.reusable(req.prompt_tokens) if cache else 0,
-                        mine or s.empty, -s.opened)
-            return max(free, key=reuse)
-
-        places = {k: best_slot(k) for k in self.drafter_kinds} or {None: best_slot(None)}
+        places = self.pool.places(req)
         kind = self.choose_drafter(req, places)
         slot = places[kind]
-        keep, donor, hdonor = self._kept_prefill(slot, req, kind)
-        if donor is not None or hdonor is not None or keep < len(slot.prefill):
-            self._store(slot)  # what the slot keeps and this request drops, for later ones
-        if not self._shares(slot, req):
-            slot.reset()  # nothing another caller left serves this request (its own partition keeps it)
-        slot.busy = True
+        keep = self.pool.take(slot, req, kind)
         try:
-            if hdonor is not None:  # the head's positions and features of the prompt, from elsewhere
-                rng, cache = slot.drafter_range(kind), hdonor.head_to_lend(kind)
-                rng.clear()
-                if not isinstance(hdonor, StoredPrompt):
-                    rng.ctx.seq_cp(hdonor.drafter_range(kind).base, rng.base, 0, cache.n_past)
-                elif not self._write_back(rng, hdonor.head_cells, cache.n_past):
-                    cache, keep, donor = None, 0, None  # the head has nothing: nor does the target
-                slot.set_cache(kind, cache)
-            tgt = slot.target
-            if donor is not None:
-                tgt.clear()
-                if isinstance(donor, StoredPrompt):
-                    if self._write_back(tgt, donor.target, keep):
-                        self.prompt_store.used(donor, keep)
-                        self._store_figures()
-                    else:
-                        keep = 0
-                else:
-                    self.target_ctx.seq_cp(donor.target.base, tgt.base, 0, keep)
-            elif keep:
-                tgt.seq_rm(0, keep, -1)  # what a finished request left beyond the kept chunks
-                for s in range(1, tgt.n_seq_max):
-                    tgt.seq_rm(s, -1, -1)
-            else:
-                tgt.clear()
-            slot.prefill = ()  # nothing reusable from this slot until this prefill has completed
-            slot.caller = req.caller
-            self._opened += 1
-            slot.opened = self._opened
-            slot.lent = None
-            slot.drafting = kind
             sess = Session(self, slot, req, keep=keep, drafter=kind)
             if len(self.drafter_kinds) > 1 and req.speculation.mode != "plain":
                 # which drafter each request that may draft drafts with (Admin.Stats, /metrics)
@@ -780,103 +611,9 @@ class Engine:
             slot.busy = False
             raise
 
-    def _kept_prefill(self, slot: Slot, req: GenerationRequest, kind: str | None
-                      ) -> tuple[int, Slot | StoredPrompt | None, Slot | StoredPrompt | None]:
-        """What a request drafting with `kind` on `slot` keeps of its prompt's prefill: the
-        leading positions whose target KV it keeps, the other slot (or prompt store entry) whose
-        target cells it copies (None: the slot's own) and, for a head's request, the other slot or
-        entry whose head positions and features it copies (None: the slot's own). Any slot's kept
-        (or completed) prefill may share its cells by a copy in the unified cache: nothing is
-        recomputed. A head's request
-        keeps no more of the target's prefill than the head positions (and features) it holds:
-        the head needs the target's features of every position it has not absorbed. Those come
-        from its own slot or from any other (Slot.head_to_lend): a slot the head is not drafting in
-        keeps what its cache says, and a request drafting with the head lends its prompt's once
-        its prefill is done (the template or document that concurrent requests share)."""
-        if not self.prompt_cache:
-            return 0, None, None
-        prompt, chunk = req.prompt_tokens, self.reuse_chunk
-        # the slots, then the prompt store's entries, of this caller's partition (`_shares`; `slot`
-        # itself holding nothing for another's): on a tie the slot's own cells, then another
-        # slot's (a copy inside the cache), then an entry's (written back)
-        places = [*(s for s in self.slots if s is slot or self._shares(s, req)),
-                  *(self.prompt_store.candidates(req.caller) if self.prompt_store else ())]
-        foreign = set() if self._shares(slot, req) else {id(slot)}  # `slot` then counts for nothing
-        order = {id(p): (p is slot, isinstance(p, Slot)) for p in places}
-        held = {id(p): 0 if id(p) in foreign else reusable_prefix(p.prefill, prompt, chunk) for p in places}
-        best = max(places, key=lambda p: (held[id(p)], *order[id(p)]))
-        keep = held[id(best)]
-        if kind != "eagle3" or req.speculation.mode == "plain" or not keep:
-            return keep, (best if held[id(best)] > held[id(slot)] else None), None
-        head = {id(p): 0 if id(p) in foreign else
-                head_reusable(p.cache_of(kind) if p is slot else p.head_to_lend(kind), prompt) for p in places}
-        hbest = max(places, key=lambda p: (head[id(p)], *order[id(p)]))
-        keep = min(keep, head[id(hbest)]) // chunk * chunk
-        if not keep:
-            return 0, None, None
-        donor = None if held[id(slot)] >= keep else best
-        hdonor = None if head[id(slot)] >= keep else hbest
-        return keep, donor, hdonor
-
-    def _shares(self, slot: Slot, req: GenerationRequest) -> bool:
-        """Whether what `slot` holds (its kept prefill, its draft's and head's caches, what idle
-        work added to them, what a running request lends) may serve `req` and count in its reuse
-        figures: with `prompt_cache_scope = "pooled"` always; else only when `req` comes from the
-        caller whose requests left it. A caller reading another's prompt off `cached_tokens` or
-        its time to first token is the attack this closes (docs/appliance.md, threat model)."""
-        return self.cfg.prompt_cache_scope == "pooled" or slot.caller == req.caller
-
-    def _store(self, slot: Slot) -> None:
-        """Copy what `slot` keeps into the prompt store before a request drops it: the target's
-        cells of its kept prefill and, where a head drafted there, the head's positions and the
-        features it had not absorbed (edgespec/prompt_store.py)."""
-        if self.prompt_store is None or not slot.prefill or slot.busy:
-            return
-        head = slot.cache_of("eagle3") if "eagle3" in self.drafter_kinds else None
-        if not (isinstance(head, HeadCache) and head.n_features):
-            head = None
-        part = self.prompt_store.partition_of(slot.caller)
-        if self.prompt_store.holds(part, slot.prefill, head):
-            return  # the slot's cells came from an entry that is still there, or as much again
-        cells = slot.drafter_range("eagle3").seq_state(0) if head is not None else b""
-        self.prompt_store.put(StoredPrompt(part, slot.prefill, slot.target.seq_state(0), head, cells))
-        self._store_figures()
-
-    def _write_back(self, rng: SeqRange, cells: bytes, n: int) -> bool:
-        """Write an entry's cells into `rng`'s empty sequence 0 and keep its first `n` positions;
-        False (the sequence left empty) when the cache has no room for them."""
-        try:
-            rng.load_seq_state(cells)
-        except ModelError:
-            log.warning("prompt_store_write_back_failed", cells_bytes=len(cells))
-            rng.seq_rm(0, -1, -1)
-            return False
-        rng.seq_rm(0, n, -1)
-        return True
-
-    def _store_figures(self) -> None:
-        """The prompt store's figures in tick_totals (Admin.Stats, /metrics)."""
-        for k, v in self.prompt_store.figures().items():
-            self.tick_totals[f"prompt_store_{k}"] = v
-
-    def _keepable(self, slot: Slot, req: GenerationRequest, kind: str | None = None) -> int:
-        """Prompt positions whose target KV `slot` may keep for `req`: its kept prefill's
-        reusable prefix, and for a request that may draft with a head (`kind`), no more than the
-        head positions the slot keeps (their target features are not computed again), cut to
-        whole reuse chunks."""
-        if not self._shares(slot, req):
-            return 0
-        chunk = self.reuse_chunk
-        prompt = req.prompt_tokens
-        keep = reusable_prefix(slot.prefill, prompt, chunk)
-        if kind == "eagle3" and keep and req.speculation.mode != "plain":
-            keep = min(keep, head_reusable(slot.cache_of(kind), prompt)) // chunk * chunk
-        return keep
-
     def release(self, sess: Session) -> None:
         """A session ends: its slot keeps what is reusable (the prompt prefill's chunks, the draft's
         context), or is emptied."""
-        slot = sess.slot
         if sess.controller is not None:
             try:
                 self.priors.get(sess.drafter_kind, self.prior).update_from(sess.controller.evidence())
@@ -887,33 +624,12 @@ class Engine:
             # what it emitted (any finish: every token is the target's) feeds the next requests' drafts
             self.suffix_cache.insert(sess.suffix.caller, sess.tokens[:sess.n_prompt], sess.out)
             sess.suffix = None
-        if not slot.busy:
-            return
-        keep = self.prompt_cache and sess.consistent and not sess.prefilling
-        if sess.drafter is not None:
-            # the draft keeps all it holds, the reply included: a chat's next turn starts with it
-            slot.set_cache(sess.drafter_kind, sess.drafter.keep(sess.tokens) if keep else None)
-            if slot.cache_of(sess.drafter_kind) is None:
-                sess.drafter.end()
-        slot.last_context = tuple(sess.tokens) if keep else ()
-        if keep:
-            # keep the prompt prefill's cells for the next request (seq 0 holds the context, the
-            # other sequences are empty after every step); drop what decoding wrote after them
-            slot.target.seq_rm(0, len(sess.prefill_tokens), -1)
-            slot.prefill = sess.prefill_tokens
-        else:
-            slot.target.clear()
-            slot.prefill = ()
-        slot.busy = False
-        slot.drafting = None
-        slot.lent = None
+        self.pool.give_back(sess)
 
     def tick(self, sessions: Sequence[Session]) -> dict[Session, Chunk]:
         """One engine tick over the active sessions (edgespec/tick/): every decoding session's
         [root] + tree in one target forward, prefill pieces alongside. Returns each session's
         chunk (an empty one while it is still prefilling)."""
-        from edgespec.tick import tick
-
         for ctx in self._contexts:
             if ctx is not None:
                 ctx.clear_abort()
@@ -924,7 +640,7 @@ class Engine:
                     ctx.set_threads(n)
             self._threads_applied = n
         try:
-            return tick(self, list(sessions))
+            return run_tick(self, list(sessions))
         except ForwardAborted:
             for s in sessions:  # llama.cpp dropped part of the forward's cells: nothing is kept
                 s.abandon()

@@ -228,7 +228,7 @@ class Session:
     def _share_prompt(self) -> None:
         """The prompt is read: with the prompt cache, other slots' requests may share its cells
         from now on, and a request drafting with a head lends them the head's positions and the
-        prompt's features (Slot.lent, Engine._kept_prefill)."""
+        prompt's features (Slot.lent, SlotPool.kept_prefill)."""
         if not self.engine.prompt_cache:
             return
         self.slot.prefill = self.prefill_tokens
