@@ -20,8 +20,9 @@ forward: the session grafts its continuations onto the tree directly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -50,8 +51,10 @@ class DraftBatch:
     embd: np.ndarray | None = None
 
 
-def decode_batch(ctx, tokens, positions, seqs, logits, embd=None):
-    """Decode one (possibly merged) draft batch on `ctx`; the rows of its marked entries."""
+def decode_batch(ctx: Any, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[Sequence[int]],
+                 logits: Sequence[bool], embd: np.ndarray | None = None) -> np.ndarray:
+    """Decode one (possibly merged) draft batch on `ctx` (a backend.Context or HeadContext); the
+    rows of its marked entries."""
     if embd is None:
         return ctx.decode_rows(tokens, positions, seqs, logits)
     return ctx.decode_rows(tokens, positions, seqs, logits, embd=embd)
