@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from functools import partial
+from typing import Any, cast
 
 import numpy as np
 
@@ -29,14 +30,16 @@ from edgespec.controller.goodput import GoodputGuard
 from edgespec.controller.threads import ThreadGovernor
 from edgespec.drafters import drafter_class
 from edgespec.drafters.base import Drafter
+from edgespec.drafters.eagle3 import HeadCache
+from edgespec.drafters.model import DraftCache
 from edgespec.drafters.ngram import ReachPriors
 from edgespec.drafters.suffix import SuffixCache, SuffixDrafter
 from edgespec.errors import BadRequest, ForwardAborted, Overloaded
-from edgespec.loading import LoadedModels
+from edgespec.loading import AnyContext, LoadedModels
 from edgespec.logs import get_logger
 from edgespec.prompt_store import PromptStore
 from edgespec.sampling import SamplingParams
-from edgespec.session import NGRAM_MAX, Session, fixed_shape  # noqa: F401 - re-exported
+from edgespec.session import Session
 from edgespec.slots import Slot, SlotPool
 from edgespec.tick import tick as run_tick
 from edgespec.tick.observe import TickRecord
@@ -46,7 +49,7 @@ log = get_logger("edgespec.engine")
 
 
 
-def pad_forwards(cost, contexts: tuple, cfg: EngineConfig):
+def pad_forwards(cost: CostModel, contexts: tuple[AnyContext | None, ...], cfg: EngineConfig) -> CostModel:
     """`cost`, and where `[speculation] pad_forwards` asks for it (auto: a target on a GPU) its
     forwards priced at the fixed widths (controller/widths.py) and the target's and draft model's
     contexts padding each forward to the width it is priced at (backend.Context): a shape that
@@ -70,7 +73,7 @@ class Engine(LoadedModels):
     thread)."""
 
     def __init__(self, cfg: EngineConfig, target: backend.Model, draft: backend.Model | None, slots: list[Slot],
-                 contexts: tuple = (), draft_kind: str | None = None, head: backend.Model | None = None):
+                 contexts: tuple[AnyContext | None, ...] = (), draft_kind: str | None = None, head: backend.Model | None = None):
         super().__init__(cfg, target, draft, contexts, draft_kind, head)
 
         self.controller_cfg = ControllerConfig()
@@ -79,7 +82,7 @@ class Engine(LoadedModels):
         self.priors = {k: AcceptancePrior() for k in self.drafter_kinds or ("model",)}
         self.prior = self.priors[self.drafter_kinds[0] if self.drafter_kinds else "model"]
         self.drafter_choice = DrafterChoice()  # which drafter a request drafts with (two loaded)
-        self.draft_verdicts: dict[str, dict] = {}  # cost curve -> economics.drafter_verdict at calibration
+        self.draft_verdicts: dict[str, dict[str, Any]] = {}  # cost curve -> economics.drafter_verdict at calibration
         self.goodput = GoodputGuard()  # auto falls back to plain where speculating measured slower
         # the target's and draft's CPU threads: the configured count or one (controller/threads.py)
         self.threads = ThreadGovernor(cfg.target.n_threads,
@@ -116,9 +119,10 @@ class Engine(LoadedModels):
 
     # -- lifecycle ----------------------------------------------------------------------------
     @classmethod
-    def load(cls, cfg: EngineConfig, controller_cfg: ControllerConfig | None = None,
+    def load(cls, cfg: EngineConfig, controller_cfg: Any = None,
              calibrate: bool = True) -> Engine:
-        """Load the models, make the contexts and slots, calibrate (edgespec/loading.py)."""
+        """Load the models, make the contexts and slots, calibrate (edgespec/loading.py).
+        `controller_cfg`: a ControllerConfig (a class settings.py makes at import: Any to mypy)."""
         return loading.load(cls, cfg, controller_cfg, calibrate)
 
     def new_drafter(self, slot: Slot, kind: str | None = None) -> Drafter:
@@ -165,6 +169,7 @@ class Engine(LoadedModels):
         cost = self.cost.drafting(self.cost_kind(kind))
         keep, _, hdonor = self.pool.kept_prefill(slot, req, kind)
         prefill = len(prompt) - 1 - keep
+        cache: DraftCache | HeadCache | None
         if hdonor is not None:  # the head's positions and features come from another slot
             cache = hdonor.head_to_lend(kind)
         else:
@@ -182,7 +187,7 @@ class Engine(LoadedModels):
         kind = kind or self.draft_kind
         has_draft = kind is not None and slot.drafter_range(kind) is not None and self.drafter_pays(kind)
         return Controller(self.controller_cfg, self.cost.drafting(self.cost_kind(kind)),
-                          self.priors.get(kind, self.prior), max_depth=spec.tree_depth,
+                          self.priors.get(kind, self.prior) if kind else self.prior, max_depth=spec.tree_depth,
                           max_nodes=spec.tree_nodes, has_draft_model=has_draft,
                           max_leaves=slot.target.n_seq_max, request_id=req.request_id, refine_costs=False)
 
@@ -199,7 +204,7 @@ class Engine(LoadedModels):
             return None
         return SuffixDrafter(self.suffix_cache, req.caller)
 
-    def suffix_control(self, enabled: bool | None = None, clear: bool = False) -> dict:
+    def suffix_control(self, enabled: bool | None = None, clear: bool = False) -> dict[str, Any]:
         """Turn the suffix cache on or off (off empties it) and/or empty it (SetPolicy, SIGHUP);
         returns its stats."""
         if enabled is not None:
@@ -210,7 +215,7 @@ class Engine(LoadedModels):
             self.lookup_priors.clear()
         return self.suffix_stats()
 
-    def suffix_stats(self) -> dict:
+    def suffix_stats(self) -> dict[str, Any]:
         return {"enabled": self.suffix_enabled, **self.suffix_cache.stats()}
 
     @property
@@ -233,10 +238,10 @@ class Engine(LoadedModels):
         """The most tokens one request may hold (the shared context holds every slot's)."""
         return self.slots[0].target.n_ctx
 
-    def model_info(self) -> dict:
+    def model_info(self) -> dict[str, Any]:
         t, d, h = self.target, self.draft, self.head
 
-        def info(m):
+        def info(m: backend.Model | None) -> dict[str, Any] | None:
             return None if m is None else {"path": str(m.path), "desc": m.desc, "n_params": m.n_params,
                                            "size_bytes": m.size_bytes}
 
@@ -259,7 +264,7 @@ class Engine(LoadedModels):
         slot = next((s for s in self.slots if not s.busy), None)
         if slot is None:
             raise Overloaded("no free slot")
-        out = []
+        out: list[np.ndarray | None] = []
         for ctx in (slot.target, None if self.draft_kind in ("eagle3", "text") else slot.draft):
             if ctx is None:
                 out.append(None)
@@ -270,6 +275,7 @@ class Engine(LoadedModels):
             ctx.clear()
         slot.prefill = ()
         slot.draft_cache = slot.head_cache = None
+        assert out[0] is not None
         return out[0], out[1]
 
     # -- sessions -----------------------------------------------------------------------------
@@ -322,7 +328,8 @@ class Engine(LoadedModels):
         context), or is emptied."""
         if sess.controller is not None:
             try:
-                self.priors.get(sess.drafter_kind, self.prior).update_from(sess.controller.evidence())
+                prior = self.priors.get(sess.drafter_kind, self.prior) if sess.drafter_kind else self.prior
+                prior.update_from(sess.controller.evidence())
             except Exception:  # the prior is an optimisation; never fail a request on it
                 log.warning("prior_update_failed", exc_info=True)
             sess.controller = None
@@ -346,7 +353,8 @@ class Engine(LoadedModels):
                     ctx.set_threads(n)
             self._threads_applied = n
         try:
-            return run_tick(self, list(sessions))
+            # the tick hands back the sessions it was given: Session, as TickSession
+            return cast("dict[Session, Chunk]", run_tick(self, list(sessions)))
         except ForwardAborted:
             for s in sessions:  # llama.cpp dropped part of the forward's cells: nothing is kept
                 s.abandon()

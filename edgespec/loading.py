@@ -20,7 +20,8 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
@@ -32,13 +33,13 @@ from edgespec.economics import drafter_verdict
 from edgespec.errors import BadRequest
 from edgespec.kv import SeqRange
 from edgespec.logs import get_logger
+from edgespec.pairing import Pairing, TextPairing
 from edgespec.slots import Slot, seqs_per_slot
 from edgespec.types import ConstraintSpec
 
 if TYPE_CHECKING:
     from edgespec.budget import BudgetMatcher
     from edgespec.constraint import Compiler, Matcher
-    from edgespec.controller import ControllerConfig
     from edgespec.engine import Engine
 
 log = get_logger("edgespec.engine")
@@ -53,6 +54,9 @@ CALIBRATE_AT_LEAST = 16
 
 E = TypeVar("E", bound="Engine")
 
+# a context the engine holds: the target's (a FeatureContext under a head), a draft model's, a head's
+AnyContext = backend.Context | backend.HeadContext
+
 
 class LoadedModels:
     """The loaded models and their shared contexts: the target's vocabulary and chat template,
@@ -60,12 +64,12 @@ class LoadedModels:
     what it knows of its models, apart from how it serves requests with them."""
 
     def __init__(self, cfg: EngineConfig, target: backend.Model, draft: backend.Model | None,
-                 contexts: tuple = (), draft_kind: str | None = None, head: backend.Model | None = None):
+                 contexts: tuple[AnyContext | None, ...] = (), draft_kind: str | None = None, head: backend.Model | None = None):
         self.cfg = cfg
         self.target = target
         self.draft = draft
         # how a draft model speaks the target's vocabulary (backend.Pairing, or TextPairing: through text)
-        self.pairing: backend.Pairing | backend.TextPairing | None = None
+        self.pairing: Pairing | TextPairing | None = None
         self.head = head  # an EAGLE-3 head beside the draft model (EngineConfig.head), or None
         self._contexts = contexts  # (target context, draft context or None[, head context])
         # "model" (a draft model), "text" (one with another tokenizer), "eagle3" (a head over the
@@ -115,14 +119,14 @@ class LoadedModels:
 
     @property
     def target_ctx(self) -> backend.Context:
-        return self._contexts[0]
+        return cast("backend.Context", self._contexts[0])
 
     @property
-    def draft_ctx(self) -> backend.Context | None:
+    def draft_ctx(self) -> AnyContext | None:
         return self._contexts[1]
 
     @property
-    def head_ctx(self) -> backend.Context | None:
+    def head_ctx(self) -> AnyContext | None:
         """The head's context beside the draft model's (EngineConfig.head), or None."""
         return self._contexts[2] if len(self._contexts) > 2 else None
 
@@ -196,7 +200,7 @@ class LoadedModels:
 
     def encode_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
         """Chat template -> tokens: special tokens from the template only (edgespec.chat)."""
-        return chat.encode_chat(self.target, messages)
+        return chat.encode_chat(cast("chat.ChatTokenizer", self.target), messages)
 
     @property
     def encoder(self) -> backend.Model:
@@ -215,86 +219,130 @@ class LoadedModels:
 
 
 
-def load(cls: type[E], cfg: EngineConfig, controller_cfg: ControllerConfig | None = None,
-         calibrate: bool = True) -> E:
-    """Load the target (and a draft model or EAGLE-3 head, and a head beside a draft model),
-    make the shared contexts and their slots, and calibrate the cost model on this machine.
-    `cls`: the engine class (Engine.load)."""
-    cfg.validate()
+@dataclass
+class Models:
+    """What load reads: the target, the draft (a model or a head) and a head beside a draft model."""
+
+    target: backend.Model
+    draft: backend.Model | None = None
+    head: backend.Model | None = None  # the draft, when it is an EAGLE-3 head
+    second: backend.Model | None = None  # a head beside the draft model (EngineConfig.head)
+    pairing: Pairing | TextPairing | None = None
+
+    @property
+    def kind(self) -> str:
+        """The draft's kind: "eagle3" (a head), "text" (another tokenizer) or "model"."""
+        return "eagle3" if self.head is not None else "text" if isinstance(self.pairing, TextPairing) \
+            else "model"
+
+
+def read_models(cfg: EngineConfig) -> Models:
+    """Load the target and the draft, and check that they speak one vocabulary (or pair through
+    text); a head beside the draft model must be an EAGLE-3 head over the target."""
     # on a CPU the target's weights keep their file layout: ggml's repacked layouts round a
     # batched product differently from a one-token one (backend.Model); drafts need no exactness.
     # [target] fast_kernels trades that for llama.cpp's speed (and the tiled K-quant kernel,
     # read once per process by ggml: set before the first forward)
     if cfg.fast_kernels:
         os.environ["GGML_CPU_TILED_MM"] = "1"
-    target = backend.Model(cfg.target.path, cfg.target.n_gpu_layers,
-                           repack=cfg.target.n_gpu_layers != 0 or cfg.fast_kernels)
-    draft = head = second = pairing = None
+    m = Models(backend.Model(cfg.target.path, cfg.target.n_gpu_layers,
+                             repack=cfg.target.n_gpu_layers != 0 or cfg.fast_kernels))
     if cfg.draft is not None:
-        draft = backend.Model(cfg.draft.path, cfg.draft.n_gpu_layers)
-        if draft_kind(backend.model_arch(draft)) == "eagle3":
-            backend.check_head(target, draft)
-            head = draft
+        m.draft = backend.Model(cfg.draft.path, cfg.draft.n_gpu_layers)
+        if draft_kind(backend.model_arch(m.draft)) == "eagle3":
+            backend.check_head(m.target, m.draft)
+            m.head = m.draft
         else:
-            pairing = backend.pair(target, draft)  # another tokenizer: a text draft (drafters/text.py)
-    if cfg.head is not None and head is None and draft is not None:
-        second = backend.Model(cfg.head.path, cfg.head.n_gpu_layers)
-        if draft_kind(backend.model_arch(second)) != "eagle3":
-            second.close()
+            m.pairing = backend.pair(m.target, m.draft)  # another tokenizer: a text draft (drafters/text.py)
+    if cfg.head is not None and m.head is None and m.draft is not None:
+        m.second = backend.Model(cfg.head.path, cfg.head.n_gpu_layers)
+        if draft_kind(backend.model_arch(m.second)) != "eagle3":
+            m.second.close()
             raise BadRequest("draft.head", f"{cfg.head.path} is not an EAGLE-3 head (its GGUF architecture "
                              "is not eagle3)")
-        backend.check_head(target, second)
-    n_seq = seqs_per_slot(cfg.parallel, cfg.max_tree_leaves)
+        backend.check_head(m.target, m.second)
+    return m
+
+
+def make_contexts(cfg: EngineConfig, m: Models, n_seq: int) -> tuple[AnyContext | None, ...]:
+    """The shared contexts, each of `cfg.parallel * n_seq` sequences: (target, draft or None[, head
+    beside the draft model])."""
+    n_seq_max = cfg.parallel * n_seq
     cells = shared_cells(cfg.parallel, cfg.target.n_ctx)
-    features = head if head is not None else second
+    features = m.head if m.head is not None else m.second
+    tctx: backend.Context
     if features is not None:
-        tctx = backend.FeatureContext(target, cfg.target, backend.target_layer_ids(features),
-                                      n_seq_max=cfg.parallel * n_seq, n_ctx=cells)
+        tctx = backend.FeatureContext(m.target, cfg.target, backend.target_layer_ids(features),
+                                      n_seq_max=n_seq_max, n_ctx=cells)
     else:
-        tctx = backend.Context(target, cfg.target, n_seq_max=cfg.parallel * n_seq, n_ctx=cells)
-    dctx = None
-    if head is not None:  # the head holds each request's whole context, as the target does
-        dctx = backend.HeadContext(head, tctx, cfg.draft, n_seq_max=cfg.parallel * n_seq, n_ctx=cells)
-    elif draft is not None:
-        dctx = backend.Context(draft, cfg.draft, n_seq_max=cfg.parallel * n_seq,
+        tctx = backend.Context(m.target, cfg.target, n_seq_max=n_seq_max, n_ctx=cells)
+    dctx: AnyContext | None = None
+    if m.head is not None and cfg.draft is not None:  # the head holds each request's whole context, as the target does
+        dctx = backend.HeadContext(m.head, tctx, cfg.draft, n_seq_max=n_seq_max, n_ctx=cells)
+    elif m.draft is not None and cfg.draft is not None:
+        dctx = backend.Context(m.draft, cfg.draft, n_seq_max=n_seq_max,
                                n_ctx=shared_cells(cfg.parallel, cfg.draft.n_ctx))
-        if isinstance(pairing, backend.Pairing):
-            dctx.speak_target_vocab(pairing)
-    hctx = None
-    if second is not None:  # the head beside the draft model holds each request's whole context too
-        hctx = backend.HeadContext(second, tctx, cfg.head, n_seq_max=cfg.parallel * n_seq, n_ctx=cells)
+        if isinstance(m.pairing, Pairing):
+            dctx.speak_target_vocab(m.pairing)
+    if m.second is None or cfg.head is None:
+        return tctx, dctx
+    # the head beside the draft model holds each request's whole context too
+    return tctx, dctx, backend.HeadContext(m.second, tctx, cfg.head, n_seq_max=n_seq_max, n_ctx=cells)
+
+
+def make_slots(cfg: EngineConfig, contexts: tuple[AnyContext | None, ...], n_seq: int, head: bool) -> list[Slot]:
+    """Slot i: sequences [i * n_seq, (i + 1) * n_seq) of every context. `head`: the draft context
+    is a head's (it holds each request's whole context, as the target does)."""
+    tctx, dctx, hctx = (*contexts, None)[:3]
+    draft_n_ctx = cfg.target.n_ctx if head or cfg.draft is None else cfg.draft.n_ctx
     slots = []
     for i in range(cfg.parallel):
         t = SeqRange(tctx, i * n_seq, n_seq, cfg.target.n_ctx)
-        d = h = None
-        if dctx is not None:
-            d = SeqRange(dctx, i * n_seq, n_seq, cfg.target.n_ctx if head is not None else cfg.draft.n_ctx)
-        if hctx is not None:
-            h = SeqRange(hctx, i * n_seq, n_seq, cfg.target.n_ctx)
+        d = SeqRange(dctx, i * n_seq, n_seq, draft_n_ctx) if dctx is not None else None
+        h = SeqRange(hctx, i * n_seq, n_seq, cfg.target.n_ctx) if hctx is not None else None
         slots.append(Slot(i, t, d, h))
-    contexts = (tctx, dctx) if hctx is None else (tctx, dctx, hctx)
-    kind = "eagle3" if head is not None else "text" if isinstance(pairing, backend.TextPairing) else "model"
-    eng = cls(cfg, target, draft, slots, contexts, kind, head=second)
-    eng.pairing = pairing
+    return slots
+
+
+def load(cls: type[E], cfg: EngineConfig, controller_cfg: Any = None,
+         calibrate: bool = True) -> E:
+    """Load the target (and a draft model or EAGLE-3 head, and a head beside a draft model),
+    make the shared contexts and their slots, and calibrate the cost model on this machine.
+    `cls`: the engine class (Engine.load)."""
+    cfg.validate()
+    m = read_models(cfg)
+    n_seq = seqs_per_slot(cfg.parallel, cfg.max_tree_leaves)
+    contexts = make_contexts(cfg, m, n_seq)
+    slots = make_slots(cfg, contexts, n_seq, head=m.head is not None)
+    eng = cls(cfg, m.target, m.draft, slots, contexts, m.kind, head=m.second)
+    eng.pairing = m.pairing
     if controller_cfg is not None:
         eng.controller_cfg = controller_cfg
     if calibrate:
         eng.calibrate()
+    _log_loaded(eng, m, n_seq)
+    return eng
+
+
+def _log_loaded(eng: Engine, m: Models, n_seq: int) -> None:
+    """What was loaded, what it promises, and whether each drafter pays on this box."""
+    cfg = eng.cfg
     log.info("engine_loaded", target=str(cfg.target.path), draft=str(cfg.draft.path) if cfg.draft else None,
-             head=str(cfg.head.path) if second is not None else None, slots=cfg.parallel, seqs_per_slot=n_seq,
-             backend=eng.backend_name, **({"pairing": pairing.describe()} if pairing is not None else {}))
-    log.info("exactness", promise=eng.exactness(), **({"sliding_window": target.n_swa} if target.n_swa else {}))
+             head=str(cfg.head.path) if m.second is not None and cfg.head else None, slots=cfg.parallel,
+             seqs_per_slot=n_seq, backend=eng.backend_name,
+             **({"pairing": m.pairing.describe()} if m.pairing is not None else {}))
+    log.info("exactness", promise=eng.exactness(),
+             **({"sliding_window": m.target.n_swa} if m.target.n_swa else {}))
     for drafter, v in eng.draft_verdicts.items():
         log.info("draft_economics", drafter=drafter, **v, **({} if v["pays"] else {
             "hint": "no chain of this drafter pays on this box even at the acceptance shown: auto requests "
                     "draft from prompt n-grams and the suffix cache only (`edgespec plan --measure` shows "
                     "the table); a cheaper draft or a faster box changes that"}))
-    if draft is None:
+    if m.draft is None:
         log.info("model_free_drafting", hint="no draft model: requests draft from prompt n-grams and the suffix "
                  "cache; to draft with a model set [draft] path to a small model of the target's family (its "
                  "tokenizer; a padded vocabulary is fine; one with another tokenizer drafts through text); "
                  "`edgespec plan --draft FILE` checks the pair")
-    return eng
 
 
 def calibrate(eng: Engine, sizes: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64), repeats: int = 3,
@@ -313,7 +361,7 @@ def calibrate(eng: Engine, sizes: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16, 32,
     slot = eng.slots[0]
     head = slot.drafter_range("eagle3") if eng.features else None
 
-    def forward(ctx, n: int, start: int, out: list[bool]) -> None:
+    def forward(ctx: SeqRange, n: int, start: int, out: list[bool]) -> None:
         toks, pos = [eng.target.bos] * n, list(range(start, start + n))
         if head is not None and ctx is head:  # the head's shared context, in global seq ids
             decode_batch(ctx.ctx, toks, pos, [ctx.to_global((0,))] * n, out,
@@ -321,7 +369,7 @@ def calibrate(eng: Engine, sizes: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16, 32,
         else:
             ctx.decode_rows(toks, pos, [(0,)] * n, out)
 
-    def measure(ctx, n: int, all_logits: bool = False) -> float:
+    def measure(ctx: SeqRange, n: int, all_logits: bool = False) -> float:
         # as the steps use them: verification needs every token's logits, a draft catch-up the
         # last token's only (the output head's rows are a real share of a small draft's forward)
         out = [True] * n if ctx is slot.target or all_logits else [False] * (n - 1) + [True]
@@ -331,8 +379,8 @@ def calibrate(eng: Engine, sizes: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16, 32,
         ctx.seq_rm(0, 32, -1)
         return dt
 
-    ranges = {"target": slot.target, "draft": slot.draft, "head": slot.head}
-    kinds = tuple(k for k in ("target", "draft", "head") if ranges[k] is not None)
+    ranges = {k: r for k, r in (("target", slot.target), ("draft", slot.draft), ("head", slot.head)) if r is not None}
+    kinds = tuple(ranges)  # target, then draft and head where loaded
     table: dict[str, dict[int, float]] = {}
     for kind in kinds:
         ctx = ranges[kind]
@@ -349,7 +397,7 @@ def calibrate(eng: Engine, sizes: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16, 32,
         for _ in range(repeats - 1):
             for n in table[kind]:
                 table[kind][n] = min(table[kind][n], measure(ctx, n))
-    rows = {}
+    rows: dict[str, float] = {}
     for kind in kinds[1:]:
         n = max((k for k in table[kind] if k <= 4), default=1)
         if n > 1:  # what each extra output row (a tree expansion's) adds to the catch-up timed above

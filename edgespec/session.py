@@ -20,12 +20,11 @@ from __future__ import annotations
 import enum
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgespec.drafters import NgramDrafter
-from edgespec.drafters.ngram import NGRAM_MAX  # noqa: F401 - re-exported (edgespec.engine)
 from edgespec.emit import Emitter
 from edgespec.errors import BadRequest
 from edgespec.logprobs import token_logprob
@@ -38,10 +37,9 @@ from edgespec.tree import DraftTree
 from edgespec.types import Chunk, FinishReason, GenerationRequest, GenerationResult, SpecStats, TokenLogprob
 
 if TYPE_CHECKING:
-    from edgespec.drafters.base import DraftReport
+    from edgespec.drafters.base import DraftReport, DraftSteps
     from edgespec.engine import Engine
     from edgespec.slots import Slot
-    from edgespec.tick.contract import DraftSteps
     from edgespec.tick.schedule import Batch
 
 log = get_logger("edgespec.session")
@@ -136,6 +134,13 @@ class Session:
         self.record: StepRecord | None = None  # the step under way (between begin_step and observe)
 
     # -- state --------------------------------------------------------------------------------
+    @property
+    def step_record(self) -> StepRecord:
+        """The step under way (between begin_step and observe)."""
+        if self.record is None:
+            raise RuntimeError("no step under way")
+        return self.record
+
     @property
     def done(self) -> bool:
         """Finished by itself (a stop, EOS, max_tokens: the emitter's reason) or closed."""
@@ -263,6 +268,7 @@ class Session:
     def _suffix_firsts(self) -> set[int]:
         """The first tokens of the suffix cache's proposal for the context now (SuffixDrafter.look
         computes it once per context length; grafting reuses it)."""
+        assert self.suffix is not None  # asked only with the suffix cache on (begin_step)
         prop = self.suffix.look(self.tokens)
         return {t for t, parent in zip(prop.tokens, prop.parents) if parent < 0}
 
@@ -273,7 +279,7 @@ class Session:
 
     def draft_steps(self) -> DraftSteps | None:
         """The drafter's generator for this step (edgespec/tick/draft.py drives it), or None."""
-        st = self.record
+        st = self.step_record
         if st.shape.mode == "plain" or self.drafter is None or st.shape.depth <= 0 or self.remaining <= 1:
             return None
         mask = self._draft_mask if self.matcher is not None else None
@@ -283,22 +289,25 @@ class Session:
 
     def _draft_adjust(self, logits: np.ndarray, path: list[int]) -> np.ndarray:
         """A draft row adjusted as the target's row at that node will be (penalties.py)."""
+        assert self.adjuster is not None  # handed to the drafter only with one (draft_steps)
         return self.adjuster.row(logits, self.tokens[self.n_prompt:] + path)
 
-    def _draft_mask(self, path: list[int]):
+    def _draft_mask(self, path: list[int]) -> np.ndarray:
         """What the grammar allows after the committed text and `path` (drafted tokens): drafts
         then propose only allowed tokens, which the target (masked alike) accepts more often."""
+        assert self.matcher is not None  # handed to the drafter only with one (draft_steps)
         return self.matcher.mask_after(path)
 
     def absorb_steps(self, budget: int) -> DraftSteps:
         """The draft absorbs `budget` more tokens of its backlog this tick (a long catch-up in
         pieces, so it cannot stall the other sessions' tick); the step itself decodes plainly."""
+        assert self.drafter is not None  # the schedule absorbs only a drafter's backlog
         return self.drafter.absorb_steps(self.tokens, budget)
 
     def drafted(self, report: DraftReport | None) -> None:
         """The drafter is done (report None: it did not run): graft prompt lookups, and under a
         constraint the tokens the grammar forces."""
-        st = self.record
+        st = self.step_record
         if report is not None:
             st.draft_batches, st.levels = tuple(report.batches), report.levels
             st.spine_probs = tuple(report.spine_probs)
@@ -322,7 +331,7 @@ class Session:
     def target_batch(self) -> tuple[list[int], list[int], list[list[int]]]:
         """This session's part of the tick's target forward: [root] + tree as (tokens, positions,
         global seq ids), in KV cell order (tick/layout.py)."""
-        st = self.record
+        st = self.step_record
         st.layout, tokens, positions, seqs = layout.lay_out(st.tree, self.slot.target, self.n_past)
         return tokens, positions, seqs
 
@@ -354,13 +363,14 @@ class Session:
 
     def verified_features(self, features: np.ndarray) -> None:
         """The target's features of this step's batch entries (batch order), for finish_step."""
-        self.record.features = features
+        self.step_record.features = features
 
     def finish_step(self, rows: np.ndarray) -> Chunk:
         """Verify this session's tree against its rows of the target forward (batch order),
         commit the KV in its sequence range, emit."""
-        st = self.record
+        st = self.step_record
         tree, lay = st.tree, st.layout
+        assert lay is not None  # laid out by target_batch
         if lay.order != list(range(len(tree))):
             rows = rows[np.argsort(lay.order)]  # back to node order (a copy)
         res, rows = verdict.verify(self, tree, rows)
@@ -401,7 +411,7 @@ class Session:
         tick's forwards this step waited for; `verify_share` / `draft_share`: what this step alone
         would have cost, by the cost model scaled to the tick's measured speed (what the
         controller compares speculation against plain decoding with)."""
-        st = self.record
+        st = self.step_record
         s = self.stats
         s.target_seconds += target_seconds
         s.draft_seconds += draft_seconds
@@ -433,7 +443,7 @@ class Session:
         return GenerationResult(self.emitter.visible(), list(self.out), self.finish_reason or "length",
                                 self.n_prompt, self.stats, list(self.logprobs))
 
-    def controller_summary(self) -> dict | None:
+    def controller_summary(self) -> dict[str, Any] | None:
         return self.controller.summary() if self.controller is not None else None
 
     def close(self, reason: FinishReason | None = None) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 
@@ -86,26 +86,30 @@ class Slot:
         self.draft_cache = self.head_cache = self.lent = None
         self.last_context = ()
 
-    def _beside(self, kind: str) -> bool:
+    def _beside(self, kind: str | None) -> bool:
         """Whether drafter `kind` is the head beside the draft model (its own range and cache)."""
         return kind == "eagle3" and self.head is not None
 
-    def drafter_range(self, kind: str) -> SeqRange | None:
+    def drafter_range(self, kind: str | None) -> SeqRange | None:
         """The range drafter `kind` ("model", "eagle3") drafts in: the head's when a head sits
         beside the draft model, else the slot's one draft range."""
         return self.head if self._beside(kind) else self.draft
 
-    def cache_of(self, kind: str):
+    def cache_of(self, kind: str | None) -> DraftCache | HeadCache | None:
         return self.head_cache if self._beside(kind) else self.draft_cache
 
-    def head_to_lend(self, kind: str) -> HeadCache | None:
+    def head_of(self, kind: str | None) -> HeadCache | None:
+        """cache_of for a head's kind ("eagle3"), whose cache is its positions and features."""
+        return cast("HeadCache | None", self.cache_of(kind))
+
+    def head_to_lend(self, kind: str | None) -> HeadCache | None:
         """What this slot can lend a request drafting with head `kind` on another slot: the
         running request's prompt if it drafts with the head, else what the head's cells hold."""
-        return self.lent if self.drafting == kind else self.cache_of(kind)
+        return self.lent if self.drafting == kind else self.head_of(kind)
 
-    def set_cache(self, kind: str, cache) -> None:
+    def set_cache(self, kind: str | None, cache: DraftCache | HeadCache | None) -> None:
         if self._beside(kind):
-            self.head_cache = cache
+            self.head_cache = cast("HeadCache | None", cache)
         else:
             self.draft_cache = cache
 
@@ -267,7 +271,7 @@ class SlotPool:
         if kind != "eagle3" or req.speculation.mode == "plain" or not keep:
             return keep, (best if held[id(best)] > held[id(slot)] else None), None
         head = {id(p): 0 if id(p) in foreign else
-                head_reusable(p.cache_of(kind) if p is slot else p.head_to_lend(kind), prompt) for p in places}
+                head_reusable(slot.head_of(kind) if p is slot else p.head_to_lend(kind), prompt) for p in places}
         hbest = max(places, key=lambda p: (head[id(p)], *order[id(p)]))
         keep = min(keep, head[id(hbest)]) // chunk * chunk
         if not keep:
@@ -296,7 +300,8 @@ class SlotPool:
         part = self.prompt_store.partition_of(slot.caller)
         if self.prompt_store.holds(part, slot.prefill, head):
             return  # the slot's cells came from an entry that is still there, or as much again
-        cells = slot.drafter_range("eagle3").seq_state(0) if head is not None else b""
+        rng = slot.drafter_range("eagle3")
+        cells = rng.seq_state(0) if head is not None and rng is not None else b""
         self.prompt_store.put(StoredPrompt(part, slot.prefill, slot.target.seq_state(0), head, cells))
         self.store_figures()
 
@@ -314,7 +319,10 @@ class SlotPool:
 
     def store_figures(self) -> None:
         """The prompt store's figures in tick_totals (Admin.Stats, /metrics)."""
-        for k, v in self.prompt_store.figures().items():
+        store = self.prompt_store
+        if store is None:
+            return
+        for k, v in store.figures().items():
             self.host.tick_totals[f"prompt_store_{k}"] = v
 
     def keepable(self, slot: Slot, req: GenerationRequest, kind: str | None = None) -> int:
@@ -328,7 +336,7 @@ class SlotPool:
         prompt = req.prompt_tokens
         keep = reusable_prefix(slot.prefill, prompt, chunk)
         if kind == "eagle3" and keep and req.speculation.mode != "plain":
-            keep = min(keep, head_reusable(slot.cache_of(kind), prompt)) // chunk * chunk
+            keep = min(keep, head_reusable(slot.head_of(kind), prompt)) // chunk * chunk
         return keep
 
     # -- idle time ------------------------------------------------------------------------------
@@ -351,7 +359,7 @@ class SlotPool:
             window = self.host.cfg.draft_window
             d = ModelDrafter(slot.draft, window=window)
             tokens = list(ctx)
-            d.begin(tokens, slot.draft_cache)
+            d.begin(tokens, cast("DraftCache | None", slot.draft_cache))  # a draft model's (draft_kind)
             if len(tokens) - d.n_past > window:
                 # as a request would: the draft holds the context's last `window` tokens, not all
                 # of a long one (its every forward would pay attention over them)

@@ -7,10 +7,11 @@ may implement either without the rest of the class.
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+
+from edgespec.drafters.base import DraftSteps
 
 if TYPE_CHECKING:
     from edgespec import backend
@@ -29,8 +30,7 @@ if TYPE_CHECKING:
     from edgespec.tick.step import StepRecord
     from edgespec.types import Chunk, SpecStats
 
-# a drafter's generator (drafters/base.py): yields DraftBatch, is sent each batch's rows, returns its report
-DraftSteps = Generator[Any, "np.ndarray | None", "DraftReport | None"]
+__all__ = ["DraftSteps", "TargetBatch", "TickEngine", "TickSession"]
 # one step's part of a forward: (tokens, positions, global seq ids per token)
 TargetBatch = tuple[list[int], list[int], list[list[int]]]
 
