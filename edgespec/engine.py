@@ -35,6 +35,7 @@ from edgespec.drafters.model import DraftCache
 from edgespec.drafters.ngram import ReachPriors
 from edgespec.drafters.suffix import SuffixCache, SuffixDrafter
 from edgespec.errors import BadRequest, ForwardAborted, Overloaded
+from edgespec.kv import SeqRange
 from edgespec.loading import AnyContext, LoadedModels
 from edgespec.logs import get_logger
 from edgespec.prompt_store import PromptStore
@@ -82,7 +83,6 @@ class Engine(LoadedModels):
         self.priors = {k: AcceptancePrior() for k in self.drafter_kinds or ("model",)}
         self.prior = self.priors[self.drafter_kinds[0] if self.drafter_kinds else "model"]
         self.drafter_choice = DrafterChoice()  # which drafter a request drafts with (two loaded)
-        self.draft_verdicts: dict[str, dict[str, Any]] = {}  # cost curve -> economics.drafter_verdict at calibration
         self.goodput = GoodputGuard()  # auto falls back to plain where speculating measured slower
         # the target's and draft's CPU threads: the configured count or one (controller/threads.py)
         self.threads = ThreadGovernor(cfg.target.n_threads,
@@ -134,11 +134,6 @@ class Engine(LoadedModels):
         drafter: Drafter = drafter_class(kind)(slot.drafter_range(kind), window=self.cfg.draft_window, **models)
         return drafter
 
-    def cost_kind(self, kind: str | None) -> str:
-        """The cost model's curve that prices drafter `kind`: "head" for a head beside the draft
-        model, else "draft" (the one drafter's forwards, a model's or a head's)."""
-        return "head" if kind == "eagle3" and self.head is not None else "draft"
-
     def choose_drafter(self, req: GenerationRequest, slots: Mapping[str | None, Slot] | None = None) -> str | None:
         """The drafter `req` drafts with: the only one, or with a head beside the draft model, the
         one that promises the request more at the load it joins, its one-off costs on the slot it
@@ -180,22 +175,25 @@ class Engine(LoadedModels):
             backlog = min(backlog, self.cfg.draft_window)
         return cost.verify_seconds(max(1, prefill)) + cost.draft_seconds(backlog)
 
-    def new_controller(self, req: GenerationRequest, slot: Slot, kind: str | None = None) -> Controller:
+    def draft_range(self, req: GenerationRequest, slot: Slot, kind: str | None) -> SeqRange | None:
+        """The range `req` drafts in with drafter `kind` on `slot`, or None: no drafter, or one that
+        calibration found pays on this box at no chain (drafter_pays) for an auto request, which
+        then drafts model-free and whose controller knows it has no draft. The one place that
+        reads the verdict."""
+        if req.speculation.mode == "auto" and kind and not self.drafter_pays(kind):
+            return None
+        return slot.drafter_range(kind)
+
+    def new_controller(self, req: GenerationRequest, slot: Slot, kind: str | None, has_draft: bool) -> Controller:
         """The speculation controller of one auto request on `slot` (edgespec/controller/), pricing
-        and judging drafter `kind` (its cost curve and acceptance prior)."""
+        and judging drafter `kind` (its cost curve and acceptance prior); `has_draft`: whether it
+        drafts with it (draft_range)."""
         spec = req.speculation
         kind = kind or self.draft_kind
-        has_draft = kind is not None and slot.drafter_range(kind) is not None and self.drafter_pays(kind)
         return Controller(self.controller_cfg, self.cost.drafting(self.cost_kind(kind)),
                           self.priors.get(kind, self.prior) if kind else self.prior, max_depth=spec.tree_depth,
                           max_nodes=spec.tree_nodes, has_draft_model=has_draft,
                           max_leaves=slot.target.n_seq_max, request_id=req.request_id, refine_costs=False)
-
-    def drafter_pays(self, kind: str) -> bool:
-        """Whether calibration found a chain of drafter `kind` ("model", "eagle3") that pays on this
-        box (economics.drafter_verdict); true before calibration and for an unjudged drafter."""
-        v = self.draft_verdicts.get(self.cost_kind(kind))
-        return v is None or bool(v["pays"])
 
     def new_suffix_drafter(self, req: GenerationRequest) -> SuffixDrafter | None:
         """A request's view of the suffix cache: None when the cache is off, or the request does

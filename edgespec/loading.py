@@ -78,6 +78,8 @@ class LoadedModels:
         # the drafters a request may draft with: the draft's kind, and "eagle3" with a head beside it
         self.drafter_kinds: tuple[str, ...] = ((self.draft_kind,) if self.draft_kind else ()) + \
             (("eagle3",) if head is not None else ())
+        # cost curve ("draft", "head") -> economics.drafter_verdict at calibration (calibrate)
+        self.draft_verdicts: dict[str, dict[str, Any]] = {}
         self._compiler: Compiler | None = None  # the grammar compiler for this vocabulary, made on first use
         self._compiler_lock = threading.Lock()
 
@@ -101,6 +103,17 @@ class LoadedModels:
             if self._compiler is None:
                 self._compiler = Compiler(Vocabulary.from_model(self.target))
         return budget.matcher(self._compiler, spec)
+
+    def cost_kind(self, kind: str | None) -> str:
+        """The cost model's curve that prices drafter `kind`: "head" for a head beside the draft
+        model, else "draft" (the one drafter's forwards, a model's or a head's)."""
+        return "head" if kind == "eagle3" and self.head is not None else "draft"
+
+    def drafter_pays(self, kind: str) -> bool:
+        """Whether calibration found a chain of drafter `kind` ("model", "eagle3") that pays on this
+        box (economics.drafter_verdict); true before calibration and for an unjudged drafter."""
+        v = self.draft_verdicts.get(self.cost_kind(kind))
+        return v is None or bool(v["pays"])
 
     @property
     def features(self) -> bool:

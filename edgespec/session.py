@@ -99,9 +99,7 @@ class Session:
         self.closed_reason: FinishReason | None = None  # why close() ended it before it finished
         self.drafter_kind = drafter or engine.draft_kind
         # drafters/base.py: Drafter, in its range of the drafter's shared context (draft_range)
-        self.draft_range = slot.drafter_range(self.drafter_kind)
-        if self.spec.mode == "auto" and self.drafter_kind and not engine.drafter_pays(self.drafter_kind):
-            self.draft_range = None  # calibration found that no chain of it pays here: model-free drafts only
+        self.draft_range = engine.draft_range(req, slot, self.drafter_kind)  # None: model-free drafts only
         has_draft = self.draft_range is not None
         self.drafter = engine.new_drafter(slot, self.drafter_kind) if has_draft else None
         # its prompt lookups and their learnt reach, starting from what recent requests' achieved
@@ -114,7 +112,8 @@ class Session:
         # verified row is masked by the state after its node's path, drafts by their parent's
         self.matcher = req.matcher if req.matcher is not None else \
             engine.constraint_matcher(req.constraint) if req.constraint is not None else None
-        self.controller = engine.new_controller(req, slot, self.drafter_kind) if self.spec.mode == "auto" else None
+        self.controller = engine.new_controller(req, slot, self.drafter_kind, has_draft) \
+            if self.spec.mode == "auto" else None
         if self.spec.mode in ("chain", "tree") and not has_draft and not self.ngram and not self.suffix:
             raise BadRequest("mode", f"{self.spec.mode} needs a draft model or n-gram drafting")
         self.stats.cached_prompt_tokens = keep

@@ -76,3 +76,21 @@ def test_an_aborted_forward_leaves_the_slot_nothing():
     s.close("cancelled")
     assert s.state is SessionState.CLOSED and s.finish_reason == "cancelled"
     assert eng.slots[0].prefill == () and eng.slots[0].last_context == ()
+
+
+def test_a_drafter_judged_not_to_pay_is_dropped_once_for_auto_only():
+    """Engine.draft_range reads calibration's verdict, once: an auto session gets no drafter and
+    its controller knows it has none; an explicit chain still drafts with it."""
+    eng = fake_engine(parallel=2, n_ctx=512)
+    eng.draft_verdicts["draft"] = {"pays": False}
+    auto = eng.open_session(req([0, 5, 9, 14], "auto", max_tokens=8))
+    chain = eng.open_session(req([0, 5, 9, 14], "chain", max_tokens=8))
+    assert auto.draft_range is None and auto.drafter is None
+    assert auto.controller is not None and not auto.controller.policy.has_draft_model
+    assert chain.draft_range is chain.slot.draft and chain.drafter is not None
+    auto.close()
+    chain.close()
+    eng.draft_verdicts.clear()
+    again = eng.open_session(req([0, 5, 9, 14], "auto", max_tokens=8))
+    assert again.drafter is not None and again.controller.policy.has_draft_model
+    again.close()
