@@ -103,7 +103,7 @@ class EngineConfig:
     # drafted from its last `draft_window` tokens (drafters/model.py)
     draft_window: int = setting("draft", "window").default
     # a slot keeps the KV of its last prompt's prefill; a request whose prompt starts the same way
-    # prefills only what follows the prefix they share (engine.reusable_prefix, engine.reuse_chunk)
+    # prefills only what follows the prefix they share (slots.reusable_prefix, engine.reuse_chunk)
     prompt_cache: bool = setting("server", "prompt_cache").default
     # host memory for kept prefills beyond the slots' own (edgespec/prompt_store.py; 0 = none), one
     # partition per caller unless pooled

@@ -1,72 +1,56 @@
-"""The speculative engine: loaded models, the shared contexts and their slots.
+"""The speculative engine: the tick's host.
 
 ONE target context and ONE draft context serve every slot (`kv_unified`): slot i owns a range of
-sequence ids (edgespec/kv.py), its main sequence plus its tree's branches. The engine's tick
-(edgespec/tick/) decodes every active session's [root] + tree in one target forward; a session
-(edgespec/session.py) is one request on one slot. Plain decoding is the same tick with empty
-trees; a request alone is a tick over one session.
+sequence ids (edgespec/kv.py), its main sequence plus its tree's branches (edgespec/slots.py). The
+engine's tick (edgespec/tick/) decodes every active session's [root] + tree in one target forward;
+a session (edgespec/session.py) is one request on one slot. Plain decoding is the same tick with
+empty trees; a request alone is a tick over one session.
 
-The draft is a draft model or an EAGLE-3 head (a `[draft] path` whose GGUF architecture is
-`eagle3`, detected at load): then the target context is a FeatureContext (its features go to
-each session's head drafter after every target forward) and the shared draft context is the
-head's (backend.HeadContext), with the same slot ranges.
-
-Both at once (`EngineConfig.head` beside a draft model): the engine holds the draft model's context
-and the head's, each slot a range in both, and each request drafts with the one the measured
-costs and acceptances favour at the load it meets (`choose_drafter`,
-edgespec/controller/drafter_choice.py); each drafter keeps its own acceptance prior and cost curve.
+The engine admits a request to a slot (SlotPool places it and brings it what it keeps of earlier
+prompts), chooses its drafter (with a head beside the draft model, the one the measured costs and
+acceptances favour at the load it meets: `choose_drafter`, edgespec/controller/drafter_choice.py),
+builds its per-request pieces (drafter, controller, suffix view, grammar state) and hosts the
+shared state the tick reads: the cost model, each drafter's acceptance prior, the goodput guard,
+the thread governor and the tick's totals. Loading, calibration and what the models promise are
+edgespec/loading.py's.
 """
-
 from __future__ import annotations
 
-import os
-import threading
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
+from typing import Any, cast
 
 import numpy as np
 
-from edgespec import backend, chat
-from edgespec.config import EngineConfig, shared_cells
-from edgespec.drafters import ModelDrafter, draft_kind, drafter_class
-from edgespec.drafters.base import decode_batch
+from edgespec import backend, loading
+from edgespec.config import EngineConfig
+from edgespec.controller import AcceptancePrior, Controller, ControllerConfig, CostModel
+from edgespec.controller.drafter_choice import DrafterChoice
+from edgespec.controller.goodput import GoodputGuard
+from edgespec.controller.threads import ThreadGovernor
+from edgespec.drafters import drafter_class
+from edgespec.drafters.base import Drafter
 from edgespec.drafters.eagle3 import HeadCache
-from edgespec.drafters.eagle3 import reusable as head_reusable
 from edgespec.drafters.model import DraftCache
 from edgespec.drafters.ngram import ReachPriors
 from edgespec.drafters.suffix import SuffixCache, SuffixDrafter
-from edgespec.economics import drafter_verdict
-from edgespec.errors import BadRequest, ForwardAborted, ModelError, Overloaded
+from edgespec.errors import BadRequest, ForwardAborted, Overloaded
 from edgespec.kv import SeqRange
+from edgespec.loading import AnyContext, LoadedModels
 from edgespec.logs import get_logger
-from edgespec.prompt_store import PromptStore, StoredPrompt
+from edgespec.prompt_store import PromptStore
 from edgespec.sampling import SamplingParams
-from edgespec.session import NGRAM_MAX, Session, fixed_shape  # noqa: F401 - re-exported
+from edgespec.session import Session
+from edgespec.slots import Slot, SlotPool
+from edgespec.tick import tick as run_tick
+from edgespec.tick.observe import TickRecord
 from edgespec.types import Chunk, GenerationRequest, GenerationResult
 
 log = get_logger("edgespec.engine")
 
-# llama.cpp's limit on sequence ids in one context (LLAMA_MAX_SEQ)
-MAX_SEQ = 256
-# a drafter is left idle when no chain of it pays even at this per-token acceptance (a good draft's:
-# the demo's Q8_0 twin reaches 0.9-0.95, real 3-5 % drafts 0.6-0.8), so a noisy calibration does
-# not idle a draft that would pay
-JUDGED_AT = 0.9
-# calibration times every size up to this one whatever its budget: a tick of 8 sessions verifies
-# 8 to 40 tokens, and a curve extrapolated from sizes 1-4 priced each of them at the 3-to-4 slope
-CALIBRATE_AT_LEAST = 16
 
 
-def seqs_per_slot(parallel: int, max_tree_leaves: int) -> int:
-    """Sequence ids each slot's range gets: its main sequence plus one per extra tree leaf (the
-    spine's leaf shares the main sequence), within llama.cpp's limit for all slots together less
-    the context's scratch sequence (a padded forward's inert tokens: backend.Context)."""
-    return max(2, min(max_tree_leaves + 1, (MAX_SEQ - 1) // parallel))
-
-
-def pad_forwards(cost, contexts: tuple, cfg: EngineConfig):
+def pad_forwards(cost: CostModel, contexts: tuple[AnyContext | None, ...], cfg: EngineConfig) -> CostModel:
     """`cost`, and where `[speculation] pad_forwards` asks for it (auto: a target on a GPU) its
     forwards priced at the fixed widths (controller/widths.py) and the target's and draft model's
     contexts padding each forward to the width it is priced at (backend.Context): a shape that
@@ -84,113 +68,14 @@ def pad_forwards(cost, contexts: tuple, cfg: EngineConfig):
     return cost
 
 
-@dataclass
-class Slot:
-    index: int
-    target: SeqRange  # this slot's sequence range of the shared target context
-    draft: SeqRange | None
-    # with a head beside the draft model (EngineConfig.head): this slot's range of the head's
-    # context and what the last request that drafted with the head left there
-    head: SeqRange | None = None
-    head_cache: HeadCache | None = None
-    busy: bool = False
-    drafting: str | None = None  # the drafter kind of the request on this slot
-    # the prompt tokens (all but the last) whose KV a finished request's prefill left in the
-    # target's sequence 0; () when the cache holds nothing reusable
-    prefill: tuple[int, ...] = ()
-    # what the last request left in the draft's sequence 0 (any shared prefix is reusable there:
-    # the draft needs no bit-exactness), or a head's positions and unabsorbed features; None when nothing
-    draft_cache: DraftCache | HeadCache | None = None
-    # the whole context (prompt and reply) of the last request that ended cleanly: what idle time
-    # may bring the draft cache up to (Engine.idle_work)
-    last_context: tuple[int, ...] = ()
-    # what the head-drafting request on this slot lends other slots of its prompt once its prefill
-    # is done: the head's positions (which only grow while it runs) and the prompt's features
-    lent: HeadCache | None = None
-    caller: str = ""  # the caller whose requests left what the slot holds (Engine._shares)
-    opened: int = 0  # when a request last took the slot (Engine's count of sessions opened)
-
-    @property
-    def empty(self) -> bool:
-        """Whether the slot holds nothing a later request could reuse."""
-        return not (self.prefill or self.last_context or self.draft_cache or self.head_cache or self.lent)
-
-    def reset(self) -> None:
-        """Empty every cache; nothing is reusable."""
-        self.target.clear()
-        for rng in (self.draft, self.head):
-            if rng is not None:
-                rng.clear()
-        self.prefill = ()
-        self.draft_cache = self.head_cache = self.lent = None
-        self.last_context = ()
-
-    def _beside(self, kind: str) -> bool:
-        """Whether drafter `kind` is the head beside the draft model (its own range and cache)."""
-        return kind == "eagle3" and self.head is not None
-
-    def drafter_range(self, kind: str) -> SeqRange | None:
-        """The range drafter `kind` ("model", "eagle3") drafts in: the head's when a head sits
-        beside the draft model, else the slot's one draft range."""
-        return self.head if self._beside(kind) else self.draft
-
-    def cache_of(self, kind: str):
-        return self.head_cache if self._beside(kind) else self.draft_cache
-
-    def head_to_lend(self, kind: str) -> HeadCache | None:
-        """What this slot can lend a request drafting with head `kind` on another slot: the
-        running request's prompt if it drafts with the head, else what the head's cells hold."""
-        return self.lent if self.drafting == kind else self.cache_of(kind)
-
-    def set_cache(self, kind: str, cache) -> None:
-        if self._beside(kind):
-            self.head_cache = cache
-        else:
-            self.draft_cache = cache
-
-
-def reusable_prefix(prefill: Sequence[int], prompt: Sequence[int], chunk: int) -> int:
-    """Leading positions of `prompt` whose KV a slot may keep from its last prefill: their common
-    prefix (the prompt's last token is never prefilled), cut to whole `chunk`s. With
-    batch-invariant forwards (a CPU with the patched ggml: `Engine.reuse_chunk` is 1) a cell holds
-    the same bits however the prompt was split, so the whole common prefix is kept. Elsewhere a
-    prefill's batches start at position 0 and every `chunk` (n_batch) tokens, and a batch of that
-    size is computed the same whatever follows it, so a kept chunk holds exactly the KV this
-    prompt's own prefill would write; a partial last chunk (a small batch, another kernel) is
-    recomputed."""
-    n = min(len(prefill), len(prompt) - 1)
-    if n < max(chunk, 1):
-        return 0
-    a = np.asarray(prefill[:n])
-    b = np.asarray(prompt[:n])
-    diff = np.flatnonzero(a != b)
-    common = int(diff[0]) if len(diff) else n
-    return common // chunk * chunk
-
-
-class Engine:
-    """Loaded models, the shared contexts and their slots, the shared cost model and acceptance
-    prior. Confined to one thread (the daemon's engine thread)."""
+class Engine(LoadedModels):
+    """Loaded models (LoadedModels), their slots (SlotPool), the shared cost model and acceptance
+    priors, and the tick over the active sessions. Confined to one thread (the daemon's engine
+    thread)."""
 
     def __init__(self, cfg: EngineConfig, target: backend.Model, draft: backend.Model | None, slots: list[Slot],
-                 contexts: tuple = (), draft_kind: str | None = None, head: backend.Model | None = None):
-        self.cfg = cfg
-        self.target = target
-        self.draft = draft
-        # how a draft model speaks the target's vocabulary (backend.Pairing, or TextPairing: through text)
-        self.pairing = None
-        self.head = head  # an EAGLE-3 head beside the draft model (EngineConfig.head), or None
-        self.slots = slots
-        self._contexts = contexts  # (target context, draft context or None[, head context])
-        # "model" (a draft model), "text" (one with another tokenizer), "eagle3" (a head over the
-        # target's features) or None
-        self.draft_kind = (draft_kind or "model") if draft is not None else None
-        # the drafters a request may draft with: the draft's kind, and "eagle3" with a head beside it
-        self.drafter_kinds: tuple[str, ...] = ((self.draft_kind,) if self.draft_kind else ()) + \
-            (("eagle3",) if head is not None else ())
-        from edgespec.controller import AcceptancePrior, ControllerConfig, CostModel
-        from edgespec.controller.drafter_choice import DrafterChoice
-        from edgespec.controller.goodput import GoodputGuard
+                 contexts: tuple[AnyContext | None, ...] = (), draft_kind: str | None = None, head: backend.Model | None = None):
+        super().__init__(cfg, target, draft, contexts, draft_kind, head)
 
         self.controller_cfg = ControllerConfig()
         self.cost = pad_forwards(CostModel(), contexts, cfg)  # a GPU's forwards at fixed widths
@@ -198,18 +83,13 @@ class Engine:
         self.priors = {k: AcceptancePrior() for k in self.drafter_kinds or ("model",)}
         self.prior = self.priors[self.drafter_kinds[0] if self.drafter_kinds else "model"]
         self.drafter_choice = DrafterChoice()  # which drafter a request drafts with (two loaded)
-        self.draft_verdicts: dict[str, dict] = {}  # cost curve -> economics.drafter_verdict at calibration
         self.goodput = GoodputGuard()  # auto falls back to plain where speculating measured slower
-        from edgespec.controller.threads import ThreadGovernor
-
         # the target's and draft's CPU threads: the configured count or one (controller/threads.py)
         self.threads = ThreadGovernor(cfg.target.n_threads,
                                       enabled=all(hasattr(c, "set_threads") for c in contexts if c is not None)
                                       and cfg.target.n_gpu_layers == 0)
         self._threads_applied = cfg.target.n_threads
-        self.last_tick = None  # the last tick's TickRecord (edgespec/tick/observe.py)
-        self._compiler = None  # the grammar compiler for this vocabulary, made on first use
-        self._compiler_lock = threading.Lock()
+        self.last_tick: TickRecord | None = None  # the last tick's record (edgespec/tick/observe.py)
         self.tick_totals: dict[str, float] = {}  # seconds per tick phase, ticks, ... since load
         # the cross-request suffix cache (drafters/suffix.py): replies of finished requests that
         # speculated, drafted from by the next ones (partitioned by caller unless pooled)
@@ -220,138 +100,41 @@ class Engine:
         # reach each new request's lookups start from (drafters/ngram.py)
         self.lookup_priors = ReachPriors()
         # kept prefills beyond the slots' own, in host memory (edgespec/prompt_store.py)
-        self.prompt_store = PromptStore(cfg.prompt_cache_bytes, pooled=cfg.prompt_cache_scope == "pooled") \
+        store = PromptStore(cfg.prompt_cache_bytes, pooled=cfg.prompt_cache_scope == "pooled") \
             if cfg.prompt_cache and cfg.prompt_cache_bytes and not target.n_swa else None
-        self._opened = 0  # sessions opened: each slot's `opened` says when it was last taken
+        # the slots, where each request sits and what it keeps of earlier ones (edgespec/slots.py)
+        self.pool = SlotPool(self, slots, store)
+
+    @property
+    def slots(self) -> list[Slot]:
+        return self.pool.slots
+
+    @property
+    def prompt_store(self) -> PromptStore | None:
+        return self.pool.prompt_store
+
+    @prompt_store.setter
+    def prompt_store(self, store: PromptStore | None) -> None:
+        self.pool.prompt_store = store
 
     # -- lifecycle ----------------------------------------------------------------------------
     @classmethod
-    def load(cls, cfg: EngineConfig, controller_cfg=None, calibrate: bool = True) -> Engine:
-        cfg.validate()
-        # on a CPU the target's weights keep their file layout: ggml's repacked layouts round a
-        # batched product differently from a one-token one (backend.Model); drafts need no exactness.
-        # [target] fast_kernels trades that for llama.cpp's speed (and the tiled K-quant kernel,
-        # read once per process by ggml: set before the first forward)
-        if cfg.fast_kernels:
-            os.environ["GGML_CPU_TILED_MM"] = "1"
-        target = backend.Model(cfg.target.path, cfg.target.n_gpu_layers,
-                               repack=backend.target_repack(cfg.target.path, cfg.target.n_gpu_layers, cfg.fast_kernels))
-        draft = head = second = pairing = None
-        if cfg.draft is not None:
-            draft = backend.Model(cfg.draft.path, cfg.draft.n_gpu_layers)
-            if draft_kind(backend.model_arch(draft)) == "eagle3":
-                backend.check_head(target, draft)
-                head = draft
-            else:
-                pairing = backend.pair(target, draft)  # another tokenizer: a text draft (drafters/text.py)
-        if cfg.head is not None and head is None and draft is not None:
-            second = backend.Model(cfg.head.path, cfg.head.n_gpu_layers)
-            if draft_kind(backend.model_arch(second)) != "eagle3":
-                second.close()
-                raise BadRequest("draft.head", f"{cfg.head.path} is not an EAGLE-3 head (its GGUF architecture "
-                                 "is not eagle3)")
-            backend.check_head(target, second)
-        n_seq = seqs_per_slot(cfg.parallel, cfg.max_tree_leaves)
-        cells = shared_cells(cfg.parallel, cfg.target.n_ctx)
-        features = head if head is not None else second
-        if features is not None:
-            tctx = backend.FeatureContext(target, cfg.target, backend.target_layer_ids(features),
-                                          n_seq_max=cfg.parallel * n_seq, n_ctx=cells)
-        else:
-            tctx = backend.Context(target, cfg.target, n_seq_max=cfg.parallel * n_seq, n_ctx=cells)
-        dctx = None
-        if head is not None:  # the head holds each request's whole context, as the target does
-            dctx = backend.HeadContext(head, tctx, cfg.draft, n_seq_max=cfg.parallel * n_seq, n_ctx=cells)
-        elif draft is not None:
-            dctx = backend.Context(draft, cfg.draft, n_seq_max=cfg.parallel * n_seq,
-                                   n_ctx=shared_cells(cfg.parallel, cfg.draft.n_ctx))
-            if isinstance(pairing, backend.Pairing):
-                dctx.speak_target_vocab(pairing)
-        hctx = None
-        if second is not None:  # the head beside the draft model holds each request's whole context too
-            hctx = backend.HeadContext(second, tctx, cfg.head, n_seq_max=cfg.parallel * n_seq, n_ctx=cells)
-        slots = []
-        for i in range(cfg.parallel):
-            t = SeqRange(tctx, i * n_seq, n_seq, cfg.target.n_ctx)
-            d = h = None
-            if dctx is not None:
-                d = SeqRange(dctx, i * n_seq, n_seq, cfg.target.n_ctx if head is not None else cfg.draft.n_ctx)
-            if hctx is not None:
-                h = SeqRange(hctx, i * n_seq, n_seq, cfg.target.n_ctx)
-            slots.append(Slot(i, t, d, h))
-        contexts = (tctx, dctx) if hctx is None else (tctx, dctx, hctx)
-        kind = "eagle3" if head is not None else "text" if isinstance(pairing, backend.TextPairing) else "model"
-        eng = cls(cfg, target, draft, slots, contexts, kind, head=second)
-        eng.pairing = pairing
-        if controller_cfg is not None:
-            eng.controller_cfg = controller_cfg
-        if calibrate:
-            eng.calibrate()
-        log.info("engine_loaded", target=str(cfg.target.path), draft=str(cfg.draft.path) if cfg.draft else None,
-                 head=str(cfg.head.path) if second is not None else None, slots=cfg.parallel, seqs_per_slot=n_seq,
-                 backend=eng.backend_name, **({"pairing": pairing.describe()} if pairing is not None else {}))
-        log.info("exactness", promise=eng.exactness(), **({"sliding_window": target.n_swa} if target.n_swa else {}))
-        for kind, v in eng.draft_verdicts.items():
-            log.info("draft_economics", drafter=kind, **v, **({} if v["pays"] else {
-                "hint": "no chain of this drafter pays on this box even at the acceptance shown: auto requests "
-                        "draft from prompt n-grams and the suffix cache only (`edgespec plan --measure` shows "
-                        "the table); a cheaper draft or a faster box changes that"}))
-        if draft is None:
-            log.info("model_free_drafting", hint="no draft model: requests draft from prompt n-grams and the suffix "
-                     "cache; to draft with a model set [draft] path to a small model of the target's family (its "
-                     "tokenizer; a padded vocabulary is fine; one with another tokenizer drafts through text); "
-                     "`edgespec plan --draft FILE` checks the pair")
-        return eng
+    def load(cls, cfg: EngineConfig, controller_cfg: Any = None,
+             calibrate: bool = True) -> Engine:
+        """Load the models, make the contexts and slots, calibrate (edgespec/loading.py).
+        `controller_cfg`: a ControllerConfig (a class settings.py makes at import: Any to mypy)."""
+        return loading.load(cls, cfg, controller_cfg, calibrate)
 
-    # what the engine applies beyond plain generation (the daemon refuses the others)
-    capabilities = frozenset({"constraint", "logprobs"})
-
-    def constraint_matcher(self, spec):
-        """A grammar state for one request (edgespec/constraint.py); BadRequest naming the field
-        when the constraint does not compile."""
-        return self.compile_constraint(spec)
-
-    def compile_constraint(self, spec):
-        """constraint_matcher from any thread: the daemon compiles each request's constraint in
-        its handler thread (GenerationRequest.matcher), so that neither a large schema, regex or
-        grammar (llguidance drops the GIL while it compiles) nor the first request's reading of the
-        whole vocabulary stalls the engine thread, which decodes every caller's requests."""
-        from edgespec import budget
-        from edgespec.constraint import Compiler, Vocabulary
-
-        with self._compiler_lock:
-            if self._compiler is None:
-                self._compiler = Compiler(Vocabulary.from_model(self.target))
-        return budget.matcher(self._compiler, spec)
-
-    @property
-    def features(self) -> bool:
-        """Whether target forwards hand their features to the drafters (an EAGLE-3 head)."""
-        return "eagle3" in self.drafter_kinds
-
-    @property
-    def prompt_cache(self) -> bool:
-        """Slots keep prefills for the next request. With a head the slot keeps the head's
-        positions too, and a request keeps no more of the target's prefill than of the head's:
-        the head needs the target's features of every context token it has not absorbed, and a
-        kept prefill's are not computed again (drafters/eagle3.py). Not for a sliding-window
-        target: llama.cpp reuses (and a state copy leaves out) the cells a window masks for the
-        sequence's last position, which a shorter prompt's next token may still need."""
-        return self.cfg.prompt_cache and not self.target.n_swa
-
-    def new_drafter(self, slot: Slot, kind: str | None = None):
+    def new_drafter(self, slot: Slot, kind: str | None = None) -> Drafter:
         """The drafter of one request on `slot` (drafters/base.py: Drafter): `kind` ("model",
         "eagle3"; default the draft's)."""
         kind = kind or self.draft_kind
+        assert kind is not None  # a session without a draft range builds no drafter
         models = {"target": self.target, "draft": self.draft} if kind == "text" else {}
-        return drafter_class(kind)(slot.drafter_range(kind), window=self.cfg.draft_window, **models)
+        drafter: Drafter = drafter_class(kind)(slot.drafter_range(kind), window=self.cfg.draft_window, **models)
+        return drafter
 
-    def cost_kind(self, kind: str | None) -> str:
-        """The cost model's curve that prices drafter `kind`: "head" for a head beside the draft
-        model, else "draft" (the one drafter's forwards, a model's or a head's)."""
-        return "head" if kind == "eagle3" and self.head is not None else "draft"
-
-    def choose_drafter(self, req: GenerationRequest, slots: dict | None = None) -> str | None:
+    def choose_drafter(self, req: GenerationRequest, slots: Mapping[str | None, Slot] | None = None) -> str | None:
         """The drafter `req` drafts with: the only one, or with a head beside the draft model, the
         one that promises the request more at the load it joins, its one-off costs on the slot it
         would get (`slots`: drafter -> slot) included (controller/drafter_choice.py); a plain
@@ -375,40 +158,42 @@ class Engine:
     def _once_seconds(self, req: GenerationRequest, slot: Slot, kind: str) -> float:
         """What drafting `req` with `kind` on `slot` costs before its first proposal, beyond what
         the other drafter would: the prompt prefill the target computes again (a head keeps no
-        more of the prefill than the head positions it can hold: _kept_prefill) and the drafter's
+        more of the prefill than the head positions it can hold: SlotPool.kept_prefill) and the drafter's
         catch-up over the prompt tokens it does not hold (a draft model over its window at most)."""
         prompt = req.prompt_tokens
         cost = self.cost.drafting(self.cost_kind(kind))
-        keep, _, hdonor = self._kept_prefill(slot, req, kind)
+        keep, _, hdonor = self.pool.kept_prefill(slot, req, kind)
         prefill = len(prompt) - 1 - keep
+        cache: DraftCache | HeadCache | None
         if hdonor is not None:  # the head's positions and features come from another slot
             cache = hdonor.head_to_lend(kind)
         else:
-            cache = slot.cache_of(kind) if self.prompt_cache and self._shares(slot, req) else None
+            cache = slot.cache_of(kind) if self.prompt_cache and self.pool.shares(slot, req) else None
         held = cache.reusable(prompt) if cache is not None else 0
         backlog = max(1, len(prompt) - 1 - held)
         if kind == "model":
             backlog = min(backlog, self.cfg.draft_window)
         return cost.verify_seconds(max(1, prefill)) + cost.draft_seconds(backlog)
 
-    def new_controller(self, req: GenerationRequest, slot: Slot, kind: str | None = None):
-        """The speculation controller of one auto request on `slot` (edgespec/controller/), pricing
-        and judging drafter `kind` (its cost curve and acceptance prior)."""
-        from edgespec.controller import Controller
+    def draft_range(self, req: GenerationRequest, slot: Slot, kind: str | None) -> SeqRange | None:
+        """The range `req` drafts in with drafter `kind` on `slot`, or None: no drafter, or one that
+        calibration found pays on this box at no chain (drafter_pays) for an auto request, which
+        then drafts model-free and whose controller knows it has no draft. The one place that
+        reads the verdict."""
+        if req.speculation.mode == "auto" and kind and not self.drafter_pays(kind):
+            return None
+        return slot.drafter_range(kind)
 
+    def new_controller(self, req: GenerationRequest, slot: Slot, kind: str | None, has_draft: bool) -> Controller:
+        """The speculation controller of one auto request on `slot` (edgespec/controller/), pricing
+        and judging drafter `kind` (its cost curve and acceptance prior); `has_draft`: whether it
+        drafts with it (draft_range)."""
         spec = req.speculation
         kind = kind or self.draft_kind
-        has_draft = kind is not None and slot.drafter_range(kind) is not None and self.drafter_pays(kind)
         return Controller(self.controller_cfg, self.cost.drafting(self.cost_kind(kind)),
-                          self.priors.get(kind, self.prior), max_depth=spec.tree_depth,
+                          self.priors.get(kind, self.prior) if kind else self.prior, max_depth=spec.tree_depth,
                           max_nodes=spec.tree_nodes, has_draft_model=has_draft,
                           max_leaves=slot.target.n_seq_max, request_id=req.request_id, refine_costs=False)
-
-    def drafter_pays(self, kind: str) -> bool:
-        """Whether calibration found a chain of drafter `kind` ("model", "eagle3") that pays on this
-        box (economics.drafter_verdict); true before calibration and for an unjudged drafter."""
-        v = self.draft_verdicts.get(self.cost_kind(kind))
-        return v is None or bool(v["pays"])
 
     def new_suffix_drafter(self, req: GenerationRequest) -> SuffixDrafter | None:
         """A request's view of the suffix cache: None when the cache is off, or the request does
@@ -417,7 +202,7 @@ class Engine:
             return None
         return SuffixDrafter(self.suffix_cache, req.caller)
 
-    def suffix_control(self, enabled: bool | None = None, clear: bool = False) -> dict:
+    def suffix_control(self, enabled: bool | None = None, clear: bool = False) -> dict[str, Any]:
         """Turn the suffix cache on or off (off empties it) and/or empty it (SetPolicy, SIGHUP);
         returns its stats."""
         if enabled is not None:
@@ -428,152 +213,22 @@ class Engine:
             self.lookup_priors.clear()
         return self.suffix_stats()
 
-    def suffix_stats(self) -> dict:
+    def suffix_stats(self) -> dict[str, Any]:
         return {"enabled": self.suffix_enabled, **self.suffix_cache.stats()}
-
-    @property
-    def target_ctx(self) -> backend.Context:
-        return self._contexts[0]
-
-    @property
-    def draft_ctx(self) -> backend.Context | None:
-        return self._contexts[1]
-
-    @property
-    def head_ctx(self) -> backend.Context | None:
-        """The head's context beside the draft model's (EngineConfig.head), or None."""
-        return self._contexts[2] if len(self._contexts) > 2 else None
-
-    @property
-    def batch_invariant(self) -> bool:
-        """Whether every forward gives each token the bits it would get alone, whatever the batch
-        and wherever its cells sit: a CPU with the patched ggml (tools/patches/) and flash
-        attention, for the weight types of backend.EXACT_CPU_TYPES (F32, Q8_0, Q4_0/1, Q5_0/1 and
-        the Q3_K-Q6_K K-quants). Then a kept prefill is reusable at any length."""
-        return (self.backend_name == "cpu" and self.target_ctx.abortable and self.cfg.target.flash_attn
-                and not (self.cfg.fast_kernels and self.target.weight_types & backend.REPACKED_TYPES)
-                and self.target.weight_types <= backend.exact_cpu_types())
-
-    def exactness(self) -> str:
-        """What the appliance promises of this target's outputs, and if less than bits, why."""
-        types = ", ".join(sorted(self.target.weight_types))
-        if self.batch_invariant:
-            return f"bit-exact: each token's logits are its one-token forward's at any batch ({types})"
-        why = []
-        if self.backend_name != "cpu":
-            why.append(f"{self.backend_name} kernels vary with the batch")
-        if not self.target_ctx.abortable:
-            why.append("libllama without the batch-invariant patch")
-        if not self.cfg.target.flash_attn:
-            why.append("flash_attn off")
-        if self.cfg.fast_kernels and self.target.weight_types & backend.REPACKED_TYPES:
-            why.append("target.fast_kernels: repacked weights")
-        other = sorted(self.target.weight_types - backend.exact_cpu_types())
-        if other:
-            why.append("weight types without batch-invariant CPU kernels: " + ", ".join(other))
-        return "up to float rounding (" + "; ".join(why) + "): selftest and [audit] measure it"
-
-    @property
-    def reuse_chunk(self) -> int:
-        """The granularity at which a slot's kept prefill is reusable (reusable_prefix)."""
-        return 1 if self.batch_invariant else self.cfg.target.n_batch
-
-    def abort_forward(self) -> None:
-        """Stop the forward in progress at its next graph node (callable from any thread): the
-        tick raises backend.ForwardAborted, and its sessions must be closed. The flag holds until
-        the next tick starts."""
-        for ctx in self._contexts:
-            if ctx is not None:
-                ctx.abort()
 
     @property
     def threads_now(self) -> int:
         """The thread count the current tick's forwards use (the governor's last choice)."""
         return self._threads_applied
 
-    @property
-    def backend_name(self) -> str:
-        return "cuda" if (self.cfg.target.n_gpu_layers != 0 and backend.gpu_offload_supported()) else "cpu"
-
     def calibrate(self, sizes: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64), repeats: int = 3,
                   budget_seconds: float = 0.25) -> None:
-        """Time target and draft forwards per batch size on slot 0, so the controller's cost model
-        describes this machine. The sizes are those up to CALIBRATE_AT_LEAST, then those whose
-        first timing, in increasing order, fits in `budget_seconds` per model; then `repeats - 1`
-        more rounds over all of them, and each size keeps its fastest. Rounds, not repeats in a
-        row: a slow moment (another tenant, the page cache still filling after load) then
-        inflates one timing of every size instead of every timing of the first sizes. A batched
-        tick's forwards hold several sessions' tokens, so the sizes reach past one tree's. With
-        an EAGLE-3 head the draft's curve is the head's forwards (its g inputs zeros: the same
-        work), which is how the controller prices the head like any drafter; a head beside the
-        draft model gets a curve of its own ("head"). Each curve is fitted on the sizes it was
-        timed at."""
-        slot = self.slots[0]
-        head = slot.drafter_range("eagle3") if self.features else None
-
-        def forward(ctx, n: int, start: int, out: list[bool]) -> None:
-            toks, pos = [self.target.bos] * n, list(range(start, start + n))
-            if head is not None and ctx is head:  # the head's shared context, in global seq ids
-                decode_batch(ctx.ctx, toks, pos, [ctx.to_global((0,))] * n, out,
-                             np.zeros((n, ctx.ctx.n_embd), np.float32))
-            else:
-                ctx.decode_rows(toks, pos, [(0,)] * n, out)
-
-        def measure(ctx, n: int, all_logits: bool = False) -> float:
-            # as the steps use them: verification needs every token's logits, a draft catch-up the
-            # last token's only (the output head's rows are a real share of a small draft's forward)
-            out = [True] * n if ctx is slot.target or all_logits else [False] * (n - 1) + [True]
-            t0 = time.perf_counter()
-            forward(ctx, n, 32, out)
-            dt = time.perf_counter() - t0
-            ctx.seq_rm(0, 32, -1)
-            return dt
-
-        ranges = {"target": slot.target, "draft": slot.draft, "head": slot.head}
-        kinds = tuple(k for k in ("target", "draft", "head") if ranges[k] is not None)
-        table: dict[str, dict[int, float]] = {}
-        for kind in kinds:
-            ctx = ranges[kind]
-            ctx.clear()
-            forward(ctx, 32, 0, [False] * 32)  # a short prefix
-            for _ in range(2):
-                measure(ctx, 4)  # warm-up: the first decodes allocate buffers and fault pages in
-            spent, table[kind] = 0.0, {}
-            for n in (s for s in sizes if s <= self.cfg.target.n_batch):
-                if spent > budget_seconds and max(table[kind], default=0) >= CALIBRATE_AT_LEAST:
-                    break  # the cost model extrapolates linearly beyond the last size
-                table[kind][n] = measure(ctx, n)
-                spent += table[kind][n]
-            for _ in range(repeats - 1):
-                for n in table[kind]:
-                    table[kind][n] = min(table[kind][n], measure(ctx, n))
-        rows = {}
-        for kind in kinds[1:]:
-            n = max((k for k in table[kind] if k <= 4), default=1)
-            if n > 1:  # what each extra output row (a tree expansion's) adds to the catch-up timed above
-                every = min(measure(ranges[kind], n, all_logits=True) for _ in range(repeats))
-                rows[kind] = (every - table[kind][n]) / (n - 1)
-        for kind in kinds:  # each on the sizes it was timed at (a slow draft model reaches fewer)
-            self.cost.calibrate(lambda k, n: table[k][n], sizes=tuple(sorted(table[kind])), kinds=(kind,),
-                                draft_row=rows or None, context=32)
-        # will each drafter pay on this box (plan --measure's arithmetic on these timings)?
-        self.draft_verdicts = {k: v for k in kinds[1:] if 1 in table[k] and
-                               (v := drafter_verdict(table["target"], table[k][1], (JUDGED_AT,))) is not None}
-        for s in self.slots:
-            s.reset()
+        """Time forwards per batch size so the cost model describes this machine (loading.calibrate)."""
+        loading.calibrate(self, sizes, repeats, budget_seconds)
 
     def warmup(self) -> None:
         toks = self.tokenize("Hello")
         self.generate(GenerationRequest(tuple(toks), SamplingParams(max_tokens=2)))
-
-    def close(self) -> None:
-        for ctx in self._contexts:
-            if ctx is not None:
-                ctx.close()
-        self.target.close()
-        for m in (self.draft, self.head):
-            if m is not None:
-                m.close()
 
     # -- text ---------------------------------------------------------------------------------
     @property
@@ -581,33 +236,10 @@ class Engine:
         """The most tokens one request may hold (the shared context holds every slot's)."""
         return self.slots[0].target.n_ctx
 
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        return self.target.tokenize(text, add_special, parse_special)
-
-    def detokenize(self, ids: Sequence[int]) -> str:
-        return self.target.detokenize(ids)
-
-    def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> str:
-        return self.target.chat_prompt(messages)
-
-    @property
-    def special_tokens(self) -> Mapping[str, int]:
-        return self.target.special_tokens  # with tokenize and chat_prompt: a chat.ChatTokenizer
-
-    def encode_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
-        """Chat template -> tokens: special tokens from the template only (edgespec.chat)."""
-        return chat.encode_chat(self.target, messages)
-
-    @property
-    def encoder(self) -> backend.Model:
-        """The target's vocabulary and chat template, safe to use from any thread (tokenize and
-        chat_prompt only read the loaded model): the daemon tokenises in its handler threads."""
-        return self.target
-
-    def model_info(self) -> dict:
+    def model_info(self) -> dict[str, Any]:
         t, d, h = self.target, self.draft, self.head
 
-        def info(m):
+        def info(m: backend.Model | None) -> dict[str, Any] | None:
             return None if m is None else {"path": str(m.path), "desc": m.desc, "n_params": m.n_params,
                                            "size_bytes": m.size_bytes}
 
@@ -630,7 +262,7 @@ class Engine:
         slot = next((s for s in self.slots if not s.busy), None)
         if slot is None:
             raise Overloaded("no free slot")
-        out = []
+        out: list[np.ndarray | None] = []
         for ctx in (slot.target, None if self.draft_kind in ("eagle3", "text") else slot.draft):
             if ctx is None:
                 out.append(None)
@@ -641,55 +273,17 @@ class Engine:
             ctx.clear()
         slot.prefill = ()
         slot.draft_cache = slot.head_cache = None
+        assert out[0] is not None
         return out[0], out[1]
 
     # -- sessions -----------------------------------------------------------------------------
     def idle_work(self, budget: int = 16) -> bool:
-        """Use idle time: let a free slot's draft absorb up to `budget` more tokens of the last
-        context that slot served (its prompt and reply), so that a request sharing a prefix with it
-        (a system prompt, a document asked about again, a chat's next turn) finds the draft already
-        there and speculates from its second step, instead of paying the draft's prefill (a draft
-        forward per prompt piece), which auto often declines to pay for a long prompt. The draft needs
-        no bit-exactness, so this is only a matter of time. Call it only when no request waits: one
-        call is one draft forward of at most `budget` tokens. Returns whether it did any (call it
-        again until it returns False)."""
-        if not self.prompt_cache or self.draft_kind != "model":
-            return False
-        for slot in self.slots:
-            ctx = slot.last_context
-            held = slot.draft_cache.tokens if slot.draft_cache is not None else ()
-            if slot.busy or slot.draft is None or len(ctx) < 2 or len(held) >= len(ctx):
-                continue
-            window = self.cfg.draft_window
-            d = ModelDrafter(slot.draft, window=window)
-            tokens = list(ctx)
-            d.begin(tokens, slot.draft_cache)
-            if len(tokens) - d.n_past > window:
-                # as a request would: the draft holds the context's last `window` tokens, not all
-                # of a long one (its every forward would pay attention over them)
-                d.start_at(len(tokens) - window)
-            try:
-                d.absorb(tokens, budget)
-            except ForwardAborted:  # a job arrived (abort_idle_work): llama.cpp dropped the piece's
-                slot.draft.seq_rm(0, d.n_past - d.offset, -1)  # cells; the draft keeps what it held
-                slot.draft_cache = DraftCache(d.offset, tuple(tokens[:d.n_past])) if d.n_past > d.offset else None
-                return False
-            slot.draft_cache = DraftCache(d.offset, tuple(tokens[:d.n_past]))
-            return True
-        return False
-
-    def abort_idle_work(self, on: bool = True) -> None:
-        """From any thread: stop idle work's draft forward at its next graph node (`idle_work`
-        then returns False, the draft keeping what it held before the piece), so that a request
-        arriving during idle time starts at once instead of after the piece. `on=False` lowers the
-        flag again (the engine thread, once idle work has returned)."""
-        ctx = self.draft_ctx
-        if ctx is not None:
-            ctx.abort() if on else ctx.clear_abort()
+        """Bring a free slot's draft up to its last context in idle time (SlotPool.idle_work)."""
+        return self.pool.idle_work(budget)
 
     @property
     def free_slots(self) -> int:
-        return sum(not s.busy for s in self.slots)
+        return self.pool.free
 
     def open_session(self, req: GenerationRequest) -> Session:
         """Admit a request to a free slot. No forward runs here: the ticks prefill its prompt in
@@ -710,64 +304,11 @@ class Engine:
         bad = [t for t, _ in req.sampling.logit_bias if t >= self.target.n_vocab]
         if bad:
             raise BadRequest(f"logit_bias.{bad[0]}", f"token id outside [0, {self.target.n_vocab})")
-        free = [s for s in self.slots if not s.busy]
-        if not free:
-            raise Overloaded(f"all {len(self.slots)} slots are busy")
-
-        def best_slot(kind: str | None) -> Slot:  # the free slot whose caches this prompt can reuse most
-            if not self.prompt_cache or len(free) == 1:
-                return free[0]
-
-            def reuse(s: Slot) -> tuple[int, int, bool, int]:
-                mine = self._shares(s, req)
-                cache = s.cache_of(kind) if kind and mine else None
-                # on a tie, a slot that holds nothing of another caller's (theirs stays for them),
-                # then the least recently used
-                return (self._keepable(s, req, kind), cache.reusable(req.prompt_tokens) if cache else 0,
-                        mine or s.empty, -s.opened)
-            return max(free, key=reuse)
-
-        places = {k: best_slot(k) for k in self.drafter_kinds} or {None: best_slot(None)}
+        places = self.pool.places(req)
         kind = self.choose_drafter(req, places)
         slot = places[kind]
-        keep, donor, hdonor = self._kept_prefill(slot, req, kind)
-        if donor is not None or hdonor is not None or keep < len(slot.prefill):
-            self._store(slot)  # what the slot keeps and this request drops, for later ones
-        if not self._shares(slot, req):
-            slot.reset()  # nothing another caller left serves this request (its own partition keeps it)
-        slot.busy = True
+        keep = self.pool.take(slot, req, kind)
         try:
-            if hdonor is not None:  # the head's positions and features of the prompt, from elsewhere
-                rng, cache = slot.drafter_range(kind), hdonor.head_to_lend(kind)
-                rng.clear()
-                if not isinstance(hdonor, StoredPrompt):
-                    rng.ctx.seq_cp(hdonor.drafter_range(kind).base, rng.base, 0, cache.n_past)
-                elif not self._write_back(rng, hdonor.head_cells, cache.n_past):
-                    cache, keep, donor = None, 0, None  # the head has nothing: nor does the target
-                slot.set_cache(kind, cache)
-            tgt = slot.target
-            if donor is not None:
-                tgt.clear()
-                if isinstance(donor, StoredPrompt):
-                    if self._write_back(tgt, donor.target, keep):
-                        self.prompt_store.used(donor, keep)
-                        self._store_figures()
-                    else:
-                        keep = 0
-                else:
-                    self.target_ctx.seq_cp(donor.target.base, tgt.base, 0, keep)
-            elif keep:
-                tgt.seq_rm(0, keep, -1)  # what a finished request left beyond the kept chunks
-                for s in range(1, tgt.n_seq_max):
-                    tgt.seq_rm(s, -1, -1)
-            else:
-                tgt.clear()
-            slot.prefill = ()  # nothing reusable from this slot until this prefill has completed
-            slot.caller = req.caller
-            self._opened += 1
-            slot.opened = self._opened
-            slot.lent = None
-            slot.drafting = kind
             sess = Session(self, slot, req, keep=keep, drafter=kind)
             if len(self.drafter_kinds) > 1 and req.speculation.mode != "plain":
                 # which drafter each request that may draft drafts with (Admin.Stats, /metrics)
@@ -780,106 +321,13 @@ class Engine:
             slot.busy = False
             raise
 
-    def _kept_prefill(self, slot: Slot, req: GenerationRequest, kind: str | None
-                      ) -> tuple[int, Slot | StoredPrompt | None, Slot | StoredPrompt | None]:
-        """What a request drafting with `kind` on `slot` keeps of its prompt's prefill: the
-        leading positions whose target KV it keeps, the other slot (or prompt store entry) whose
-        target cells it copies (None: the slot's own) and, for a head's request, the other slot or
-        entry whose head positions and features it copies (None: the slot's own). Any slot's kept
-        (or completed) prefill may share its cells by a copy in the unified cache: nothing is
-        recomputed. A head's request
-        keeps no more of the target's prefill than the head positions (and features) it holds:
-        the head needs the target's features of every position it has not absorbed. Those come
-        from its own slot or from any other (Slot.head_to_lend): a slot the head is not drafting in
-        keeps what its cache says, and a request drafting with the head lends its prompt's once
-        its prefill is done (the template or document that concurrent requests share)."""
-        if not self.prompt_cache:
-            return 0, None, None
-        prompt, chunk = req.prompt_tokens, self.reuse_chunk
-        # the slots, then the prompt store's entries, of this caller's partition (`_shares`; `slot`
-        # itself holding nothing for another's): on a tie the slot's own cells, then another
-        # slot's (a copy inside the cache), then an entry's (written back)
-        places = [*(s for s in self.slots if s is slot or self._shares(s, req)),
-                  *(self.prompt_store.candidates(req.caller) if self.prompt_store else ())]
-        foreign = set() if self._shares(slot, req) else {id(slot)}  # `slot` then counts for nothing
-        order = {id(p): (p is slot, isinstance(p, Slot)) for p in places}
-        held = {id(p): 0 if id(p) in foreign else reusable_prefix(p.prefill, prompt, chunk) for p in places}
-        best = max(places, key=lambda p: (held[id(p)], *order[id(p)]))
-        keep = held[id(best)]
-        if kind != "eagle3" or req.speculation.mode == "plain" or not keep:
-            return keep, (best if held[id(best)] > held[id(slot)] else None), None
-        head = {id(p): 0 if id(p) in foreign else
-                head_reusable(p.cache_of(kind) if p is slot else p.head_to_lend(kind), prompt) for p in places}
-        hbest = max(places, key=lambda p: (head[id(p)], *order[id(p)]))
-        keep = min(keep, head[id(hbest)]) // chunk * chunk
-        if not keep:
-            return 0, None, None
-        donor = None if held[id(slot)] >= keep else best
-        hdonor = None if head[id(slot)] >= keep else hbest
-        return keep, donor, hdonor
-
-    def _shares(self, slot: Slot, req: GenerationRequest) -> bool:
-        """Whether what `slot` holds (its kept prefill, its draft's and head's caches, what idle
-        work added to them, what a running request lends) may serve `req` and count in its reuse
-        figures: with `prompt_cache_scope = "pooled"` always; else only when `req` comes from the
-        caller whose requests left it. A caller reading another's prompt off `cached_tokens` or
-        its time to first token is the attack this closes (docs/appliance.md, threat model)."""
-        return self.cfg.prompt_cache_scope == "pooled" or slot.caller == req.caller
-
-    def _store(self, slot: Slot) -> None:
-        """Copy what `slot` keeps into the prompt store before a request drops it: the target's
-        cells of its kept prefill and, where a head drafted there, the head's positions and the
-        features it had not absorbed (edgespec/prompt_store.py)."""
-        if self.prompt_store is None or not slot.prefill or slot.busy:
-            return
-        head = slot.cache_of("eagle3") if "eagle3" in self.drafter_kinds else None
-        if not (isinstance(head, HeadCache) and head.n_features):
-            head = None
-        part = self.prompt_store.partition_of(slot.caller)
-        if self.prompt_store.holds(part, slot.prefill, head):
-            return  # the slot's cells came from an entry that is still there, or as much again
-        cells = slot.drafter_range("eagle3").seq_state(0) if head is not None else b""
-        self.prompt_store.put(StoredPrompt(part, slot.prefill, slot.target.seq_state(0), head, cells))
-        self._store_figures()
-
-    def _write_back(self, rng: SeqRange, cells: bytes, n: int) -> bool:
-        """Write an entry's cells into `rng`'s empty sequence 0 and keep its first `n` positions;
-        False (the sequence left empty) when the cache has no room for them."""
-        try:
-            rng.load_seq_state(cells)
-        except ModelError:
-            log.warning("prompt_store_write_back_failed", cells_bytes=len(cells))
-            rng.seq_rm(0, -1, -1)
-            return False
-        rng.seq_rm(0, n, -1)
-        return True
-
-    def _store_figures(self) -> None:
-        """The prompt store's figures in tick_totals (Admin.Stats, /metrics)."""
-        for k, v in self.prompt_store.figures().items():
-            self.tick_totals[f"prompt_store_{k}"] = v
-
-    def _keepable(self, slot: Slot, req: GenerationRequest, kind: str | None = None) -> int:
-        """Prompt positions whose target KV `slot` may keep for `req`: its kept prefill's
-        reusable prefix, and for a request that may draft with a head (`kind`), no more than the
-        head positions the slot keeps (their target features are not computed again), cut to
-        whole reuse chunks."""
-        if not self._shares(slot, req):
-            return 0
-        chunk = self.reuse_chunk
-        prompt = req.prompt_tokens
-        keep = reusable_prefix(slot.prefill, prompt, chunk)
-        if kind == "eagle3" and keep and req.speculation.mode != "plain":
-            keep = min(keep, head_reusable(slot.cache_of(kind), prompt)) // chunk * chunk
-        return keep
-
     def release(self, sess: Session) -> None:
         """A session ends: its slot keeps what is reusable (the prompt prefill's chunks, the draft's
         context), or is emptied."""
-        slot = sess.slot
         if sess.controller is not None:
             try:
-                self.priors.get(sess.drafter_kind, self.prior).update_from(sess.controller.evidence())
+                prior = self.priors.get(sess.drafter_kind, self.prior) if sess.drafter_kind else self.prior
+                prior.update_from(sess.controller.evidence())
             except Exception:  # the prior is an optimisation; never fail a request on it
                 log.warning("prior_update_failed", exc_info=True)
             sess.controller = None
@@ -887,33 +335,12 @@ class Engine:
             # what it emitted (any finish: every token is the target's) feeds the next requests' drafts
             self.suffix_cache.insert(sess.suffix.caller, sess.tokens[:sess.n_prompt], sess.out)
             sess.suffix = None
-        if not slot.busy:
-            return
-        keep = self.prompt_cache and sess.consistent and not sess.prefilling
-        if sess.drafter is not None:
-            # the draft keeps all it holds, the reply included: a chat's next turn starts with it
-            slot.set_cache(sess.drafter_kind, sess.drafter.keep(sess.tokens) if keep else None)
-            if slot.cache_of(sess.drafter_kind) is None:
-                sess.drafter.end()
-        slot.last_context = tuple(sess.tokens) if keep else ()
-        if keep:
-            # keep the prompt prefill's cells for the next request (seq 0 holds the context, the
-            # other sequences are empty after every step); drop what decoding wrote after them
-            slot.target.seq_rm(0, len(sess.prefill_tokens), -1)
-            slot.prefill = sess.prefill_tokens
-        else:
-            slot.target.clear()
-            slot.prefill = ()
-        slot.busy = False
-        slot.drafting = None
-        slot.lent = None
+        self.pool.give_back(sess)
 
     def tick(self, sessions: Sequence[Session]) -> dict[Session, Chunk]:
         """One engine tick over the active sessions (edgespec/tick/): every decoding session's
         [root] + tree in one target forward, prefill pieces alongside. Returns each session's
         chunk (an empty one while it is still prefilling)."""
-        from edgespec.tick import tick
-
         for ctx in self._contexts:
             if ctx is not None:
                 ctx.clear_abort()
@@ -924,7 +351,8 @@ class Engine:
                     ctx.set_threads(n)
             self._threads_applied = n
         try:
-            return tick(self, list(sessions))
+            # the tick hands back the sessions it was given: Session, as TickSession
+            return cast("dict[Session, Chunk]", run_tick(self, list(sessions)))
         except ForwardAborted:
             for s in sessions:  # llama.cpp dropped part of the forward's cells: nothing is kept
                 s.abandon()

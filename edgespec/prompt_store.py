@@ -1,6 +1,6 @@
 """Prompts' prefills kept in host memory beyond the slots (`[server] prompt_cache_bytes`).
 
-A slot keeps only its last prompt's prefill (Engine.release), so a stream of requests cycling
+A slot keeps only its last prompt's prefill (SlotPool.give_back), so a stream of requests cycling
 through more templates or documents than there are slots prefills each one again. Before a slot's
 kept cells are dropped for a request with another prompt, the engine copies them here:
 the target's sequence 0 (the KV of the prompt's positions, `backend.Context.seq_state`) and,
@@ -43,7 +43,7 @@ class StoredPrompt:
         tokens = 8 * (len(self.prefill) + (len(self.head.tokens) if self.head is not None else 0))
         return len(self.target) + len(self.head_cells) + g + tokens
 
-    # what Engine._kept_prefill asks of a donor (a slot or an entry)
+    # what SlotPool.kept_prefill asks of a donor (a slot or an entry)
     def head_to_lend(self, kind: str) -> HeadCache | None:  # a slot's signature
         return self.head
 
@@ -71,7 +71,7 @@ class PromptStore:
 
     def holds(self, partition: str, prefill: tuple[int, ...], head: HeadCache | None) -> bool:
         """Whether an entry of `partition` already covers this prefill and head (copying them out
-        again would add nothing: Engine._store skips the copy)."""
+        again would add nothing: SlotPool.store skips the copy)."""
         probe = StoredPrompt(partition, prefill, b"", head)
         return any(e.partition == partition and _covers(e, probe) for e in self._entries.values())
 

@@ -7,17 +7,24 @@ A session's context is `tokens` = prompt + emitted. Invariant between ticks once
 done: the slot's main sequence (local seq 0 of its range) holds exactly tokens[:-1]; tokens[-1]
 (the root) is decoded by the next tick together with the drafted tree. Before that, the prompt
 is prefilled in pieces (`prefill_pos` tokens are in the cache), one piece per tick.
+
+What a session is doing is its `state` (SessionState), as llama.cpp's server_slot says of a slot:
+PREFILLING -> READY -> STEPPING -> VERIFIED -> READY ... -> CLOSED; ABANDONED when a forward of
+its tick was aborted (it is then closed). The tick (tick/schedule.py) reads it to sort sessions
+into those reading their prompt and those decoding; the slot pool (slots.py) reads it to know
+whether the caches hold what the invariants say when the session ends.
 """
 
 from __future__ import annotations
 
+import enum
 import os
 import time
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgespec.drafters import NgramDrafter
-from edgespec.drafters.ngram import NGRAM_MAX  # noqa: F401 - re-exported (edgespec.engine)
 from edgespec.emit import Emitter
 from edgespec.errors import BadRequest
 from edgespec.logprobs import token_logprob
@@ -28,6 +35,12 @@ from edgespec.tick import graft, layout, verdict
 from edgespec.tick.step import StepRecord, count_verified, outcome
 from edgespec.tree import DraftTree
 from edgespec.types import Chunk, FinishReason, GenerationRequest, GenerationResult, SpecStats, TokenLogprob
+
+if TYPE_CHECKING:
+    from edgespec.drafters.base import DraftReport, DraftSteps
+    from edgespec.engine import Engine
+    from edgespec.slots import Slot
+    from edgespec.tick.schedule import Batch
 
 log = get_logger("edgespec.session")
 
@@ -45,8 +58,24 @@ def fixed_shape(mode: str, draft_tokens: int, tree_nodes: int, tree_depth: int) 
     return eagle(tree_depth, TREE_WIDTH, TREE_EXPAND, tree_nodes)
 
 
+class SessionState(enum.Enum):
+    """What a session is doing (Session.state)."""
+
+    PREFILLING = "prefilling"  # reading its prompt in pieces: seq 0 holds prompt[:prefill_pos]
+    READY = "ready"  # between steps: seq 0 holds tokens[:-1], nothing else survives
+    STEPPING = "stepping"  # a step begun (begin_step): its tree's cells are not committed yet
+    VERIFIED = "verified"  # the step committed and emitted; its tick's observe is to come
+    ABANDONED = "abandoned"  # a forward of its tick was aborted: llama.cpp dropped part of its cells
+    CLOSED = "closed"  # ended (Session.close): the slot kept what was reusable, or nothing
+
+
+# the states in which the slot's caches are as the invariants say (a session ending in one of
+# them leaves its slot something reusable)
+CONSISTENT = frozenset({SessionState.PREFILLING, SessionState.READY, SessionState.VERIFIED})
+
+
 class Session:
-    def __init__(self, engine, slot, req: GenerationRequest, keep: int = 0, drafter: str | None = None):
+    def __init__(self, engine: Engine, slot: Slot, req: GenerationRequest, keep: int = 0, drafter: str | None = None):
         """`keep`: leading prompt positions whose KV the slot's main sequence already holds
         (the prompt cache); the rest of the prompt is prefilled by the ticks. `drafter`: the
         drafter kind it drafts with ("model", "eagle3"; default the engine's draft)."""
@@ -67,12 +96,10 @@ class Session:
         self.adjuster = Adjuster(self.sampling, model.n_vocab, req.prompt_tokens) if adjusts(self.sampling) else None
         self.check_kv = False  # tests turn this on: assert the KV invariants after every step
         self.guard_seen = False  # the goodput guard has seen this request decode (tick/schedule.py)
-        self._closed_reason: FinishReason | None = None
+        self.closed_reason: FinishReason | None = None  # why close() ended it before it finished
         self.drafter_kind = drafter or engine.draft_kind
         # drafters/base.py: Drafter, in its range of the drafter's shared context (draft_range)
-        self.draft_range = slot.drafter_range(self.drafter_kind)
-        if self.spec.mode == "auto" and self.drafter_kind and not engine.drafter_pays(self.drafter_kind):
-            self.draft_range = None  # calibration found that no chain of it pays here: model-free drafts only
+        self.draft_range = engine.draft_range(req, slot, self.drafter_kind)  # None: model-free drafts only
         has_draft = self.draft_range is not None
         self.drafter = engine.new_drafter(slot, self.drafter_kind) if has_draft else None
         # its prompt lookups and their learnt reach, starting from what recent requests' achieved
@@ -85,7 +112,8 @@ class Session:
         # verified row is masked by the state after its node's path, drafts by their parent's
         self.matcher = req.matcher if req.matcher is not None else \
             engine.constraint_matcher(req.constraint) if req.constraint is not None else None
-        self.controller = engine.new_controller(req, slot, self.drafter_kind) if self.spec.mode == "auto" else None
+        self.controller = engine.new_controller(req, slot, self.drafter_kind, has_draft) \
+            if self.spec.mode == "auto" else None
         if self.spec.mode in ("chain", "tree") and not has_draft and not self.ngram and not self.suffix:
             raise BadRequest("mode", f"{self.spec.mode} needs a draft model or n-gram drafting")
         self.stats.cached_prompt_tokens = keep
@@ -95,21 +123,37 @@ class Session:
             self.stats.draft_cached_tokens = self.drafter.begin(self.tokens, kept, features_from=keep)
         self.prefill_pos = keep
         self.prefill_tokens = tuple(self.tokens[:-1])  # what the prompt's prefill leaves in seq 0
-        self.consistent = True  # the caches are as the invariants say (false while a step runs)
         self.n_past = keep
-        if not self.prefilling:  # all of it kept
+        self.state = SessionState.PREFILLING if keep < self.n_prompt - 1 else SessionState.READY
+        # the state a step begun from (begin_step): a fused first step begins while PREFILLING
+        self._before_step = self.state
+        if self.state is SessionState.READY:  # all of it kept
             self._share_prompt()
         self._t_start = time.perf_counter()
         self.record: StepRecord | None = None  # the step under way (between begin_step and observe)
 
     # -- state --------------------------------------------------------------------------------
     @property
+    def step_record(self) -> StepRecord:
+        """The step under way (between begin_step and observe)."""
+        if self.record is None:
+            raise RuntimeError("no step under way")
+        return self.record
+
+    @property
     def done(self) -> bool:
-        return self.emitter.finish_reason is not None or self._closed_reason is not None
+        """Finished by itself (a stop, EOS, max_tokens: the emitter's reason) or closed."""
+        return self.emitter.finish_reason is not None or self.state is SessionState.CLOSED
 
     @property
     def finish_reason(self) -> FinishReason | None:
-        return self._closed_reason or self.emitter.finish_reason
+        return self.closed_reason or self.emitter.finish_reason
+
+    @property
+    def consistent(self) -> bool:
+        """Whether the slot's caches are as the invariants say (not while a step's cells are
+        uncommitted, nor after an aborted forward)."""
+        return self.state in CONSISTENT
 
     @property
     def breaker_state(self) -> str | None:
@@ -122,12 +166,14 @@ class Session:
 
     def abandon(self) -> None:
         """A forward of this session's tick was aborted (a cancel or a deadline): llama.cpp dropped
-        part of its cells, so the slot keeps nothing of it (Engine.release)."""
-        self.consistent = False
+        part of its cells, so the slot keeps nothing of it (SlotPool.give_back)."""
+        self.state = SessionState.ABANDONED
 
     @property
     def prefilling(self) -> bool:
-        return self.prefill_pos < self.n_prompt - 1
+        """Still reading its prompt (a fused first step may begin before the last piece is in)."""
+        return self.state is SessionState.PREFILLING or (
+            self.state is SessionState.STEPPING and self._before_step is SessionState.PREFILLING)
 
     @property
     def prefill_left(self) -> int:
@@ -173,7 +219,11 @@ class Session:
         self.n_past = self.prefill_pos
         if features is not None and self.drafter is not None and self.drafter.features:
             self.drafter.add_features(features)
-        if not self.prefilling:
+        if self.prefill_pos >= self.n_prompt - 1:  # the prompt is read
+            if self.state is SessionState.STEPPING:  # a fused first step, begun while PREFILLING
+                self._before_step = SessionState.READY
+            else:
+                self.state = SessionState.READY
             self._share_prompt()
             # decoding time starts after the target's prefill (the same in every mode, like
             # llama.cpp's eval time); the draft's own prefill happens in its first steps and counts
@@ -182,7 +232,7 @@ class Session:
     def _share_prompt(self) -> None:
         """The prompt is read: with the prompt cache, other slots' requests may share its cells
         from now on, and a request drafting with a head lends them the head's positions and the
-        prompt's features (Slot.lent, Engine._kept_prefill)."""
+        prompt's features (Slot.lent, SlotPool.kept_prefill)."""
         if not self.engine.prompt_cache:
             return
         self.slot.prefill = self.prefill_tokens
@@ -200,12 +250,13 @@ class Session:
                                           context=self.n_past, emitted=len(self.out))
         return fixed_shape(self.spec.mode, self.spec.draft_tokens, self.spec.tree_nodes, self.spec.tree_depth)
 
-    def begin_step(self, shape: Shape, batch=None, bare: bool = False) -> None:
+    def begin_step(self, shape: Shape, batch: Batch | None = None, bare: bool = False) -> None:
         """`batch` (a tick of several sessions, schedule.Batch): prompt lookups are priced on the
         whole tick's verification, not on this step's alone. `bare`: the goodput guard holds this
         auto step plain, grafts and all; it looks nothing up either (a lookup, and the suffix
         cache's proposal it is keyed by, cost Python time that matters beside a fast forward)."""
-        self.consistent = False  # until the step's KV commit is done
+        self._before_step = self.state
+        self.state = SessionState.STEPPING  # until the step's KV commit is done
         st = StepRecord(shape, DraftTree.root(self.tokens[-1]), time.perf_counter(), batch=batch, bare=bare)
         if self.ngram is not None and self.remaining > 1 and not bare:
             # prompt lookup costs no forward pass; every lookup is scored against what the target
@@ -216,17 +267,18 @@ class Session:
     def _suffix_firsts(self) -> set[int]:
         """The first tokens of the suffix cache's proposal for the context now (SuffixDrafter.look
         computes it once per context length; grafting reuses it)."""
+        assert self.suffix is not None  # asked only with the suffix cache on (begin_step)
         prop = self.suffix.look(self.tokens)
         return {t for t, parent in zip(prop.tokens, prop.parents) if parent < 0}
 
     def cancel_step(self) -> None:
         """Drop a step begun but never verified (a schedule computed only to be inspected)."""
         self.record = None
-        self.consistent = True
+        self.state = self._before_step
 
-    def draft_steps(self):
+    def draft_steps(self) -> DraftSteps | None:
         """The drafter's generator for this step (edgespec/tick/draft.py drives it), or None."""
-        st = self.record
+        st = self.step_record
         if st.shape.mode == "plain" or self.drafter is None or st.shape.depth <= 0 or self.remaining <= 1:
             return None
         mask = self._draft_mask if self.matcher is not None else None
@@ -236,22 +288,25 @@ class Session:
 
     def _draft_adjust(self, logits: np.ndarray, path: list[int]) -> np.ndarray:
         """A draft row adjusted as the target's row at that node will be (penalties.py)."""
+        assert self.adjuster is not None  # handed to the drafter only with one (draft_steps)
         return self.adjuster.row(logits, self.tokens[self.n_prompt:] + path)
 
-    def _draft_mask(self, path: list[int]):
+    def _draft_mask(self, path: list[int]) -> np.ndarray:
         """What the grammar allows after the committed text and `path` (drafted tokens): drafts
         then propose only allowed tokens, which the target (masked alike) accepts more often."""
+        assert self.matcher is not None  # handed to the drafter only with one (draft_steps)
         return self.matcher.mask_after(path)
 
-    def absorb_steps(self, budget: int):
+    def absorb_steps(self, budget: int) -> DraftSteps:
         """The draft absorbs `budget` more tokens of its backlog this tick (a long catch-up in
         pieces, so it cannot stall the other sessions' tick); the step itself decodes plainly."""
+        assert self.drafter is not None  # the schedule absorbs only a drafter's backlog
         return self.drafter.absorb_steps(self.tokens, budget)
 
-    def drafted(self, report) -> None:
+    def drafted(self, report: DraftReport | None) -> None:
         """The drafter is done (report None: it did not run): graft prompt lookups, and under a
         constraint the tokens the grammar forces."""
-        st = self.record
+        st = self.step_record
         if report is not None:
             st.draft_batches, st.levels = tuple(report.batches), report.levels
             st.spine_probs = tuple(report.spine_probs)
@@ -275,7 +330,7 @@ class Session:
     def target_batch(self) -> tuple[list[int], list[int], list[list[int]]]:
         """This session's part of the tick's target forward: [root] + tree as (tokens, positions,
         global seq ids), in KV cell order (tick/layout.py)."""
-        st = self.record
+        st = self.step_record
         st.layout, tokens, positions, seqs = layout.lay_out(st.tree, self.slot.target, self.n_past)
         return tokens, positions, seqs
 
@@ -302,17 +357,19 @@ class Session:
             self.verified_features(features)
         chunk = self.finish_step(rows)
         self.record = None
+        self.state = SessionState.READY
         return chunk
 
     def verified_features(self, features: np.ndarray) -> None:
         """The target's features of this step's batch entries (batch order), for finish_step."""
-        self.record.features = features
+        self.step_record.features = features
 
     def finish_step(self, rows: np.ndarray) -> Chunk:
         """Verify this session's tree against its rows of the target forward (batch order),
         commit the KV in its sequence range, emit."""
-        st = self.record
+        st = self.step_record
         tree, lay = st.tree, st.layout
+        assert lay is not None  # laid out by target_batch
         if lay.order != list(range(len(tree))):
             rows = rows[np.argsort(lay.order)]  # back to node order (a copy)
         res, rows = verdict.verify(self, tree, rows)
@@ -332,7 +389,7 @@ class Session:
             # the context tokens this forward committed: the root and the accepted path
             at = {node: j for j, node in enumerate(lay.order)}
             self.drafter.add_features(st.features[[at[i] for i in [0, *res.accepted]]])
-        self.consistent = True
+        self.state = SessionState.VERIFIED
         if self.check_kv:
             self.assert_kv_invariants()
         count_verified(self.stats, st, res)
@@ -353,7 +410,7 @@ class Session:
         tick's forwards this step waited for; `verify_share` / `draft_share`: what this step alone
         would have cost, by the cost model scaled to the tick's measured speed (what the
         controller compares speculation against plain decoding with)."""
-        st = self.record
+        st = self.step_record
         s = self.stats
         s.target_seconds += target_seconds
         s.draft_seconds += draft_seconds
@@ -365,6 +422,7 @@ class Session:
                                             overhead_seconds=overhead))
             s.breaker_transitions = len(self.controller.breaker.transitions)
         self.record = None
+        self.state = SessionState.READY
 
     # -- KV -----------------------------------------------------------------------------------
     def assert_kv_invariants(self) -> None:
@@ -384,10 +442,13 @@ class Session:
         return GenerationResult(self.emitter.visible(), list(self.out), self.finish_reason or "length",
                                 self.n_prompt, self.stats, list(self.logprobs))
 
-    def controller_summary(self) -> dict | None:
+    def controller_summary(self) -> dict[str, Any] | None:
         return self.controller.summary() if self.controller is not None else None
 
     def close(self, reason: FinishReason | None = None) -> None:
-        if self.emitter.finish_reason is None and self._closed_reason is None:
-            self._closed_reason = reason or "cancelled"
-        self.engine.release(self)
+        if self.emitter.finish_reason is None and self.closed_reason is None:
+            self.closed_reason = reason or "cancelled"
+        try:
+            self.engine.release(self)  # reads the state it ends in (SlotPool.give_back)
+        finally:
+            self.state = SessionState.CLOSED

@@ -11,8 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from edgespec.config import EngineConfig, ModelConfig, shared_cells
-from edgespec.engine import Engine, Slot, seqs_per_slot
+from edgespec.engine import Engine
 from edgespec.kv import SeqRange
+from edgespec.slots import Slot, seqs_per_slot
 
 VOCAB = 64
 EOS = 1

@@ -1,6 +1,6 @@
 """reusable_prefix: which leading prompt positions a slot's kept prefill covers (pure)."""
 
-from edgespec.engine import reusable_prefix
+from edgespec.slots import reusable_prefix
 
 
 def test_whole_chunks_of_the_common_prefix_only():

@@ -15,11 +15,12 @@ FUNCTION_LIMIT = 80  # lines, decorators and docstring included
 CLASS_LIMIT = 400
 # The tick and its hosts read on one screen: a goal, reported by __main__, not yet enforced.
 TICK_FUNCTION_GOAL = 60
+ENGINE_LIMIT = 300  # the tick's host (engine.py::Engine), once loading and slots moved out
 TICK_FILES = ("tick/", "session.py", "engine.py", "server/engine_loop.py")
 # Over the limit today, being split (issue 54): each may shrink, none may grow. Take an entry out
 # once it is under the limit (the test says when).
-KNOWN_FUNCTIONS = {"engine.py::Engine.open_session": 88}
-KNOWN_CLASSES = {"engine.py::Engine": 771, "server/http_api.py::HttpApi": 670, "server/engine_loop.py::EngineLoop": 513}
+KNOWN_FUNCTIONS: dict[str, int] = {}
+KNOWN_CLASSES = {"server/http_api.py::HttpApi": 670, "server/engine_loop.py::EngineLoop": 513}
 
 
 def _modules() -> dict[str, Path]:
@@ -137,6 +138,21 @@ def test_the_known_oversized_are_still_oversized():
     fixed = [k for k in KNOWN_FUNCTIONS if functions.get(k, 0) <= FUNCTION_LIMIT]
     fixed += [k for k in KNOWN_CLASSES if classes.get(k, 0) <= CLASS_LIMIT]
     assert not fixed, f"within the limit now: take them out of KNOWN_FUNCTIONS / KNOWN_CLASSES: {fixed}"
+
+
+def test_the_tick_and_its_host_keep_to_short_functions():
+    """tick/, session.py and engine.py: no function over TICK_FUNCTION_GOAL lines (issue 54)."""
+    functions, _ = sizes()
+    over = {k: n for k, n in functions.items()
+            if k.startswith(("tick/", "session.py", "engine.py")) and n > TICK_FUNCTION_GOAL}
+    assert not over, f"functions over {TICK_FUNCTION_GOAL} lines in the tick's rooms (split them): {over}"
+
+
+def test_the_engine_stays_the_ticks_small_host():
+    """Loading and calibration (loading.py) and slot placement (slots.py) live apart: Engine
+    hosts the tick, under ENGINE_LIMIT lines."""
+    _, classes = sizes()
+    assert classes["engine.py::Engine"] < ENGINE_LIMIT
 
 
 def test_no_import_circles():

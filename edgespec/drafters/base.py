@@ -20,8 +20,9 @@ forward: the session grafts its continuations onto the tree directly.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -50,8 +51,10 @@ class DraftBatch:
     embd: np.ndarray | None = None
 
 
-def decode_batch(ctx, tokens, positions, seqs, logits, embd=None):
-    """Decode one (possibly merged) draft batch on `ctx`; the rows of its marked entries."""
+def decode_batch(ctx: Any, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[Sequence[int]],
+                 logits: Sequence[bool], embd: np.ndarray | None = None) -> np.ndarray:
+    """Decode one (possibly merged) draft batch on `ctx` (a backend.Context or HeadContext); the
+    rows of its marked entries."""
     if embd is None:
         return ctx.decode_rows(tokens, positions, seqs, logits)
     return ctx.decode_rows(tokens, positions, seqs, logits, embd=embd)
@@ -66,6 +69,11 @@ def run_alone(steps, ctx):
             batch = steps.send(rows)
     except StopIteration as stop:
         return stop.value
+
+
+# a drafter's step generator: yields the DraftBatch each level needs, is sent that batch's rows
+# (None to start), returns its DraftReport (tick/draft.py drives it)
+DraftSteps = Generator["DraftBatch", "np.ndarray | None", "DraftReport | None"]
 
 
 class Drafter(Protocol):
@@ -84,12 +92,13 @@ class Drafter(Protocol):
         """Entries the next proposal decodes before drafting (its first level's catch-up)."""
 
     def propose_steps(self, tree: DraftTree, tokens: list[int], shape: Shape, sampling: SamplingParams,
-                      rng: np.random.Generator, mask=None, adjust=None):
+                      rng: np.random.Generator, mask: Callable[[list[int]], np.ndarray] | None = None,
+                      adjust: Callable[[np.ndarray, list[int]], np.ndarray] | None = None) -> DraftSteps:
         """Grow `tree` (rooted at tokens[-1]) within `shape`, one yielded DraftBatch per level.
         `mask(path)`: the tokens a grammar allows after the drafted `path`; `adjust(logits, path)`:
         the request's logit_bias and penalties applied to a draft row (edgespec/penalties.py)."""
 
-    def absorb_steps(self, tokens: list[int], budget: int):
+    def absorb_steps(self, tokens: list[int], budget: int) -> DraftSteps:
         """Catch up on at most `budget` entries of the backlog without drafting (a plain step)."""
 
     def add_features(self, features: np.ndarray) -> None:

@@ -14,54 +14,74 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from edgespec.drafters.base import decode_batch
+from edgespec.drafters.base import DraftBatch, decode_batch
+
+if TYPE_CHECKING:
+    from edgespec.tick.contract import DraftSteps, TickEngine, TickSession
+    from edgespec.tick.schedule import Plan
+
+
+class DraftRound(NamedTuple):
+    """One draft forward of the tick."""
+
+    tokens: int  # entries decoded
+    rows: int  # output rows
+    seconds: float
+    kind: str  # the cost kind of its drafter's forwards: "draft" or "head"
 
 
 @dataclass
 class DraftRecord:
-    # (tokens, output rows, seconds, cost kind: "draft" or "head") per draft forward
-    rounds: list = field(default_factory=list)
-    sessions: set = field(default_factory=set)  # sessions whose drafter decoded this tick
+    rounds: list[DraftRound] = field(default_factory=list)  # the tick's draft forwards, in order
+    sessions: set[TickSession] = field(default_factory=set)  # sessions whose drafter decoded this tick
 
     @property
     def seconds(self) -> float:
-        return sum(r[2] for r in self.rounds)
+        return sum(r.seconds for r in self.rounds)
 
     def seconds_of(self, kind: str) -> float:
         """Seconds of the forwards of one cost kind (the drafter a session waited for)."""
-        return sum(r[2] for r in self.rounds if r[3] == kind)
+        return sum(r.seconds for r in self.rounds if r.kind == kind)
 
 
-def draft(engine, plan) -> DraftRecord:
+def draft(engine: TickEngine, plan: Plan) -> DraftRecord:
     rec = DraftRecord()
-    gens = {}
-    for s in plan.decoding:
-        g = s.absorb_steps(plan.absorb[s]) if s in plan.absorb else s.draft_steps()
+    gens: dict[TickSession, DraftSteps] = {}
+    for s, step in plan.steps.items():
+        g = s.absorb_steps(step.absorb) if step.absorb is not None else s.draft_steps()
         if g is None:
             s.drafted(None)
         else:
             gens[s] = g
-    pending = {}
+    pending: dict[TickSession, DraftBatch] = {}
     for s, g in gens.items():
-        _advance(s, g, None, pending, absorbing=s in plan.absorb)
+        _advance(s, g, None, pending, absorbing=plan.steps[s].absorb is not None)
     while pending:
-        groups: dict = {}  # the draft context -> its sessions this round
+        groups: dict[int, list[TickSession]] = {}  # the draft context -> its sessions this round
         for s in pending:
-            groups.setdefault(id(s.draft_range.ctx), []).append(s)
+            groups.setdefault(id(s.draft_range.ctx if s.draft_range is not None else None), []).append(s)
         for order in groups.values():
             _round(engine, order, pending, gens, plan, rec)
     return rec
 
 
-def _round(engine, order: list, pending: dict, gens: dict, plan, rec: DraftRecord) -> None:
+def _round(engine: TickEngine, order: list[TickSession], pending: dict[TickSession, DraftBatch],
+           gens: dict[TickSession, DraftSteps], plan: Plan, rec: DraftRecord) -> None:
     """One draft forward on one shared context: the next batch of each of `order`'s drafters."""
-    tokens, positions, seqs, logits, counts, embd = [], [], [], [], [], []
+    tokens: list[int] = []
+    positions: list[int] = []
+    seqs: list[list[int]] = []
+    logits: list[bool] = []
+    counts: list[int] = []
+    embd: list[np.ndarray] = []
     for s in order:
         b = pending[s]
         rng = s.draft_range
+        assert rng is not None  # a session with a drafter has its range
         tokens += b.tokens
         positions += b.positions
         seqs += [rng.to_global(x) for x in b.seqs]
@@ -70,18 +90,21 @@ def _round(engine, order: list, pending: dict, gens: dict, plan, rec: DraftRecor
         if b.embd is not None:
             embd.append(b.embd)
     t0 = time.perf_counter()
-    rows = decode_batch(order[0].draft_range.ctx, tokens, positions, seqs, logits,
-                        np.concatenate(embd) if embd else None)
-    rec.rounds.append((len(tokens), len(rows), time.perf_counter() - t0, engine.cost_kind(order[0].drafter_kind)))
+    first = order[0].draft_range
+    assert first is not None
+    rows = decode_batch(first.ctx, tokens, positions, seqs, logits, np.concatenate(embd) if embd else None)
+    rec.rounds.append(DraftRound(len(tokens), len(rows), time.perf_counter() - t0,
+                                 engine.cost_kind(order[0].drafter_kind)))
     rec.sessions.update(order)
     at = 0
     for s, k in zip(order, counts):
         part = rows[at:at + k]
         at += k
-        _advance(s, gens[s], part, pending, absorbing=s in plan.absorb)
+        _advance(s, gens[s], part, pending, absorbing=plan.steps[s].absorb is not None)
 
 
-def _advance(s, gen, rows: np.ndarray | None, pending: dict, absorbing: bool) -> None:
+def _advance(s: TickSession, gen: DraftSteps, rows: np.ndarray | None, pending: dict[TickSession, DraftBatch],
+             absorbing: bool) -> None:
     """Send a drafter its rows; keep its next batch, or hand its report to the session."""
     try:
         pending[s] = gen.send(rows) if rows is not None else next(gen)

@@ -21,25 +21,39 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
-from edgespec.tick.schedule import first_bare, pieces
+import numpy as np
+
+from edgespec.tick.schedule import Piece, Plan, first_bare, pieces
+
+if TYPE_CHECKING:
+    from edgespec import backend
+    from edgespec.tick.contract import TargetBatch, TickEngine, TickSession
+
+# where one step's entries sit in the forward: (session, first entry, entries)
+Span = tuple["TickSession", int, int]
 
 
 @dataclass
 class ForwardRecord:
-    rows: dict = field(default_factory=dict)  # session -> [its batch entries, vocab] logits
+    rows: dict[TickSession, np.ndarray] = field(default_factory=dict)  # session -> [its entries, vocab] logits
     tokens: int = 0  # verification tokens in the forward
     seconds: float = 0.0
     prefill_tokens: int = 0
     prefill_seconds: float = 0.0
     first_tokens: int = 0  # the first steps' tokens, read after the pieces that ended their prompts
-    first: dict = field(default_factory=dict)  # session -> its first step's (logits rows, features)
+    # session -> its first step's (logits rows [entries, vocab], features or None)
+    first: dict[TickSession, tuple[np.ndarray, np.ndarray | None]] = field(default_factory=dict)
 
 
-def verify_forward(engine, plan) -> ForwardRecord:
+def verify_forward(engine: TickEngine, plan: Plan) -> ForwardRecord:
     rec = ForwardRecord()
     ctx = engine.target_ctx
-    tokens, positions, seqs, spans = [], [], [], []
+    tokens: list[int] = []
+    positions: list[int] = []
+    seqs: list[list[int]] = []
+    spans: list[Span] = []
     for s in plan.decoding:
         _lay(spans, s, s.target_batch(), tokens, positions, seqs)
     n_verify = len(tokens)
@@ -51,7 +65,8 @@ def verify_forward(engine, plan) -> ForwardRecord:
     # on: the first tokens come from the forward that read the prompt, as from a one-shot prefill.
     # The piece's cells join every sequence the step's tree lays out (the root's), as the
     # context's earlier cells were copied into them.
-    first, bare = {}, None
+    first: dict[TickSession, TargetBatch] = {}
+    bare: bool | None = None
     for s, toks, start in riders:
         if start + len(toks) == s.n_prompt - 1 and s.fuses_first:
             if bare is None:
@@ -59,14 +74,15 @@ def verify_forward(engine, plan) -> ForwardRecord:
             first[s] = s.first_step_batch(bare)
     _append(riders, tokens, positions, seqs, {s: batch[2][0] for s, batch in first.items()})
     n_read = len(tokens)
-    spans_first = []
+    spans_first: list[Span] = []
     for s, batch in first.items():
         _lay(spans_first, s, batch, tokens, positions, seqs)
     t0 = time.perf_counter()
     rows = ctx.decode_rows(tokens, positions, seqs,
                            [True] * n_verify + [False] * (n_read - n_verify) + [True] * (len(tokens) - n_read))
     dt = time.perf_counter() - t0
-    feats = ctx.collected() if engine.features else None
+    # a FeatureContext's (an EAGLE-3 head drafts): every token's target features
+    feats = cast("backend.FeatureContext", ctx).collected() if engine.features else None
     if n_verify:
         rec.seconds, rec.tokens = dt, n_verify
         for s, at, n in spans:
@@ -83,7 +99,8 @@ def verify_forward(engine, plan) -> ForwardRecord:
     return rec
 
 
-def _lay(spans: list, s, batch: tuple, tokens: list, positions: list, seqs: list) -> None:
+def _lay(spans: list[Span], s: TickSession, batch: TargetBatch, tokens: list[int], positions: list[int],
+         seqs: list[list[int]]) -> None:
     """One step's (tokens, positions, seqs) into the forward; its span (session, at, n) noted."""
     t, p, q = batch
     spans.append((s, len(tokens), len(t)))
@@ -92,7 +109,8 @@ def _lay(spans: list, s, batch: tuple, tokens: list, positions: list, seqs: list
     seqs += q
 
 
-def _append(group: list, tokens: list, positions: list, seqs: list, shared: dict | None = None) -> None:
+def _append(group: list[Piece], tokens: list[int], positions: list[int], seqs: list[list[int]],
+            shared: dict[TickSession, list[int]] | None = None) -> None:
     """The pieces' tokens, in their slots' main sequences; `shared`: session -> the sequences its
     first step's root is in (the piece's cells join them too; the main one first, which is the
     one a query's attention reads by)."""
@@ -106,7 +124,7 @@ def _append(group: list, tokens: list, positions: list, seqs: list, shared: dict
         seqs += [ids] * len(toks)
 
 
-def _done(group: list, rec: ForwardRecord, seconds: float, feats=None) -> None:
+def _done(group: list[Piece], rec: ForwardRecord, seconds: float, feats: np.ndarray | None = None) -> None:
     """The group's pieces are in the cache; `feats`: their features, in the group's order."""
     rec.prefill_seconds += seconds
     at = 0

@@ -10,6 +10,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edgespec.tick.contract import TickEngine
+    from edgespec.tick.draft import DraftRecord
+    from edgespec.tick.forward import ForwardRecord
+    from edgespec.tick.schedule import Plan
 
 PHASES = ("schedule", "draft", "forward", "verify_commit_emit", "observe")
 
@@ -21,10 +28,11 @@ class TickRecord:
     verify_tokens: int
     draft_forwards: int
     prefill_tokens: int
-    seconds: dict  # phase -> seconds
+    seconds: dict[str, float]  # phase -> seconds
 
 
-def observe(engine, plan, drafts, fwd, *, phases: tuple, t_start: float) -> None:
+def observe(engine: TickEngine, plan: Plan, drafts: DraftRecord, fwd: ForwardRecord, *,
+            phases: tuple[float, ...], t_start: float) -> None:
     t0 = time.perf_counter()
     cost = engine.cost
     verify_seconds = fwd.seconds
@@ -39,25 +47,26 @@ def observe(engine, plan, drafts, fwd, *, phases: tuple, t_start: float) -> None
     elif fwd.tokens:
         cost.observe("target", fwd.tokens, fwd.seconds, plan.context, plan.sequences)
         engine.threads.record(engine.threads_now, fwd.seconds, cost.calibrated_seconds("target", fwd.tokens))
-    for n, rows, secs, kind in drafts.rounds:
-        cost.observe(kind, n, max(secs - max(0, rows - 1) * cost.row_seconds(kind), 0.5 * secs))
-    pred_v = sum(v for v, _ in plan.predicted.values())
-    pred_d = sum(d for s, (_, d) in plan.predicted.items() if s in drafts.sessions)
+    for r in drafts.rounds:
+        cost.observe(r.kind, r.tokens, max(r.seconds - max(0, r.rows - 1) * cost.row_seconds(r.kind), 0.5 * r.seconds))
+    pred_v = sum(p.predicted[0] for p in plan.steps.values())
+    pred_d = sum(p.predicted[1] for s, p in plan.steps.items() if s in drafts.sessions)
     alone = len(plan.decoding) == 1
     scale = (verify_seconds + drafts.seconds) / (pred_v + pred_d) if pred_v + pred_d > 0 else 1.0
     now = time.perf_counter()
-    if (plan.guard_key is not None and not plan.prefill and not plan.absorb
+    if (plan.guard_key is not None and not plan.prefill and not plan.absorbing
             and plan.catchup <= engine.goodput.max_catchup):
         # realised goodput of the tick, for the guard: speculating (a drafter ran, or prompt
         # lookups or the suffix cache grafted) or plain. Not a tick whose drafter first read a
         # long backlog (a request's prompt, or the tokens decoded while the guard held the level
         # plain): that debt is paid once, and scoring it sank the very probes that could end a
         # fallback, each lost probe doubling the next wait
-        guessed = bool(drafts.sessions) or any(s.record.guessed for s in plan.decoding)
-        engine.goodput.record(plan.guard_key, guessed,
-                              sum(s.record.emitted for s in plan.decoding), now - t_start, plan.guard_unit)
-    for s in plan.decoding:
-        v, d = plan.predicted[s]
+        records = [s.record for s in plan.steps if s.record is not None]
+        guessed = bool(drafts.sessions) or any(r.guessed for r in records)
+        engine.goodput.record(plan.guard_key, guessed, sum(r.emitted for r in records), now - t_start,
+                              plan.guard_unit)
+    for s, step in plan.steps.items():
+        v, d = step.predicted
         drafted = s in drafts.sessions
         waited = drafts.seconds_of(engine.cost_kind(s.drafter_kind)) if drafted else 0.0  # its drafter's forwards
         s.observe(target_seconds=fwd.seconds, draft_seconds=waited,

@@ -30,10 +30,15 @@ the piece the schedule foresees is absorbed in pieces too while the session deco
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from edgespec.controller import expansion_batches
+from edgespec.controller import CostModel, expansion_batches
 from edgespec.shape import PLAIN, Shape, chain
+
+if TYPE_CHECKING:
+    from edgespec.tick.contract import TickEngine, TickSession
 
 MIN_PIECE = 16  # a prefill piece is never smaller: every prompt progresses
 
@@ -48,22 +53,47 @@ class Batch:
     unit: float = 0.0
 
 
+@dataclass(frozen=True)
+class StepPlan:
+    """What one decoding session does this tick."""
+
+    shape: Shape  # what it speculates (the joint choice; PLAIN while absorbing or held bare)
+    bare: bool = False  # the goodput guard turned this auto step plain, grafts and all
+    absorb: int | None = None  # draft tokens to absorb instead of drafting (a plain step), or None
+    predicted: tuple[float, float] = (0.0, 0.0)  # (verify, draft) seconds the step costs alone
+
+
+# one prefill piece riding the forward: (session, its tokens, start position)
+Piece = tuple["TickSession", list[int], int]
+
+
 @dataclass
 class Plan:
-    decoding: list = field(default_factory=list)  # sessions verifying this tick
-    shapes: dict = field(default_factory=dict)  # session -> Shape
-    prefill: list = field(default_factory=list)  # (session, tokens, start position), set by `pieces`
-    prefilling: list = field(default_factory=list)  # sessions reading their prompt, the oldest first
+    """The schedule's answer: each decoding session's step plan (in decoding order), the
+    sessions reading their prompt, and what the tick's pricing found. Computing it begins nothing
+    (`start` does); only `pieces` fills `prefill` in, once the drafts have set the
+    verification's size."""
+
+    steps: dict[TickSession, StepPlan] = field(default_factory=dict)
+    prefill: list[Piece] = field(default_factory=list)  # set by `pieces`
+    prefilling: list[TickSession] = field(default_factory=list)  # reading their prompt, the oldest first
     draft_seconds: float = 0.0  # the drafters' predicted forwards this tick (decode work beside verification)
-    absorb: dict = field(default_factory=dict)  # session -> draft tokens to absorb (plain step)
-    predicted: dict = field(default_factory=dict)  # session -> (verify, draft) seconds alone
     context: int = 0  # positions cached by the tick's sessions together
     sequences: int = 1  # the tick's sessions (each query's attention reads its own sequence's cells)
     batch: Batch = field(default_factory=Batch)
-    guard_key: tuple | None = None  # the goodput guard's load level of this tick
+    guard_key: tuple[int, int] | None = None  # the goodput guard's load level of this tick
     guard_unit: float = 0.0  # the cost model's seconds per plain token at this many sessions
-    bare: set = field(default_factory=set)  # auto sessions the guard turned plain, grafts and all
     catchup: int = 0  # the longest draft catch-up a speculating session carries this tick
+
+    @property
+    def decoding(self) -> list[TickSession]:
+        """The sessions verifying this tick."""
+        return list(self.steps)
+
+    @property
+    def absorbing(self) -> bool:
+        """Whether a session absorbs a draft catch-up this tick instead of drafting."""
+        return any(p.absorb is not None for p in self.steps.values())
 
 
 @dataclass
@@ -75,7 +105,8 @@ class _Rung:
     drafter: str = "draft"  # the cost kind of the drafter's forwards ("draft", "head")
 
 
-def schedule(engine, sessions: list) -> Plan:
+def schedule(engine: TickEngine, sessions: Sequence[TickSession]) -> Plan:
+    """Who decodes this tick with which shape, and who reads their prompt. Begins nothing."""
     plan = Plan()
     decoding = [s for s in sessions if not s.prefilling and not s.done]
     prefilling = [s for s in sessions if s.prefilling and not s.done]
@@ -83,45 +114,53 @@ def schedule(engine, sessions: list) -> Plan:
     plan.sequences = len(active)
     plan.context = sum(s.context for s in active)
     cost = engine.cost.at(plan.context, plan.sequences)
-    if decoding:
-        _guard(engine, plan, decoding, cost)
+    bare = _guard(engine, plan, decoding, cost) if decoding else set()
     # a session the guard turned plain asks its controller nothing (the search is most of a
     # tick's Python time at 8 streams)
-    shapes = {s: PLAIN if s in plan.bare else _suffix_first(s, s.choose_shape(), cost) for s in decoding}
-    if len(decoding) > 1 and not plan.bare:
-        shapes = _joint(decoding, shapes, cost)
+    shapes = {s: PLAIN if s in bare else _suffix_first(engine, s, s.choose_shape(), cost) for s in decoding}
+    if len(decoding) > 1 and not bare:
+        shapes = _joint(engine, decoding, shapes, cost)
     decode_seconds = 0.0
     if decoding:
-        rungs = [_rung_of(s, shapes[s], cost) for s in decoding]
+        rungs = [_rung_of(engine, s, shapes[s], cost) for s in decoding]
         decode_seconds = _tick_seconds(rungs, cost)
         plan.batch = Batch(sum(r.nodes + 1 for r in rungs), decode_seconds / sum(r.tokens for r in rungs))
     if decoding:
         plan.draft_seconds = max(0.0, decode_seconds - cost.verify_seconds(plan.batch.tokens))
     piece = _piece(engine, cost, plan.batch.tokens if decoding else None, decode_seconds)
+    final: dict[TickSession, Shape] = {}
+    absorb: dict[TickSession, int] = {}
     for s in decoding:
         shape = shapes[s]
         backlog = s.drafter.backlog(s.tokens) if s.drafter is not None else 0
         if shape.mode != "plain" and len(decoding) > 1 and backlog > piece and shape.depth > 0:
             # a long draft catch-up would stall every stream of the tick: take it in pieces
-            plan.absorb[s] = piece
+            absorb[s] = piece
             shape = PLAIN
-        plan.shapes[s] = shape
+        final[s] = shape
         if shape.mode != "plain":
             plan.catchup = max(plan.catchup, backlog)
-        if s.controller is not None:
-            s.controller.overridden(shape)
-        s.begin_step(shape, plan.batch if len(decoding) > 1 else None, bare=s in plan.bare)
-        plan.decoding.append(s)
     plan.prefilling = prefilling
     for s in decoding:
-        r = _rung_of(s, plan.shapes[s], cost)
-        plan.predicted[s] = (cost.verify_seconds(r.nodes + 1), _draft_seconds([r.batches], cost.drafting(r.drafter)))
+        r = _rung_of(engine, s, final[s], cost)
+        predicted = (cost.verify_seconds(r.nodes + 1), _draft_seconds([r.batches], cost.drafting(r.drafter)))
+        plan.steps[s] = StepPlan(final[s], s in bare, absorb.get(s), predicted)
     return plan
 
 
-def _guard(engine, plan: Plan, decoding: list, cost) -> None:
+def start(plan: Plan) -> None:
+    """Begin each decoding session's step as the plan says (`schedule` itself begins nothing): its
+    controller hears of a shape the tick changed, and its step record opens."""
+    batch = plan.batch if len(plan.steps) > 1 else None
+    for s, step in plan.steps.items():
+        if s.controller is not None:
+            s.controller.overridden(step.shape)
+        s.begin_step(step.shape, batch, bare=step.bare)
+
+
+def _guard(engine: TickEngine, plan: Plan, decoding: list[TickSession], cost: CostModel) -> set[TickSession]:
     """The goodput guard (controller/goodput.py): where speculation has measured slower than
-    plain decoding at this load level, every auto session decodes plainly this tick (plan.bare),
+    plain decoding at this load level, every auto session decodes plainly this tick (returned),
     without the prompt lookups' and the suffix cache's grafts too (they are speculation: their
     tokens cost verification). The same for the guard's own plain ticks, so that plain is
     measured bare."""
@@ -133,11 +172,10 @@ def _guard(engine, plan: Plan, decoding: list, cost) -> None:
         guard.new_request(key)
     for s in decoding:
         s.guard_seen = True
-    if auto and not guard.allow(key):
-        plan.bare.update(auto)
+    return set(auto) if auto and not guard.allow(key) else set()
 
 
-def pieces(engine, plan: Plan, n_verify: int) -> list:
+def pieces(engine: TickEngine, plan: Plan, n_verify: int) -> list[Piece]:
     """The prefill pieces that ride along this tick (plan.prefill), the oldest prompts first while
     the budget lasts. `n_verify`: the decoding sessions' tokens in the forward, grafts included
     (known once the drafts are done), which the budget is priced beside."""
@@ -156,7 +194,7 @@ def pieces(engine, plan: Plan, n_verify: int) -> list:
     return plan.prefill
 
 
-def first_bare(engine, plan: Plan) -> bool:
+def first_bare(engine: TickEngine, plan: Plan) -> bool:
     """Whether the first steps riding this tick are held bare (no grafts): the goodput guard has
     fallen back at the tick's load level."""
     key = plan.guard_key
@@ -165,7 +203,7 @@ def first_bare(engine, plan: Plan) -> bool:
     return engine.goodput.holds(key)
 
 
-def _piece(engine, cost, n_verify: int | None, decode_seconds: float) -> int:
+def _piece(engine: TickEngine, cost: CostModel, n_verify: int | None, decode_seconds: float) -> int:
     """Prefill tokens a tick may carry beside `n_verify` verification tokens (None: no session
     decodes) and `decode_seconds` of decode work: the most whose marginal cost on the
     verification curve stays within `prefill_share` times that work."""
@@ -191,11 +229,11 @@ def _piece(engine, cost, n_verify: int | None, decode_seconds: float) -> int:
     return lo
 
 
-def _suffix_first(s, shape: Shape, cost) -> Shape:
+def _suffix_first(engine: TickEngine, s: TickSession, shape: Shape, cost: CostModel) -> Shape:
     """An auto session whose suffix-cache proposal alone (no draft forward: a plain step with its
     graft) promises more tokens per second than its draft shape decodes plainly this step; the
     proposal still grafts onto whichever tree runs (Session._graft_suffix)."""
-    suffix = getattr(s, "suffix", None)
+    suffix = s.suffix
     if suffix is None or s.controller is None or s.drafter is None or shape.mode == "plain" or s.remaining <= 1:
         return shape
     prop = suffix.look(s.tokens)
@@ -205,18 +243,18 @@ def _suffix_first(s, shape: Shape, cost) -> Shape:
     if k <= 0:
         return shape
     rate = (1.0 + suffix.expected(prop, k)) / cost.verify_seconds(1 + k)
-    r = _rung_of(s, shape, cost)
+    r = _rung_of(engine, s, shape, cost)
     return PLAIN if rate >= r.tokens / _tick_seconds([r], cost) else shape
 
 
 # -- the joint choice -----------------------------------------------------------------------------
 
-def _rung_of(s, shape: Shape, cost) -> _Rung:
+def _rung_of(engine: TickEngine, s: TickSession, shape: Shape, cost: CostModel) -> _Rung:
     """Expected tokens and batch structure of `shape` for session s."""
     catchup = s.drafter.backlog(s.tokens) if s.drafter is not None else 0
     if shape.mode == "plain" or shape.depth <= 0:
         return _Rung(shape, 1.0, 0, ())
-    kind = s.engine.cost_kind(s.drafter_kind)
+    kind = engine.cost_kind(s.drafter_kind)
     ctl = s.controller
     if ctl is not None:
         tokens, expansions = ctl.rung(shape, cost.drafting(kind), catchup)
@@ -228,19 +266,19 @@ def _rung_of(s, shape: Shape, cost) -> _Rung:
 
 
 
-def _ladder(s, solo: Shape, cost) -> list[_Rung]:
+def _ladder(engine: TickEngine, s: TickSession, solo: Shape, cost: CostModel) -> list[_Rung]:
     """Plain, the chains shorter than the session's own choice, then its choice."""
-    rungs = [_rung_of(s, PLAIN, cost)]
+    rungs = [_rung_of(engine, s, PLAIN, cost)]
     if solo.mode == "plain" or solo.depth <= 0:
         return rungs
     depth = solo.depth if solo.mode == "chain" else min(solo.depth, 4)
     for k in range(1, depth):
-        rungs.append(_rung_of(s, chain(k, solo.stop_prob), cost))
-    rungs.append(_rung_of(s, solo, cost))
+        rungs.append(_rung_of(engine, s, chain(k, solo.stop_prob), cost))
+    rungs.append(_rung_of(engine, s, solo, cost))
     return rungs
 
 
-def _draft_seconds(batch_lists: list[tuple[int, ...]], cost) -> float:
+def _draft_seconds(batch_lists: list[tuple[int, ...]], cost: CostModel) -> float:
     """Draft forwards of a tick: level l of every session in one forward."""
     depth = max((len(b) for b in batch_lists), default=0)
     total = 0.0
@@ -256,7 +294,7 @@ def _draft_seconds(batch_lists: list[tuple[int, ...]], cost) -> float:
     return total
 
 
-def _tick_seconds(rungs: list[_Rung], cost) -> float:
+def _tick_seconds(rungs: list[_Rung], cost: CostModel) -> float:
     """One target forward over every rung's tokens, and each drafter's forwards over its rungs'."""
     n = sum(r.nodes + 1 for r in rungs)
     kinds = {r.drafter for r in rungs if r.batches}
@@ -264,17 +302,20 @@ def _tick_seconds(rungs: list[_Rung], cost) -> float:
                                         for k in kinds)
 
 
-def _joint(decoding: list, solo: dict, cost) -> dict:
-    ladders = {}
+def _joint(engine: TickEngine, decoding: list[TickSession], solo: dict[TickSession, Shape],
+           cost: CostModel) -> dict[TickSession, Shape]:
+    """The auto sessions' shapes chosen together: greedy ascent up their ladders while the
+    tick's expected tokens per second grow."""
+    ladders: dict[TickSession, list[_Rung]] = {}
     for s in decoding:
         if s.controller is not None and solo[s].mode != "plain" and not s.controller.probing:
-            ladders[s] = _ladder(s, solo[s], cost)
+            ladders[s] = _ladder(engine, s, solo[s], cost)
     if not ladders:
         return solo
-    fixed = [_rung_of(s, solo[s], cost) for s in decoding if s not in ladders]
+    fixed = [_rung_of(engine, s, solo[s], cost) for s in decoding if s not in ladders]
     level = {s: 0 for s in ladders}
 
-    def rate(lv: dict) -> float:
+    def rate(lv: dict[TickSession, int]) -> float:
         rungs = fixed + [ladders[s][lv[s]] for s in ladders]
         return sum(r.tokens for r in rungs) / _tick_seconds(rungs, cost)
 

@@ -72,9 +72,10 @@ def count_verified(stats: SpecStats, st: StepRecord, res: VerifyResult) -> None:
 
 def outcome(st: StepRecord, *, draft_share: float, verify_share: float, overhead_seconds: float) -> StepOutcome:
     """What the controller learns from the step (its shape's acceptance and cost)."""
-    res = st.result
+    res, lay = st.result, st.layout
+    assert res is not None and lay is not None  # a verified step's
     return StepOutcome(
         shape=st.shape, accepted_ranks=tuple(res.ranks), offered=tuple(res.offered),
         emitted=st.emitted, draft_seconds=draft_share, draft_batches=st.draft_batches,
         verify_seconds=verify_share, verify_tokens=len(st.tree), depth_drafted=st.levels,
-        overhead_seconds=overhead_seconds, spine_probs=st.spine_probs, context=st.layout.root_pos)
+        overhead_seconds=overhead_seconds, spine_probs=st.spine_probs, context=lay.root_pos)

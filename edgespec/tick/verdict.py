@@ -4,14 +4,19 @@ the pure verifier for the request's sampling (edgespec/verify.py, edgespec/const
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from edgespec.sampling import logits_to_probs
 from edgespec.tree import DraftTree
 from edgespec.verify import VerifyResult, verify_greedy, verify_stochastic
 
+if TYPE_CHECKING:
+    from edgespec.session import Session
 
-def verify(sess, tree: DraftTree, rows: np.ndarray) -> tuple[VerifyResult, np.ndarray]:
+
+def verify(sess: Session, tree: DraftTree, rows: np.ndarray) -> tuple[VerifyResult, np.ndarray]:
     """`rows`: [len(tree), n_vocab] the target's logits, node order (this session's own: they may
     be adjusted in place). Returns the verdict and the rows it read (what logprobs report)."""
     if sess.adjuster is not None:  # logit_bias and penalties, each node by its own path

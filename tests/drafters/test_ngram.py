@@ -42,7 +42,7 @@ def test_graft_budget_prices_extra_verification_in_plain_tokens():
     from types import SimpleNamespace
 
     from edgespec.controller.cost import CostModel
-    from edgespec.engine import NGRAM_MAX
+    from edgespec.drafters.ngram import NGRAM_MAX
 
     flat = CostModel.from_tables({1: 0.012, 2: 0.012, 4: 0.014, 8: 0.020, 16: 0.032}, {1: 0.005})
     steep = CostModel.from_tables({1: 0.012, 2: 0.021, 4: 0.028, 8: 0.036, 16: 0.044}, {1: 0.005})

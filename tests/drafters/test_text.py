@@ -16,11 +16,12 @@ from edgespec.drafters.text import (
     complete_utf8,
     target_continuation,
 )
-from edgespec.engine import Engine, Slot, seqs_per_slot
+from edgespec.engine import Engine
 from edgespec.kv import SeqRange
 from edgespec.sampling import SamplingParams
 from edgespec.selftest import ALPHA, check_tree_exact
 from edgespec.shape import Shape
+from edgespec.slots import Slot, seqs_per_slot
 from edgespec.tree import DraftTree
 from edgespec.types import GenerationRequest, SpeculationParams
 from tests.fake_backend import VOCAB, FakeContext, FakeModel, bigram_table

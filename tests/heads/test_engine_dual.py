@@ -168,8 +168,8 @@ def test_a_draft_model_request_copies_another_slots_prefill_and_the_choice_price
         assert holder.slot.prefill == tuple(toks[:-1])  # shared from now on
         req = request(toks, "chain", 4)
         other = next(s for s in eng.slots if not s.busy)
-        assert eng._kept_prefill(other, req, "model") == (len(toks) - 1, holder.slot, None)
-        assert eng._kept_prefill(other, req, "eagle3") == (0, None, None)
+        assert eng.pool.kept_prefill(other, req, "model") == (len(toks) - 1, holder.slot, None)
+        assert eng.pool.kept_prefill(other, req, "eagle3") == (0, None, None)
         cost = {k: eng.cost.drafting(eng.cost_kind(k)) for k in ("model", "eagle3")}
         backlog = min(len(toks) - 1, eng.cfg.draft_window)
         assert eng._once_seconds(req, other, "model") == pytest.approx(
@@ -214,7 +214,7 @@ def test_a_heads_request_copies_the_head_positions_and_the_prefill_of_another_sl
             eng.tick([busy])
         empty = next(s for s in eng.slots if not s.busy)
         empty.reset()
-        keep, donor, hdonor = eng._kept_prefill(empty, request(toks, "chain"), "eagle3")
+        keep, donor, hdonor = eng.pool.kept_prefill(empty, request(toks, "chain"), "eagle3")
         # all of it: the lent features include the root's parent's, which the head had not absorbed
         assert keep == len(toks) - 1 and donor is busy.slot and hdonor is busy.slot
         # and the choice prices the loan: nothing to prefill, nothing for the head to catch up on

@@ -160,14 +160,12 @@ def test_load_shrinks_speculation(batched):
             s.controller._overhead = {"plain": 0.0, "spec": 0.0}
             s.controller.breaker.state = "closed"
         solo = [s.choose_shape() for s in sess]
-        plan = schedule(eng, sess)
-        for s in sess:  # schedule began a step: finish it
-            s.cancel_step()
-        joint = [plan.shapes[s] for s in sess]
+        plan = schedule(eng, sess)  # begins no step (tick.start does)
+        joint = [plan.steps[s].shape for s in sess]
         cost = eng.cost.at(plan.context, plan.sequences)
 
         def rate(shapes):
-            rungs = [_rung_of(s, sh, cost) for s, sh in zip(sess, shapes)]
+            rungs = [_rung_of(eng, s, sh, cost) for s, sh in zip(sess, shapes)]
             return sum(r.tokens for r in rungs) / _tick_seconds(rungs, cost)
 
         solo_tokens = sum(sh.nodes + 1 for sh in solo)

@@ -240,11 +240,10 @@ def test_joint_schedule_keeps_solo_choice_when_alone_and_shrinks_when_verificati
     use(CostModel.from_tables({1: 0.010, 8: 0.010, 32: 0.011, 128: 0.012},
                               {1: 0.001, 8: 0.0011, 32: 0.0012}))
     solo = {s: s.choose_shape() for s in sess}
-    plan = schedule(eng, sess)
+    plan = schedule(eng, sess)  # begins no step (tick.start does)
+    assert all(s.record is None for s in sess)
     assert sum(solo[s].nodes for s in sess) > 0
-    assert all(plan.shapes[s].nodes == solo[s].nodes for s in sess)
-    for s in sess:
-        s.cancel_step()
+    assert all(plan.steps[s].shape.nodes == solo[s].nodes for s in sess)
     # verification linear in its tokens (a CPU under load): the batch speculates less
     # (each session alone still gains: 8 tokens cost 1.6 plain ones; four trees are 3x four roots)
     use(CostModel.from_tables({1: 0.010, 8: 0.016, 32: 0.080, 128: 0.32},
@@ -252,9 +251,8 @@ def test_joint_schedule_keeps_solo_choice_when_alone_and_shrinks_when_verificati
     solo = {s: s.choose_shape() for s in sess}
     plan = schedule(eng, sess)
     assert sum(solo[s].nodes for s in sess) > 0
-    assert sum(plan.shapes[s].nodes for s in sess) < sum(solo[s].nodes for s in sess)
+    assert sum(plan.steps[s].shape.nodes for s in sess) < sum(solo[s].nodes for s in sess)
     for s in sess:
-        s.cancel_step()
         s.close()
 
 
