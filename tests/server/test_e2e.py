@@ -436,8 +436,8 @@ def test_the_daemon_drafts_with_the_installed_head_beside_the_draft_and_says_whi
     decoding does, and Admin.Stats counts the requests per drafter, the tokens each proposed and
     the estimates the last choice compared."""
     info = server.inference.ModelInfo(pb.ModelInfoRequest(), timeout=30)
-    if "head.path" not in info.details:
-        pytest.skip("no EAGLE-3 head installed beside the demo draft (make models installs it)")
+    # `make models` installs the head: missing, this fails (a skip would let CI stay green if it stopped)
+    assert "head.path" in info.details, "no EAGLE-3 head installed beside the demo draft (make models installs it)"
     assert info.draft_path.endswith(DEMO_DRAFT) and info.details["head.name"].endswith(".eagle3.gguf")
     assert len(info.details["head.sha256"]) == 64
     questions = ["Write a Python function that returns the n-th Fibonacci number.",
