@@ -117,3 +117,32 @@ def test_a_request_that_starts_alone_probes_a_fallen_back_level_at_once():
     lv = g.levels[KEY]
     assert lv.fallbacks == 1 and lv.fallback and lv.probe_left == 0
     assert lv.backoff == min(g.max_reprobe, 2 * 10_000)  # the lost probe doubled the backoff (capped)
+
+
+def test_the_tick_scores_each_tick_at_its_key_in_its_unit_and_says_whether_it_speculated(monkeypatch):
+    """The guard's wiring, through the tick rather than the guard alone: every prefill-free tick is
+    recorded at the key of its decoding sessions and the cost model's host factor, in the cost
+    model's plain-token unit for that many sessions (a plain forward of n over n), with the tokens
+    it emitted, and flagged speculating exactly when a drafter ran for one of its sessions."""
+    eng = fake_engine(parallel=2)
+    monkeypatch.setattr(eng.cost, "host_factor", lambda kind="target": 4.0)  # load level log2(4) = 2
+    calls: list[tuple] = []
+    eng.goodput.record = lambda key, speculated, tokens, seconds, unit=1.0: calls.append((key, speculated, tokens, unit))
+    unit = {n: eng.cost.verify_seconds(n) / n for n in (1, 2)}
+    assert unit[1] != unit[2]  # the premise: a unit of the wrong session count would show
+
+    plain = eng.generate(req("plain"))
+    assert {(c[0], c[1], c[3]) for c in calls} == {((1, 2), False, unit[1])}
+    assert len(plain.token_ids) - 1 <= sum(c[2] for c in calls) <= len(plain.token_ids)  # the first rides the prefill
+    calls.clear()
+    chain = eng.generate(req("chain"))
+    assert chain.stats.draft_forwards > 0 and {(c[0], c[1], c[3]) for c in calls} == {((1, 2), True, unit[1])}
+    calls.clear()
+    both = [eng.open_session(req("chain")), eng.open_session(req("plain"))]
+    while not all(s.done for s in both):
+        eng.tick([s for s in both if not s.done])
+    together = [c for c in calls if c[0][0] == 2]
+    assert together and all(c[1] and c[3] == unit[2] for c in together)  # one drafted: the tick speculated
+    assert {(c[0], c[1], c[3]) for c in calls if c[0][0] == 1} == {((1, 2), False, unit[1])}  # the plain one, alone
+    for s in both:
+        s.close()
