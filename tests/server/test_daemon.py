@@ -149,25 +149,24 @@ def test_idle_work_runs_between_requests_and_yields_to_them(make_daemon):
     assert eng.idle_calls == calls  # nothing left: the loop waits instead of spinning
     assert len(eng.threads) == 1  # idle work runs on the engine thread too
 
-    eng.idle_pieces_per_request, eng.idle_seconds = 200, 0.05  # 10 s of idle work
+    eng.idle_pieces_per_request, eng.idle_seconds = 10**6, 0.05  # idle work that never ends
     r.inference.Generate(req(max_tokens=2), timeout=10)
-    assert _wait_for(lambda: 0 < eng.idle_left < 200)
-    t0 = time.monotonic()
-    out = r.inference.Generate(req(max_tokens=2), timeout=10)
-    assert time.monotonic() - t0 < 2.0 and len(out.token_ids) == 2
+    assert _wait_for(lambda: 0 < eng.idle_left < 10**6)
+    # served at all: a loop that waited for the rest of the idle work would never answer (no
+    # wall-clock bound to miss on a loaded host)
+    assert len(r.inference.Generate(req(max_tokens=2), timeout=60).token_ids) == 2
     eng.idle_left = 0
 
-    # a piece that would take 20 s: an arriving request stops it (the engine's abort_idle_work),
-    # and the flag is lowered again before anything else runs; an engine call (ModelInfo) too
-    eng.idle_pieces_per_request, eng.idle_seconds = 3, 20.0
-    for stop in (lambda: r.inference.Generate(req(max_tokens=2), timeout=10),
-                 lambda: r.inference.ModelInfo(pb.ModelInfoRequest(), timeout=10)):
+    # a piece that would take an hour: an arriving request stops it (the engine's abort_idle_work;
+    # one that waited would time out), and the flag is lowered again before anything else runs;
+    # an engine call (ModelInfo) too
+    eng.idle_pieces_per_request, eng.idle_seconds = 3, 3600.0
+    for stop in (lambda: r.inference.Generate(req(max_tokens=2), timeout=60),
+                 lambda: r.inference.ModelInfo(pb.ModelInfoRequest(), timeout=60)):
         eng.idle_aborts.clear()
         r.inference.Generate(req(max_tokens=2), timeout=10)
         assert _wait_for(lambda: eng.in_piece)
-        t0 = time.monotonic()
         stop()
-        assert time.monotonic() - t0 < 5.0
         assert _wait_for(lambda: eng.idle_aborts[-1:] == [False])
         assert eng.idle_aborts[:2] == [True, False]
     eng.idle_left = 0
@@ -255,12 +254,12 @@ def test_cancel_mid_stream_frees_the_slot(make_daemon):
 
 def test_deadline_stops_generation(make_daemon):
     r = make_daemon(step_seconds=0.02, server={"parallel": 1, "queue_size": 0})
-    t0 = time.monotonic()
     with pytest.raises(grpc.RpcError) as e:
         r.inference.Generate(req(max_tokens=2000), timeout=0.3)
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert time.monotonic() - t0 < 2
-    assert wait_for(lambda: r.engine.busy == 0, 2)
+    # the server stops it: the slot is free long before the 40 s the request would decode
+    # (waited for, with room for a loaded host, not timed to 2 s)
+    assert wait_for(lambda: r.engine.busy == 0, 20)
     assert r.admin.Stats(admin_pb2.StatsRequest(), timeout=5).finished_by_reason["deadline"] == 1
 
 
@@ -270,11 +269,9 @@ def test_overload_is_resource_exhausted_at_once(make_daemon):
     next(s1)
     s2 = r.inference.GenerateStream(req(max_tokens=2000), timeout=30)  # queued
     assert wait_for(lambda: r.daemon.loop.stats()["queue_depth"] == 1)
-    t0 = time.monotonic()
-    with pytest.raises(grpc.RpcError) as e:
+    with pytest.raises(grpc.RpcError) as e:  # a server that queued it would answer DEADLINE_EXCEEDED
         r.inference.Generate(req(), timeout=10)
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert time.monotonic() - t0 < 1.0
     s1.cancel()
     assert next(s2).token_ids  # the queued one gets the slot
     s2.cancel()

@@ -5,6 +5,7 @@ Synchronised on the engine's own ticks, never on the clock."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any
@@ -42,6 +43,21 @@ def start(engine, parallel, queue_size=4):
     loop = EngineLoop(lambda: engine, parallel=parallel, queue_size=queue_size).start()
     assert loop.wait_loaded(10)
     return loop
+
+
+@contextlib.contextmanager
+def engine_thread_held(loop):
+    """Hold the engine thread in an engine call for the block's duration (waited for, not slept
+    on): what the block submits is admitted together when it ends."""
+    inside, release = threading.Event(), threading.Event()
+    caller = threading.Thread(target=loop.call, args=(lambda engine: inside.set() or release.wait(30),))
+    caller.start()
+    assert inside.wait(10)
+    try:
+        yield
+    finally:
+        release.set()
+        caller.join(30)
 
 
 def job(tokens, max_tokens=8, **kw) -> Job:
@@ -184,14 +200,15 @@ def test_a_cancel_aborts_the_forward_only_when_every_request_in_it_is_gone():
         gate.set()
 
     held = _hold_forward_until_aborted(eng.eng.target_ctx, expire=expire, seconds=1.0)
-    eng.gate.clear()
+    firsts: list[int] = []
+    eng.before_tick = lambda sessions: firsts.append(len(sessions))
     loop = start(eng, parallel=2)
     try:
-        loop.submit(a)
-        loop.submit(b)
-        time.sleep(0.05)
-        eng.gate.set()  # both admitted before the first tick
+        with engine_thread_held(loop):  # both queued while the engine thread is busy: one tick opens both
+            loop.submit(a)
+            loop.submit(b)
         assert gate.wait(20)
+        assert firsts[0] == 2  # the premise: a and b share the held forward
         # only a was cancelled: the held forward runs its full second, unaborted
         assert events(a)[-1][1].finish_reason == "cancelled"
         assert held[1] - held[0] >= 0.9
