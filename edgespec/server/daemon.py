@@ -378,7 +378,7 @@ class Daemon:
         if new.speculation.suffix_cache != self.cfg.speculation.suffix_cache and self.loop.ready:
             try:  # [speculation] suffix_cache: false turns the cache off and empties it; true back on
                 on = new.speculation.suffix_cache
-                self.loop.call(lambda engine: getattr(engine, "suffix_control", lambda **_: None)(enabled=on))
+                self.loop.call(lambda engine: engine.suffix_control(enabled=on))
             except Exception as exc:
                 log.warning("suffix_cache_reload_failed", error=str(exc))
         self.cfg = new

@@ -97,6 +97,9 @@ class LoopEngine(Protocol):
     @property
     def suffix_stats(self) -> Callable[[], dict[str, float]] | None: ...
 
+    # the suffix cache on or off (off empties it) and/or emptied (SetPolicy, a reload); its figures
+    def suffix_control(self, enabled: bool | None = None, clear: bool = False) -> dict: ...
+
 
 HEARTBEAT_SECONDS = 1.0
 BLOCKED_SECONDS = 0.01  # idle with queued jobs whose callers are at their concurrent limit
@@ -661,15 +664,17 @@ class EngineLoop:
         if result.finish_reason not in ("length", "eos", "stop"):  # cancelled by a drain: not a verdict
             self.metrics.shadow.inc(label="skipped")
             return
+        # how the shadow decoded (plain steps only, no draft forward): what makes it a check
+        how = {"steps_per_mode": dict(result.stats.steps_per_mode), "draft_forwards": result.stats.draft_forwards}
         if tuple(result.token_ids) == expected:
             self.metrics.shadow.inc(label="match")
-            log.info("audit_shadow_match", request_id=rid, tokens=len(expected))
+            log.info("audit_shadow_match", request_id=rid, tokens=len(expected), **how)
             return
         k = next((i for i, (a, b) in enumerate(zip(result.token_ids, expected)) if a != b),
                  min(len(expected), len(result.token_ids)))
         self.metrics.shadow.inc(label="mismatch")
         log.warning("audit_shadow_mismatch", request_id=rid, first_differing_token=k,
-                    speculative_tokens=len(expected), plain_tokens=len(result.token_ids))
+                    speculative_tokens=len(expected), plain_tokens=len(result.token_ids), **how)
 
     def _shutdown(self, engine: LoopEngine, active: list[_Active]) -> None:
         for a in list(active):

@@ -361,7 +361,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     def SetPolicy(self, request: admin_pb2.SetPolicyRequest, context: grpc.ServicerContext) -> admin_pb2.Policy:
         policy = self.update_policy(convert.policy_changes(request), request.reset)
         if request.clear_suffix_cache:
-            self.loop.call(lambda engine: getattr(engine, "suffix_control", lambda **_: None)(clear=True))
+            self.loop.call(lambda engine: engine.suffix_control(clear=True))
         return convert.policy_to_pb(policy)
 
     def Drain(self, request: admin_pb2.DrainRequest, context: grpc.ServicerContext) -> admin_pb2.DrainResponse:

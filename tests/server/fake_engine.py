@@ -128,6 +128,7 @@ class FakeEngine:
         self.in_piece = False  # a piece of idle work is under way
         self.encoder = FakeEncoder()
         self.tick_totals: dict[str, float] = {}
+        self.suffix_calls: list[tuple[bool | None, bool]] = []  # suffix_control's (enabled, clear)
         self.words = WORDS  # what tokens 10, 11, ... render as (a test may make them a tool call)
         self.seeded = False  # a request's seed shifts its answer (see FakeSession)
         self.eos_after: int | None = None  # end of sequence after this many tokens
@@ -136,6 +137,11 @@ class FakeEngine:
 
     def _touch(self) -> None:
         self.threads.add(threading.get_ident())
+
+    def suffix_control(self, enabled: bool | None = None, clear: bool = False) -> dict:
+        """Engine.suffix_control: this engine has no suffix cache, so the calls are only recorded."""
+        self.suffix_calls.append((enabled, clear))
+        return {}
 
     def compile_constraint(self, spec: Any) -> tuple[str, Any, int]:
         """Engine.compile_constraint, from any thread: a stand-in grammar state naming the spec and

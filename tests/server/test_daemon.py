@@ -321,6 +321,14 @@ def test_set_policy_off_forces_plain_for_new_requests(make_daemon):
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and e.value.details().startswith("max_tree_depth")
 
 
+def test_set_policy_clears_the_suffix_cache_through_the_engine(make_daemon):
+    """SetPolicy clear_suffix_cache calls the engine's suffix_control (a LoopEngine member: no
+    probe for it), on the engine thread."""
+    r = make_daemon()
+    r.admin.SetPolicy(admin_pb2.SetPolicyRequest(clear_suffix_cache=True), timeout=5)
+    assert r.engine.suffix_calls == [(None, True)]
+
+
 def test_drain_then_resume(make_daemon):
     r = make_daemon()
     d = r.admin.Drain(admin_pb2.DrainRequest(), timeout=5)
