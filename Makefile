@@ -20,7 +20,7 @@ HTTP_PORT ?= 8080
 CONFIG ?= configs/demo.toml
 PYTEST_ARGS ?=
 
-.PHONY: all venv install proto models serve lint test test-fast bundle clean bench rpc-server
+.PHONY: all venv install proto models serve lint test test-fast test-nightly bundle clean bench rpc-server
 
 all: install
 
@@ -55,6 +55,11 @@ lint: proto
 test: install models
 	tools/ensure-test-deps.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# the nightly tier: `make test` plus the full hypothesis example counts (tests/conftest.py)
+test-nightly: install models
+	tools/ensure-test-deps.sh
+	$(PY) -m pytest --hypothesis-profile=nightly $(PYTEST_ARGS)
 
 test-fast: install
 	tools/ensure-test-deps.sh

@@ -6,8 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from edgespec.models import DemoPair
+
+# Hypothesis tiers: the default (CI's `make test`) draws 50 examples per property; the nightly
+# profile (`--hypothesis-profile=nightly`, `make test-nightly`) draws the full 150.
+settings.register_profile("default-tier", max_examples=50)
+settings.register_profile("nightly", max_examples=150)
+settings.load_profile("default-tier")
 
 
 @pytest.fixture(scope="session")
