@@ -101,6 +101,12 @@ class LoopEngine(Protocol):
     def suffix_control(self, enabled: bool | None = None, clear: bool = False) -> dict: ...
 
 
+def _shadow_fields(result: GenerationResult) -> dict:
+    """How an [audit] shadow decoded, for its log line: plain steps only and no draft forward is
+    what makes it a check."""
+    return {"steps_per_mode": dict(result.stats.steps_per_mode), "draft_forwards": result.stats.draft_forwards}
+
+
 HEARTBEAT_SECONDS = 1.0
 BLOCKED_SECONDS = 0.01  # idle with queued jobs whose callers are at their concurrent limit
 WATCH_SECONDS = 0.005  # how often the watch thread looks at a running tick's requests
@@ -664,17 +670,15 @@ class EngineLoop:
         if result.finish_reason not in ("length", "eos", "stop"):  # cancelled by a drain: not a verdict
             self.metrics.shadow.inc(label="skipped")
             return
-        # how the shadow decoded (plain steps only, no draft forward): what makes it a check
-        how = {"steps_per_mode": dict(result.stats.steps_per_mode), "draft_forwards": result.stats.draft_forwards}
         if tuple(result.token_ids) == expected:
             self.metrics.shadow.inc(label="match")
-            log.info("audit_shadow_match", request_id=rid, tokens=len(expected), **how)
+            log.info("audit_shadow_match", request_id=rid, tokens=len(expected), **_shadow_fields(result))
             return
         k = next((i for i, (a, b) in enumerate(zip(result.token_ids, expected)) if a != b),
                  min(len(expected), len(result.token_ids)))
         self.metrics.shadow.inc(label="mismatch")
         log.warning("audit_shadow_mismatch", request_id=rid, first_differing_token=k,
-                    speculative_tokens=len(expected), plain_tokens=len(result.token_ids), **how)
+                    speculative_tokens=len(expected), plain_tokens=len(result.token_ids), **_shadow_fields(result))
 
     def _shutdown(self, engine: LoopEngine, active: list[_Active]) -> None:
         for a in list(active):

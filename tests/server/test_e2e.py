@@ -223,6 +223,37 @@ def test_sigterm_during_stream_exits_zero(tmp_path):
             s.proc.kill()
 
 
+def _log_event(path: Path, event: str, timeout: float = 300) -> dict:
+    """The first JSON log line of `event` in the daemon's log, waited for (fails after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for line in path.read_text().splitlines():
+            if f'"{event}"' in line:
+                return json.loads(line)
+        assert time.monotonic() < deadline, f"no {event} in the log:\n{path.read_text()[-3000:]}"
+        time.sleep(0.2)
+
+
+def test_audit_re_decodes_a_speculative_request_plainly_in_the_daemon(tmp_path):
+    """[audit] shadow_fraction = 1 in a real daemon: a greedy chain request, once the engine is
+    idle, is decoded again in plain mode (plain steps only, no draft forward) and counted a match."""
+    s = start_server(tmp_path, "--log-level", "info", env={"EDGESPEC_AUDIT_SHADOW_FRACTION": "1"})
+    try:
+        rq = pb.GenerateRequest(prompt="Write a Python function that adds two numbers.")
+        rq.sampling.max_tokens = 16
+        rq.speculation.mode = pb.CHAIN
+        spoken = s.inference.Generate(rq, timeout=300)
+        assert spoken.speculation.draft_forwards > 0  # the audited request did speculate
+        shadow = _log_event(tmp_path / "serve.log", "audit_shadow_match")
+        assert shadow["tokens"] == len(spoken.token_ids) == 16
+        assert shadow["draft_forwards"] == 0 and set(shadow["steps_per_mode"]) == {"plain"}, shadow
+        assert sum(shadow["steps_per_mode"].values()) >= 15  # one token per plain step (the first rides the prompt)
+        assert "audit_shadow_mismatch" not in (tmp_path / "serve.log").read_text()
+    finally:
+        s.channel.close()
+        stop(s.proc)
+
+
 def test_sighup_reloads_policy_without_dropping_a_stream(tmp_path):
     """A real SIGHUP mid-stream: the stream completes, the new [speculation] policy (off = plain
     decoding) applies to the next request."""

@@ -6,9 +6,13 @@ Synchronised on the engine's own ticks, never on the clock."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from typing import Any
+
+import structlog
+import structlog.testing
 
 from edgespec.errors import Overloaded
 from edgespec.sampling import SamplingParams
@@ -327,9 +331,19 @@ def test_audit_shadow_decodes_match_and_a_tampered_one_is_counted():
         greedy = job([0, 5, 6, 7], max_tokens=6)
         greedy.sampling = SamplingParams(max_tokens=6, temperature=0.0)
         greedy.speculation = SpeculationParams(mode="chain")
-        loop.submit(greedy)
-        assert events(greedy)[-1][0] == "result"
-        assert _wait(lambda: loop.metrics.shadow.value("match") == 1)
+        old = structlog.get_config()
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+        try:
+            with structlog.testing.capture_logs() as logged:
+                loop.submit(greedy)
+                assert events(greedy)[-1][0] == "result"
+                assert _wait(lambda: any(e["event"] == "audit_shadow_match" for e in logged))
+        finally:
+            structlog.configure(**old)
+        assert loop.metrics.shadow.value("match") == 1
+        match = next(e for e in logged if e["event"] == "audit_shadow_match")
+        # the shadow really decoded plainly: plain steps only, no draft forward
+        assert match["draft_forwards"] == 0 and set(match["steps_per_mode"]) == {"plain"}, match
         plain = job([0, 5, 6, 8], max_tokens=6)
         plain.sampling = SamplingParams(max_tokens=6, temperature=0.0)
         hot = job([0, 5, 6, 9], max_tokens=6)
