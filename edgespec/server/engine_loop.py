@@ -178,6 +178,14 @@ class _Active:
     session: LoopSession
 
 
+def _outcome(job: Job, sess: Any, result: GenerationResult) -> tuple[str, Any]:
+    """A finished job's last event: its result, or the error of a request that failed on its own
+    (its grammar past the engine's limits: Session.failure), named by the field its constraint
+    came from. The others in the tick go on."""
+    failure = getattr(sess, "failure", None)
+    return ("error", BadRequest(job.constraint_field, failure)) if failure else ("result", result)
+
+
 class EngineLoop:
     """`factory()` builds the engine *on the engine thread* (then `warmup()`); jobs go in with
     `submit`, one-off engine calls (tokenize, model_info) with `call`."""
@@ -639,10 +647,7 @@ class EngineLoop:
         log.info("generation_finished", request_id=job.request_id, finish_reason=result.finish_reason,
                  completion_tokens=len(result.token_ids), tau=round(st.tau, 3),
                  ttft_seconds=round(t["time_to_first_token_seconds"], 4), total_seconds=round(t["total_seconds"], 4), **fields)
-        failure = getattr(sess, "failure", None)
-        # a request that failed on its own (its grammar past the engine's limits) is the caller's
-        # error, named by the field its constraint came from; the others in the tick go on
-        job.events.put(("error", BadRequest(job.constraint_field, failure)) if failure else ("result", result))
+        job.events.put(_outcome(job, sess, result))
         job.opened.set()
 
     def _maybe_shadow(self, job: Job, result: GenerationResult) -> None:
