@@ -59,7 +59,7 @@ LIMITS = llg.LLParserLimits(verbose_errors=False)
 # chain of 4,400 one-line rules (64 KB) overflows a thread's default 8 MiB stack and kills the
 # process. Compiles run on a thread of their own with this much stack (reserved, touched only as used)
 COMPILE_STACK_BYTES = 512 << 20
-# the engine thread's time for one request's token masks in one step (drafting and the tree's
+# the engine thread's CPU time for one request's token masks in one step (drafting and the tree's
 # masks): past it the request fails (Matcher.failure), so one caller's grammar cannot stall the tick
 STEP_MASK_SECONDS = 0.5
 SPECIAL_PREFIX = b"\xff"  # llguidance's marker for special tokens (never matched by grammar text)
@@ -233,9 +233,9 @@ class Matcher:
         if self._failed():
             self._eos_bits(out)
             return
-        t0 = time.perf_counter()
+        t0 = time.thread_time()  # this thread's CPU time: a busy host's preemption is not the grammar's
         self._m.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
-        self.spent += time.perf_counter() - t0
+        self.spent += time.thread_time() - t0
         if self._failed():
             self._eos_bits(out)
 
