@@ -174,6 +174,10 @@ class BudgetMatcher:
         return self.inner.finished
 
     @property
+    def failure(self) -> str | None:
+        return self.inner.failure
+
+    @property
     def accepting(self) -> bool:
         return self.inner.accepting and self.state.phase != "close"
 

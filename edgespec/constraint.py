@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +55,13 @@ from edgespec.verify import VerifyResult, verify_greedy, verify_stochastic
 # llguidance's resource limits (its defaults), errors without the grammar's text: a grammar that
 # passes them fails its request (Matcher.error), never the engine's tick
 LIMITS = llg.LLParserLimits(verbose_errors=False)
+# llguidance's grammar checks recurse once per chained rule (about 3 KiB of stack each): a Lark
+# chain of 4,400 one-line rules (64 KB) overflows a thread's default 8 MiB stack and kills the
+# process. Compiles run on a thread of their own with this much stack (reserved, touched only as used)
+COMPILE_STACK_BYTES = 512 << 20
+# the engine thread's CPU time for one request's token masks in one step (drafting and the tree's
+# masks): past it the request fails (Matcher.failure), so one caller's grammar cannot stall the tick
+STEP_MASK_SECONDS = 0.5
 SPECIAL_PREFIX = b"\xff"  # llguidance's marker for special tokens (never matched by grammar text)
 
 
@@ -101,10 +110,12 @@ class _Wrapped:
 class Compiler:
     """Compiles constraints for one vocabulary (the tokenizer's token trie is built once)."""
 
-    def __init__(self, vocab: Vocabulary):
+    def __init__(self, vocab: Vocabulary, step_seconds: float = STEP_MASK_SECONDS):
         self.vocab = vocab
         self.n_vocab = len(vocab.tokens)
+        self.step_seconds = step_seconds
         self.tokenizer = llg.LLTokenizer(llg.TokenizerWrapper(_Wrapped(vocab)), eos_token=list(vocab.eos) or None)
+        self._stack_lock = threading.Lock()
 
     def grammar(self, spec: ConstraintSpec) -> str:
         """The llguidance grammar for `spec`; BadRequest("constraint.value") if it does not compile."""
@@ -133,13 +144,41 @@ class Compiler:
         return g
 
     def matcher(self, spec: ConstraintSpec) -> Matcher:
-        """A request's grammar state, its first mask computed here (the caller's thread): that
-        builds the lexer's first states, which for a grammar like `(a{1000}){1000}` takes seconds
-        or passes llguidance's limits. BadRequest("constraint.value") when it does. The request's
-        reasoning budget is not applied here: edgespec.budget.matcher wraps this one in it."""
+        """A request's grammar state, its first mask computed in the caller's thread (on a
+        large-stack thread of its own: COMPILE_STACK_BYTES): that builds the lexer's first states,
+        which for a grammar like `(a{1000}){1000}` takes seconds or passes llguidance's limits.
+        BadRequest("constraint.value") when it does. The request's reasoning budget is not
+        applied here: edgespec.budget.matcher wraps this one in it."""
+        return self._on_large_stack(lambda: self._matcher(spec))
+
+    def _on_large_stack(self, fn: Callable[[], Any]) -> Any:
+        """fn() on a thread with COMPILE_STACK_BYTES of stack (the setting applies to threads
+        started while it holds, hence the lock); its exception re-raised here."""
+        out: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                out["value"] = fn()
+            except BaseException as exc:
+                out["error"] = exc
+
+        with self._stack_lock:
+            before = threading.stack_size(COMPILE_STACK_BYTES)
+            try:
+                worker = threading.Thread(target=run, name="edgespec-grammar", daemon=True)
+                worker.start()
+            finally:
+                threading.stack_size(before)
+        worker.join()
+        if "error" in out:
+            raise out["error"]
+        return out["value"]
+
+    def _matcher(self, spec: ConstraintSpec) -> Matcher:
         m = Matcher(llg.LLMatcher(self.tokenizer, self.grammar(spec), log_level=0, limits=LIMITS), self.n_vocab,
-                    tuple(self.vocab.eos))
+                    tuple(self.vocab.eos), step_seconds=self.step_seconds)
         m.bitmask()
+        m.spent = 0.0  # the first mask is the caller's, not a step's
         if m.error is not None:
             raise BadRequest("constraint.value", f"{spec.kind} is too complex for the grammar engine's limits: "
                              f"{m.error}")
@@ -155,15 +194,30 @@ class Matcher:
     and the commit of emitted tokens. Engine thread only.
 
     A grammar can pass llguidance's limits while the request runs (its lexer building too many
-    states after some text): the matcher then records `error` and allows only end-of-generation
-    tokens, so that one request stops and the tick serving the others goes on."""
+    states after some text), or its masks can take more than `step_seconds` of one step: the
+    matcher then records `error` (`failure`) and allows only end-of-generation tokens, so that the
+    tick serving the others goes on, and the engine fails that one request with the reason."""
 
-    def __init__(self, m: Any, n_vocab: int, eos: Sequence[int] = ()):
+    def __init__(self, m: Any, n_vocab: int, eos: Sequence[int] = (), step_seconds: float = STEP_MASK_SECONDS):
         self._m = m
         self.n_vocab = n_vocab
         self._words = (n_vocab + 31) // 32
         self.eos = tuple(eos)
         self.error: str | None = None  # the first line of llguidance's error, once it failed
+        self.step_seconds = step_seconds
+        self.spent = 0.0  # seconds of mask computation in the step under way (node_bits ends it)
+
+    @property
+    def failure(self) -> str | None:
+        """Why the grammar can no longer be applied (past llguidance's limits or the step's time),
+        or None."""
+        return self.error if self._failed() else None
+
+    def _over_budget(self) -> bool:
+        if self.error is None and self.spent > self.step_seconds:
+            self.error = (f"its token masks took over {self.step_seconds:g} s of one decoding step "
+                          f"(the grammar is too costly to apply)")
+        return self.error is not None
 
     def _failed(self) -> bool:
         if self.error is None and self._m.is_error():
@@ -179,7 +233,9 @@ class Matcher:
         if self._failed():
             self._eos_bits(out)
             return
+        t0 = time.thread_time()  # this thread's CPU time: a busy host's preemption is not the grammar's
         self._m.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
+        self.spent += time.thread_time() - t0
         if self._failed():
             self._eos_bits(out)
 
@@ -210,6 +266,8 @@ class Matcher:
 
         def visit(node: int) -> None:
             for c in children[node]:
+                if self._over_budget():
+                    return
                 if m.try_consume_tokens([tree.tokens[c]]) != 1:
                     continue
                 valid[c] = True
@@ -220,7 +278,9 @@ class Matcher:
 
         if not self._failed():
             visit(0)
-        if self._failed():  # past llguidance's limits: the request may only end
+        self._over_budget()
+        self.spent = 0.0  # the step's masks are done
+        if self._failed():  # past llguidance's limits or the step's time: the request may only end
             bits[:] = 0
             self._eos_bits(bits[0])
             valid[1:] = False
@@ -235,6 +295,8 @@ class Matcher:
         """[n_vocab] bool: the tokens allowed after `path` (tokens not committed: a drafted branch),
         all False when the grammar forbids the path itself. Nothing is committed."""
         toks = [int(t) for t in path]
+        if self._over_budget():  # this step's masks are spent: nothing more is drafted
+            return np.zeros(self.n_vocab, dtype=bool)
         m = self._m
         n = m.try_consume_tokens(toks) if toks else 0
         try:

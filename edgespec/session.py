@@ -97,6 +97,7 @@ class Session:
         self.check_kv = False  # tests turn this on: assert the KV invariants after every step
         self.guard_seen = False  # the goodput guard has seen this request decode (tick/schedule.py)
         self.closed_reason: FinishReason | None = None  # why close() ended it before it finished
+        self.failure: str | None = None  # why the request failed on its own (finish reason "error")
         self.drafter_kind = drafter or engine.draft_kind
         # drafters/base.py: Drafter, in its range of the drafter's shared context (draft_range)
         self.draft_range = engine.draft_range(req, slot, self.drafter_kind)  # None: model-free drafts only
@@ -402,7 +403,11 @@ class Session:
             self.logprobs.extend(lps)
         self.stats.emitted_tokens = len(self.out)
         st.result, st.emitted = res, len(new_tokens)
-        return Chunk(tuple(taken), text, self.emitter.finish_reason, lps)
+        if self.matcher is not None and (why := self.matcher.failure) is not None and self.failure is None:
+            # the grammar can no longer be applied: this request fails, the tick goes on for the others
+            self.failure = f"the constraint failed after {len(self.out)} generated tokens: {why}"
+            self.closed_reason = "error"
+        return Chunk(tuple(taken), text, self.finish_reason, lps)
 
     def observe(self, *, target_seconds: float, draft_seconds: float, verify_share: float, draft_share: float,
                 step_seconds: float) -> None:

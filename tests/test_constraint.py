@@ -6,6 +6,7 @@ A real-vocabulary check on the demo target is marked slow."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -366,3 +367,61 @@ def test_a_grammar_past_its_limits_at_its_first_mask_is_refused_by_field(compile
     with pytest.raises(BadRequest) as e:
         compiler.matcher(ConstraintSpec("regex", "(a|b|c){3,40}[bc]{5,30}"))
     assert e.value.field == "constraint.value" and "too complex" in str(e.value)
+
+
+def test_a_grammar_that_recurses_deep_compiles_without_taking_the_process_down():
+    """A Lark chain of 4,400 one-line rules (64 KB, within limits.max_constraint_bytes) makes
+    llguidance's grammar check recurse past a thread's default 8 MiB stack: the process died
+    (SIGSEGV) when a handler thread compiled it. Compiles run on a large-stack thread of their own."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import threading
+        from tests.test_constraint import EOS, TOKENS, toy_tokenize
+        from edgespec import constraint as C
+        from edgespec.errors import BadRequest
+        from edgespec.types import ConstraintSpec
+        n = 4400
+        lark = "start:a0\\n" + "".join(f'a{i}:"a"a{i + 1}\\n' for i in range(n)) + f'a{n}:"b"\\n'
+        assert len(lark) < 64 << 10
+        compiler = C.Compiler(C.Vocabulary(TOKENS, (EOS,), (EOS,), None, toy_tokenize))
+        def compile():  # in a thread of the default stack size, as a request's handler
+            try:
+                compiler.matcher(ConstraintSpec("lark", lark))
+                print("compiled")
+            except BadRequest as exc:
+                print("refused", exc)
+        t = threading.Thread(target=compile)
+        t.start()
+        t.join()
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.startswith(("compiled", "refused")), done.stdout
+
+
+def _fork() -> DraftTree:
+    t = DraftTree.root(6)  # the root, then "a" and "b" beside each other
+    t.add(0, 0, False)
+    t.add(0, 1, False)
+    return t
+
+
+def test_masks_past_the_step_budget_fail_the_grammar_not_the_tick(compiler):
+    """A request's masks in one step (drafted paths and the tree) past `step_seconds`: the matcher
+    fails with the reason, allows only end-of-generation, and drafts nothing more."""
+    m = compiler.matcher(REGEX)
+    assert m.failure is None and m.spent == 0.0  # the compile's first mask is not a step's
+    m.step_seconds = 0.0
+    assert m.mask_after([0]).any()  # the step's first mask is computed (it spends time)...
+    assert not m.mask_after([1]).any()  # ...then the step's budget is spent: nothing more is drafted
+    nm = m.node_bits(_fork())
+    assert "token masks took over 0 s" in (m.failure or "")
+    assert set(np.flatnonzero(nm.dense()[0])) == {EOS} and not nm.valid[1:].any()
+    assert m.finished and m.forced(4) == []
+    roomy = compiler.matcher(REGEX)  # the default budget: a toy grammar's tree is far within it
+    roomy.node_bits(_fork())
+    assert roomy.failure is None and roomy.spent == 0.0

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from edgespec import chat
-from edgespec.errors import ForwardAborted, NotReady, Overloaded
+from edgespec.errors import BadRequest, ForwardAborted, NotReady, Overloaded
 from edgespec.logs import get_logger
 from edgespec.sampling import SamplingParams
 from edgespec.server.metrics import Metrics
@@ -127,6 +127,7 @@ class Job:
     logprobs: int | None = None  # see GenerationRequest.logprobs
     constraint: Any = None  # a types.ConstraintSpec, or None
     matcher: Any = None  # `constraint` compiled in the handler's thread (EngineLoop.compile), or None
+    constraint_field: str = "constraint"  # where the request asked for `constraint` (what its errors name)
     caller: str = ""  # the caller's identity (auth.Decision.identity): its suffix cache partition
     tools: Any = None  # an edgespec.tools.ToolSpec (its grammar is `constraint`): the answer is parsed for calls
     deadline: float | None = None  # time.monotonic() value
@@ -184,6 +185,14 @@ class Job:
 class _Active:
     job: Job
     session: LoopSession
+
+
+def _outcome(job: Job, sess: Any, result: GenerationResult) -> tuple[str, Any]:
+    """A finished job's last event: its result, or the error of a request that failed on its own
+    (its grammar past the engine's limits: Session.failure), named by the field its constraint
+    came from. The others in the tick go on."""
+    failure = getattr(sess, "failure", None)
+    return ("error", BadRequest(job.constraint_field, failure)) if failure else ("result", result)
 
 
 class EngineLoop:
@@ -647,7 +656,7 @@ class EngineLoop:
         log.info("generation_finished", request_id=job.request_id, finish_reason=result.finish_reason,
                  completion_tokens=len(result.token_ids), tau=round(st.tau, 3),
                  ttft_seconds=round(t["time_to_first_token_seconds"], 4), total_seconds=round(t["total_seconds"], 4), **fields)
-        job.events.put(("result", result))
+        job.events.put(_outcome(job, sess, result))
         job.opened.set()
 
     def _maybe_shadow(self, job: Job, result: GenerationResult) -> None:

@@ -450,15 +450,15 @@ class HttpApi:
                                                    limits=self.limits, strict=self.strict,
                                                    tool_format=self._tool_format(),
                                                    reasoning_format=self._reasoning_format()))
-        self._check_capabilities(req, "edgespec.constraint" if isinstance(body.get("edgespec"), dict) and
-                                 body["edgespec"].get("constraint") is not None else
-                                 "tools" if req.tools is not None and body.get("response_format") is None
-                                 else "response_format")
+        field = ("edgespec.constraint" if isinstance(body.get("edgespec"), dict) and
+                 body["edgespec"].get("constraint") is not None else
+                 "tools" if req.tools is not None and body.get("response_format") is None else "response_format")
+        self._check_capabilities(req, field)
         piece: oa.Piece | None = None
         if req.logprobs is not None:
             pieces = await self._vocabulary()
             piece = lambda t: pieces[t] if 0 <= t < len(pieces) else b""
-        run = await self._start(req, rid, hold, place)
+        run = await self._start(req, rid, hold, place, field)
         rid_out = ("chatcmpl-" if chat else "cmpl-") + rid
         warning = _warning_headers(req.ignored, req.unserved_model, self.model_id)
         if req.stream:
@@ -474,7 +474,7 @@ class HttpApi:
         return JSONResponse(bodies[0] if req.n == 1 else oa.choices_body(bodies), headers=warning)
 
     async def _start(self, req: oa.CompletionRequest, rid: str, hold: contextlib.ExitStack,
-                     place: Place | Unlimited) -> _Run:
+                     place: Place | Unlimited, constraint_field: str = "constraint") -> _Run:
         """The request's jobs submitted; a stream's, once they are open (see _opening)."""
         deadline = time.monotonic() + req.timeout_seconds if req.timeout_seconds else None
         rendered: list[str] = []
@@ -494,7 +494,7 @@ class HttpApi:
         # the engine thread waits for a large schema or grammar
         matchers = [await anyio.to_thread.run_sync(self.loop.compile, sub.constraint, limiter=self.limiter)
                     for _ in range(sub.n)] if sub.constraint is not None else [None] * sub.n
-        jobs, events = self._submit(sub, rid, tokens, deadline, hold, place, matchers)
+        jobs, events = self._submit(sub, rid, tokens, deadline, hold, place, matchers, constraint_field)
         first: list[tuple] | None = None
         if req.stream:
             try:
@@ -549,7 +549,7 @@ class HttpApi:
 
     def _submit(self, req: oa.CompletionRequest, rid: str, tokens: tuple[int, ...] | None, deadline: float | None,
                 hold: contextlib.ExitStack, place: Place | Unlimited,
-                matchers: Sequence[Any] = ()) -> tuple[list[Job], queue.SimpleQueue]:
+                matchers: Sequence[Any] = (), constraint_field: str = "constraint") -> tuple[list[Job], queue.SimpleQueue]:
         """The request's n jobs of the one prompt, submitted together (each its own slot and its own
         place under the caller's limits, `place` the first's; with a seed, choice i samples with
         seed + i).
@@ -573,7 +573,7 @@ class HttpApi:
                 job = Job(request_id=f"{rid}.{i}" if i else rid, sampling=s, speculation=req.speculation,
                           prompt=req.prompt, messages=req.messages, prompt_tokens=tokens, logprobs=req.logprobs,
                           constraint=req.constraint, matcher=matchers[i] if matchers else None, deadline=deadline,
-                          caller=caller, place=places[i], charge_prompt=i == 0)
+                          caller=caller, place=places[i], charge_prompt=i == 0, constraint_field=constraint_field)
                 if req.stream:
                     job.events = _Tagged(shared, i)  # type: ignore[assignment]
                 self.loop.submit(job)
@@ -731,7 +731,7 @@ class HttpApi:
                         place: Place | Unlimited) -> Response:
         req, ignored = self._anthropic(await self._json(request))
         self._check_capabilities(req, "tools")
-        run = await self._start(req, rid, hold, place)
+        run = await self._start(req, rid, hold, place, "tools")
         rid_out = "msg_" + rid
         n_prompt = len(run.jobs[0].prompt_tokens or ())
         warning = _warning_headers(ignored, req.unserved_model, self.model_id)
@@ -765,9 +765,9 @@ class HttpApi:
         body = await self._json(request)
         chat, ignored, origin = ra.to_chat(body, strict=self.strict)
         req = self._translated(chat, lambda exc: ra.renamed(exc, origin))
-        self._check_capabilities(req, "tools" if req.tools is not None and chat.get("response_format") is None
-                                 else "text.format")
-        run = await self._start(req, rid, hold, place)
+        field = "tools" if req.tools is not None and chat.get("response_format") is None else "text.format"
+        self._check_capabilities(req, field)
+        run = await self._start(req, rid, hold, place, field)
         base = ra.base_body(body, rid="resp_" + rid, created=run.created, model=self.model_id)
         n_prompt = len(run.jobs[0].prompt_tokens or ())
         warning = _warning_headers(ignored, req.unserved_model, self.model_id)

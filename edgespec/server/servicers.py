@@ -113,8 +113,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             if constraint is not None and spec.calls_allowed:
                 raise BadRequest("sampling.constraint", "cannot be combined with tools unless tools.choice is none")
             constraint = constraint or spec.constraint()
+        field = "tools" if spec is not None else "sampling.constraint"
         if constraint is not None:
-            field = "tools" if spec is not None else "sampling.constraint"
             if "constraint" not in self.loop.capabilities:
                 raise BadRequest(field, "structured output is not available on this server's engine yet")
             convert.constraint_within(constraint, f"{field}.value" if spec is None else field, self.limits)
@@ -133,7 +133,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         place.reserve(len(tokens or ()) + sampling.max_tokens)  # in flight: counted at admission
         job = Job(request_id=rid, sampling=sampling, speculation=speculation, prompt=prompt,
                   messages=messages, prompt_tokens=tokens, deadline=deadline, logprobs=logprobs,
-                  constraint=constraint, matcher=matcher, tools=spec, caller=structlog.contextvars.get_contextvars().get("caller", ""),
+                  constraint=constraint, matcher=matcher, constraint_field=field, tools=spec, caller=structlog.contextvars.get_contextvars().get("caller", ""),
                   place=place)
         self.loop.submit(job)
         context.add_callback(job.cancel)  # client cancel / deadline / server stop -> engine stops within a step

@@ -9,9 +9,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 
-# what a slow-header client has sent when it stops: a request line and a header, never the
-# blank line that ends them (HTTP), or half of HTTP/2's connection preface (gRPC)
-PARTIAL = {"http": b"GET /health HTTP/1.1\r\nHost: localhost\r\n", "grpc": b"PRI * HTTP/2.0\r\n"}
+from edgespec.bench.flood_probe import PARTIAL  # what a slow-header client sent when it stopped
 
 
 @contextlib.contextmanager
