@@ -50,7 +50,7 @@ def test_stats_metrics_partitions_and_clearing():
         assert s["suffix_cache"]["bytes"] <= s["suffix_cache"]["max_bytes"]
         assert s["accepted_by_source"]["suffix"] == again.stats.accepted_by_source["suffix"]
         text = loop.metrics.render()
-        assert 'edgespec_accepted_tokens_by_source_total{source="suffix"}' in text
+        assert 'edgespec_accepted_tokens_by_source_total{model="",source="suffix"}' in text
         assert "edgespec_suffix_cache_documents 3" in text
         assert loop.call(lambda e: e.suffix_control(clear=True))["documents"] == 0
         assert loop.call(lambda e: e.suffix_control(enabled=False))["enabled"] is False
