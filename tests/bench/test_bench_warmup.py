@@ -55,5 +55,5 @@ def test_serving_daemons_run_without_the_cache_unless_asked():
     from edgespec.bench.serve_systems import daemon_sections
 
     kw = dict(target="t.gguf", draft=None, parallel=4, n_ctx=1024, threads=2, max_tokens=64)
-    assert daemon_sections(**kw)["speculation"] == {"suffix_cache": False}
-    assert daemon_sections(**kw, suffix_cache=True)["speculation"] == {"suffix_cache": True}
+    assert daemon_sections(**kw)["speculation"]["suffix_cache"] is False
+    assert daemon_sections(**kw, suffix_cache=True)["speculation"]["suffix_cache"] is True

@@ -325,7 +325,7 @@ def test_an_engine_without_an_encoder_tokenises_on_its_own_thread(make_daemon):
     """The fallback for engines that expose no encoder: the job carries text and the engine
     thread encodes it (through the same edgespec.chat)."""
     r = make_daemon()
-    r.daemon.loop.encoder = None
+    r.daemon.loop.loop.encoder = None  # the default chat model's EngineLoop
     rq = pb.GenerateRequest()
     rq.messages.add(role="user", content="Hi")
     rq.sampling.max_tokens = 2
