@@ -88,8 +88,10 @@ def test_the_suffix_cache_drafts_for_its_caller_only_unless_pooled(server, api):
     line patterns, "\n2." say; what bob must not get is hers, the whole answer.)"""
     scope, s = server
     send = _grpc if api == "grpc" else _http
+    # two answers of different shapes: a caller's own earlier reply drafts a little of his next one
+    # where they share a pattern ("\n2." of two numbered lists), which is his, not a leak
     question = ("List the days of the week, in order, one per line." if api == "grpc"
-                else "List the months of the year, in order, one per line.")
+                else "Name the months of the year in order, separated by commas.")
     send(s, "alice", question, max_tokens=24)
     start = _suffix_accepted(s)
     send(s, "bob", question, max_tokens=24)  # the same question: alice's reply would draft his
