@@ -101,13 +101,11 @@ def admitted(auth: Callable[[], Any], scope: dict) -> bool:
     from starlette.requests import Request
 
     from edgespec.server import origin
-    from edgespec.server.http_api import AUTH_METHOD, client_subject
+    from edgespec.server.http_api import decide
 
     request = Request(scope)
-    key = request.headers.get("x-api-key")
-    authorization = request.headers.get("authorization") or (f"Bearer {key}" if key else None)
     now = auth()
-    if now.decide(AUTH_METHOD, authorization, client_subject(scope)).verdict is not None:
+    if decide(now, request).verdict is not None:
         return False
     if not now.enabled:
         try:

@@ -271,9 +271,7 @@ class HttpApi:
             peer = f"{'ipv6' if client and ':' in client.host else 'ipv4'}:{client.host}:{client.port}" \
                 if client else "unknown"
             bind_request_id(request_id=rid, peer=peer)
-            key = request.headers.get("x-api-key")
-            authorization = request.headers.get("authorization") or (f"Bearer {key}" if key else None)
-            decision = self.auth().decide(AUTH_METHOD, authorization, client_subject(request.scope))
+            decision = decide(self.auth(), request)
             bind_request_id(caller=decision.identity)
             try:
                 caller_rid = pipe.request_id(caller_rid, "x-request-id")  # as over gRPC: refused by name
@@ -867,6 +865,14 @@ class HttpApi:
                 raise BadRequest(f"tokens[{i}]", f"must be a token id in [0, {len(pieces) - 1}], got {t!r}")
         text = b"".join(pieces[t] for t in tokens).decode("utf-8", errors="replace")
         return JSONResponse({"prompt": text})
+
+
+def decide(auth: Any, request: Request) -> Any:
+    """The token check of an HTTP request: its `Authorization: Bearer` token, or its `x-api-key`
+    (Anthropic's header) as one, or its client certificate's subject (TokenAuth.decide)."""
+    key = request.headers.get("x-api-key")
+    authorization = request.headers.get("authorization") or (f"Bearer {key}" if key else None)
+    return auth.decide(AUTH_METHOD, authorization, client_subject(request.scope))
 
 
 def client_subject(scope: dict) -> tuple[str, str] | None:
