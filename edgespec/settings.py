@@ -437,9 +437,10 @@ SETTINGS: tuple[Setting, ...] = (
             "that would not fit beside the loaded ones waits for an idle one to be unloaded (its keep_alive passed); "
             "0 = the device's memory (RAM, or the GPU's when layers are offloaded) less the plan's headroom",
             lo=0, hi=1 << 50, hi_text="2^50"),
-    Setting("models", "keep_alive", F, 300.0, "seconds a chat model stays loaded after its last request before "
-            "it may be unloaded to make room for another ([[chat]] keep_alive overrides it; -1 = never unloaded; "
-            "the default model stays loaded while [embedding] or [rerank] runs on its weights)",
+    Setting("models", "keep_alive", F, 300.0, "seconds a chat model stays loaded after its last request: then an "
+            "on_demand model is unloaded, and a model loaded at start (the default model) may be unloaded to make "
+            "room for another ([[chat]] keep_alive overrides it; -1 = never unloaded; the default model stays "
+            "loaded while [embedding] or [rerank] runs on its weights)",
             lo=-1, hi=1e9),
     Setting("models", "load_wait_seconds", F, 600.0, "the longest a request without a deadline of its own "
             "waits for its model to load (and for the memory to load it); a request's own deadline "

@@ -5,7 +5,7 @@ settings:
     [[chat]]
     name = "smollm2-q8"            # its name in /v1/models and in requests' `model`
     load = "on_demand"             # or "start"
-    keep_alive = 120               # seconds idle before it may be unloaded for another (-1 = never)
+    keep_alive = 120               # seconds idle before it unloads (-1 = never)
     [chat.target]
     path = "SmolLM2-135M-Instruct.Q8_0.gguf"   # a bare file name: the models directory's
     [chat.draft]
@@ -41,8 +41,9 @@ ENTRY_SETTINGS = (
             "letters, digits, . _ : / -)"),
     Setting("chat", "load", (str,), "on_demand", "start = loaded as the daemon starts; on_demand = on its first "
             "request (which waits for the load under its own deadline)", choices=LOADS),
-    Setting("chat", "keep_alive", (int, float), None, "seconds idle before it may be unloaded to make room for "
-            "another model (-1 = never); unset = [models] keep_alive", lo=-1, hi=1e9),
+    Setting("chat", "keep_alive", (int, float), None, "seconds idle before it unloads (load = \"on_demand\"), "
+            "or before it may be unloaded to make room for another model (load = \"start\"); -1 = never; "
+            "unset = [models] keep_alive", lo=-1, hi=1e9),
 )
 
 
@@ -57,7 +58,7 @@ class ChatEntry:
     tool_format: str = "auto"
     reasoning_format: str = "auto"
     load: str = "start"  # start | on_demand
-    keep_alive: float = -1.0  # seconds idle before it may be unloaded for another (-1 = never)
+    keep_alive: float = -1.0  # seconds idle before it unloads (on_demand) or may go for another (start); -1 = never
 
 
 def resolve_path(path: str) -> str:

@@ -8,6 +8,13 @@ has passed since their last request are unloaded first (least recently used firs
 does, and when none may be yet, the request waits for one. Every wait is bounded by the
 request's own deadline (DeadlineExceeded naming `model`) or else [models] load_wait_seconds.
 
+An on_demand model also unloads once it has been idle for its keep_alive, memory needed or not
+(a reaper thread, as Ollama's keep_alive); a model loaded at start stays loaded until another
+needs its memory; keep_alive -1 keeps a model loaded for good.
+
+An unloaded model's engine thread stops outside the lock every request takes (a stop can take
+seconds); its bytes count as held until it has stopped, so no load overcommits the budget.
+
 `ChatModel` offers the EngineLoop's surface (submit, call, encoder, ...) to the APIs, over
 whichever loop is loaded now."""
 
@@ -141,20 +148,30 @@ class ChatModels:
         self.budget_bytes, self.side_bytes = budget_bytes, side_bytes
         self.load_wait = load_wait
         self._cond = threading.Condition()
+        self._stopping: dict[Any, int] = {}  # an unloaded model's loop still stopping -> its bytes
+        self._stoppers: list[threading.Thread] = []
+        self._reaper: threading.Thread | None = None
+        self._closed = False
 
     def find(self, name: str) -> ChatModel:
         """The model `name` names; the default for an empty or unknown one (the APIs answer those)."""
         return self.by_name.get(name) or self.default
 
     def start(self) -> None:
-        """Load the models configured to load at start (the default first)."""
+        """Load the models configured to load at start (the default first); start the reaper that
+        unloads an on_demand model idle past its keep_alive."""
         with self._cond:
             for m in self.models:
                 if m.entry.load == "start" and not m.loaded:
                     m._load()
+            if self._reaper is None and any(m.entry.load == "on_demand" and m.entry.keep_alive >= 0
+                                            for m in self.models):
+                self._reaper = threading.Thread(target=self._reap, name="chat-models-reaper", daemon=True)
+                self._reaper.start()
 
     def loaded_bytes(self) -> int:
-        return self.side_bytes + sum(m.need_bytes for m in self.models if m.loaded)
+        """The bytes held: the side contexts', the loaded models' and those of loops still stopping."""
+        return self.side_bytes + sum(m.need_bytes for m in self.models if m.loaded) + sum(self._stopping.values())
 
     @contextlib.contextmanager
     def use(self, model: ChatModel, deadline: float | None) -> Iterator[ChatModel]:
@@ -195,38 +212,79 @@ class ChatModels:
     def _make_room(self, model: ChatModel, until: float) -> None:
         """Under the lock: `model` loaded (its load begun), after unloading idle models to make room."""
         while not model.loaded:
-            if self.loaded_bytes() + model.need_bytes <= self.budget_bytes:
+            held = self.loaded_bytes()
+            if held + model.need_bytes <= self.budget_bytes:
                 model._load()
                 return
             now = time.monotonic()
-            victim, wake = self._evictable(model, now)
+            victim, wake = None, None
+            if held - sum(self._stopping.values()) + model.need_bytes > self.budget_bytes:
+                victim, wake = self._evictable(model, now)  # (else the loops stopping free enough)
             if victim is not None:
                 self._unload(victim, reason=f"memory for {model.name}")
                 continue
             if now >= until:
                 raise DeadlineExceeded(f"model: chat model {model.name!r} needs {model.need_bytes} bytes and "
-                                       f"the loaded models are in use or within their keep_alive: its deadline "
-                                       f"passed while it waited for memory")
+                                       f"the loaded models are in use, within their keep_alive or still "
+                                       f"stopping: its deadline passed while it waited for memory")
             self._cond.wait(min(until - now, wake - now if wake is not None else 1.0, 1.0))
+
+    @staticmethod
+    def _idle_since(m: ChatModel, now: float) -> float | None:
+        """When `m`'s keep_alive ends (or ended): None while it is in use, unloaded or kept for good."""
+        if m.uses or not m.loaded or m.entry.keep_alive < 0:
+            return None
+        due = m.last_used + m.entry.keep_alive
+        if due <= now and m.loop.stats().get("active_requests"):
+            return now + 1.0  # a request not yet counted in `uses`: look again
+        return due
 
     def _evictable(self, wanted: ChatModel, now: float) -> tuple[ChatModel | None, float | None]:
         """The least recently used idle model past its keep_alive, or None and when the next one will be."""
         best, wake = None, None
         for m in self.models:
-            if m is wanted or not m.loaded or m.uses or m.entry.keep_alive < 0:
+            due = self._idle_since(m, now) if m is not wanted else None
+            if due is None:
                 continue
-            due = m.last_used + m.entry.keep_alive
-            if due <= now and m.loop is not None and not m.loop.stats().get("active_requests"):
+            if due <= now:
                 if best is None or m.last_used < best.last_used:
                     best = m
             elif wake is None or due < wake:
                 wake = due
         return best, wake
 
+    def _reap(self) -> None:
+        """The reaper thread: unload each on_demand model once it has been idle for its keep_alive."""
+        with self._cond:
+            while not self._closed:
+                now = time.monotonic()
+                wake = now + 60.0
+                for m in self.models:
+                    due = self._idle_since(m, now) if m.entry.load == "on_demand" else None
+                    if due is None:
+                        continue
+                    if due <= now:
+                        self._unload(m, reason="keep_alive")
+                    else:
+                        wake = min(wake, due)
+                self._cond.wait(max(0.0, wake - now))
+
     def _unload(self, m: ChatModel, reason: str) -> None:
+        """Under the lock: unload `m`; its loop stops on a thread of its own, its bytes held until then."""
         loop = m._unload()
         log.info("chat_model_unloading", model=m.name, reason=reason, idle_seconds=round(time.monotonic() - m.last_used, 3))
-        loop.stop(timeout=30.0)
+        self._stopping[loop] = m.need_bytes
+        stopper = threading.Thread(target=self._stop_loop, args=(loop,), name=f"unload-{m.name}", daemon=True)
+        self._stoppers = [t for t in self._stoppers if t.is_alive()] + [stopper]
+        stopper.start()
+
+    def _stop_loop(self, loop: Any) -> None:
+        try:
+            loop.stop(timeout=30.0)
+        finally:
+            with self._cond:
+                self._stopping.pop(loop, None)
+                self._cond.notify_all()
 
     @staticmethod
     def _wait_ready(model: ChatModel, loop: Any, until: float) -> None:
@@ -247,10 +305,19 @@ class ChatModels:
             m.drain(on)
 
     def stop(self) -> None:
+        """Stop the reaper, every loaded model's loop and the loops still stopping."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            stoppers = list(self._stoppers)
+        if self._reaper is not None:
+            self._reaper.join(5.0)
         for m in self.models:
             loop = m.loop
             if loop is not None:
                 loop.stop()
+        for t in stoppers:
+            t.join(35.0)
 
     def stats(self, totals: Callable[[], dict[str, int]] | None = None) -> dict[str, Any]:
         """Admin.Stats' and the gauges' view of every chat model: the default model's figures, the

@@ -84,13 +84,17 @@ def test_sighup_rereads_each_entrys_speculation(tmp_path, demo_pair):
 
 
 class StandInLoop:
-    """An EngineLoop's lifecycle: started, loaded after `load_seconds`, stopped."""
+    """An EngineLoop's lifecycle: started, loaded after `load_seconds`, stopped (`stopping` set as
+    its stop begins; the stop returns once `may_stop` is set)."""
 
     def __init__(self, load_seconds: float = 0.0):
         self.load_seconds = load_seconds
         self.loaded = threading.Event()
         self.stopped_ = False
         self.error = None
+        self.stopping = threading.Event()
+        self.may_stop = threading.Event()
+        self.may_stop.set()
 
     def start(self):
         timer = threading.Timer(self.load_seconds, self.loaded.set)
@@ -106,6 +110,8 @@ class StandInLoop:
         return self.loaded.is_set() and not self.stopped_
 
     def stop(self, timeout=None):
+        self.stopping.set()
+        self.may_stop.wait(timeout)
         self.stopped_ = True
 
     def stats(self):
@@ -115,11 +121,13 @@ class StandInLoop:
         pass
 
 
-def _models(load_seconds: float = 0.0, keep_alive: float = 0.0, budget: int = 150):
+def _models(load_seconds: float = 0.0, keep_alive: float = 0.0, budget: int = 150,
+            more: tuple[tuple[str, str, float], ...] = ()):
+    """Models a (start) and b (on_demand) of 100 bytes each, with `more` (name, load, keep_alive)."""
     loops: list[StandInLoop] = []
 
-    def model(name: str, load: str, need: int) -> ChatModel:
-        entry = NS(name=name, load=load, keep_alive=keep_alive, engine=NS(parallel=1))
+    def model(name: str, load: str, need: int, keep: float = keep_alive) -> ChatModel:
+        entry = NS(name=name, load=load, keep_alive=keep, engine=NS(parallel=1))
 
         def make(first: bool) -> StandInLoop:
             loops.append(StandInLoop(load_seconds))
@@ -127,8 +135,9 @@ def _models(load_seconds: float = 0.0, keep_alive: float = 0.0, budget: int = 15
 
         return ChatModel(entry, make, need)
 
-    return ChatModels([model("a", "start", 100), model("b", "on_demand", 100)], budget_bytes=budget,
-                      load_wait=5.0), loops
+    return ChatModels([model("a", "start", 100), model("b", "on_demand", 100),
+                       *(model(n, load, 100, keep) for n, load, keep in more)],
+                      budget_bytes=budget, load_wait=5.0), loops
 
 
 def test_a_model_loads_on_first_use_and_an_idle_one_makes_room():
@@ -168,6 +177,58 @@ def test_a_model_in_use_or_within_its_keep_alive_is_never_unloaded_and_the_wait_
         assert not got.is_set()
     t.join(5)
     assert got.is_set() and models.loaded_figures() == {"a": 0, "b": 1}
+
+
+def test_a_slow_stop_of_an_unloaded_model_holds_no_other_request_and_its_memory_until_it_ends():
+    """a is unloaded to make room for b while c (loaded, within its keep_alive) keeps serving: a's
+    engine thread stops outside the lock, so a request for c goes past at once, and a's bytes are
+    held until its stop ends, so b loads only then (budget 250: two models of 100 at a time)."""
+    models, loops = _models(budget=250, more=(("c", "on_demand", 60.0),))
+    models.start()
+    a, b, c = (models.by_name[n] for n in "abc")
+    with models.use(c, None):
+        pass
+    a_loop = loops[0]
+    a_loop.may_stop.clear()
+    b_got, c_got = threading.Event(), threading.Event()
+    try:
+        threading.Thread(target=lambda: (models.acquire(b, None), b_got.set()), daemon=True).start()
+        assert a_loop.stopping.wait(5)  # a, idle past its keep_alive (0), is being stopped for b
+        threading.Thread(target=lambda: (models.acquire(c, None), c_got.set()), daemon=True).start()
+        assert c_got.wait(5), "a request for a loaded model waited for another model's stop"
+        assert not b_got.is_set() and not b.loaded  # a's bytes still count: b would overcommit
+        assert models.loaded_bytes() == 200 and c.loaded and not a.loaded
+    finally:
+        a_loop.may_stop.set()
+    assert b_got.wait(5) and models.loaded_figures() == {"a": 0, "b": 1, "c": 1}
+    assert models.loaded_bytes() == 200 <= models.budget_bytes
+    models.release(b)
+    models.release(c)
+    models.stop()
+
+
+def test_an_idle_on_demand_model_unloads_after_its_keep_alive_with_memory_to_spare():
+    """keep_alive 0.05 s, memory for all: b (on_demand) unloads once idle that long and loads again
+    on its next request; a (loaded at start) stays loaded, and so does d (keep_alive -1)."""
+    models, loops = _models(keep_alive=0.05, budget=1000, more=(("d", "on_demand", -1.0),))
+    models.start()
+    a, b, d = (models.by_name[n] for n in "abd")
+    with models.use(d, None):
+        pass
+    with models.use(b, None):
+        b_loop = loops[-1]
+        time.sleep(0.2)  # in use: never unloaded, however long it runs
+        assert b.loaded and not b_loop.stopping.is_set()
+    assert b_loop.stopping.wait(5)  # idle past its keep_alive: the reaper unloads it
+    deadline = time.monotonic() + 5
+    while models.loaded_bytes() != 200 and time.monotonic() < deadline:  # its stop done: bytes given back
+        time.sleep(0.01)
+    assert models.loaded_figures() == {"a": 1, "b": 0, "d": 1} and models.loaded_bytes() == 200
+    assert (a.unloads, b.unloads, d.unloads) == (0, 1, 0)
+    with models.use(b, None):  # and loads again on demand
+        assert b.loaded and b.loads == 2
+    models.stop()
+    assert not models._reaper.is_alive()
 
 
 def test_a_load_longer_than_the_deadline_is_a_deadline_error_and_goes_on():
@@ -223,7 +284,7 @@ def _dispatch(models: ChatModels, admitted=lambda scope: True, max_body_bytes: i
 
 
 def test_the_http_dispatch_routes_by_model_and_hands_the_body_on_unchanged():
-    models, _ = _models(budget=1000)
+    models, _ = _models(budget=1000, keep_alive=60.0)
     models.start()
     client = _dispatch(models)
     body = b'{"model": "b", "messages": []}'

@@ -29,7 +29,7 @@ MESSAGES: Any = [{"role": "user", "content": "Name three colours."}]
 NO_END = {"0": -100, "2": -100}  # <|endoftext|>, <|im_end|>: a stream that runs to max_tokens
 
 
-def _config(directory: Path, demo_pair, extra: str = "", draft: bool = True) -> Path:
+def _config(directory: Path, demo_pair, extra: str = "", draft: bool = True, keep_alive: float = 0) -> Path:
     (directory / "tokens").write_text("".join(hash_token(k) + "\n" for k in KEYS))
     path = directory / "edgespec.toml"
     path.write_text(f"""
@@ -57,7 +57,7 @@ enabled = false
 [[chat]]
 name = "{Q8}"
 load = "on_demand"
-keep_alive = 0
+keep_alive = {keep_alive}
 [chat.target]
 path = "{demo_pair.draft}"
 n_ctx = 512
@@ -101,7 +101,7 @@ def _serve(path: Path) -> Served:
 def two(tmp_path_factory, demo_pair):
     """Both models fit: the second loads on its first request. One request per caller at a time."""
     s = _serve(_config(tmp_path_factory.mktemp("two"), demo_pair, "[limits]\ncaller_concurrent = 1\ncaller_queued = 1",
-                       draft=False))
+                       draft=False, keep_alive=600))
     yield s
     s.close()
 
@@ -160,7 +160,8 @@ def test_a_callers_limit_holds_across_models(two):
 
 @pytest.fixture(scope="module")
 def tight(tmp_path_factory, demo_pair):
-    """A budget one model at a time fits in (keep_alive 0: an idle one may go at once)."""
+    """A budget one model at a time fits in (keep_alive 0: an idle one may go at once, and the
+    on_demand one goes as soon as it is idle)."""
     d = tmp_path_factory.mktemp("tight")
     probe = load(_config(d, demo_pair, draft=False), env={})
     from edgespec.server.chat_plan import models_plan
@@ -181,12 +182,17 @@ def test_keep_alive_unloads_an_idle_model_for_another_and_it_reloads_on_demand(t
                    json={"model": Q8, "messages": MESSAGES, "max_tokens": 4, "edgespec": {"timeout_seconds": 0.001}})
     assert r.status_code == 504 and r.json()["error"]["code"] == "deadline_exceeded", r.text
     q8 = tight.chat(Q8)  # waits for the load begun above
-    assert q8 and tight.loaded() == {F32: 0, Q8: 1}  # the idle F32 made room
+    assert q8 and tight.loaded()[F32] == 0  # the idle F32 made room
     assert tight.chat(F32) and tight.loaded() == {F32: 1, Q8: 0}  # and back: reloaded on demand
     assert tight.chat(Q8) == q8  # the reloaded model answers as before
     models = tight.daemon.chat_models
     assert models.by_name[Q8].loads == 2 and models.by_name[F32].unloads == 2
     assert models.loaded_bytes() <= models.budget_bytes
+    # Q8 (on_demand, keep_alive 0) unloads once idle with no other model asking for its memory
+    deadline = time.monotonic() + 60
+    while models.loaded_bytes() > models.side_bytes and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert tight.loaded() == {F32: 0, Q8: 0} and models.loaded_bytes() == models.side_bytes
 
 
 def test_a_request_waits_for_memory_within_its_deadline(tight, demo_pair):
