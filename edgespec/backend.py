@@ -663,6 +663,20 @@ def devices() -> list[Device]:
     return out
 
 
+def device_memory(gpu: bool = True) -> tuple[int, str, bool]:
+    """(total bytes, name, is a GPU) of the memory the models load into: the first GPU ggml's
+    backends list (CUDA, Metal, Vulkan: what llama.cpp offloads to) when `gpu`, else, or without
+    one, this machine's RAM. The one probe of `edgespec plan`, the start's memory check and the
+    chat models' budget ([models] memory_bytes = 0)."""
+    from edgespec.plan import system_memory_bytes
+
+    if gpu:
+        gpus = [d for d in devices() if d.kind == "gpu"]
+        if gpus:
+            return gpus[0].total_bytes, gpus[0].name, True
+    return system_memory_bytes(), "RAM", False
+
+
 # -- EAGLE-3 heads --------------------------------------------------------------------------
 # llama-cpp-python 0.3.36 binds llama_batch_ext_* and llama_process but not the layer-feature
 # functions; libllama exports them with C++ linkage, so they are bound here by mangled name.

@@ -3,31 +3,12 @@
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from edgespec.cli.common import user_errors
-
-
-def _detect_device_bytes() -> tuple[int, str]:
-    """GPU 0's total memory via nvidia-smi when there is one, else this machine's RAM."""
-    from edgespec.plan import system_memory_bytes
-
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            out = subprocess.run(
-                [smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
-                capture_output=True, text=True, timeout=10, check=True,
-            ).stdout.strip()
-            return int(float(out.splitlines()[0])) << 20, "GPU 0 (nvidia-smi)"
-        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-            pass
-    return system_memory_bytes(), "system RAM (no GPU found)"
 
 
 def _render(plan, device_bytes: int, device: str, headroom: float) -> str:
@@ -63,12 +44,14 @@ def plan_cmd(
                                      "([draft] head)."),
     n_ctx: int = typer.Option(4096, "--n-ctx", help="Context cells per slot (each model)."),
     parallel: int = typer.Option(1, "--parallel", help="Slots decoded concurrently; each has its own KV caches."),
-    vram: float | None = typer.Option(None, "--vram", help="Device memory in GiB (default: detect GPU 0, else RAM)."),
+    vram: float | None = typer.Option(None, "--vram", help="Device memory in GiB (default: the first GPU llama.cpp "
+                                                  "lists, as the daemon's check, else RAM)."),
     kv_type: str = typer.Option("f16", "--kv-type", help="KV cache type: f16, q8_0, q4_0 (f32 also accepted)."),
     n_batch: int = typer.Option(512, "--n-batch", help="Micro-batch (n_ubatch) llama.cpp reserves compute for."),
     n_outputs: int = typer.Option(64, "--n-outputs", help="Logit rows per decode (tree nodes verified at once)."),
     flash_attn: bool = typer.Option(True, "--flash-attn/--no-flash-attn", help="Flash attention (no KQ buffer)."),
-    cpu: bool = typer.Option(False, "--cpu", help="Plan for CPU inference (no CUDA runtime overhead)."),
+    cpu: bool = typer.Option(False, "--cpu", help="Plan for CPU inference (the RAM; no CUDA runtime "
+                                                   "overhead)."),
     embedding: str = typer.Option("target", "--embedding", help="The embedding model: 'target' (its weights "
                                   "shared, a context of its own), a GGUF path, or 'none'."),
     embedding_n_ctx: int = typer.Option(2048, "--embedding-n-ctx", help="The embedding context's cells."),
@@ -126,19 +109,21 @@ def _memory(target: Path, draft: Path | None, head: Path | None, *, n_ctx: int, 
             from edgespec.errors import BadRequest
 
             raise BadRequest("headroom", f"must be in [0, 1), got {headroom}")
+        if vram is not None:
+            device_bytes, device, gpu = int(vram * GIB), f"--vram {vram:g} GiB", not cpu
+        else:  # the daemon's own probe: the GPU llama.cpp would offload to, else the RAM
+            from edgespec.backend import device_memory
+
+            device_bytes, device, gpu = device_memory(gpu=not cpu)
         plan = plan_memory(
             read_model_facts(target),
             read_model_facts(draft) if draft else None,
             n_ctx=n_ctx, parallel=parallel, kv_type=kv_type, n_ubatch=n_batch,
-            n_outputs=n_outputs, flash_attn=flash_attn, gpu=not cpu,
+            n_outputs=n_outputs, flash_attn=flash_attn, gpu=gpu,
         )
         if head is not None:
             plan = with_head(plan, read_model_facts(head))
         plan = _with_side_models(plan, embedding, embedding_n_ctx, rerank, rerank_n_ctx, flash_attn)
-        if vram is not None:
-            device_bytes, device = int(vram * GIB), f"--vram {vram:g} GiB"
-        else:
-            device_bytes, device = _detect_device_bytes()
         pairing = None
         if draft is not None:
             from edgespec.pairing import describe_pair

@@ -15,7 +15,7 @@ from typing import Any
 
 from edgespec.config import EngineConfig
 from edgespec.errors import ConfigError
-from edgespec.plan import DEFAULT_HEADROOM, MemoryPlan, fmt_bytes, plan_for_config, system_memory_bytes
+from edgespec.plan import DEFAULT_HEADROOM, MemoryPlan, fmt_bytes, plan_for_config
 
 
 @dataclass(frozen=True)
@@ -74,13 +74,10 @@ def budget_bytes(memory_bytes: int, engine: EngineConfig) -> tuple[int, str]:
     """([models] memory_bytes, or the device's memory less DEFAULT_HEADROOM), and what it is."""
     if memory_bytes:
         return int(memory_bytes), "models.memory_bytes"
-    if engine.target.n_gpu_layers != 0:
-        from edgespec import backend
+    from edgespec.backend import device_memory
 
-        gpus = [d for d in backend.devices() if d.kind == "gpu"]
-        if gpus:
-            return int(gpus[0].total_bytes * (1 - DEFAULT_HEADROOM)), gpus[0].name
-    return int(system_memory_bytes() * (1 - DEFAULT_HEADROOM)), "RAM"
+    total, name, _ = device_memory(gpu=engine.target.n_gpu_layers != 0)
+    return int(total * (1 - DEFAULT_HEADROOM)), name
 
 
 def models_plan(default: EngineConfig, entries: Sequence[Any], memory_bytes: int, embedding: Any = None,

@@ -491,18 +491,12 @@ def _engine(values: dict[str, dict[str, Any]], check_models: bool, problems: lis
 def check_memory(engine_cfg: EngineConfig, embedding: Any = None, rerank: Any = None) -> None:
     """Refuse, with the memory plan's explanation, a configuration that does not fit the device it
     would run on (GPU memory when layers are offloaded to a GPU, else RAM)."""
-    from edgespec.plan import check_fits, plan_for_config, system_memory_bytes
+    from edgespec.backend import device_memory
+    from edgespec.plan import check_fits, plan_for_config
 
-    gpus = []
-    if engine_cfg.target.n_gpu_layers != 0:
-        from edgespec import backend
-
-        gpus = [d for d in backend.devices() if d.kind == "gpu"]
-    plan = plan_for_config(engine_cfg, gpu=bool(gpus), embedding=embedding, rerank=rerank)
-    if gpus:
-        check_fits(plan, gpus[0].total_bytes, device=gpus[0].name)
-    else:
-        check_fits(plan, system_memory_bytes(), device="RAM")
+    total, name, gpu = device_memory(gpu=engine_cfg.target.n_gpu_layers != 0)
+    plan = plan_for_config(engine_cfg, gpu=gpu, embedding=embedding, rerank=rerank)
+    check_fits(plan, total, device=name)
 
 
 RELOADED_SECTIONS = ("auth", "tls", "speculation")  # what SIGHUP re-reads; the rest needs a restart

@@ -346,3 +346,41 @@ def test_plan_systemd_from_a_config_adds_the_address_rules_systemd_can_express(t
     assert rules[2:] == [("IPAddressDeny", "any"), ("IPAddressAllow", "localhost"), ("IPAddressAllow", "10.0.0.7")]
     assert len(dropin("", 'n_gpu_layers = -1\nrpc_servers = ["gpu-box:50052"]\n')) == 2
     assert [k for k, _ in dropin('[server]\nhost = "0.0.0.0"\ninsecure = true\n')] == ["MemoryHigh", "MemoryMax"]
+
+
+def test_one_device_probe_serves_the_cli_the_start_check_and_the_models_budget(tiny, monkeypatch):
+    """`edgespec plan`, the daemon's start check and the chat models' budget all ask
+    backend.device_memory: the first GPU ggml lists when layers go to a GPU, else (or with --cpu,
+    or without one) the RAM."""
+    from edgespec import backend
+    from edgespec.cli.main import app
+    from edgespec.plan import system_memory_bytes
+    from edgespec.server.chat_plan import budget_bytes
+    from edgespec.server.config import check_memory
+
+    listed = [backend.Device("CPU", "cpu", 0, 0), backend.Device("FakeGPU0", "gpu", GIB, 2 * GIB)]
+    monkeypatch.setattr(backend, "devices", lambda: listed)
+    on_gpu = EngineConfig(ModelConfig(str(tiny), n_ctx=512, n_gpu_layers=-1), None)
+    huge = EngineConfig(ModelConfig(str(tiny), n_ctx=1 << 20, n_gpu_layers=-1), None, parallel=1024)
+    runner = CliRunner()
+
+    def cli(*extra: str) -> dict:
+        out = runner.invoke(app, ["plan", "--target", str(tiny), "--n-ctx", "512", "--json", *extra])
+        return json.loads(out.output)
+
+    assert backend.device_memory() == (2 * GIB, "FakeGPU0", True)
+    got = cli()
+    assert (got["device"], got["device_bytes"], got["overhead_bytes"] > 0) == ("FakeGPU0", 2 * GIB, True)
+    assert budget_bytes(0, on_gpu) == (int(2 * GIB * 0.95), "FakeGPU0")
+    with pytest.raises(ConfigError, match="FakeGPU0"):
+        check_memory(huge)
+    ram = system_memory_bytes()
+    got = cli("--cpu")
+    assert (got["device"], got["device_bytes"], got["overhead_bytes"]) == ("RAM", ram, 0)
+    assert budget_bytes(0, EngineConfig(ModelConfig(str(tiny), n_ctx=512), None)) == (int(ram * 0.95), "RAM")
+    listed[1:] = []  # no GPU: the RAM for every one of them, and no CUDA runtime in the plan
+    got = cli()
+    assert (got["device"], got["device_bytes"], got["overhead_bytes"]) == ("RAM", ram, 0)
+    assert budget_bytes(0, on_gpu) == (int(ram * 0.95), "RAM")
+    with pytest.raises(ConfigError, match="RAM"):
+        check_memory(huge)
