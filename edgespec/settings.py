@@ -364,7 +364,8 @@ SETTINGS: tuple[Setting, ...] = (
           "(docs/appliance.md, threat model; restart to change). The prompt lookups' learnt reach is "
           "partitioned alike", choices=SUFFIX_SCOPES),
     _spec("suffix_cache_persist", B, False, "write the suffix cache to the state directory at drain and stop "
-          "and load it at start (bounded, checksummed); it holds callers' text on disk"),
+          "(a [[chat]] model's also as it unloads) and load it at start or load (bounded, checksummed; a file per "
+          "chat model); it holds callers' text on disk"),
     _spec("max_draft_tokens", I, MAX_DRAFT_TOKENS, "largest draft_tokens a request may ask for",
           lo=1, hi=MAX_DRAFT_TOKENS),
     _spec("max_tree_nodes", I, MAX_TREE_NODES, "largest tree_nodes a request may ask for", lo=1, hi=MAX_TREE_NODES),

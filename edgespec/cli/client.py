@@ -220,6 +220,8 @@ def policy_cmd(
     reset: bool = typer.Option(False, "--reset", help="Drop earlier overrides first: the config file's values apply again."),
     clear_suffix_cache: bool = typer.Option(False, "--clear-suffix-cache",
                                             help="Empty the cross-request suffix cache (every caller's partition)."),
+    model: str = typer.Option("", "--model", help="With --clear-suffix-cache: only this chat model's cache "
+                              "(default: every chat model's)."),
     addr: str = ADDR, token: str = TOKEN, ca: str = CA, cert: str = CERT, key: str = KEY,
     server_name: str = SERVER_NAME, timeout: float = typer.Option(10.0, "--timeout"),
 ) -> None:
@@ -227,7 +229,7 @@ def policy_cmd(
     the config file that outlive SIGHUP until --reset)."""
     from edgespec.proto.edgespec.v1 import admin_pb2
 
-    req = admin_pb2.SetPolicyRequest(reset=reset, clear_suffix_cache=clear_suffix_cache)
+    req = admin_pb2.SetPolicyRequest(reset=reset, clear_suffix_cache=clear_suffix_cache, model=model)
     if speculation is not None:
         names = {"auto": admin_pb2.SPECULATION_POLICY_AUTO, "off": admin_pb2.SPECULATION_POLICY_OFF}
         if speculation not in names:

@@ -47,6 +47,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
+import re
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -412,12 +413,17 @@ class SuffixCache:
             self.store = store
 
 
-def snapshot_path() -> Path:
+def snapshot_path(model: str = "") -> Path:
     """Where the daemon keeps the cache between runs (speculation.suffix_cache_persist): the state
-    directory ($EDGESPEC_HOME, /var/lib/edgespec under systemd)."""
+    directory ($EDGESPEC_HOME, /var/lib/edgespec under systemd); a [[chat]] model's (`model`, its
+    name) beside the default model's: its name made a file name's, and a hash of it (names that
+    differ only where the file name replaced a character still differ)."""
     from edgespec.config import edgespec_home
 
-    return edgespec_home() / "suffix-cache.snapshot"
+    if not model:
+        return edgespec_home() / "suffix-cache.snapshot"
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", model)
+    return edgespec_home() / f"suffix-cache.{safe}.{hashlib.sha256(model.encode()).hexdigest()[:8]}.snapshot"
 
 
 def snapshot_limit(max_bytes: int) -> int:

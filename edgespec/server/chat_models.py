@@ -138,15 +138,17 @@ class ChatModel:
 
 class ChatModels:
     """The chat models by name (the default first) within `budget_bytes`, of which `side_bytes`
-    are the embedding and rerank contexts'. `load_wait` bounds a wait with no deadline."""
+    are the embedding and rerank contexts'. `load_wait` bounds a wait with no deadline.
+    `on_unload(model, loop)` runs as an unloaded model's loop is about to stop (outside the lock)."""
 
     def __init__(self, models: Sequence[ChatModel], *, budget_bytes: int, side_bytes: int = 0,
-                 load_wait: float = 600.0):
+                 load_wait: float = 600.0, on_unload: Callable[[ChatModel, Any], None] | None = None):
         self.models = tuple(models)
         self.by_name = {m.name: m for m in self.models}
         self.default = self.models[0]
         self.budget_bytes, self.side_bytes = budget_bytes, side_bytes
         self.load_wait = load_wait
+        self.on_unload = on_unload
         self._cond = threading.Condition()
         self._stopping: dict[Any, int] = {}  # an unloaded model's loop still stopping -> its bytes
         self._stoppers: list[threading.Thread] = []
@@ -274,12 +276,17 @@ class ChatModels:
         loop = m._unload()
         log.info("chat_model_unloading", model=m.name, reason=reason, idle_seconds=round(time.monotonic() - m.last_used, 3))
         self._stopping[loop] = m.need_bytes
-        stopper = threading.Thread(target=self._stop_loop, args=(loop,), name=f"unload-{m.name}", daemon=True)
+        stopper = threading.Thread(target=self._stop_loop, args=(m, loop), name=f"unload-{m.name}", daemon=True)
         self._stoppers = [t for t in self._stoppers if t.is_alive()] + [stopper]
         stopper.start()
 
-    def _stop_loop(self, loop: Any) -> None:
+    def _stop_loop(self, m: ChatModel, loop: Any) -> None:
         try:
+            if self.on_unload is not None:
+                try:
+                    self.on_unload(m, loop)
+                except Exception as exc:  # never keep a loop from stopping
+                    log.warning("chat_model_unload_hook_failed", model=m.name, error=str(exc))
             loop.stop(timeout=30.0)
         finally:
             with self._cond:

@@ -22,7 +22,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from edgespec import notify
-from edgespec.errors import BadRequest, ConfigError
+from edgespec.errors import BadRequest, ConfigError, NotReady
 from edgespec.logs import get_logger
 from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2, inference_pb2_grpc
 from edgespec.server import convert
@@ -37,6 +37,7 @@ from edgespec.server.status import ServerInterceptor
 if TYPE_CHECKING:
     from prometheus_client.exposition import ThreadingWSGIServer
 
+    from edgespec.config import EngineConfig
     from edgespec.server.http_server import HttpServer
 
 log = get_logger("edgespec.server")
@@ -131,7 +132,10 @@ def _entry_engine_factory(cfg: DaemonConfig, entry: Any) -> Callable[[], Any]:
         from edgespec.engine import Engine
 
         controller_cfg = ControllerConfig.from_dict(dict(cfg.controller)) if cfg.controller else None
-        return Engine.load(entry.engine, controller_cfg=controller_cfg)
+        engine = Engine.load(entry.engine, controller_cfg=controller_cfg)
+        if entry.speculation.suffix_cache_persist:
+            _load_suffix(engine, entry.name)
+        return engine
 
     return load
 
@@ -147,12 +151,13 @@ def suffix_model(engine: Any) -> str:
     return f"{path.name if path else ''}:{size}:{getattr(engine.target, 'n_vocab', 0)}"
 
 
-def _load_suffix(engine: Any) -> None:
-    """Load the suffix cache's snapshot (speculation.suffix_cache_persist); a missing one is
-    normal, a bad one is logged and ignored (the cache starts empty)."""
+def _load_suffix(engine: Any, model: str = "") -> None:
+    """Load the suffix cache's snapshot (speculation.suffix_cache_persist) of the default model, or
+    of the [[chat]] model named `model`; a missing one is normal, a bad one is logged and ignored
+    (the cache starts empty)."""
     from edgespec.drafters.suffix import snapshot_limit, snapshot_path
 
-    path = snapshot_path()
+    path = snapshot_path(model)
     if not path.is_file():
         return
     try:
@@ -183,13 +188,13 @@ def _tls_files(cfg: DaemonConfig) -> tuple[bytes, bytes, bytes | None]:
     return cert.read_bytes(), key.read_bytes(), ca
 
 
-def _model_digests(cfg: DaemonConfig) -> dict[str, tuple[str, str]]:
-    """role -> (manifest name, SHA-256) of the configured models; ("", "") for a file no manifest
+def _model_digests(engine: EngineConfig) -> dict[str, tuple[str, str]]:
+    """role -> (manifest name, SHA-256) of one chat model's files; ("", "") for a file no manifest
     lists (hashing it here would delay the start by the time it takes to read the whole file)."""
     from edgespec.models import manifest_entry_for
 
     out = {}
-    for role, m in (("target", cfg.engine.target), ("draft", cfg.engine.draft), ("head", cfg.engine.head)):
+    for role, m in (("target", engine.target), ("draft", engine.draft), ("head", engine.head)):
         if m is not None:
             out[role] = manifest_entry_for(m.path) or ("", "")
     return out
@@ -273,7 +278,9 @@ class Daemon:
         self.all_models: Any = self.loop if len(self.chat_models.models) == 1 else \
             _AllModels(self.chat_models, self.metrics.totals)
         self.metrics.state = self.all_models.stats
-        self.model_digests = _model_digests(cfg)
+        # each chat model's files' manifest names and digests (ModelInfo); the default's are logged at start
+        self.digests = {e.name: _model_digests(e.engine) for e in entries}
+        self.model_digests = self.digests[entries[0].name]
         self.started = time.monotonic()
         self.server: grpc.Server | None = None
         self.port = 0
@@ -313,7 +320,7 @@ class Daemon:
         log.info("models_plan", lines=plan.lines())
         return ChatModels([ChatModel(e, maker(i, e), plan.need(e.name)) for i, e in enumerate(entries)],
                           budget_bytes=plan.budget_bytes, side_bytes=plan.side_bytes,
-                          load_wait=cfg.models.load_wait_seconds)
+                          load_wait=cfg.models.load_wait_seconds, on_unload=self._save_suffix_of)
 
     # ---- policy ----------------------------------------------------------------------------
 
@@ -425,23 +432,46 @@ class Daemon:
         self.systemd("ready", f"serving on {addr}")
 
     def _save_suffix(self) -> None:
-        """speculation.suffix_cache_persist: write the suffix cache's snapshot (callers' text) into
-        the state directory, on the engine thread between ticks."""
-        if not self.cfg.speculation.suffix_cache_persist or not self.loop.ready or self.loop.stopped:
-            return
+        """speculation.suffix_cache_persist: write each loaded chat model's suffix cache snapshot
+        (callers' text) into the state directory, on its engine thread between ticks."""
+        for m in self.chat_models.models:
+            self._save_suffix_of(m, m.loop)
+
+    def _suffix_path(self, m: Any) -> Path:
         from edgespec.drafters.suffix import snapshot_path
 
-        path = snapshot_path()
+        return snapshot_path("" if m is self.chat_models.default else m.name)
+
+    def _save_suffix_of(self, m: Any, loop: Any) -> None:
+        """Chat model `m`'s snapshot from its engine loop `loop` (also as it unloads: a model loaded
+        again on demand finds its cache as it left it)."""
+        persist = (self.cfg.speculation if m is self.chat_models.default else m.entry.speculation).suffix_cache_persist
+        if not persist or loop is None or not loop.ready or loop.stopped:
+            return
+        path = self._suffix_path(m)
 
         def save(engine: Any) -> int:
             cache = getattr(engine, "suffix_cache", None)
             return cache.save(path, model=suffix_model(engine)) if cache is not None else 0
 
         try:
-            n = self.loop.call(save, timeout=60.0)
-            log.info("suffix_cache_saved", path=str(path), bytes=n)
-        except Exception as exc:  # an optimisation: never fail a drain or a stop on it
-            log.warning("suffix_cache_save_failed", path=str(path), error=str(exc))
+            n = loop.call(save, timeout=60.0)
+            log.info("suffix_cache_saved", model=m.name, path=str(path), bytes=n)
+        except Exception as exc:  # an optimisation: never fail a drain, a stop or an unload on it
+            log.warning("suffix_cache_save_failed", model=m.name, path=str(path), error=str(exc))
+
+    def _clear_suffix(self, name: str) -> None:
+        """Admin.SetPolicy clear_suffix_cache: the suffix cache of chat model `name`, or of every
+        chat model (""): a loaded one's emptied on its engine thread, an unloaded one's snapshot
+        removed (it would come back at its next load)."""
+        chosen = self.chat_models.models
+        if name:
+            chosen = (self.chat_models.find(self.registry.pick("chat", name).id),)
+        for m in chosen:
+            try:
+                m.call(lambda engine: engine.suffix_control(clear=True))
+            except NotReady:  # not loaded
+                self._suffix_path(m).unlink(missing_ok=True)
 
     def _drain(self, on: bool) -> None:
         self.chat_models.drain(on)
@@ -478,7 +508,8 @@ class Daemon:
         inference_pb2_grpc.add_InferenceServicer_to_server(self._inference(), server)
         admin_pb2_grpc.add_AdminServicer_to_server(
             AdminServicer(self.all_models, self.policy, self.update_policy, self._drain, self.started,
-                          last_reload=lambda: self.last_reload, callers=self.callers), server)
+                          last_reload=lambda: self.last_reload, callers=self.callers,
+                          clear_suffix=self._clear_suffix), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         if s.reflection:
@@ -532,7 +563,7 @@ class Daemon:
         s = self.cfg.server
         servicers = {m.name: InferenceServicer(
             m, self.policy_of(m.name), parallel=s.parallel, limits=self.cfg.limits,
-            digests=(lambda: self.model_digests) if m is self.chat_models.default else dict,
+            digests=self.digests[m.name].copy,
             chat_template=m.entry.chat_template, tool_format=m.entry.tool_format,
             reasoning_format=m.entry.reasoning_format, embedder=self.embedder, callers=self.callers,
             registry=self.registry, reranker=self.reranker, record=self.metrics.model_request)

@@ -388,6 +388,16 @@ def test_the_daemon_loads_its_snapshot_and_starts_empty_on_a_bad_one(tmp_path, m
     fresh = fake_engine(parallel=1)
     _load_suffix(fresh)
     assert fresh.suffix_stats()["documents"] == 0
+    # a [[chat]] model's snapshot: a file of its own beside the default model's, by its name
+    names = ("SmolLM2-135M-Instruct.Q8_0", "org/model:q8", "org_model_q8")
+    paths = [snapshot_path(n) for n in names]
+    assert len({*paths, snapshot_path()}) == 4 and all(p.parent == tmp_path and "/" not in p.name[6:] for p in paths)
+    eng.suffix_cache.save(paths[1], model=suffix_model(eng))
+    fresh = fake_engine(parallel=1)
+    _load_suffix(fresh, "org/model:q8")
+    assert fresh.suffix_stats()["documents"] == 2
+    _load_suffix(fresh := fake_engine(parallel=1), "org_model_q8")  # a name like it: not its snapshot
+    assert fresh.suffix_stats()["documents"] == 0
 
 
 @pytest.mark.slow

@@ -211,6 +211,8 @@ def test_an_idle_on_demand_model_unloads_after_its_keep_alive_with_memory_to_spa
     """keep_alive 0.05 s, memory for all: b (on_demand) unloads once idle that long and loads again
     on its next request; a (loaded at start) stays loaded, and so does d (keep_alive -1)."""
     models, loops = _models(keep_alive=0.05, budget=1000, more=(("d", "on_demand", -1.0),))
+    unloading: list[tuple[str, bool]] = []  # the hook (a suffix-cache snapshot) runs before the loop stops
+    models.on_unload = lambda m, loop: unloading.append((m.name, loop.stopping.is_set()))
     models.start()
     a, b, d = (models.by_name[n] for n in "abd")
     with models.use(d, None):
@@ -224,7 +226,7 @@ def test_an_idle_on_demand_model_unloads_after_its_keep_alive_with_memory_to_spa
     while models.loaded_bytes() != 200 and time.monotonic() < deadline:  # its stop done: bytes given back
         time.sleep(0.01)
     assert models.loaded_figures() == {"a": 1, "b": 0, "d": 1} and models.loaded_bytes() == 200
-    assert (a.unloads, b.unloads, d.unloads) == (0, 1, 0)
+    assert (a.unloads, b.unloads, d.unloads) == (0, 1, 0) and unloading == [("b", False)]
     with models.use(b, None):  # and loads again on demand
         assert b.loaded and b.loads == 2
     models.stop()

@@ -138,6 +138,30 @@ def test_the_second_model_loads_on_its_first_request_and_both_answer_alike_at_on
     assert f'edgespec_chat_model_loaded{{model="{Q8}"}} 1.0' in text
 
 
+def test_model_info_and_the_suffix_cache_are_each_models_own(two, demo_pair):
+    """ModelInfo names each model's own files and digests; clearing one model's suffix cache by
+    name leaves the other's."""
+    from edgespec.models import manifest_entry_for
+
+    md = (("authorization", f"Bearer {KEYS[0]}"),)
+    info = {m: two.inference.ModelInfo(pb.ModelInfoRequest(model=m), metadata=md, timeout=60) for m in (F32, Q8)}
+    for m, path in ((F32, demo_pair.target), (Q8, demo_pair.draft)):
+        assert info[m].target_path == str(path)
+        assert (info[m].target_name, info[m].target_sha256) == (manifest_entry_for(str(path)) or ("", ""))
+    assert info[Q8].target_sha256 != info[F32].target_sha256 and not info[Q8].draft_path
+    two.chat(Q8)
+    two.chat(F32)
+    models = two.daemon.chat_models.by_name
+
+    def documents() -> dict[str, int]:
+        return {m: models[m].call(lambda engine: engine.suffix_stats())["documents"] for m in (F32, Q8)}
+
+    before = documents()
+    assert before[F32] and before[Q8]
+    two.daemon._clear_suffix(Q8)
+    assert documents() == {F32: before[F32], Q8: 0}
+
+
 def test_a_callers_limit_holds_across_models(two):
     """caller_concurrent = 1, caller_queued = 1: while key A streams from one model, key A's request
     to the other model waits for A's place, and a third is refused (429); key B's is answered."""
