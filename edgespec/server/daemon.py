@@ -460,18 +460,22 @@ class Daemon:
         except Exception as exc:  # an optimisation: never fail a drain, a stop or an unload on it
             log.warning("suffix_cache_save_failed", model=m.name, path=str(path), error=str(exc))
 
-    def _clear_suffix(self, name: str) -> None:
-        """Admin.SetPolicy clear_suffix_cache: the suffix cache of chat model `name`, or of every
-        chat model (""): a loaded one's emptied on its engine thread, an unloaded one's snapshot
-        removed (it would come back at its next load)."""
+    def _clear_suffix(self, name: str) -> Callable[[], None]:
+        """Admin.SetPolicy clear_suffix_cache: what empties the suffix cache of chat model `name`,
+        or of every chat model (""): a loaded one's on its engine thread, an unloaded one's
+        snapshot removed (it would come back at its next load). An unknown name raises here,
+        before the caller changes anything."""
         chosen = self.chat_models.models
         if name:
             chosen = (self.chat_models.find(self.registry.pick("chat", name).id),)
-        for m in chosen:
-            try:
-                m.call(lambda engine: engine.suffix_control(clear=True))
-            except NotReady:  # not loaded
-                self._suffix_path(m).unlink(missing_ok=True)
+
+        def clear() -> None:
+            for m in chosen:
+                try:
+                    m.call(lambda engine: engine.suffix_control(clear=True))
+                except NotReady:  # not loaded
+                    self._suffix_path(m).unlink(missing_ok=True)
+        return clear
 
     def _drain(self, on: bool) -> None:
         self.chat_models.drain(on)

@@ -313,10 +313,13 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     def __init__(self, loop: EngineLoop, policy: Callable[[], Policy],
                  update_policy: Callable[[dict[str, object], bool], Policy],
                  drain: Callable[[bool], None], started: float, last_reload: Callable[[], dict | None] = lambda: None,
-                 callers: CallerLimits | None = None, clear_suffix: Callable[[str], None] | None = None):
+                 callers: CallerLimits | None = None,
+                 clear_suffix: Callable[[str], Callable[[], None]] | None = None):
         self.loop = loop
-        # SetPolicy clear_suffix_cache: (chat model name, "" = every one) -> its cache emptied
-        self.clear_suffix = clear_suffix or (lambda model: loop.call(lambda engine: engine.suffix_control(clear=True)))
+        # SetPolicy clear_suffix_cache: (chat model name, "" = every one) -> what empties its cache;
+        # the name is resolved (NOT_FOUND) before anything changes
+        self.clear_suffix = clear_suffix or (
+            lambda model: lambda: loop.call(lambda engine: engine.suffix_control(clear=True)))
         self.callers = callers
         self.policy = policy
         self.update_policy = update_policy  # (admin overrides, reset first) -> the policy now in force
@@ -361,9 +364,10 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         return out
 
     def SetPolicy(self, request: admin_pb2.SetPolicyRequest, context: grpc.ServicerContext) -> admin_pb2.Policy:
+        clear = self.clear_suffix(request.model) if request.clear_suffix_cache else None
         policy = self.update_policy(convert.policy_changes(request), request.reset)
-        if request.clear_suffix_cache:
-            self.clear_suffix(request.model)
+        if clear is not None:
+            clear()
         return convert.policy_to_pb(policy)
 
     def Drain(self, request: admin_pb2.DrainRequest, context: grpc.ServicerContext) -> admin_pb2.DrainResponse:

@@ -158,7 +158,7 @@ def test_model_info_and_the_suffix_cache_are_each_models_own(two, demo_pair):
 
     before = documents()
     assert before[F32] and before[Q8]
-    two.daemon._clear_suffix(Q8)
+    two.daemon._clear_suffix(Q8)()
     assert documents() == {F32: before[F32], Q8: 0}
 
 

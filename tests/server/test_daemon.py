@@ -330,10 +330,14 @@ def test_set_policy_clears_the_suffix_cache_through_the_engine(make_daemon):
     name = r.daemon.chat_models.default.name  # by name: that chat model's cache
     r.admin.SetPolicy(admin_pb2.SetPolicyRequest(clear_suffix_cache=True, model=name), timeout=5)
     assert r.engine.suffix_calls == [(None, True)] * 2
+    before = r.admin.Stats(admin_pb2.StatsRequest(), timeout=5).policy.max_tree_depth
     with pytest.raises(grpc.RpcError) as e:  # a name no chat model has: NOT_FOUND naming the served ones
-        r.admin.SetPolicy(admin_pb2.SetPolicyRequest(clear_suffix_cache=True, model="nope"), timeout=5)
+        r.admin.SetPolicy(admin_pb2.SetPolicyRequest(clear_suffix_cache=True, model="nope", max_tree_depth=2 if before != 2 else 3),
+                          timeout=5)
     assert e.value.code() == grpc.StatusCode.NOT_FOUND and name in e.value.details()
     assert r.engine.suffix_calls == [(None, True)] * 2
+    # the refused request changed nothing: its policy fields were not applied either
+    assert r.admin.Stats(admin_pb2.StatsRequest(), timeout=5).policy.max_tree_depth == before
 
 
 def test_drain_then_resume(make_daemon):
