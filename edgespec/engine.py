@@ -9,10 +9,15 @@ empty trees; a request alone is a tick over one session.
 The engine admits a request to a slot (SlotPool places it and brings it what it keeps of earlier
 prompts), chooses its drafter (with a head beside the draft model, the one the measured costs and
 acceptances favour at the load it meets: `choose_drafter`, edgespec/controller/drafter_choice.py),
-builds its per-request pieces (drafter, controller, suffix view, grammar state) and hosts the
-shared state the tick reads: the cost model, each drafter's acceptance prior, the goodput guard,
-the thread governor and the tick's totals. Loading, calibration and what the models promise are
-edgespec/loading.py's.
+opens its session (which builds its per-request parts from the engine's state:
+edgespec/session_parts.py) and hosts the shared state the tick reads: the cost model, each
+drafter's acceptance prior, the goodput guard, the thread governor and the tick's totals. Loading,
+calibration and what the models promise are edgespec/loading.py's.
+
+The engine stands above what it hosts: it imports the session, the slots, loading and the tick;
+none of them imports it. Each reads the engine through a Protocol of its own: the tick's
+`TickEngine` (tick/contract.py), the session's `SessionHost` (session.py) and its parts'
+`PartsHost` (session_parts.py), the pool's `PoolHost` (slots.py).
 """
 from __future__ import annotations
 
@@ -24,26 +29,23 @@ import numpy as np
 
 from edgespec import backend, loading
 from edgespec.config import EngineConfig
-from edgespec.controller import AcceptancePrior, Controller, ControllerConfig, CostModel
+from edgespec.controller import AcceptancePrior, ControllerConfig, CostModel
 from edgespec.controller.drafter_choice import DrafterChoice
 from edgespec.controller.goodput import GoodputGuard
 from edgespec.controller.threads import ThreadGovernor
-from edgespec.drafters import drafter_class
-from edgespec.drafters.base import Drafter
 from edgespec.drafters.eagle3 import HeadCache
 from edgespec.drafters.model import DraftCache
 from edgespec.drafters.ngram import ReachPriors
-from edgespec.drafters.suffix import SuffixCache, SuffixDrafter
+from edgespec.drafters.suffix import SuffixCache
 from edgespec.errors import BadRequest, ForwardAborted, Overloaded
-from edgespec.kv import SeqRange
 from edgespec.loading import AnyContext, LoadedModels
 from edgespec.logs import get_logger
 from edgespec.prompt_store import PromptStore
 from edgespec.sampling import SamplingParams
 from edgespec.session import Session
-from edgespec.slots import Slot, SlotPool
+from edgespec.slots import Slot, SlotPool, seqs_per_slot
 from edgespec.tick import tick as run_tick
-from edgespec.tick.observe import TickRecord
+from edgespec.tick.contract import TickRecord
 from edgespec.types import Chunk, GenerationRequest, GenerationResult
 
 log = get_logger("edgespec.engine")
@@ -119,20 +121,24 @@ class Engine(LoadedModels):
 
     # -- lifecycle ----------------------------------------------------------------------------
     @classmethod
-    def load(cls, cfg: EngineConfig, controller_cfg: Any = None,
-             calibrate: bool = True) -> Engine:
-        """Load the models, make the contexts and slots, calibrate (edgespec/loading.py).
-        `controller_cfg`: a ControllerConfig (a class settings.py makes at import: Any to mypy)."""
-        return loading.load(cls, cfg, controller_cfg, calibrate)
-
-    def new_drafter(self, slot: Slot, kind: str | None = None) -> Drafter:
-        """The drafter of one request on `slot` (drafters/base.py: Drafter): `kind` ("model",
-        "eagle3"; default the draft's)."""
-        kind = kind or self.draft_kind
-        assert kind is not None  # a session without a draft range builds no drafter
-        models = {"target": self.target, "draft": self.draft} if kind == "text" else {}
-        drafter: Drafter = drafter_class(kind)(slot.drafter_range(kind), window=self.cfg.draft_window, **models)
-        return drafter
+    def load(cls, cfg: EngineConfig, controller_cfg: Any = None, calibrate: bool = True) -> Engine:
+        """Load the target (and a draft model or EAGLE-3 head, and a head beside a draft model),
+        make the shared contexts and their slots (edgespec/loading.py), and calibrate the cost
+        model on this machine. `controller_cfg`: a ControllerConfig (a class settings.py makes at
+        import: Any to mypy)."""
+        cfg.validate()
+        m = loading.read_models(cfg)
+        n_seq = seqs_per_slot(cfg.parallel, cfg.max_tree_leaves)
+        contexts = loading.make_contexts(cfg, m, n_seq)
+        slots = loading.make_slots(cfg, contexts, n_seq, head=m.head is not None)
+        eng = cls(cfg, m.target, m.draft, slots, contexts, m.kind, head=m.second)
+        eng.pairing = m.pairing
+        if controller_cfg is not None:
+            eng.controller_cfg = controller_cfg
+        if calibrate:
+            eng.calibrate()
+        loading.log_loaded(eng, m, n_seq)
+        return eng
 
     def choose_drafter(self, req: GenerationRequest, slots: Mapping[str | None, Slot] | None = None) -> str | None:
         """The drafter `req` drafts with: the only one, or with a head beside the draft model, the
@@ -175,33 +181,6 @@ class Engine(LoadedModels):
             backlog = min(backlog, self.cfg.draft_window)
         return cost.verify_seconds(max(1, prefill)) + cost.draft_seconds(backlog)
 
-    def draft_range(self, req: GenerationRequest, slot: Slot, kind: str | None) -> SeqRange | None:
-        """The range `req` drafts in with drafter `kind` on `slot`, or None: no drafter, or one that
-        calibration found pays on this box at no chain (drafter_pays) for an auto request, which
-        then drafts model-free and whose controller knows it has no draft. The one place that
-        reads the verdict."""
-        if req.speculation.mode == "auto" and kind and not self.drafter_pays(kind):
-            return None
-        return slot.drafter_range(kind)
-
-    def new_controller(self, req: GenerationRequest, slot: Slot, kind: str | None, has_draft: bool) -> Controller:
-        """The speculation controller of one auto request on `slot` (edgespec/controller/), pricing
-        and judging drafter `kind` (its cost curve and acceptance prior); `has_draft`: whether it
-        drafts with it (draft_range)."""
-        spec = req.speculation
-        kind = kind or self.draft_kind
-        return Controller(self.controller_cfg, self.cost.drafting(self.cost_kind(kind)),
-                          self.priors.get(kind, self.prior) if kind else self.prior, max_depth=spec.tree_depth,
-                          max_nodes=spec.tree_nodes, has_draft_model=has_draft,
-                          max_leaves=slot.target.n_seq_max, request_id=req.request_id, refine_costs=False)
-
-    def new_suffix_drafter(self, req: GenerationRequest) -> SuffixDrafter | None:
-        """A request's view of the suffix cache: None when the cache is off, or the request does
-        not speculate (plain mode) or opts out; such a request does not feed the cache either."""
-        if not self.suffix_enabled or req.speculation.mode == "plain" or not req.speculation.suffix:
-            return None
-        return SuffixDrafter(self.suffix_cache, req.caller)
-
     def suffix_control(self, enabled: bool | None = None, clear: bool = False) -> dict[str, Any]:
         """Turn the suffix cache on or off (off empties it) and/or empty it (SetPolicy, SIGHUP);
         returns its stats."""
@@ -224,7 +203,7 @@ class Engine(LoadedModels):
     def calibrate(self, sizes: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64), repeats: int = 3,
                   budget_seconds: float = 0.25) -> None:
         """Time forwards per batch size so the cost model describes this machine (loading.calibrate)."""
-        loading.calibrate(self, sizes, repeats, budget_seconds)
+        loading.calibrate(self, self.slots, self.cost, sizes, repeats, budget_seconds)
 
     def warmup(self) -> None:
         toks = self.tokenize("Hello")

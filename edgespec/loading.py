@@ -1,9 +1,10 @@
 """Loading the models and calibrating the cost model: how an Engine comes to be, and what its
 models are and promise (`LoadedModels`, the engine's base).
 
-`load` reads the target and the draft, checks that they speak one vocabulary, makes the shared
-contexts (one target context, one draft context, a head's) and cuts them into slots
-(edgespec/slots.py). The draft is a draft model or an EAGLE-3 head (a `[draft] path` whose GGUF
+`read_models` reads the target and the draft and checks that they speak one vocabulary;
+`make_contexts` makes the shared contexts (one target context, one draft context, a head's) and
+`make_slots` cuts them into slots (edgespec/slots.py); `Engine.load` (edgespec/engine.py) runs
+them in that order. The draft is a draft model or an EAGLE-3 head (a `[draft] path` whose GGUF
 architecture is `eagle3`, detected at load): then the target context is a FeatureContext (its
 features go to each session's head drafter after every target forward) and the shared draft
 context is the head's (backend.HeadContext), with the same slot ranges. Both at once
@@ -21,7 +22,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -34,13 +35,13 @@ from edgespec.errors import BadRequest
 from edgespec.kv import SeqRange
 from edgespec.logs import get_logger
 from edgespec.pairing import Pairing, TextPairing
-from edgespec.slots import Slot, seqs_per_slot
+from edgespec.slots import Slot
 from edgespec.types import ConstraintSpec
 
 if TYPE_CHECKING:
     from edgespec.budget import BudgetMatcher
     from edgespec.constraint import Compiler, Matcher
-    from edgespec.engine import Engine
+    from edgespec.controller import CostModel
 
 log = get_logger("edgespec.engine")
 
@@ -51,8 +52,6 @@ JUDGED_AT = 0.9
 # calibration times every size up to this one whatever its budget: a tick of 8 sessions verifies
 # 8 to 40 tokens, and a curve extrapolated from sizes 1-4 priced each of them at the 3-to-4 slope
 CALIBRATE_AT_LEAST = 16
-
-E = TypeVar("E", bound="Engine")
 
 # a context the engine holds: the target's (a FeatureContext under a head), a draft model's, a head's
 AnyContext = backend.Context | backend.HeadContext
@@ -319,27 +318,7 @@ def make_slots(cfg: EngineConfig, contexts: tuple[AnyContext | None, ...], n_seq
     return slots
 
 
-def load(cls: type[E], cfg: EngineConfig, controller_cfg: Any = None,
-         calibrate: bool = True) -> E:
-    """Load the target (and a draft model or EAGLE-3 head, and a head beside a draft model),
-    make the shared contexts and their slots, and calibrate the cost model on this machine.
-    `cls`: the engine class (Engine.load)."""
-    cfg.validate()
-    m = read_models(cfg)
-    n_seq = seqs_per_slot(cfg.parallel, cfg.max_tree_leaves)
-    contexts = make_contexts(cfg, m, n_seq)
-    slots = make_slots(cfg, contexts, n_seq, head=m.head is not None)
-    eng = cls(cfg, m.target, m.draft, slots, contexts, m.kind, head=m.second)
-    eng.pairing = m.pairing
-    if controller_cfg is not None:
-        eng.controller_cfg = controller_cfg
-    if calibrate:
-        eng.calibrate()
-    _log_loaded(eng, m, n_seq)
-    return eng
-
-
-def _log_loaded(eng: Engine, m: Models, n_seq: int) -> None:
+def log_loaded(eng: LoadedModels, m: Models, n_seq: int) -> None:
     """What was loaded, what it promises, and whether each drafter pays on this box."""
     cfg = eng.cfg
     log.info("engine_loaded", target=str(cfg.target.path), draft=str(cfg.draft.path) if cfg.draft else None,
@@ -360,10 +339,12 @@ def _log_loaded(eng: Engine, m: Models, n_seq: int) -> None:
                  "`edgespec plan --draft FILE` checks the pair")
 
 
-def calibrate(eng: Engine, sizes: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64), repeats: int = 3,
+def calibrate(eng: LoadedModels, slots: Sequence[Slot], cost: CostModel,
+              sizes: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64), repeats: int = 3,
               budget_seconds: float = 0.25) -> None:
-    """Time target and draft forwards per batch size on slot 0, so the controller's cost model
-    describes this machine. The sizes are those up to CALIBRATE_AT_LEAST, then those whose
+    """Time target and draft forwards per batch size on slot 0 of `slots`, so the controller's
+    cost model `cost` describes this machine; `eng.draft_verdicts` says whether each drafter
+    pays on it. The sizes are those up to CALIBRATE_AT_LEAST, then those whose
     first timing, in increasing order, fits in `budget_seconds` per model; then `repeats - 1`
     more rounds over all of them, and each size keeps its fastest. Rounds, not repeats in a
     row: a slow moment (another tenant, the page cache still filling after load) then
@@ -373,7 +354,7 @@ def calibrate(eng: Engine, sizes: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16, 32,
     work), which is how the controller prices the head like any drafter; a head beside the
     draft model gets a curve of its own ("head"). Each curve is fitted on the sizes it was
     timed at."""
-    slot = eng.slots[0]
+    slot = slots[0]
     head = slot.drafter_range("eagle3") if eng.features else None
 
     def forward(ctx: SeqRange, n: int, start: int, out: list[bool]) -> None:
@@ -419,10 +400,10 @@ def calibrate(eng: Engine, sizes: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16, 32,
             every = min(measure(ranges[kind], n, all_logits=True) for _ in range(repeats))
             rows[kind] = (every - table[kind][n]) / (n - 1)
     for kind in kinds:  # each on the sizes it was timed at (a slow draft model reaches fewer)
-        eng.cost.calibrate(lambda k, n: table[k][n], sizes=tuple(sorted(table[kind])), kinds=(kind,),
+        cost.calibrate(lambda k, n: table[k][n], sizes=tuple(sorted(table[kind])), kinds=(kind,),
                             draft_row=rows or None, context=32)
     # will each drafter pay on this box (plan --measure's arithmetic on these timings)?
     eng.draft_verdicts = {k: v for k in kinds[1:] if 1 in table[k] and
                           (v := drafter_verdict(table["target"], table[k][1], (JUDGED_AT,))) is not None}
-    for s in eng.slots:
+    for s in slots:
         s.reset()

@@ -1,7 +1,9 @@
 """One request on one slot: its context, drafters, controller, and the per-step pieces the tick
 (edgespec/tick/) calls. Not thread-safe: driven by the engine thread. What a step does lives in
 the tick's modules: the step record and its stats (tick/step.py), grafts (tick/graft.py), the
-tree's KV layout and commit (tick/layout.py), verification (tick/verdict.py).
+tree's KV layout and commit (tick/layout.py), verification (tick/verdict.py). Its parts
+(drafter, prompt lookups, suffix view, controller) are built by edgespec/session_parts.py; the
+engine it asks for ticks and its release is a `SessionHost`, not imported.
 
 A session's context is `tokens` = prompt + emitted. Invariant between ticks once the prefill is
 done: the slot's main sequence (local seq 0 of its range) holds exactly tokens[:-1]; tokens[-1]
@@ -20,27 +22,38 @@ from __future__ import annotations
 import enum
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from edgespec.drafters import NgramDrafter
+from edgespec import session_parts
 from edgespec.emit import Emitter
 from edgespec.errors import BadRequest
 from edgespec.logprobs import token_logprob
 from edgespec.logs import get_logger
 from edgespec.penalties import Adjuster, adjusts
+from edgespec.session_parts import PartsHost
 from edgespec.shape import PLAIN, Shape, chain, eagle
 from edgespec.tick import graft, layout, verdict
-from edgespec.tick.step import StepRecord, count_verified, outcome
+from edgespec.tick.step import Batch, StepRecord, count_verified, outcome
 from edgespec.tree import DraftTree
-from edgespec.types import Chunk, FinishReason, GenerationRequest, GenerationResult, SpecStats, TokenLogprob
+from edgespec.types import (
+    Chunk,
+    ConstraintSpec,
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+    SpecStats,
+    TokenLogprob,
+)
 
 if TYPE_CHECKING:
+    from edgespec.budget import BudgetMatcher
+    from edgespec.constraint import Matcher
+    from edgespec.controller import CostModel
     from edgespec.drafters.base import DraftReport, DraftSteps
-    from edgespec.engine import Engine
     from edgespec.slots import Slot
-    from edgespec.tick.schedule import Batch
 
 log = get_logger("edgespec.session")
 
@@ -74,8 +87,21 @@ class SessionState(enum.Enum):
 CONSISTENT = frozenset({SessionState.PREFILLING, SessionState.READY, SessionState.VERIFIED})
 
 
+class SessionHost(PartsHost, Protocol):
+    """What a session reads of the engine that hosts it (edgespec/engine.py: Engine): what its
+    parts are built from (session_parts.PartsHost), whether slots keep prompts, the grammar
+    compiler, and the tick and the release a session asks of it."""
+
+    @property
+    def prompt_cache(self) -> bool: ...
+
+    def constraint_matcher(self, spec: ConstraintSpec) -> Matcher | BudgetMatcher: ...
+    def tick(self, sessions: Sequence[Session]) -> dict[Session, Chunk]: ...
+    def release(self, sess: Session) -> None: ...
+
+
 class Session:
-    def __init__(self, engine: Engine, slot: Slot, req: GenerationRequest, keep: int = 0, drafter: str | None = None):
+    def __init__(self, engine: SessionHost, slot: Slot, req: GenerationRequest, keep: int = 0, drafter: str | None = None):
         """`keep`: leading prompt positions whose KV the slot's main sequence already holds
         (the prompt cache); the rest of the prompt is prefilled by the ticks. `drafter`: the
         drafter kind it drafts with ("model", "eagle3"; default the engine's draft)."""
@@ -99,21 +125,18 @@ class Session:
         self.closed_reason: FinishReason | None = None  # why close() ended it before it finished
         self.failure: str | None = None  # why the request failed on its own (finish reason "error")
         self.drafter_kind = drafter or engine.draft_kind
-        # drafters/base.py: Drafter, in its range of the drafter's shared context (draft_range)
-        self.draft_range = engine.draft_range(req, slot, self.drafter_kind)  # None: model-free drafts only
+        # its parts (edgespec/session_parts.py): its drafter (drafters/base.py: Drafter) in its
+        # range of the drafter's shared context, None for model-free drafts only
+        self.draft_range = session_parts.draft_range(engine, req, slot, self.drafter_kind)
         has_draft = self.draft_range is not None
-        self.drafter = engine.new_drafter(slot, self.drafter_kind) if has_draft else None
-        # its prompt lookups and their learnt reach, starting from what recent requests' achieved
-        # in its caller's partition (the suffix cache's)
-        self.ngram = None
-        if self.spec.ngram:
-            self.ngram = NgramDrafter(prior=engine.lookup_priors.reach(engine.suffix_cache.partition_of(req.caller)))
-        self.suffix = engine.new_suffix_drafter(req)  # the cross-request suffix cache (None: off)
+        self.drafter = session_parts.new_drafter(engine, slot, self.drafter_kind) if has_draft else None
+        self.ngram = session_parts.new_lookups(engine, req)  # its prompt lookups (None: off)
+        self.suffix = session_parts.new_suffix_drafter(engine, req)  # the cross-request suffix cache (None: off)
         # structured output: the grammar state of this request (edgespec/constraint.py); every
         # verified row is masked by the state after its node's path, drafts by their parent's
-        self.matcher = req.matcher if req.matcher is not None else \
+        self.matcher: Matcher | BudgetMatcher | None = req.matcher if req.matcher is not None else \
             engine.constraint_matcher(req.constraint) if req.constraint is not None else None
-        self.controller = engine.new_controller(req, slot, self.drafter_kind, has_draft) \
+        self.controller = session_parts.new_controller(engine, req, slot, self.drafter_kind, has_draft) \
             if self.spec.mode == "auto" else None
         if self.spec.mode in ("chain", "tree") and not has_draft and not self.ngram and not self.suffix:
             raise BadRequest("mode", f"{self.spec.mode} needs a draft model or n-gram drafting")
@@ -188,6 +211,11 @@ class Session:
     def context(self) -> int:
         """Positions in this session's part of the cache."""
         return self.n_past
+
+    @property
+    def cost(self) -> CostModel:
+        """The engine's shared cost model (what the grafts price their place in a forward by)."""
+        return self.engine.cost
 
     def step(self) -> Chunk:
         """One decoding step of this session alone: the ticks that prefill its prompt (whole

@@ -30,7 +30,7 @@ from edgespec.types import GenerationRequest
 
 if TYPE_CHECKING:
     from edgespec import backend
-    from edgespec.session import Session
+    from edgespec.drafters.base import Drafter
 
 log = get_logger("edgespec.engine")
 
@@ -150,6 +150,26 @@ class PoolHost(Protocol):
 
     @property
     def target_ctx(self) -> backend.Context: ...
+
+
+class SlotOwner(Protocol):
+    """What the pool reads of a request that gives its slot back (edgespec/session.py: Session):
+    whether its caches are as the invariants say, and what its drafter and main sequence hold."""
+
+    @property
+    def slot(self) -> Slot: ...
+    @property
+    def drafter(self) -> Drafter | None: ...
+    @property
+    def drafter_kind(self) -> str | None: ...
+    @property
+    def tokens(self) -> list[int]: ...
+    @property
+    def prefill_tokens(self) -> tuple[int, ...]: ...
+    @property
+    def consistent(self) -> bool: ...
+    @property
+    def prefilling(self) -> bool: ...
 
 
 class SlotPool:
@@ -375,7 +395,7 @@ class SlotPool:
         return False
 
     # -- a session ends -------------------------------------------------------------------------
-    def give_back(self, sess: Session) -> None:
+    def give_back(self, sess: SlotOwner) -> None:
         """`sess`'s slot keeps what is reusable (the prompt prefill's chunks, the draft's context),
         or is emptied, and is free again (Engine.release)."""
         slot = sess.slot

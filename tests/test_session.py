@@ -79,7 +79,7 @@ def test_an_aborted_forward_leaves_the_slot_nothing():
 
 
 def test_a_drafter_judged_not_to_pay_is_dropped_once_for_auto_only():
-    """Engine.draft_range reads calibration's verdict, once: an auto session gets no drafter and
+    """session_parts.draft_range reads calibration's verdict, once: an auto session gets no drafter and
     its controller knows it has none; an explicit chain still drafts with it."""
     eng = fake_engine(parallel=2, n_ctx=512)
     eng.draft_verdicts["draft"] = {"pays": False}

@@ -1,12 +1,19 @@
-"""What the tick may touch: the narrow faces of a session and of the engine that its phases see.
+"""What the tick may touch: the narrow faces of a session and of the engine that its phases see,
+and the record a tick leaves.
 
-A phase module reads and calls only what these Protocols name. `Session` (edgespec/session.py)
-implements `TickSession`, `Engine` (edgespec/engine.py) implements `TickEngine`; a test's fake
-may implement either without the rest of the class.
+The tick's floor plan, from the ground up: tick/layout.py and tick/step.py (a step's KV layout,
+its `StepRecord`, the tick's `Batch`), this module (the Protocols and `TickRecord`), then the
+phases, each in a module named after it (schedule, draft, forward, observe; graft and verdict,
+which a session's own step calls), and tick/__init__.py, which runs them in order. A phase
+module reads and calls only what these Protocols name and imports neither the session nor the
+engine: `Session` (edgespec/session.py) implements `TickSession`, `GraftSession` and
+`VerdictSession`; `Engine` (edgespec/engine.py) implements `TickEngine`. A test's fake may
+implement any of them without the rest of the class.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -15,24 +22,40 @@ from edgespec.drafters.base import DraftSteps
 
 if TYPE_CHECKING:
     from edgespec import backend
+    from edgespec.budget import BudgetMatcher
     from edgespec.config import EngineConfig
+    from edgespec.constraint import Matcher
     from edgespec.controller import Controller, CostModel
     from edgespec.controller.goodput import GoodputGuard
     from edgespec.controller.threads import ThreadGovernor
+    from edgespec.drafters import NgramDrafter
     from edgespec.drafters.base import Drafter, DraftReport
     from edgespec.drafters.ngram import ReachPriors
     from edgespec.drafters.suffix import SuffixDrafter
     from edgespec.kv import SeqRange
+    from edgespec.penalties import Adjuster
+    from edgespec.sampling import SamplingParams
     from edgespec.shape import Shape
     from edgespec.slots import Slot
-    from edgespec.tick.observe import TickRecord
-    from edgespec.tick.schedule import Batch
-    from edgespec.tick.step import StepRecord
-    from edgespec.types import Chunk, SpecStats
+    from edgespec.tick.step import Batch, StepRecord
+    from edgespec.types import Chunk, GenerationRequest, SpecStats
 
-__all__ = ["DraftSteps", "TargetBatch", "TickEngine", "TickSession"]
+__all__ = ["DraftSteps", "GraftSession", "TargetBatch", "TickEngine", "TickRecord", "TickSession",
+           "VerdictSession"]
 # one step's part of a forward: (tokens, positions, global seq ids per token)
 TargetBatch = tuple[list[int], list[int], list[list[int]]]
+
+
+@dataclass
+class TickRecord:
+    """What one tick did (tick/observe.py leaves it in `TickEngine.last_tick`)."""
+
+    sessions: int
+    decoding: int
+    verify_tokens: int
+    draft_forwards: int
+    prefill_tokens: int
+    seconds: dict[str, float]  # phase -> seconds
 
 
 class TickSession(Protocol):
@@ -99,3 +122,57 @@ class TickEngine(Protocol):
     def features(self) -> bool: ...
 
     def cost_kind(self, kind: str | None) -> str: ...
+
+
+class GraftSession(Protocol):
+    """What the grafts (tick/graft.py) read of the session whose step they graft onto: its
+    context and sampling, its drafters and controller, its grammar state, its room, and the
+    shared cost model that prices a graft's place in the verification."""
+
+    @property
+    def tokens(self) -> list[int]: ...
+    @property
+    def n_past(self) -> int: ...
+    @property
+    def remaining(self) -> int: ...
+    @property
+    def sampling(self) -> SamplingParams: ...
+    @property
+    def rng(self) -> np.random.Generator: ...
+    @property
+    def slot(self) -> Slot: ...
+    @property
+    def controller(self) -> Controller | None: ...
+    @property
+    def drafter(self) -> Drafter | None: ...
+    @property
+    def ngram(self) -> NgramDrafter | None: ...
+    @property
+    def suffix(self) -> SuffixDrafter | None: ...
+    @property
+    def matcher(self) -> Matcher | BudgetMatcher | None: ...
+    @property
+    def cost(self) -> CostModel: ...
+
+    def room(self) -> int: ...
+
+
+class VerdictSession(Protocol):
+    """What verification (tick/verdict.py) reads of the session whose rows it verifies: the
+    request (its sampling, its logprobs), the context the penalties count, the adjuster and the
+    grammar state that shape its distribution, and its random stream."""
+
+    @property
+    def req(self) -> GenerationRequest: ...
+    @property
+    def sampling(self) -> SamplingParams: ...
+    @property
+    def tokens(self) -> list[int]: ...
+    @property
+    def n_prompt(self) -> int: ...
+    @property
+    def rng(self) -> np.random.Generator: ...
+    @property
+    def adjuster(self) -> Adjuster | None: ...
+    @property
+    def matcher(self) -> Matcher | BudgetMatcher | None: ...

@@ -13,14 +13,13 @@ from edgespec.drafters.ngram import is_ngram
 from edgespec.tree import DraftTree
 
 if TYPE_CHECKING:
-    from edgespec.session import Session
-    from edgespec.tick.schedule import Batch
-    from edgespec.tick.step import StepRecord
+    from edgespec.tick.contract import GraftSession
+    from edgespec.tick.step import Batch, StepRecord
 
 FORCED_MAX = 16  # grammar-forced tokens grafted into one step at most
 
 
-def forced(sess: Session, st: StepRecord) -> None:
+def forced(sess: GraftSession, st: StepRecord) -> None:
     """Structured output: the tokens the grammar forces after the committed text (a JSON
     schema's `{"` and key names) are drafts the masked target accepts with certainty; they are
     grafted under the root at no draft cost (exact like any draft: the verifier decides)."""
@@ -38,7 +37,7 @@ def forced(sess: Session, st: StepRecord) -> None:
         st.batch.tokens += len(st.tree) - n
 
 
-def lookup(sess: Session, st: StepRecord) -> None:
+def lookup(sess: GraftSession, st: StepRecord) -> None:
     """The step's prompt lookup: n-gram-only speculation's own tree, or as many lookup tokens
     grafted onto the drafter's tree (or a plain step's root) as pay for their verification."""
     prop, tree = st.lookup, st.tree
@@ -70,7 +69,7 @@ def lookup(sess: Session, st: StepRecord) -> None:
                 st.batch.tokens += tree.n_draft
 
 
-def suffix(sess: Session, st: StepRecord) -> None:
+def suffix(sess: GraftSession, st: StepRecord) -> None:
     """Graft the suffix cache's continuation tree (edgespec/drafters/suffix.py): as many of its
     nodes (best first) as pay for their place in the verification at the tick's marginal cost;
     in auto mode decoding plainly too (the cache costs no forward)."""
@@ -81,7 +80,7 @@ def suffix(sess: Session, st: StepRecord) -> None:
     prop = sfx.look(sess.tokens)
     if not prop.tokens:
         return
-    cost = sess.engine.cost.at(sess.n_past)
+    cost = sess.cost.at(sess.n_past)
     base, unit = len(st.tree), cost.verify_seconds(1)
     if st.batch is not None:
         base, unit = st.batch.tokens, max(st.batch.unit, 1e-9)
@@ -104,12 +103,12 @@ def cap_leaves(tree: DraftTree, n_seq_max: int) -> None:
         tree.pop()
 
 
-def budget(sess: Session, base: int, kind: int = 0, batch: Batch | None = None) -> int:
+def budget(sess: GraftSession, base: int, kind: int = 0, batch: Batch | None = None) -> int:
     """Lookup tokens worth adding to a verification batch of `base` tokens, priced by the
     n-gram drafter's learnt reach (NgramDrafter.budget) in plain-decoding tokens at this
     context. In a tick of several sessions (`batch`) the extra time is what k more tokens add
     to the whole tick's forward, priced in the tick's own seconds per expected token."""
-    cost = sess.engine.cost.at(sess.n_past)
+    cost = sess.cost.at(sess.n_past)
     unit = cost.verify_seconds(1)
     if batch is not None:
         base, unit = batch.tokens, max(batch.unit, 1e-9)

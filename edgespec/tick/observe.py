@@ -9,8 +9,9 @@ tick's measured forwards compared with the model's prediction for them.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from edgespec.tick.contract import TickRecord
 
 if TYPE_CHECKING:
     from edgespec.tick.contract import TickEngine
@@ -19,16 +20,6 @@ if TYPE_CHECKING:
     from edgespec.tick.schedule import Plan
 
 PHASES = ("schedule", "draft", "forward", "verify_commit_emit", "observe")
-
-
-@dataclass
-class TickRecord:
-    sessions: int
-    decoding: int
-    verify_tokens: int
-    draft_forwards: int
-    prefill_tokens: int
-    seconds: dict[str, float]  # phase -> seconds
 
 
 def observe(engine: TickEngine, plan: Plan, drafts: DraftRecord, fwd: ForwardRecord, *,

@@ -36,21 +36,12 @@ from typing import TYPE_CHECKING
 
 from edgespec.controller import CostModel, expansion_batches
 from edgespec.shape import PLAIN, Shape, chain
+from edgespec.tick.step import Batch
 
 if TYPE_CHECKING:
     from edgespec.tick.contract import TickEngine, TickSession
 
 MIN_PIECE = 16  # a prefill piece is never smaller: every prompt progresses
-
-
-@dataclass
-class Batch:
-    """The tick's verification as the prompt lookups see it while they graft, one session after
-    the other: its tokens so far and the seconds per expected token of the tick (what a lookup
-    token must beat to be worth its place in the forward)."""
-
-    tokens: int = 0
-    unit: float = 0.0
 
 
 @dataclass(frozen=True)

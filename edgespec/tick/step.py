@@ -1,11 +1,10 @@
 """One session's step through the tick's phases: `StepRecord` (what each phase hands the next:
-`Session.record`, from begin_step to observe), the statistics a verified step adds, and the
-`StepOutcome` the step reports to its controller."""
+`Session.record`, from begin_step to observe), the tick's `Batch` as its grafts price it, the
+statistics a verified step adds, and the `StepOutcome` the step reports to its controller."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -14,6 +13,16 @@ from edgespec.tick.layout import Layout
 from edgespec.tree import DraftTree
 from edgespec.types import SpecStats
 from edgespec.verify import VerifyResult
+
+
+@dataclass
+class Batch:
+    """The tick's verification as the prompt lookups see it while they graft, one session after
+    the other: its tokens so far and the seconds per expected token of the tick (what a lookup
+    token must beat to be worth its place in the forward)."""
+
+    tokens: int = 0
+    unit: float = 0.0
 
 
 @dataclass(slots=True, eq=False)
@@ -32,7 +41,7 @@ class StepRecord:
     bare: bool = False  # the goodput guard's plain step: no prompt-lookup or suffix grafts either
     guessed: int = 0  # nodes the drafter, the prompt lookup and the suffix cache put in the tree
     sources: list[tuple[int, str]] = field(default_factory=list)  # (first node, source) in node order
-    batch: Any = None  # the tick's schedule.Batch (several sessions), None alone
+    batch: Batch | None = None  # the tick's verification (several sessions), None alone
     layout: Layout | None = None  # where the tree sits in the slot's range (tick/layout.py)
     features: np.ndarray | None = None  # the target's features of the step's entries (a head's)
     result: VerifyResult | None = None

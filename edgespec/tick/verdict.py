@@ -13,10 +13,10 @@ from edgespec.tree import DraftTree
 from edgespec.verify import VerifyResult, verify_greedy, verify_stochastic
 
 if TYPE_CHECKING:
-    from edgespec.session import Session
+    from edgespec.tick.contract import VerdictSession
 
 
-def verify(sess: Session, tree: DraftTree, rows: np.ndarray) -> tuple[VerifyResult, np.ndarray]:
+def verify(sess: VerdictSession, tree: DraftTree, rows: np.ndarray) -> tuple[VerifyResult, np.ndarray]:
     """`rows`: [len(tree), n_vocab] the target's logits, node order (this session's own: they may
     be adjusted in place). Returns the verdict and the rows it read (what logprobs report)."""
     if sess.adjuster is not None:  # logit_bias and penalties, each node by its own path

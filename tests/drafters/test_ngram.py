@@ -52,7 +52,7 @@ def test_graft_budget_prices_extra_verification_in_plain_tokens():
     def budget(cost, reach, base=1, context=0):
         ngram = NgramDrafter()
         ngram.reach = [reach, reach]
-        return graft.budget(SimpleNamespace(engine=SimpleNamespace(cost=cost), ngram=ngram, n_past=context), base)
+        return graft.budget(SimpleNamespace(cost=cost, ngram=ngram, n_past=context), base)
 
     assert budget(flat, weak) == 1
     assert budget(steep, weak) == 0
@@ -78,7 +78,7 @@ def test_a_new_request_starts_from_what_recent_requests_lookups_achieved():
     priors = ReachPriors()
 
     def budget(ngram):
-        return graft.budget(SimpleNamespace(engine=SimpleNamespace(cost=cost), ngram=ngram, n_past=0), 1)
+        return graft.budget(SimpleNamespace(cost=cost, ngram=ngram, n_past=0), 1)
 
     assert budget(NgramDrafter(prior=priors.reach("alice"))) >= 1  # the default reach: 0.5
     toks = [1, 2, 3, 4, 1, 2, 3]  # "1 2 3" occurred before: a lookup of 4 ...

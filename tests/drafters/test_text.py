@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from edgespec import session_parts
 from edgespec.drafters.base import run_alone
 from edgespec.drafters.text import (
     DraftView,
@@ -208,7 +209,7 @@ def test_a_text_draft_gives_plain_greedy_tokens_and_is_accepted(window):
 def test_the_drafter_proposes_point_drafts_and_keeps_only_the_context_in_its_cells():
     eng = text_engine(parallel=1)
     slot = eng.slots[0]
-    d = eng.new_drafter(slot)
+    d = session_parts.new_drafter(eng, slot)
     assert isinstance(d, TextDrafter)
     toks = ids(FAKE_TARGET, "quickbrown")
     d.begin(toks)
