@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from edgespec import session_parts
+from edgespec.controller import Decision
 from edgespec.emit import Emitter
 from edgespec.errors import BadRequest
 from edgespec.logprobs import token_logprob
@@ -269,15 +270,17 @@ class Session:
             self.slot.lent = self.drafter.keep(self.tokens)
 
     # -- one step, in the tick's phases --------------------------------------------------------
-    def choose_shape(self) -> Shape:
-        """What this request would speculate alone (its controller, or its explicit mode)."""
+    def decide(self) -> Decision:
+        """What this request would speculate alone (its controller's decision, or its explicit
+        mode). Changes nothing: the tick's `start` commits the controller's decision."""
         if self.remaining <= 1:
-            return PLAIN
+            return Decision(PLAIN)
         if self.controller is not None:
             backlog = self.drafter.backlog(self.tokens) if self.drafter is not None else 0
-            return self.controller.choose(remaining=self.remaining, draft_backlog=backlog,
+            return self.controller.decide(remaining=self.remaining, draft_backlog=backlog,
                                           context=self.n_past, emitted=len(self.out))
-        return fixed_shape(self.spec.mode, self.spec.draft_tokens, self.spec.tree_nodes, self.spec.tree_depth)
+        return Decision(fixed_shape(self.spec.mode, self.spec.draft_tokens, self.spec.tree_nodes,
+                                    self.spec.tree_depth))
 
     def begin_step(self, shape: Shape, batch: Batch | None = None, bare: bool = False) -> None:
         """`batch` (a tick of several sessions, schedule.Batch): prompt lookups are priced on the

@@ -27,7 +27,7 @@ def test_a_request_reads_its_prompt_then_steps_then_closes():
         eng.tick([s])
     # chain keeps its shape from the start: no fused first step, the prompt is just read
     assert s.state is SessionState.READY and s.record is None
-    s.begin_step(s.choose_shape())
+    s.begin_step(s.decide().shape)
     assert s.state is SessionState.STEPPING and not s.consistent and not s.prefilling
     s.cancel_step()
     assert s.state is SessionState.READY and s.consistent

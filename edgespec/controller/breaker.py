@@ -72,8 +72,15 @@ class Breaker:
         if dst == OPEN:
             self.open_tokens = 0
 
+    def opens(self, speedup: float, step: int) -> bool:
+        """Whether `closed_check` with this speedup at `step` opens the breaker. Changes nothing."""
+        below = self.below + 1 if speedup < self.open_threshold else 0
+        return (below >= self.cfg.open_after_steps and self.steps_in_state >= self.cfg.min_dwell_steps) or (
+            step == 0 and not self.transitions and speedup < 1.0)
+
     def closed_check(self, speedup: float, token: int, step: int, **detail: Any) -> bool:
-        """Called before a closed-state step with the best expected speedup; True if it opened."""
+        """Called before a closed-state step with the best expected speedup; True if it opened
+        (as `opens` foretells)."""
         assert self.state == CLOSED
         self.below = self.below + 1 if speedup < self.open_threshold else 0
         if self.below >= self.cfg.open_after_steps and self.steps_in_state >= self.cfg.min_dwell_steps:

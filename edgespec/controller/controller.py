@@ -2,6 +2,11 @@
 tokens per second under the measured cost model and this request's acceptance; `observe()` feeds
 back what happened. The circuit breaker decides when to stop drafting altogether.
 
+`choose()` is `decide()` then `commit()`: `decide` changes nothing and returns a `Decision` (the
+shape, and what choosing it changes here: the breaker's check, the prediction the step's time is
+judged against); `commit` applies it once the step begins. A tick's schedule decides for every
+session before it knows which steps run (edgespec/tick/schedule.py); its `start` commits.
+
     closed     -> the argmax over speculative candidates (chains, chain + runner-ups, EAGLE-2 trees)
     open       -> plain (zero drafting) for the cooldown
     half_open  -> a small probe chain, judged on the probes' own acceptance
@@ -9,7 +14,7 @@ back what happened. The circuit breaker decides when to stop drafting altogether
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from edgespec.controller.acceptance import (
     AcceptancePrior,
@@ -30,6 +35,21 @@ from edgespec.controller.shapes import PLAIN, Shape, StepOutcome
 from edgespec.logs import get_logger
 
 BIAS_ALPHA = 0.2  # EWMA weight of one step in the measured model bias
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A step's shape as `Controller.decide` chose it, and what `Controller.commit` then applies.
+    One made without the controller (an explicit mode, a request's last token) has no `cost` and
+    commits nothing."""
+
+    shape: Shape
+    cost: CostModel | None = None  # the cost model at the step's context
+    predicted_seconds: float | None = None  # the chosen speculative step's predicted time
+    choice: Choice | None = None  # the closed state's best candidate
+    check: tuple[float, float] | None = None  # the breaker's closed-state check: (speedup, top-1 acceptance)
+    estimate: list[list[float]] | None = None  # the acceptance the check read (kept if it opens)
+    catchup_skipped: bool = False  # plain: the draft's backlog would not pay
 
 
 class Controller:
@@ -90,9 +110,10 @@ class Controller:
             return estimate(window.counts, self._open_estimate, self.cfg.prior_weight)
         return estimate((window or self.window).counts, self._prior, self.cfg.prior_weight)
 
-    def _best(self, window: AcceptanceWindow | None = None) -> Choice:
-        return self.policy.best(self.acceptance(window), self._cost, catchup=self.catchup,
-                                overhead_spec=self._overhead["spec"], overhead_plain=self._overhead["plain"])
+    def _best(self, window: AcceptanceWindow | None = None, cost: CostModel | None = None) -> Choice:
+        return self.policy.best(self.acceptance(window), cost if cost is not None else self._cost,
+                                catchup=self.catchup, overhead_spec=self._overhead["spec"],
+                                overhead_plain=self._overhead["plain"])
 
     def _speedup(self, choice: Choice) -> float:
         """Expected speedup over plain, corrected by the measured bias of the step-time model."""
@@ -100,37 +121,62 @@ class Controller:
 
     def choose(self, remaining: int | None = None, draft_backlog: int = 0, context: int = 0,
                emitted: int | None = None) -> Shape:
-        """The shape of the next step. Cheap: one analytic pass over a fixed candidate set.
+        """The shape of the next step, decided and committed (`decide`, `commit`)."""
+        decision = self.decide(remaining, draft_backlog, context, emitted)
+        self.commit(decision)
+        return decision.shape
+
+    def decide(self, remaining: int | None = None, draft_backlog: int = 0, context: int = 0,
+               emitted: int | None = None) -> Decision:
+        """The shape of the next step, and what choosing it changes (`commit` applies it); changes
+        nothing itself. Cheap: one analytic pass over a fixed candidate set.
         `remaining`: tokens the request may still emit; `draft_backlog`: context tokens the draft
         model has not absorbed (after a plain phase its first forward must catch up on them);
         `context`: tokens in the target's cache (a long one makes every verified token dearer);
         `emitted`: tokens the request has emitted (0: its first step, plain if `first_token_plain`)."""
-        self._predicted_seconds = None
-        self._cost = self.cost.at(context)
+        cost = self.cost.at(context)
+        predicted, choice, check, a, skipped = None, None, None, None, False
         if self.disabled or self.breaker.state == OPEN:
             shape = PLAIN
         elif emitted == 0 and self.cfg.first_token_plain:
             shape = PLAIN
         elif self.breaker.state == HALF_OPEN:
-            shape = self.policy.probe_shape() if self._probe_pays(remaining, draft_backlog) else PLAIN
+            shape = self.policy.probe_shape() if self._probe_pays(remaining, draft_backlog, cost) else PLAIN
         else:
-            choice = self._best()
-            self.last_choice = choice
+            choice = self._best(cost=cost)
             a = self.acceptance()
-            if self.breaker.closed_check(self._speedup(choice), self.tokens, self.steps,
-                                         top1_acceptance=round(a[0][0], 4)):
-                self._open_estimate = a
+            speedup = self._speedup(choice)
+            check = (speedup, round(a[0][0], 4))
+            if self.breaker.opens(speedup, self.steps):
                 shape = PLAIN
-            elif not self._catchup_pays(remaining, draft_backlog, choice):
-                self.catchup_skips += 1
+            elif not self._catchup_pays(remaining, draft_backlog, choice, cost):
+                skipped = True
                 shape = PLAIN
             else:
                 shape = choice.shape
-                self._predicted_seconds = choice.seconds
+                predicted = choice.seconds
         if shape.mode != "plain" and shape.stop_prob > 0 and self.cfg.calibrate_stop:
             shape = replace(shape, calib=self.calibration.rates())
-        self.last_shape = shape
-        return shape
+        return Decision(shape, cost, predicted, choice, check, a, skipped)
+
+    def commit(self, decision: Decision) -> None:
+        """Apply a decision of this controller as its step begins: the cost model at the step's
+        context, the prediction, the breaker's closed-state check (which may open it, as
+        `decide` foresaw), the shape. Commit a decision in the state it was decided in."""
+        if decision.cost is None:
+            return
+        self._cost = decision.cost
+        self._predicted_seconds = decision.predicted_seconds
+        if decision.choice is not None:
+            self.last_choice = decision.choice
+        if decision.check is not None:
+            speedup, top1 = decision.check
+            if self.breaker.closed_check(speedup, self.tokens, self.steps, top1_acceptance=top1):
+                assert decision.estimate is not None  # set with the check
+                self._open_estimate = decision.estimate
+        if decision.catchup_skipped:
+            self.catchup_skips += 1
+        self.last_shape = decision.shape
 
     def rung(self, shape: Shape, cost: CostModel, catchup: int = 1) -> tuple[float, tuple[int, ...]]:
         """What `shape` is worth to this request, for a schedule pricing a whole tick: expected
@@ -152,7 +198,7 @@ class Controller:
             self.last_shape = shape
             self._predicted_seconds = None
 
-    def _catchup_pays(self, remaining: int | None, draft_backlog: int, choice: Choice) -> bool:
+    def _catchup_pays(self, remaining: int | None, draft_backlog: int, choice: Choice, cost: CostModel) -> bool:
         """Before its first proposal the draft absorbs what it lacks: at a request's start the
         whole prompt (up to the engine's draft window). Speculate only if the saving the choice
         promises over the tokens still to come covers that one-off; else decode plainly (prompt
@@ -161,22 +207,22 @@ class Controller:
         if remaining is None or draft_backlog <= self.catchup + 1 or choice.shape.mode == "plain" \
                 or not self.policy.has_draft_model:
             return True
-        extra = self._cost.draft_seconds(draft_backlog) - self._cost.draft_seconds(self.catchup)
+        extra = cost.draft_seconds(draft_backlog) - cost.draft_seconds(self.catchup)
         speedup = self._speedup(choice)
         if speedup <= 1.0:
             return False
-        plain_token = self._cost.verify_seconds(1) + self._overhead["plain"]
+        plain_token = cost.verify_seconds(1) + self._overhead["plain"]
         return extra <= remaining * plain_token * (1.0 - 1.0 / speedup)
 
-    def _probe_pays(self, remaining: int | None, draft_backlog: int) -> bool:
+    def _probe_pays(self, remaining: int | None, draft_backlog: int, cost: CostModel) -> bool:
         """A probe first makes the draft absorb the plain phase's backlog (one forward over it). On
         a short remainder that one-off can cost more than the probe could ever win back: skip the
         probe (the breaker stays half-open, decoding plainly) when it would cost more than
         `probe_cost_fraction` of the remaining plain decoding."""
         if remaining is None or draft_backlog <= 1 or not self.policy.has_draft_model:
             return True
-        catchup = self._cost.draft_seconds(draft_backlog)
-        return catchup <= self.cfg.probe_cost_fraction * remaining * self._cost.verify_seconds(1)
+        catchup = cost.draft_seconds(draft_backlog)
+        return catchup <= self.cfg.probe_cost_fraction * remaining * cost.verify_seconds(1)
 
     def _top1(self, window: AcceptanceWindow | None = None) -> float:
         return self.acceptance(window)[0][0]

@@ -3,7 +3,8 @@
     plan   = schedule(engine, sessions)    who speculates with which shape (jointly, priced on the
                                            whole batch); which prefill pieces and draft catch-ups ride
                                            along. It begins nothing:
-    start(plan)                            each decoding session's step begins as planned
+    start(plan)                            each decoding session's step begins as planned (its
+                                           controller commits what it decided)
     drafts = draft(engine, plan)           all drafters, level by level: ONE draft forward per level
     fwd    = verify_forward(engine, plan)  ONE target forward: every decoding session's [root] + tree;
                                            then the prefill pieces (a piece that ends its prompt

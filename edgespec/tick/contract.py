@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from edgespec.budget import BudgetMatcher
     from edgespec.config import EngineConfig
     from edgespec.constraint import Matcher
-    from edgespec.controller import Controller, CostModel
+    from edgespec.controller import Controller, CostModel, Decision
     from edgespec.controller.goodput import GoodputGuard
     from edgespec.controller.threads import ThreadGovernor
     from edgespec.drafters import NgramDrafter
@@ -59,9 +59,10 @@ class TickRecord:
 
 
 class TickSession(Protocol):
-    """One request as the tick sees it: what it reads to plan the step, and the hooks it calls in
-    order (begin_step, draft_steps / absorb_steps, drafted, target_batch, finish_step, observe;
-    prefill_piece, prefill_done and the fused first step for a prompt being read)."""
+    """One request as the tick sees it: what it reads to plan the step (`decide`, which changes
+    nothing), and the hooks it calls in order (begin_step, draft_steps / absorb_steps, drafted,
+    target_batch, finish_step, observe; prefill_piece, prefill_done and the fused first step for a
+    prompt being read)."""
 
     controller: Controller | None
     drafter: Drafter | None
@@ -86,7 +87,7 @@ class TickSession(Protocol):
     @property
     def fuses_first(self) -> bool: ...
 
-    def choose_shape(self) -> Shape: ...
+    def decide(self) -> Decision: ...
     def begin_step(self, shape: Shape, batch: Batch | None = None, bare: bool = False) -> None: ...
     def draft_steps(self) -> DraftSteps | None: ...
     def absorb_steps(self, budget: int) -> DraftSteps: ...

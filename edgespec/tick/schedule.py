@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from edgespec.controller import CostModel, expansion_batches
+from edgespec.controller import CostModel, Decision, expansion_batches
 from edgespec.shape import PLAIN, Shape, chain
 from edgespec.tick.step import Batch
 
@@ -49,6 +49,9 @@ class StepPlan:
     """What one decoding session does this tick."""
 
     shape: Shape  # what it speculates (the joint choice; PLAIN while absorbing or held bare)
+    # what the session would speculate alone, and what that changes in its controller (`start`
+    # commits it); None when the guard held the step bare and nothing was asked
+    decision: Decision | None = None
     bare: bool = False  # the goodput guard turned this auto step plain, grafts and all
     absorb: int | None = None  # draft tokens to absorb instead of drafting (a plain step), or None
     predicted: tuple[float, float] = (0.0, 0.0)  # (verify, draft) seconds the step costs alone
@@ -97,7 +100,9 @@ class _Rung:
 
 
 def schedule(engine: TickEngine, sessions: Sequence[TickSession]) -> Plan:
-    """Who decodes this tick with which shape, and who reads their prompt. Begins nothing."""
+    """Who decodes this tick with which shape, and who reads their prompt. Begins nothing, and
+    its sessions' controllers only decide (Controller.decide): `start` commits what they decided.
+    The goodput guard's own bookkeeping (`_guard`) is still done here."""
     plan = Plan()
     decoding = [s for s in sessions if not s.prefilling and not s.done]
     prefilling = [s for s in sessions if s.prefilling and not s.done]
@@ -108,7 +113,8 @@ def schedule(engine: TickEngine, sessions: Sequence[TickSession]) -> Plan:
     bare = _guard(engine, plan, decoding, cost) if decoding else set()
     # a session the guard turned plain asks its controller nothing (the search is most of a
     # tick's Python time at 8 streams)
-    shapes = {s: PLAIN if s in bare else _suffix_first(engine, s, s.choose_shape(), cost) for s in decoding}
+    decisions = {s: s.decide() for s in decoding if s not in bare}
+    shapes = {s: _suffix_first(engine, s, decisions[s].shape, cost) if s in decisions else PLAIN for s in decoding}
     if len(decoding) > 1 and not bare:
         shapes = _joint(engine, decoding, shapes, cost)
     decode_seconds = 0.0
@@ -135,16 +141,19 @@ def schedule(engine: TickEngine, sessions: Sequence[TickSession]) -> Plan:
     for s in decoding:
         r = _rung_of(engine, s, final[s], cost)
         predicted = (cost.verify_seconds(r.nodes + 1), _draft_seconds([r.batches], cost.drafting(r.drafter)))
-        plan.steps[s] = StepPlan(final[s], s in bare, absorb.get(s), predicted)
+        plan.steps[s] = StepPlan(final[s], decisions.get(s), s in bare, absorb.get(s), predicted)
     return plan
 
 
 def start(plan: Plan) -> None:
     """Begin each decoding session's step as the plan says (`schedule` itself begins nothing): its
-    controller hears of a shape the tick changed, and its step record opens."""
+    controller commits what it decided and hears of a shape the tick changed, and its step record
+    opens."""
     batch = plan.batch if len(plan.steps) > 1 else None
     for s, step in plan.steps.items():
         if s.controller is not None:
+            if step.decision is not None:
+                s.controller.commit(step.decision)
             s.controller.overridden(step.shape)
         s.begin_step(step.shape, batch, bare=step.bare)
 

@@ -261,3 +261,32 @@ def test_first_step_is_plain_then_speculation():
     assert ctrl.choose(remaining=99, emitted=1).mode != "plain"
     off = make(cfg=ControllerConfig(first_token_plain=False))
     assert off.choose(remaining=100, emitted=0).mode != "plain"
+
+
+def test_decide_changes_nothing_and_commit_applies_it():
+    """choose() is decide() then commit(): decide leaves the controller as it was (the breaker's
+    check, the prediction, the counters), and a controller driven by the two halves walks the
+    same states and shapes as one driven by choose, through an opening and a recovery."""
+
+    class TwoPhase(Controller):
+        def choose(self, remaining=None, draft_backlog=0, context=0, emitted=None):
+            def seen():
+                return (self.state, self.breaker.below, self.last_shape, self.last_choice, self.catchup_skips,
+                        self._predicted_seconds, len(self.breaker.transitions))
+
+            before = seen()
+            d = self.decide(remaining, draft_backlog, context, emitted)
+            assert seen() == before and self.decide(remaining, draft_backlog, context, emitted).shape == d.shape
+            self.commit(d)
+            return d.shape
+
+    def script():
+        return ScriptedDrafter(lambda s: 0.9 if s < 100 or s >= 120 else 0.0)
+
+    one = make()
+    two = TwoPhase(ControllerConfig(), cpu_cost(), AcceptancePrior(), max_depth=16, max_nodes=64)
+    a = simulate(one, script(), cpu_cost(), steps=260, seed=1)
+    b = simulate(two, script(), cpu_cost(), steps=260, seed=1)
+    assert (a.states, a.kinds) == (b.states, b.kinds)
+    assert "open" in a.states
+    assert one.summary() == two.summary()

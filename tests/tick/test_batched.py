@@ -159,7 +159,7 @@ def test_load_shrinks_speculation(batched):
             s.controller.cost, s.controller.spec_bias = cpu, 1.0
             s.controller._overhead = {"plain": 0.0, "spec": 0.0}
             s.controller.breaker.state = "closed"
-        solo = [s.choose_shape() for s in sess]
+        solo = [s.decide().shape for s in sess]
         plan = schedule(eng, sess)  # begins no step (tick.start does)
         joint = [plan.steps[s].shape for s in sess]
         cost = eng.cost.at(plan.context, plan.sequences)

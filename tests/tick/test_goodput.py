@@ -63,8 +63,8 @@ def test_sessions_the_guard_turned_plain_skip_the_controllers_search(monkeypatch
     """The guard decides before the controllers: a blocked tick spends no time on shape search."""
     from edgespec.controller.controller import Controller
     calls = []
-    real = Controller.choose
-    monkeypatch.setattr(Controller, "choose", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    real = Controller.decide
+    monkeypatch.setattr(Controller, "decide", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
     eng = fake_engine(parallel=1)
     eng.generate(req("auto"))
     assert calls  # unguarded, every step asks

@@ -239,7 +239,7 @@ def test_joint_schedule_keeps_solo_choice_when_alone_and_shrinks_when_verificati
     # a flat verification curve (a GPU): nobody shrinks
     use(CostModel.from_tables({1: 0.010, 8: 0.010, 32: 0.011, 128: 0.012},
                               {1: 0.001, 8: 0.0011, 32: 0.0012}))
-    solo = {s: s.choose_shape() for s in sess}
+    solo = {s: s.decide().shape for s in sess}
     plan = schedule(eng, sess)  # begins no step (tick.start does)
     assert all(s.record is None for s in sess)
     assert sum(solo[s].nodes for s in sess) > 0
@@ -248,11 +248,39 @@ def test_joint_schedule_keeps_solo_choice_when_alone_and_shrinks_when_verificati
     # (each session alone still gains: 8 tokens cost 1.6 plain ones; four trees are 3x four roots)
     use(CostModel.from_tables({1: 0.010, 8: 0.016, 32: 0.080, 128: 0.32},
                               {1: 0.001, 8: 0.0011, 32: 0.0012}))
-    solo = {s: s.choose_shape() for s in sess}
+    solo = {s: s.decide().shape for s in sess}
     plan = schedule(eng, sess)
     assert sum(solo[s].nodes for s in sess) > 0
     assert sum(plan.steps[s].shape.nodes for s in sess) < sum(solo[s].nodes for s in sess)
     for s in sess:
+        s.close()
+
+
+def test_the_schedule_decides_and_start_commits():
+    """schedule() asks each controller what it would speculate and changes nothing in it (a plan
+    computed only to be inspected leaves no trace); start() commits those decisions."""
+    from edgespec.tick.schedule import schedule, start
+
+    eng = fake_engine(parallel=2)
+    sess = [eng.open_session(req(p, "auto", max_tokens=200)) for p in PROMPTS[:2]]
+    for _ in range(6):  # past the prompts and the plain first steps: the controllers are closed
+        eng.tick(sess)
+    ctls = [s.controller for s in sess]
+    assert all(c is not None and c.state == "closed" for c in ctls)
+    for c in ctls:
+        c.last_choice = None
+
+    def seen():
+        return [(c.last_choice, c.last_shape, c.breaker.below, c.catchup_skips, c._predicted_seconds) for c in ctls]
+
+    before = seen()
+    plan = schedule(eng, sess)
+    assert seen() == before and all(s.record is None for s in sess)
+    assert [plan.steps[s].decision.shape for s in sess] == [s.decide().shape for s in sess]
+    start(plan)
+    assert all(c.last_choice is not None for c in ctls)  # the closed state's choice, committed
+    for s in sess:
+        s.cancel_step()
         s.close()
 
 
