@@ -118,8 +118,8 @@ class GoodputGuard:
         """Plain's recent ticks to judge this level by: its own, else its load's pool."""
         if len(lv.plain) >= self.min_ticks and self.ticks - lv.plain_at < self.stale:
             return lv.plain
-        pool = self._pool(key)
-        if len(pool.plain) >= self.min_ticks and self.ticks - pool.plain_at < self.stale:
+        pool = self.pools.get(key[1])  # none yet: no plain ticks at this load
+        if pool is not None and len(pool.plain) >= self.min_ticks and self.ticks - pool.plain_at < self.stale:
             return pool.plain
         return None
 
@@ -143,6 +143,22 @@ class GoodputGuard:
             if lv.since_plain >= (self.explore_first if first else self.explore):
                 lv.blocked += 1
                 return False
+        return True
+
+    def allows(self, key: Key, new_request: bool = False) -> bool:
+        """What `allow(key)` will answer (after `new_request(key)` when `new_request`), changing
+        nothing: the schedule asks this, the tick's start then asks `allow`."""
+        if not self.enabled:
+            return True
+        lv = self.levels.get(key) or _Level()  # `allow` makes a level it has not seen, as this one
+        if lv.fallback:
+            if lv.probe_left > 0:
+                return True
+            return (0 if new_request and self.probe_new else lv.wait) <= 0
+        if self._plain_ref(key, lv) is None:
+            pool = self.pools.get(key[1])
+            first = pool is None or len(pool.plain) < self.min_ticks
+            return lv.since_plain < (self.explore_first if first else self.explore)
         return True
 
     def holds(self, key: Key) -> bool:

@@ -2,9 +2,9 @@
 
     plan   = schedule(engine, sessions)    who speculates with which shape (jointly, priced on the
                                            whole batch); which prefill pieces and draft catch-ups ride
-                                           along. It begins nothing:
-    start(plan)                            each decoding session's step begins as planned (its
-                                           controller commits what it decided)
+                                           along. It changes nothing:
+    start(engine, plan)                    each decoding session's step begins as planned (the
+                                           guard and its controller are told what was decided)
     drafts = draft(engine, plan)           all drafters, level by level: ONE draft forward per level
     fwd    = verify_forward(engine, plan)  ONE target forward: every decoding session's [root] + tree;
                                            then the prefill pieces (a piece that ends its prompt
@@ -43,7 +43,7 @@ EMPTY = Chunk((), "", None)
 def tick(engine: TickEngine, sessions: list[TickSession]) -> dict[TickSession, Chunk]:
     t0 = time.perf_counter()
     plan = schedule(engine, sessions)
-    start(plan)
+    start(engine, plan)
     t1 = time.perf_counter()
     drafts = draft(engine, plan)
     t2 = time.perf_counter()

@@ -76,6 +76,8 @@ class Plan:
     sequences: int = 1  # the tick's sessions (each query's attention reads its own sequence's cells)
     batch: Batch = field(default_factory=Batch)
     guard_key: tuple[int, int] | None = None  # the goodput guard's load level of this tick
+    guard_asked: bool = False  # an auto session decodes: `start` asks the guard (GoodputGuard.allow)
+    guard_new: bool = False  # a request starts decoding alone: `start` tells the guard first
     guard_unit: float = 0.0  # the cost model's seconds per plain token at this many sessions
     catchup: int = 0  # the longest draft catch-up a speculating session carries this tick
 
@@ -100,9 +102,10 @@ class _Rung:
 
 
 def schedule(engine: TickEngine, sessions: Sequence[TickSession]) -> Plan:
-    """Who decodes this tick with which shape, and who reads their prompt. Begins nothing, and
-    its sessions' controllers only decide (Controller.decide): `start` commits what they decided.
-    The goodput guard's own bookkeeping (`_guard`) is still done here."""
+    """Who decodes this tick with which shape, and who reads their prompt. Changes nothing: the
+    goodput guard and the sessions' controllers are only asked (GoodputGuard.allows,
+    Controller.decide); `start` tells them what was decided. (A suffix view computes its
+    proposal once per context length, SuffixDrafter.look: the step's grafts read the same one.)"""
     plan = Plan()
     decoding = [s for s in sessions if not s.prefilling and not s.done]
     prefilling = [s for s in sessions if s.prefilling and not s.done]
@@ -145,10 +148,19 @@ def schedule(engine: TickEngine, sessions: Sequence[TickSession]) -> Plan:
     return plan
 
 
-def start(plan: Plan) -> None:
-    """Begin each decoding session's step as the plan says (`schedule` itself begins nothing): its
-    controller commits what it decided and hears of a shape the tick changed, and its step record
-    opens."""
+def start(engine: TickEngine, plan: Plan) -> None:
+    """Begin the tick as the plan says (`schedule` itself changes nothing): the goodput guard
+    hears of a request starting alone and is asked for the tick (it answers what `allows` said);
+    each decoding session's controller commits what it decided and hears of a shape the tick
+    changed, and its step record opens."""
+    if plan.guard_key is not None:
+        guard = engine.goodput
+        if plan.guard_new:
+            guard.new_request(plan.guard_key)
+        for s in plan.steps:
+            s.guard_seen = True
+        if plan.guard_asked:
+            guard.allow(plan.guard_key)  # its counters: a blocked tick, a probe's start
     batch = plan.batch if len(plan.steps) > 1 else None
     for s, step in plan.steps.items():
         if s.controller is not None:
@@ -168,11 +180,9 @@ def _guard(engine: TickEngine, plan: Plan, decoding: list[TickSession], cost: Co
     plan.guard_key = key = guard.key(len(decoding), engine.cost.host_factor("target"))
     plan.guard_unit = cost.verify_seconds(len(decoding)) / len(decoding)
     auto = [s for s in decoding if s.controller is not None]
-    if len(decoding) == 1 and not decoding[0].guard_seen:  # a request alone: its own evidence
-        guard.new_request(key)
-    for s in decoding:
-        s.guard_seen = True
-    return set(auto) if auto and not guard.allow(key) else set()
+    plan.guard_new = len(decoding) == 1 and not decoding[0].guard_seen  # a request alone: its own evidence
+    plan.guard_asked = bool(auto)
+    return set(auto) if auto and not guard.allows(key, plan.guard_new) else set()
 
 
 def pieces(engine: TickEngine, plan: Plan, n_verify: int) -> list[Piece]:

@@ -228,3 +228,29 @@ class BareMeans(GoodputGuard):
 def test_the_scenarios_reject_broken_guards(twin, scenario):
     with pytest.raises(AssertionError):
         scenario(twin)
+
+
+def test_allows_foretells_allow_and_changes_nothing():
+    """The tick's schedule asks `allows` (changing nothing), its start then tells `new_request`
+    and asks `allow`: the two answers agree through fallbacks, probes, a request starting alone
+    and plain exploration, at several levels."""
+    import copy
+    import random
+
+    rng = random.Random(0)
+    for g in (GoodputGuard(), GoodputGuard(explore=4, reprobe=8, max_reprobe=32), GoodputGuard(enabled=False)):
+        answers = set()
+        for t in range(1500):
+            key = GoodputGuard.key(rng.choice([1, 1, 2, 4]), 1.0)
+            new = rng.random() < 0.05
+            before = copy.deepcopy(g.__dict__)
+            said = g.allows(key, new)
+            assert g.__dict__ == before
+            if new:
+                g.new_request(key)
+            got = g.allow(key)
+            assert said == got, (t, key, new)
+            answers.add(got)
+            rate = (80.0 if t < 800 else 120.0) if got else 100.0  # speculation loses, then wins
+            g.record(key, got, 3 if got else 1, (3 if got else 1) / rate)
+        assert answers == ({True, False} if g.enabled else {True})

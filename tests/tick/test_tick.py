@@ -257,8 +257,11 @@ def test_joint_schedule_keeps_solo_choice_when_alone_and_shrinks_when_verificati
 
 
 def test_the_schedule_decides_and_start_commits():
-    """schedule() asks each controller what it would speculate and changes nothing in it (a plan
-    computed only to be inspected leaves no trace); start() commits those decisions."""
+    """schedule() asks the goodput guard and each controller and changes nothing in them (a plan
+    computed only to be inspected leaves no trace); start() tells them what was decided."""
+    import copy
+
+    from edgespec.controller.goodput import GoodputGuard
     from edgespec.tick.schedule import schedule, start
 
     eng = fake_engine(parallel=2)
@@ -269,16 +272,19 @@ def test_the_schedule_decides_and_start_commits():
     assert all(c is not None and c.state == "closed" for c in ctls)
     for c in ctls:
         c.last_choice = None
+    eng.goodput = GoodputGuard()  # the fake's is off; a fresh one lets this tick speculate
 
     def seen():
         return [(c.last_choice, c.last_shape, c.breaker.below, c.catchup_skips, c._predicted_seconds) for c in ctls]
 
-    before = seen()
+    before, guard = seen(), copy.deepcopy(eng.goodput.__dict__)
     plan = schedule(eng, sess)
     assert seen() == before and all(s.record is None for s in sess)
+    assert eng.goodput.__dict__ == guard and plan.guard_asked
     assert [plan.steps[s].decision.shape for s in sess] == [s.decide().shape for s in sess]
-    start(plan)
+    start(eng, plan)
     assert all(c.last_choice is not None for c in ctls)  # the closed state's choice, committed
+    assert plan.guard_key in eng.goodput.levels  # the guard was asked for the tick's level
     for s in sess:
         s.cancel_step()
         s.close()
