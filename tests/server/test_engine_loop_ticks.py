@@ -352,17 +352,18 @@ def test_audit_shadow_decodes_match_and_a_tampered_one_is_counted():
         for j in (plain, hot):
             loop.submit(j)
             events(j)
-        queue_shadow = loop._maybe_shadow
+        audit = loop._audit
+        queue_shadow = audit.offer
 
         def tamper(j, result):  # the recorded output of "audited-1" is not what plain decodes
             queue_shadow(j, result)
             if j.request_id == "audited-1":
-                with loop._lock:
-                    s = loop._shadows[-1]
+                with audit.lock:
+                    s = audit.waiting[-1]
                     rid, out = s.shadow_of
                     s.shadow_of = (rid, tuple(out[:-1]) + ((out[-1] + 1) % 97,))
 
-        loop._maybe_shadow = tamper
+        audit.offer = tamper
         tampered = job([0, 5, 6, 7], max_tokens=6)
         tampered.request_id = "audited-1"
         tampered.sampling = SamplingParams(max_tokens=6, temperature=0.0)
