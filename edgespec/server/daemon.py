@@ -28,7 +28,7 @@ from edgespec.proto.edgespec.v1 import admin_pb2, admin_pb2_grpc, inference_pb2,
 from edgespec.server import convert
 from edgespec.server.auth import TokenAuth
 from edgespec.server.config import DaemonConfig, check_memory, reload_config
-from edgespec.server.engine_loop import EngineLoop
+from edgespec.server.engine_loop import EngineLoop, LoopEngine
 from edgespec.server.metrics import Metrics, serve_metrics
 from edgespec.server.policy import Policy
 from edgespec.server.servicers import AdminServicer, InferenceServicer
@@ -450,9 +450,8 @@ class Daemon:
             return
         path = self._suffix_path(m)
 
-        def save(engine: Any) -> int:
-            cache = getattr(engine, "suffix_cache", None)
-            return cache.save(path, model=suffix_model(engine)) if cache is not None else 0
+        def save(engine: LoopEngine) -> int:
+            return engine.suffix_cache.save(path, model=suffix_model(engine))
 
         try:
             n = loop.call(save, timeout=60.0)

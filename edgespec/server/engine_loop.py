@@ -3,10 +3,10 @@ jobs from a bounded queue into up to `parallel` sessions, and runs engine ticks:
 advances every active session by one step in one batched target forward (edgespec/tick/), and
 prefills new prompts in pieces alongside. Chunks go to a per-job unbounded queue: the engine
 never waits for a reader (output is bounded by max_tokens). Cancel and deadline are checked
-between ticks, so a cancelled request stops within one tick and frees its slot, a prefill too; and,
-with an engine that can abort a forward (`abort_forward`: the patched llama.cpp's abort flag), a
-watch thread stops a tick within one graph node once every request in it is cancelled or past its
-deadline (a lone long prompt read in whole n_batch pieces), so the next request starts at once."""
+between ticks, so a cancelled request stops within one tick and frees its slot, a prefill too; and
+a watch thread stops a tick within one graph node (`abort_forward`: the patched llama.cpp's abort
+flag) once every request in it is cancelled or past its deadline (a lone long prompt read in
+whole n_batch pieces), so the next request starts at once."""
 
 from __future__ import annotations
 
@@ -66,8 +66,8 @@ class EngineLoop:
         # what the loaded engine applies beyond plain generation ("constraint"): its `capabilities`
         # attribute; the APIs refuse a request needing one it lacks
         self.capabilities: frozenset[str] = frozenset()
-        self.encoder: Any = None  # set on the engine thread once the engine is built (see _load)
-        # the engine's thread-safe constraint compiler (Engine.compile_constraint), or None
+        self.encoder: Any = None  # the engine's, once it is built (see _load): None while loading
+        # the engine's thread-safe constraint compiler (LoopEngine.compile_constraint), once built
         self._compile: Callable[[Any], Any] | None = None
         self._thread = threading.Thread(target=self._run, name="edgespec-engine", daemon=True)
 
@@ -171,9 +171,9 @@ class EngineLoop:
 
     def compile(self, constraint: Any) -> Any:
         """A request's constraint compiled in the calling handler thread (a grammar state for
-        Job.matcher: one per job, it is stateful), or None when there is none or the engine
-        compiles on its own thread; BadRequest naming the field when it does not compile. A
-        large schema or grammar then costs its own caller the time, never the engine thread."""
+        Job.matcher: one per job, it is stateful), or None when there is none or the engine is
+        not loaded yet; BadRequest naming the field when it does not compile. A large schema or
+        grammar then costs its own caller the time, never the engine thread."""
         if constraint is None or self._compile is None:
             return None
         return self._compile(constraint)
@@ -191,19 +191,17 @@ class EngineLoop:
             self._error = exc
         finally:
             self._shutdown(running)
-            if running.watch is not None:
-                running.watch.wake()
+            running.watch.wake()
 
     def _load(self) -> Running | None:
-        """The engine built and warmed, its abort watch started (if it can abort a forward);
-        None if that failed (the
+        """The engine built and warmed, its abort watch started; None if that failed (the
         error reported to the starter)."""
         try:
             engine = self._factory()
-            # the engine's thread-safe tokenizer and chat template, for the handler threads (None:
-            # this engine has none; its jobs are then tokenised here, on the engine thread)
+            # the engine's thread-safe tokenizer, chat template and constraint compiler, for the
+            # handler threads: they tokenise and compile, the engine thread only decodes
             self.encoder = engine.encoder
-            self._compile = getattr(engine, "compile_constraint", None)
+            self._compile = engine.compile_constraint
             engine.warmup()
             self.capabilities = frozenset(engine.capabilities)
         except BaseException as exc:  # reported to the starter
@@ -211,10 +209,8 @@ class EngineLoop:
             log.error("engine_load_failed", error=str(exc), exc_info=True)
             self._started.set()
             return None
-        watch = None
-        if engine.abort_forward is not None:  # the watch stops a tick's forward only if it can
-            watch = AbortWatch(engine.abort_forward, stopping=lambda: self._intake.stopping)
-            watch.start()
+        watch = AbortWatch(engine.abort_forward, stopping=lambda: self._intake.stopping)
+        watch.start()
         self._ready.set()
         self._started.set()
         log.info("engine_ready", parallel=self.parallel, queue_size=self.queue_size)

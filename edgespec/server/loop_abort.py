@@ -86,11 +86,10 @@ class IdleWork:
     def piece(self, engine: LoopEngine, looked: int) -> bool:
         """One piece of the engine's idle work, unless a job or call arrived since the loop
         looked (`looked`: the arrivals it had seen); whether more is left."""
-        abort = engine.abort_idle_work
         with self._lock:
             if self.arrivals != looked:
                 return True  # something came since the loop looked: it goes round to it first
-            self._idling, self._abort = True, abort
+            self._idling, self._abort = True, engine.abort_idle_work
         try:
             return bool(engine.idle_work())
         except Exception:  # an optimisation: never let it take the loop down
@@ -99,5 +98,5 @@ class IdleWork:
         finally:
             with self._lock:
                 stopped, self._idling, self._stopped = self._stopped, False, False
-            if stopped and abort is not None:  # no one raises the flag again now
-                abort(False)
+            if stopped:  # no one raises the flag again now
+                engine.abort_idle_work(False)

@@ -7,12 +7,15 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from edgespec.sampling import SamplingParams
 from edgespec.types import Chunk, FinishReason, GenerationRequest, GenerationResult, SpeculationParams
+
+if TYPE_CHECKING:
+    from edgespec.drafters.suffix import SuffixCache
 
 
 class LoopSession(Protocol):
@@ -42,16 +45,19 @@ class CallerPlace(Protocol):
 
 @runtime_checkable
 class LoopEngine(Protocol):
-    """What the loop needs of an engine (edgespec.engine.Engine; the tests' FakeEngine). All of
-    it runs on the loop's thread, except `encoder`, which the handler threads use, and
-    `abort_forward`, which the abort watch calls. The optional capabilities are members too:
-    a method, or None on an engine without it (the loop asks nothing else of an engine)."""
+    """What the loop and the daemon need of an engine (edgespec.engine.Engine; the tests'
+    FakeEngine), every member required. All of it runs on the loop's thread, except `encoder`
+    and `compile_constraint`, which the handler threads use, and `abort_forward` and
+    `abort_idle_work`, which the loop's other threads call."""
 
     capabilities: frozenset[str]  # "constraint", "logprobs": what requests may ask of it
     tick_totals: Mapping[str, float]  # seconds per tick phase, ticks, ... since load
+    suffix_cache: SuffixCache  # the cross-request suffix cache (its snapshot: daemon.py)
 
     @property
-    def encoder(self) -> Any: ...  # the thread-safe tokenizer and chat template (backend.Model), or None
+    def encoder(self) -> Any: ...  # the thread-safe tokenizer and chat template (backend.Model)
+
+    def compile_constraint(self, spec: Any) -> Any: ...  # a request's grammar state, from any thread
 
     def warmup(self) -> None: ...
 
@@ -63,28 +69,18 @@ class LoopEngine(Protocol):
 
     def close(self) -> None: ...
 
-    # an engine whose encoder is None tokenises its jobs itself (chat.ChatTokenizer)
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+    # stop the forward in progress at its next graph node, from any thread (the tick then raises
+    # errors.ForwardAborted); the flag holds until the next tick starts
+    def abort_forward(self) -> None: ...
 
-    def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> str: ...
+    # stop idle work's forward at its next graph node, from any thread (True), and lower that
+    # flag again on the engine thread (False)
+    def abort_idle_work(self, on: bool = True) -> None: ...
 
-    # optional: stop the forward in progress at its next graph node, from any thread (the tick
-    # then raises ForwardAborted); None: a cancelled request waits for its tick's end
-    @property
-    def abort_forward(self) -> Callable[[], None] | None: ...
-
-    # optional: stop idle work's forward at its next graph node, from any thread (True), and
-    # lower that flag again on the engine thread (False); None: a job arriving during idle time
-    # waits for the piece in progress
-    @property
-    def abort_idle_work(self) -> Callable[[bool], None] | None: ...
-
-    # optional: the suffix cache's figures, read after each tick and as a request closes
-    @property
-    def suffix_stats(self) -> Callable[[], dict[str, float]] | None: ...
+    def suffix_stats(self) -> dict[str, Any]: ...  # the suffix cache's figures
 
     # the suffix cache on or off (off empties it) and/or emptied (SetPolicy, a reload); its figures
-    def suffix_control(self, enabled: bool | None = None, clear: bool = False) -> dict: ...
+    def suffix_control(self, enabled: bool | None = None, clear: bool = False) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -96,8 +92,8 @@ class Job:
     speculation: SpeculationParams
     prompt: str = ""
     messages: tuple[tuple[str, str], ...] = ()
-    # the prompt already tokenised by the caller's thread (chat template applied): the engine
-    # thread then does no text work for this job; None: the engine tokenises prompt/messages
+    # the prompt tokenised by the caller's thread with the engine's encoder (chat template
+    # applied): the engine thread does no text work. A job without them is refused at open.
     prompt_tokens: tuple[int, ...] | None = None
     logprobs: int | None = None  # see GenerationRequest.logprobs
     constraint: Any = None  # a types.ConstraintSpec, or None

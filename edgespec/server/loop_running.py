@@ -4,14 +4,12 @@ session advanced by one engine tick, the chunks handed to each job's queue, and 
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
-from edgespec import chat
-from edgespec.errors import BadRequest, ForwardAborted
+from edgespec.errors import BadRequest, ForwardAborted, NotReady
 from edgespec.logs import get_logger
 from edgespec.server.loop_abort import AbortWatch
 from edgespec.server.loop_audit import ShadowAudit
@@ -48,18 +46,16 @@ def _outcome(job: Job, sess: Any, result: GenerationResult) -> tuple[str, Any]:
 
 
 class Running:
-    """The jobs in `engine`'s sessions (`active`), advanced one tick at a time under `watch` (None:
-    an engine that cannot abort a forward);
+    """The jobs in `engine`'s sessions (`active`), advanced one tick at a time under `watch`;
     what they finish as goes to `metrics`, `audit` and `figures`. `log_text`: log prompts and
     outputs."""
 
-    def __init__(self, engine: LoopEngine, *, metrics: Metrics, audit: ShadowAudit, watch: AbortWatch | None,
+    def __init__(self, engine: LoopEngine, *, metrics: Metrics, audit: ShadowAudit, watch: AbortWatch,
                  figures: Figures, log_text: bool = False):
         self.engine = engine
         self.metrics, self.audit, self.watch, self.figures = metrics, audit, watch, figures
         self.log_text = log_text
         self.active: list[_Active] = []
-        self._suffix_stats = engine.suffix_stats  # the engine's, if it has them
 
     def open(self, job: Job) -> None:
         """`job`'s session opened (it then takes part in the next tick), or its error answered."""
@@ -69,13 +65,11 @@ class Running:
             return
         job.started = now
         try:
-            if job.prompt_tokens is not None:  # tokenised by the caller's thread (the daemon's way)
-                ids = list(job.prompt_tokens)
-            else:  # an engine without an encoder: the engine itself is the tokenizer
-                ids = chat.encode_prompt(cast("chat.ChatTokenizer", self.engine), job.prompt, job.messages)
-            job.prompt_tokens = tuple(ids)
+            if job.prompt_tokens is None:  # the handler tokenises with the engine's encoder
+                raise NotReady("the request reached the engine untokenised: the model's encoder was not loaded")
+            job.prompt_tokens = tuple(job.prompt_tokens)
             req = GenerationRequest(
-                prompt_tokens=tuple(ids), sampling=job.sampling, speculation=job.speculation,
+                prompt_tokens=job.prompt_tokens, sampling=job.sampling, speculation=job.speculation,
                 request_id=job.request_id, logprobs=job.logprobs, constraint=job.constraint, caller=job.caller,
                 matcher=job.matcher,
             )
@@ -85,7 +79,7 @@ class Running:
             job.answer("error", exc)
             return
         fields = {"prompt": job.prompt} if self.log_text and job.prompt else {}
-        log.info("generation_started", request_id=job.request_id, prompt_tokens=len(ids),
+        log.info("generation_started", request_id=job.request_id, prompt_tokens=len(job.prompt_tokens),
                  mode=job.speculation.mode, queue_seconds=round(now - job.submitted, 4), **fields)
         self.active.append(_Active(job, session))
         job.opened.set()
@@ -101,8 +95,7 @@ class Running:
     def tick(self) -> None:
         """One engine tick over every active session; hand out the chunks."""
         try:
-            watching = self.watch.over([a.job for a in self.active]) if self.watch else contextlib.nullcontext()
-            with watching:
+            with self.watch.over([a.job for a in self.active]):
                 chunks = self.engine.tick([a.session for a in self.active])
         except ForwardAborted:
             # every request in the tick was cancelled or past its deadline: they end as such
@@ -115,8 +108,7 @@ class Running:
             self._fail(exc)
             return
         self.figures.tick_totals = dict(self.engine.tick_totals)  # a snapshot for the handler threads
-        if self._suffix_stats is not None:
-            self.figures.suffix_cache = self._suffix_stats()
+        self.figures.suffix_cache = self.engine.suffix_stats()
         self._hand_out(chunks)
 
     def cancel_all(self) -> None:
@@ -166,8 +158,7 @@ class Running:
                 result = sess.result()
         except BaseException as exc:
             log.error("session_close_failed", request_id=job.request_id, error=str(exc), exc_info=True)
-        if self._suffix_stats is not None:  # the request's reply went into the cache as it closed
-            self.figures.suffix_cache = self._suffix_stats()
+        self.figures.suffix_cache = self.engine.suffix_stats()  # the reply went into the cache as it closed
         if result is None:
             result = GenerationResult("", [], close_reason or "error", len(job.prompt_tokens or ()), SpecStats())
         if close_reason is not None and result.finish_reason != close_reason:

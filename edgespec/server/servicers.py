@@ -61,21 +61,14 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     def _encoder(self) -> Any:
         """The loaded target's thread-safe tokenizer and chat template (EngineLoop.encoder)."""
         enc = self.loop.encoder
-        if enc is None:
-            if not self.loop.ready:
-                raise NotReady("the models are still loading")
-            return None  # an engine without one: the engine thread tokenises
+        if enc is None:  # set as the engine is built: none yet while it loads
+            raise NotReady("the models are still loading")
         return enc
 
     def _prompt_tokens(self, prompt: str, messages: tuple[tuple[str, str], ...], extras: tuple[dict, ...] = (),
                        spec: ToolSpec | None = None, variables: dict | None = None, jinja: bool = False,
-                       rendered: list[str] | None = None) -> tuple[int, ...] | None:
-        enc = self._encoder()
-        if enc is None:
-            if spec is not None or extras:
-                raise BadRequest("tools", "tool calling is not available on this server's engine")
-            return None
-        return tuple(encode_request(enc, prompt, messages, extras, spec, self.chat_template, variables=variables,
+                       rendered: list[str] | None = None) -> tuple[int, ...]:
+        return tuple(encode_request(self._encoder(), prompt, messages, extras, spec, self.chat_template, variables=variables,
                                     jinja=jinja, rendered=rendered))
 
     def _reasons(self, messages: tuple) -> bool:
@@ -130,7 +123,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             calls = spec is not None and spec.calls_allowed
             constraint = thinking.constraint(spec.constraint((reasoning.OPEN,)) if calls and spec else constraint)
         matcher = self.loop.compile(constraint)  # here, in this handler's thread: not the engine's
-        place.reserve(len(tokens or ()) + sampling.max_tokens)  # in flight: counted at admission
+        place.reserve(len(tokens) + sampling.max_tokens)  # in flight: counted at admission
         job = Job(request_id=rid, sampling=sampling, speculation=speculation, prompt=prompt,
                   messages=messages, prompt_tokens=tokens, deadline=deadline, logprobs=logprobs,
                   constraint=constraint, matcher=matcher, constraint_field=field, tools=spec, caller=structlog.contextvars.get_contextvars().get("caller", ""),
@@ -221,9 +214,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             return chat.encode_prompt(tok, text, messages, add_special=request.add_special,
                                       parse_special=request.parse_special)
 
-        enc = self._encoder()
-        # an engine without an encoder: on its own thread, the engine itself the tokenizer
-        ids = encode(enc) if enc is not None else self.loop.call(encode)
+        ids = encode(self._encoder())
         return pb.TokenizeResponse(token_ids=ids, count=len(ids))
 
     def Embed(self, request: pb.EmbedRequest, context: grpc.ServicerContext) -> pb.EmbedResponse:

@@ -9,7 +9,8 @@ import time
 from typing import Any
 
 from edgespec import chat
-from edgespec.errors import BadRequest, Overloaded
+from edgespec.drafters.suffix import SuffixCache
+from edgespec.errors import BadRequest, ForwardAborted, Overloaded
 from edgespec.types import Chunk, GenerationRequest, GenerationResult, SpecStats, TokenLogprob
 
 WORDS = ("alpha ", "beta ", "gamma ", "delta ")
@@ -38,7 +39,8 @@ class FakeSession:
         self.engine._touch()
         if self.engine.fail_on_step:
             raise RuntimeError("boom")
-        time.sleep(self.engine.step_seconds)
+        if self.engine._aborted.wait(self.engine.step_seconds):  # abort_forward: the step's "forward" stops
+            raise ForwardAborted("the forward was aborted")
         # a "tree" accepts two tokens on odd steps, one on even ones
         n = 2 if self.stats.target_forwards % 2 else 1
         n = min(n, self.req.sampling.max_tokens - len(self.out))
@@ -103,10 +105,6 @@ class FakeEncoder:
 class FakeEngine:
     capabilities = frozenset({"constraint"})  # constraints are only recorded
     special_tokens: dict[str, int] = {}  # none (with tokenize and chat_prompt: a chat.ChatTokenizer)
-    # the optional capabilities of engine_loop.LoopEngine: no forward to abort, no suffix cache (idle
-    # work stops as Engine's does: abort_idle_work below)
-    abort_forward = None
-    suffix_stats = None
 
     def __init__(self, parallel: int = 2, n_ctx: int = 256, step_seconds: float = 0.01, load_seconds: float = 0.0):
         self.parallel = parallel
@@ -128,6 +126,9 @@ class FakeEngine:
         self.in_piece = False  # a piece of idle work is under way
         self.encoder = FakeEncoder()
         self.tick_totals: dict[str, float] = {}
+        self.suffix_cache = SuffixCache()  # never filled: these sessions draft nothing from it
+        self._aborted = threading.Event()  # abort_forward's flag, lowered as a tick starts
+        self.aborts = 0  # abort_forward's calls
         self.suffix_calls: list[tuple[bool | None, bool]] = []  # suffix_control's (enabled, clear)
         self.words = WORDS  # what tokens 10, 11, ... render as (a test may make them a tool call)
         self.seeded = False  # a request's seed shifts its answer (see FakeSession)
@@ -137,6 +138,14 @@ class FakeEngine:
 
     def _touch(self) -> None:
         self.threads.add(threading.get_ident())
+
+    def abort_forward(self) -> None:  # any thread, as Engine.abort_forward
+        self.aborts += 1
+        self._aborted.set()
+
+    def suffix_stats(self) -> dict:
+        """Engine.suffix_stats: no figures (the cache is never filled)."""
+        return {}
 
     def suffix_control(self, enabled: bool | None = None, clear: bool = False) -> dict:
         """Engine.suffix_control: this engine has no suffix cache, so the calls are only recorded."""
@@ -203,6 +212,7 @@ class FakeEngine:
 
     def tick(self, sessions: list) -> dict:
         """One engine tick: every session one step (the real engine batches them)."""
+        self._aborted.clear()
         return {s: s.step() for s in sessions}
 
     def open_session(self, req: GenerationRequest) -> FakeSession:

@@ -321,23 +321,6 @@ def test_sighup_keeps_admin_overrides_until_reset(make_daemon, tmp_path, info_lo
     assert r.admin.Stats(admin_pb2.StatsRequest(), timeout=5).policy.max_tree_depth == 3
 
 
-def test_an_engine_without_an_encoder_tokenises_on_its_own_thread(make_daemon):
-    """The fallback for engines that expose no encoder: the job carries text and the engine
-    thread encodes it (through the same edgespec.chat)."""
-    r = make_daemon()
-    r.daemon.loop.loop.encoder = None  # the default chat model's EngineLoop
-    rq = pb.GenerateRequest()
-    rq.messages.add(role="user", content="Hi")
-    rq.sampling.max_tokens = 2
-    assert r.inference.Generate(rq, timeout=10).usage.prompt_tokens == len("<user>Hi\n<assistant>") + 1
-    assert r.engine.encoder.threads <= r.engine.threads  # encoded on the engine thread this time
-    assert r.inference.Tokenize(pb.TokenizeRequest(text="abc", add_special=True), timeout=10).count == 4
-    t = pb.TokenizeRequest()
-    t.messages.add(role="user", content="Hi")
-    assert r.inference.Tokenize(t, timeout=10).count == len("<user>Hi\n<assistant>") + 1
-    assert r.engine.encoder.threads <= r.engine.threads
-
-
 def test_a_rejected_value_is_cut_short_in_the_logs_and_the_answer(make_daemon, info_logs):
     """A 200,000-character bad value (a temperature over HTTP, a constraint kind over gRPC) is quoted in
     the refusal, cut to MAX_MESSAGE_CHARS: the access log line and the answer stay short."""

@@ -1,19 +1,21 @@
-"""engine_loop.LoopEngine states what the loop asks of an engine: the real Engine (over the fake
-backend) and the tests' FakeEngine both are one, optional capabilities included (a method, or
-None), and the loop uses what an engine has without probing it."""
+"""engine_loop.LoopEngine states what the loop and the daemon ask of an engine: the real Engine
+(over the fake backend) and the tests' FakeEngine both are one, every member present (none is
+optional), and the loop uses them without probing."""
 
 from __future__ import annotations
 
 import threading
 
 from edgespec.engine import Engine
-from edgespec.server.engine_loop import EngineLoop, LoopEngine
+from edgespec.sampling import SamplingParams
+from edgespec.server.engine_loop import EngineLoop, Job, LoopEngine
+from edgespec.types import SpeculationParams
 from tests.fake_backend import fake_engine
 from tests.server.fake_engine import FakeEngine
 
 
-def _watching() -> bool:
-    return any(t.name == "edgespec-abort-watch" and t.is_alive() for t in threading.enumerate())
+def _watches() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "edgespec-abort-watch" and t.is_alive()]
 
 
 def test_the_engine_and_the_fake_are_loop_engines():
@@ -21,9 +23,10 @@ def test_the_engine_and_the_fake_are_loop_engines():
     fake: LoopEngine = FakeEngine()
     assert isinstance(real, Engine) and isinstance(real, LoopEngine)
     assert isinstance(fake, LoopEngine)
-    assert callable(real.abort_forward) and callable(real.suffix_stats) and callable(real.abort_idle_work)
-    assert isinstance(real.suffix_stats(), dict)
-    assert fake.abort_forward is None and fake.suffix_stats is None
+    for engine in (real, fake):
+        assert callable(engine.abort_forward) and callable(engine.abort_idle_work)
+        assert callable(engine.compile_constraint) and isinstance(engine.suffix_stats(), dict)
+        assert engine.encoder is not None and engine.suffix_cache.save is not None
     real.close()
 
 
@@ -34,21 +37,49 @@ def test_an_engine_missing_a_member_is_not_one():
     class Bare:
         capabilities = frozenset()
 
+    class NoAbort(FakeEngine):
+        abort_forward = None  # once optional: now a member like any other
+
+    no_cache = FakeEngine()
+    del no_cache.suffix_cache
     assert not isinstance(Bare(), LoopEngine)
-    del FakeEngine.abort_forward  # the optional capability must still be stated (as None)
-    try:
-        assert not isinstance(FakeEngine(), LoopEngine)
-    finally:
-        FakeEngine.abort_forward = None
-    assert not isinstance(NoTick(), LoopEngine)
+    assert not isinstance(NoTick(), LoopEngine) and not isinstance(NoAbort(), LoopEngine)
+    assert not isinstance(no_cache, LoopEngine)
 
 
-def test_the_loop_watches_ticks_only_for_an_engine_that_can_abort_a_forward():
-    for engine, watched in ((FakeEngine(), False), (fake_engine(parallel=1), True)):
-        before = _watching()
+def test_the_loop_watches_the_ticks_of_every_engine_until_it_stops():
+    for engine in (FakeEngine(), fake_engine(parallel=1)):
+        before = set(_watches())
         loop = EngineLoop(lambda e=engine: e, parallel=1, queue_size=1).start()
         try:
             assert loop.wait_loaded(10)
-            assert _watching() == (watched or before)
+            watch = set(_watches()) - before
+            assert len(watch) == 1
         finally:
             loop.stop()
+        watch.pop().join(5)
+        assert set(_watches()) <= before
+
+
+def test_the_watch_aborts_the_fakes_tick_once_its_requests_are_gone():
+    """The fake engine's forward is abortable as the real one's: a tick whose every request is
+    cancelled stops at once, counted as an aborted tick, and the request ends as cancelled."""
+    class Ticking(FakeEngine):
+        def tick(self, sessions):
+            ticking.set()
+            return super().tick(sessions)
+
+    ticking = threading.Event()
+    engine = Ticking(parallel=1, step_seconds=30.0)  # one step: a forward that would take 30 s
+    loop = EngineLoop(lambda: engine, parallel=1, queue_size=1).start()
+    try:
+        assert loop.wait_loaded(10)
+        job = loop.submit(Job(request_id="r", sampling=SamplingParams(max_tokens=4),
+                              speculation=SpeculationParams(mode="plain"), prompt_tokens=(1, 2, 3)))
+        assert ticking.wait(10)
+        job.cancel()
+        kind, result = job.events.get(timeout=10)
+        assert (kind, result.finish_reason) == ("result", "cancelled")
+        assert loop.aborted_ticks == 1 and engine.aborts >= 1 and engine.busy == 0
+    finally:
+        loop.stop()
