@@ -444,9 +444,10 @@ class Daemon:
 
     def _save_suffix_of(self, m: Any, loop: Any) -> None:
         """Chat model `m`'s snapshot from its engine loop `loop` (also as it unloads: a model loaded
-        again on demand finds its cache as it left it)."""
+        again on demand finds its cache as it left it). A drain and a stop save it too: `loaded`,
+        not `ready`, which is False once draining."""
         persist = (self.cfg.speculation if m is self.chat_models.default else m.entry.speculation).suffix_cache_persist
-        if not persist or loop is None or not loop.ready or loop.stopped:
+        if not persist or loop is None or not loop.loaded or loop.stopped:
             return
         path = self._suffix_path(m)
 

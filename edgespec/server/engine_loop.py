@@ -85,6 +85,11 @@ class EngineLoop:
         return self._ready.is_set()
 
     @property
+    def loaded(self) -> bool:
+        """The engine is built and warmed (draining or not)."""
+        return self._ready.is_set()
+
+    @property
     def ready(self) -> bool:
         return self._ready.is_set() and not self._intake.draining and not self._intake.stopping
 

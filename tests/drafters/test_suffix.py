@@ -400,6 +400,34 @@ def test_the_daemon_loads_its_snapshot_and_starts_empty_on_a_bad_one(tmp_path, m
     assert fresh.suffix_stats()["documents"] == 0
 
 
+def test_a_daemons_drain_writes_the_snapshot_the_next_one_loads(tmp_path, monkeypatch):
+    """speculation.suffix_cache_persist: a drain and a stop write the engine's suffix cache
+    (LoopEngine.suffix_cache: no probe for it) into the state directory, on the engine thread."""
+    from edgespec.drafters.suffix import snapshot_path
+    from edgespec.server.config import load
+    from edgespec.server.daemon import Daemon, _load_suffix
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    eng = fake_engine(parallel=1)
+    eng.warmup = lambda: None  # the cache holds what the stream below leaves, nothing more
+    stream(eng, PROMPTS[:2], "auto", caller="token:a")
+    cfg = load(None, env={}, overrides={"server": {"port": 0, "parallel": 1, "queue_size": 1},
+                                        "speculation": {"suffix_cache_persist": True}})
+    d = Daemon(cfg, engine_factory=lambda: eng)
+    d.start()
+    try:
+        assert d.loop.wait_loaded(10)
+        d._drain(True)
+        assert snapshot_path().is_file()
+        snapshot_path().unlink()
+    finally:
+        d.shutdown(grace=0.5)
+    assert snapshot_path().is_file()  # the stop writes it too
+    fresh = fake_engine(parallel=1)
+    _load_suffix(fresh)
+    assert fresh.suffix_stats()["documents"] == 2
+
+
 @pytest.mark.slow
 def test_real_models_greedy_output_with_the_cache_equals_plain(engine, monkeypatch):
     """The demo models on a small templated stream: auto with the suffix cache emits plain's
