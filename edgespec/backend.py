@@ -32,6 +32,7 @@ from edgespec.pairing import Pairing
 from edgespec.pairing import TextPairing as TextPairing
 from edgespec.pairing import check_compatible as check_compatible  # the engine's entry points
 from edgespec.pairing import pair as pair
+from edgespec.plan import QUERY_LIKELIHOOD_ROWS
 
 _init_lock = threading.Lock()
 _initialised = False
@@ -1033,17 +1034,21 @@ POOLING = {"auto": ll.LLAMA_POOLING_TYPE_UNSPECIFIED, "mean": ll.LLAMA_POOLING_T
 _POOLING_NAMES = {v: k for k, v in POOLING.items()}
 
 
-def packed(inputs: Sequence[Sequence[int]], n_seq_max: int, n_batch: int, what: str) -> list[list[int]]:
+def packed(inputs: Sequence[Sequence[int]], n_seq_max: int, n_batch: int, what: str,
+           outputs: Sequence[int] | None = None, max_outputs: int = 0) -> list[list[int]]:
     """The inputs' indices in groups of at most n_seq_max sequences and n_batch tokens, in order
-    (one forward each: a sequence per input)."""
+    (one forward each: a sequence per input); and, given `outputs` (rows of logits input i asks
+    for), at most max_outputs rows per group."""
     groups: list[list[int]] = []
     i = 0
     while i < len(inputs):
         group: list[int] = []
-        size = 0
-        while i < len(inputs) and len(group) < n_seq_max and size + len(inputs[i]) <= n_batch:
+        size = rows = 0
+        while (i < len(inputs) and len(group) < n_seq_max and size + len(inputs[i]) <= n_batch
+               and (outputs is None or rows + outputs[i] <= max_outputs)):
             group.append(i)
             size += len(inputs[i])
+            rows += outputs[i] if outputs is not None else 0
             i += 1
         if not group:
             raise ModelError(f"input of {len(inputs[i])} tokens exceeds the {what} batch ({n_batch})")
@@ -1051,19 +1056,22 @@ def packed(inputs: Sequence[Sequence[int]], n_seq_max: int, n_batch: int, what: 
     return groups
 
 
-def sequences_batch(seqs: Sequence[Sequence[int]], last_only: bool) -> tuple[Any, list[int]]:
+def sequences_batch(seqs: Sequence[Sequence[int]], last_only: bool,
+                    tails: Sequence[int] | None = None) -> tuple[Any, list[int]]:
     """A llama_batch (the caller frees it) of one sequence per entry of `seqs` (sequence id = its
-    index, positions from 0), every token's output asked for, or each sequence's last only; and
-    each sequence's last token's index in the batch."""
+    index, positions from 0), every token's output asked for, or each sequence's last only, or
+    (`tails`) the outputs of sequence s's last tails[s] positions; and each sequence's last
+    token's index in the batch (its first token's is last[s] - len(seqs[s]) + 1)."""
     batch = ll.llama_batch_init(sum(len(q) for q in seqs), 0, 1)
     k, last = 0, []
     for s, seq in enumerate(seqs):
+        first_out = len(seq) - (tails[s] if tails is not None else 1 if last_only else len(seq))
         for p, t in enumerate(seq):
             batch.token[k] = t
             batch.pos[k] = p
             batch.n_seq_id[k] = 1
             batch.seq_id[k][0] = s
-            batch.logits[k] = not last_only or p == len(seq) - 1
+            batch.logits[k] = p >= first_out
             k += 1
         last.append(k - 1)
     batch.n_tokens = k
@@ -1130,7 +1138,7 @@ class EmbeddingContext:
             pass
 
 
-RERANK_KINDS = ("cross-encoder", "causal-yes-no")
+RERANK_KINDS = ("cross-encoder", "causal-yes-no", "causal-query-likelihood")
 
 
 def rank_kind(model: Model) -> str:
@@ -1143,14 +1151,17 @@ def rank_kind(model: Model) -> str:
 
 
 class RankContext:
-    """Relevance scores in [0, 1] of whole token sequences (query and document already joined by
-    the caller), many sequences in one forward (one sequence id each); the cache is cleared after
-    each batch. One caller at a time (the reranker's worker thread).
+    """Scores of whole token sequences (query and document already joined by the caller), many
+    sequences in one forward (one sequence id each); the cache is cleared after each batch. One
+    caller at a time (the reranker's worker thread).
 
     cross-encoder: llama.cpp's rank pooling (the GGUF's classifier head); score = sigmoid of the
-    head's first output.
+    head's first output, in [0, 1].
     causal-yes-no: the LM's logits at each sequence's last position; score =
-    p(yes) / (p(yes) + p(no)) = sigmoid(logit[yes] - logit[no]), as Qwen3-Reranker is read."""
+    p(yes) / (p(yes) + p(no)) = sigmoid(logit[yes] - logit[no]), in [0, 1], as Qwen3-Reranker is read.
+    causal-query-likelihood: the sequence ends with the query; score = the mean over its last
+    `scored` tokens q_1..q_m of log p(q_j | everything before q_j), a log-probability <= 0
+    (query likelihood, Sachan et al. 2022)."""
 
     def __init__(self, model: Model, cfg: ModelConfig, kind: str, yes_no: tuple[int, int] = (-1, -1),
                  n_seq_max: int = 64):
@@ -1172,38 +1183,67 @@ class RankContext:
         self.n_batch = cfg.n_batch
         self._mem = ll.llama_get_memory(self._ctx)
 
-    def score(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
+    def score(self, inputs: Sequence[Sequence[int]], scored: Sequence[int] | None = None) -> np.ndarray:
         """[len(inputs)] float64 scores. Each input holds 1 .. min(n_ctx, n_batch) tokens (checked
-        by the caller); inputs are packed greedily, n_seq_max and n_batch tokens per forward."""
+        by the caller); inputs are packed greedily, n_seq_max and n_batch tokens per forward.
+        causal-query-likelihood: `scored[i]` (1 .. QUERY_LIKELIHOOD_ROWS, and < len(inputs[i]))
+        trailing tokens of input i are scored, at most QUERY_LIKELIHOOD_ROWS per forward."""
         out = np.zeros(len(inputs), dtype=np.float64)
-        for group in packed(inputs, self.n_seq_max, self.n_batch, "rerank"):
-            self._forward([inputs[j] for j in group], out, group)
+        ql = self.kind == "causal-query-likelihood"
+        if ql and (scored is None or len(scored) != len(inputs)
+                   or not all(0 < m <= QUERY_LIKELIHOOD_ROWS and m < len(x) for m, x in zip(scored, inputs))):
+            raise ModelError(f"query likelihood needs 1 .. {QUERY_LIKELIHOOD_ROWS} scored tokens after at least one "
+                             "other per input")
+        for group in packed(inputs, self.n_seq_max, self.n_batch, "rerank", scored if ql else None,
+                            QUERY_LIKELIHOOD_ROWS):
+            self._forward([inputs[j] for j in group], out, group, [scored[j] for j in group] if scored else None)
         return out
 
-    def _forward(self, seqs: Sequence[Sequence[int]], out: np.ndarray, rows: Sequence[int]) -> None:
-        causal = self.kind == "causal-yes-no"
-        batch, last = sequences_batch(seqs, last_only=causal)
+    def _forward(self, seqs: Sequence[Sequence[int]], out: np.ndarray, rows: Sequence[int],
+                 scored: Sequence[int] | None) -> None:
+        ql = self.kind == "causal-query-likelihood" and scored is not None
+        # query likelihood reads the logits before each scored token; the last token's predict
+        # nothing and (causal attention) change no earlier row: it is not fed
+        fed = [q[:-1] for q in seqs] if ql else seqs
+        batch, last = sequences_batch(fed, last_only=self.kind == "causal-yes-no", tails=scored if ql else None)
         try:
             rc = ll.llama_decode(self._ctx, batch)
             if rc != 0:
                 raise ModelError(f"llama_decode failed with code {rc} (rerank batch of {batch.n_tokens} tokens)")
-            yes, no = self.yes_no
             for s, row in enumerate(rows):
-                if causal:
-                    ptr = ll.llama_get_logits_ith(self._ctx, last[s])
-                    if not ptr:
-                        raise ModelError("llama.cpp returned no logits")
-                    margin = float(ptr[yes]) - float(ptr[no])  # log p(yes) - log p(no)
+                if ql and scored is not None:
+                    m = scored[s]
+                    out[row] = self._mean_log_prob(seqs[s][-m:], last[s] - m + 1)
                 else:
-                    ptr = ll.llama_get_embeddings_seq(self._ctx, s)
-                    if not ptr:
-                        raise ModelError("llama.cpp returned no rank score")
-                    margin = float(ptr[0])
-                out[row] = 1.0 / (1.0 + np.exp(-margin))
+                    out[row] = 1.0 / (1.0 + np.exp(-self._margin(s, last[s])))
         finally:
             ll.llama_batch_free(batch)
             if self._mem:  # an encoder-only cross-encoder keeps no cache
                 ll.llama_memory_clear(self._mem, True)
+
+    def _margin(self, s: int, last: int) -> float:
+        if self.kind == "causal-yes-no":
+            ptr = ll.llama_get_logits_ith(self._ctx, last)
+            if not ptr:
+                raise ModelError("llama.cpp returned no logits")
+            yes, no = self.yes_no
+            return float(ptr[yes]) - float(ptr[no])  # log p(yes) - log p(no)
+        ptr = ll.llama_get_embeddings_seq(self._ctx, s)
+        if not ptr:
+            raise ModelError("llama.cpp returned no rank score")
+        return float(ptr[0])
+
+    def _mean_log_prob(self, tokens: Sequence[int], first: int) -> float:
+        """Mean of log p(tokens[j] | before it), the logits of batch row first + j predicting it."""
+        total = 0.0
+        for j, t in enumerate(tokens):
+            ptr = ll.llama_get_logits_ith(self._ctx, first + j)
+            if not ptr:
+                raise ModelError("llama.cpp returned no logits")
+            logits = np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).astype(np.float64)
+            top = float(logits.max())
+            total += float(logits[t]) - top - float(np.log(np.exp(logits - top).sum()))
+        return total / len(tokens)
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):

@@ -338,13 +338,19 @@ def embedding_plan(facts: ModelFacts, *, shared: bool, n_ctx: int, n_batch: int,
         output_bytes=4 * facts.n_embd * (n_batch + n_seq_max))
 
 
+# rows of logits one query-likelihood rerank forward reads at most (a row per query token)
+QUERY_LIKELIHOOD_ROWS = 256
+
+
 def rerank_plan(facts: ModelFacts, *, shared: bool, n_ctx: int, n_batch: int, flash_attn: bool = True,
-                n_seq_max: int = 64) -> ModelPlan:
-    """The rerank context (edgespec.backend.RankContext): as an embedding context, plus a row of
-    logits per document of a forward (a causal-yes-no reranker reads each document's last row)."""
+                n_seq_max: int = 64, kind: str = "") -> ModelPlan:
+    """The rerank context (edgespec.backend.RankContext): as an embedding context, plus rows of
+    logits: one per document of a forward (causal-yes-no reads each document's last row), or one
+    per query token, QUERY_LIKELIHOOD_ROWS at most (causal-query-likelihood)."""
     p = embedding_plan(facts, shared=shared, n_ctx=n_ctx, n_batch=n_batch, flash_attn=flash_attn,
                        n_seq_max=n_seq_max)
-    return replace(p, role="rerank", output_bytes=p.output_bytes + 4 * facts.n_vocab * n_seq_max)
+    rows = QUERY_LIKELIHOOD_ROWS if kind == "causal-query-likelihood" else n_seq_max
+    return replace(p, role="rerank", output_bytes=p.output_bytes + 4 * facts.n_vocab * rows)
 
 
 def plan_for_config(cfg: EngineConfig, *, gpu: bool | None = None, n_outputs: int = 64,
@@ -365,7 +371,7 @@ def plan_for_config(cfg: EngineConfig, *, gpu: bool | None = None, n_outputs: in
         path = getattr(sec, "path", "") or cfg.target.path
         facts = plan.target.facts if path == cfg.target.path else read_model_facts(path)
         part = make(facts, shared=path == cfg.target.path, n_ctx=sec.n_ctx, n_batch=sec.n_batch,
-                    flash_attn=cfg.target.flash_attn)
+                    flash_attn=cfg.target.flash_attn, **({"kind": sec.kind} if section == "rerank" else {}))
         plan = replace(plan, embedding=part) if section == "embedding" else replace(plan, rerank=part)
     return plan
 

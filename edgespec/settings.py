@@ -318,12 +318,16 @@ SETTINGS: tuple[Setting, ...] = (
             "their own, scored as causal-yes-no)", check=_file_or_empty),
     Setting("rerank", "kind", S, "auto", "cross-encoder = llama.cpp's rank pooling over the GGUF's "
             "classifier head (BGE/Jina rerankers); causal-yes-no = a causal LM's p(yes) / (p(yes) + p(no)) "
-            "at the end of `template`, as Qwen3-Reranker is read; auto = cross-encoder when the GGUF's "
-            "pooling_type is rank", choices=("auto", "cross-encoder", "causal-yes-no")),
-    Setting("rerank", "template", S, "", "causal-yes-no only: the prompt, with {query} and {document} (and "
+            "at the end of `template`, as Qwen3-Reranker is read; causal-query-likelihood = how likely a "
+            "causal LM finds the query after reading the document (zero-shot, for a chat LM that is no "
+            "reranker: docs/appliance.md); auto = cross-encoder when the GGUF's pooling_type is rank, else "
+            "causal-yes-no", choices=("auto", "cross-encoder", "causal-yes-no", "causal-query-likelihood")),
+    Setting("rerank", "template", S, "", "causal kinds only: the prompt, with {query} and {document} (and "
             "optionally {instruction}) where they go (special tokens in the template are read as such, "
-            "never in the query or document); empty = the model's chat template over a system turn that "
-            "asks for yes or no and a user turn with the instruction, query and document"),
+            "never in the query or document; causal-query-likelihood needs {query} after {document} and "
+            "reads nothing after it); empty = the model's chat template over a system turn that asks for "
+            "yes or no and a user turn with the instruction, query and document (causal-query-likelihood: "
+            "a user turn with the document asking for a question it answers, and the query as the answer)"),
     Setting("rerank", "instruction", S, "Given a web search query, retrieve relevant passages that answer "
             "the query", "causal-yes-no only: the task the template's {instruction} states"),
     Setting("rerank", "name", S, "", "the model's name in /v1/models and in requests' `model`; empty = the "

@@ -88,7 +88,8 @@ def rerank_kind_of(cfg: Any) -> str:
     `<arch>.pooling_type` is rank (4, llama.cpp's LLAMA_POOLING_TYPE_RANK; read from the header,
     nothing loaded), else causal-yes-no (the target's weights are a causal LM's). A cross-encoder
     asked of a file without rank pooling is a ConfigError naming rerank.kind (llama.cpp would
-    abort the process on its first forward)."""
+    abort the process on its first forward); a template the kind cannot use, one naming
+    rerank.template."""
     ranks = False
     if cfg.path:
         from gguf import GGUFReader
@@ -100,14 +101,18 @@ def rerank_kind_of(cfg: Any) -> str:
             ranks = pooling is not None and int(pooling.contents()) == 4
         except Exception:
             return str(cfg.kind)
-    if cfg.kind == "auto":
-        return "cross-encoder" if ranks else "causal-yes-no"
-    if cfg.kind == "cross-encoder" and not ranks:
-        from edgespec.errors import ConfigError
+    from edgespec.errors import ConfigError
+    from edgespec.server.rerank import template_problem
 
+    kind = str(cfg.kind) if cfg.kind != "auto" else "cross-encoder" if ranks else "causal-yes-no"
+    if kind == "cross-encoder" and not ranks:
         raise ConfigError("rerank.kind", f"cross-encoder needs a GGUF with rank pooling (a classifier head); "
-                                         f"{cfg.path or 'the target'} has none: use causal-yes-no")
-    return str(cfg.kind)
+                                         f"{cfg.path or 'the target'} has none: use causal-yes-no or "
+                                         "causal-query-likelihood")
+    problem = template_problem(kind, getattr(cfg, "template", ""))
+    if problem:
+        raise ConfigError("rerank.template", problem)
+    return kind
 
 
 def model_name(path: str) -> str:

@@ -3,12 +3,17 @@
 llama-server, Jina and Cohere clients read (`results: [{index, relevance_score, document?}]`,
 best first, and `usage`).
 
-Two kinds of reranker (backend.RankContext):
+Three kinds of reranker (backend.RankContext):
 - cross-encoder: a GGUF with a classifier head and pooling_type rank (BGE, Jina rerankers);
   the pair is `[BOS] query [EOS] [SEP] document [EOS]`, as llama-server writes it.
 - causal-yes-no: a causal LM asked whether the document meets the query under a template;
   relevance = p(yes) / (p(yes) + p(no)) at the template's end, as Qwen3-Reranker is read.
   Special tokens are read in the template only, never in the query or a document.
+- causal-query-likelihood: a causal LM reads the document and is scored on how likely it finds
+  the query as what follows (the query likelihood of Ponte and Croft 1998 under an LM, as UPR
+  reranks: Sachan et al. 2022, "Improving Passage Retrieval with Zero-Shot Question Generation",
+  arXiv:2204.07496). It needs no yes/no judgement the model was never trained to make, and so
+  ranks with a small chat LM where causal-yes-no does not (docs/appliance.md has the figures).
 
 Pairs are tokenised by the caller's thread; one worker thread (batcher.Batcher) scores the
 pairs of every request waiting, many per forward, concurrently with the engine's generation."""
@@ -24,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from edgespec.errors import BadRequest, ModelError
+from edgespec.plan import QUERY_LIKELIHOOD_ROWS
 from edgespec.server.batcher import Batcher, BatchFigures
 from edgespec.server.embeddings import side_model
 
@@ -31,6 +37,9 @@ KNOWN = ("model", "query", "documents", "top_n", "return_documents", "max_tokens
 SYSTEM = ('Judge whether the Document meets the requirements based on the Query and the Instruct provided. '
           'Note that the answer can only be "yes" or "no".')
 USER = "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
+# causal-query-likelihood: the model reads the document and writes the query (its answer turn)
+QL_SYSTEM = "You write the question that a passage answers, in the passage's language."
+QL_USER = "Passage: {document}\n\nWrite a question that this passage answers."
 _FIELD = re.compile(r"\{(query|document|instruction)\}")
 
 
@@ -94,6 +103,19 @@ def _utf8(text: str, field: str) -> int:
         raise BadRequest(field, "must be valid Unicode text (a lone surrogate escape?)") from None
 
 
+def template_problem(kind: str, template: str) -> str:
+    """Why `template` cannot serve a reranker of `kind` ("" when it can): a causal kind needs
+    {query} and {document}; query likelihood scores the query where it stands, so it needs the
+    query after the document (before it, the model would not have read the document)."""
+    if not template or kind not in ("causal-yes-no", "causal-query-likelihood"):
+        return ""
+    if "{query}" not in template or "{document}" not in template:
+        return "needs {query} and {document}"
+    if kind == "causal-query-likelihood" and "{query}" not in template.split("{document}", 1)[1]:
+        return "causal-query-likelihood needs {query} after {document} (the query is scored given the document)"
+    return ""
+
+
 def ranked(scores: Sequence[float], top_n: int | None) -> list[int]:
     """Document indices, best first (ties: the earlier document first), the first top_n."""
     order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
@@ -126,7 +148,7 @@ class Reranker:
         self._template: list[tuple[bool, str]] = []  # (is a field, text or field name)
         self._yes_no = (-1, -1)
         self._ctx: Any = None
-        self._batcher: Batcher[list[int], Any] = Batcher("rerank", self._run, wait_s=cfg.batch_wait_ms / 1000, budget=cfg.n_batch)
+        self._batcher: Batcher[tuple[list[int], int], Any] = Batcher("rerank", self._run, wait_s=cfg.batch_wait_ms / 1000, budget=cfg.n_batch)
 
     @property
     def figures(self) -> BatchFigures:
@@ -147,6 +169,12 @@ class Reranker:
                     raise ModelError(f"{model.path}: the vocabulary has no tokens for yes and no")
                 self._yes_no = (yes[0], no[0])
                 text = self.cfg.template or model.chat_prompt([("system", SYSTEM), ("user", USER)])
+            elif kind == "causal-query-likelihood":
+                text = self.cfg.template or model.chat_prompt([("system", QL_SYSTEM), ("user", QL_USER)]) + "{query}"
+                problem = template_problem(kind, text)
+                if problem:
+                    raise ModelError(f"rerank.template: {problem}")
+            if kind != "cross-encoder":
                 parts = _FIELD.split(text)  # literal, field, literal, field, ...
                 self._template = [(i % 2 == 1, p) for i, p in enumerate(parts) if p]
             self._kind, self._model = kind, model
@@ -157,13 +185,14 @@ class Reranker:
         self.model()
         return self._kind
 
-    def _pair(self, model: Any, query: str, document: Sequence[int]) -> list[int]:
-        """The tokens of one (query, document) pair."""
+    def _pair(self, model: Any, query: str, document: Sequence[int]) -> tuple[list[int], int]:
+        """The tokens of one (query, document) pair, and how many of its last tokens are scored
+        (causal-query-likelihood: the query's; the template's text after it is left out)."""
         if self._kind == "cross-encoder":
             q = model.tokenize(query, False, False)
             head = [model.bos] if model.add_bos and model.bos >= 0 else []
             seps = [t for t in (model.eos, model.sep) if t >= 0]
-            return head + q + seps + list(document) + ([model.eos] if model.eos >= 0 else [])
+            return head + q + seps + list(document) + ([model.eos] if model.eos >= 0 else []), 0
         out: list[int] = []
         for is_field, part in self._template:
             if not is_field:
@@ -171,8 +200,11 @@ class Reranker:
             elif part == "document":
                 out += document
             else:
-                out += model.tokenize(query if part == "query" else self.cfg.instruction, not out, False)
-        return out
+                text = model.tokenize(query if part == "query" else self.cfg.instruction, not out, False)
+                out += text
+                if part == "query" and self._kind == "causal-query-likelihood":
+                    return out, len(text)
+        return out, 0
 
     def _context(self) -> Any:
         if self._ctx is None:
@@ -185,26 +217,39 @@ class Reranker:
             self._ctx = backend.RankContext(model, mc, self._kind, self._yes_no)
         return self._ctx
 
-    def _run(self, pairs: list[list[int]]) -> np.ndarray:
-        return self._context().score(pairs)
+    def _run(self, pairs: list[tuple[list[int], int]]) -> np.ndarray:
+        scored = [m for _, m in pairs] if self._kind == "causal-query-likelihood" else None
+        return self._context().score([p for p, _ in pairs], scored)
 
     def score(self, query: str, documents: Sequence[str], max_tokens_per_doc: int | None = None
               ) -> tuple[list[float], int]:
-        """(a relevance in [0, 1] per document, tokens scored). Blocking: a worker thread's."""
+        """(a relevance in [0, 1] per document, tokens scored). Blocking: a worker thread's.
+
+        causal-query-likelihood: relevance = sigmoid(lp(q | d) - lp(q | empty document)), lp the
+        mean log-probability of the query's tokens: 0.5 where the document makes the query no
+        likelier than no document does; the order is that of lp(q | d) alone."""
         model = self.model()
         limit = min(self.cfg.n_ctx, self.cfg.n_batch)
+        ql = self._kind == "causal-query-likelihood"
         pairs = []
-        for i, d in enumerate(documents):
+        for i, d in enumerate([*documents, ""] if ql else documents):  # "": the baseline
             ids = model.tokenize(d, False, False)
             if max_tokens_per_doc is not None:
                 ids = ids[:max_tokens_per_doc]
-            pair = self._pair(model, query, ids)
+            pair, scored = self._pair(model, query, ids)
             if len(pair) > limit:
                 raise BadRequest(f"documents[{i}]", f"the query and document are {len(pair)} tokens together; "
                                                     f"at most {limit} (rerank.n_ctx and rerank.n_batch)")
-            pairs.append(pair)
-        n = sum(len(p) for p in pairs)
-        return [float(s) for s in self._batcher.submit(pairs, n)], n
+            if scored > QUERY_LIKELIHOOD_ROWS:
+                raise BadRequest("query", f"{scored} tokens; a query-likelihood reranker scores at most "
+                                          f"{QUERY_LIKELIHOOD_ROWS}")
+            pairs.append((pair, scored))
+        n = sum(len(p) for p, _ in pairs)
+        scores = [float(s) for s in self._batcher.submit(pairs, n)]
+        if ql:
+            base = scores.pop()
+            scores = [float(1.0 / (1.0 + np.exp(base - s))) for s in scores]
+        return scores, n
 
     def close(self) -> None:
         self._batcher.close()
