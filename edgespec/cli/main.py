@@ -27,6 +27,7 @@ _COMMAND_MODULES = (
     "edgespec.cli.bench",  # bench
     "edgespec.cli.bench_serve",  # bench-serve
     "edgespec.cli.bench_embed",  # bench-embed
+    "edgespec.cli.bench_rerank",  # bench-rerank
 )
 
 for _name in _COMMAND_MODULES:
