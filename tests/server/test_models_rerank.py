@@ -224,6 +224,60 @@ def test_a_real_reranker_puts_the_relevant_passage_first(make_daemon):
         assert status == 200 and out["results"][0]["index"] in best, (query, out)
 
 
+# Queries of no tuning: neither in edgespec/bench/suites/rerank.jsonl (where the scorer was
+# chosen) nor in any prompt. Each query's relevant passage is its own; the others' are unrelated.
+QL_CASES = (
+    ("How do bees make honey?", "Bees collect nectar from flowers, pass it to hive bees, and fan their wings "
+                                "over the cells until the water evaporates and the nectar thickens into honey."),
+    ("What is the speed of light?", "Light travels through a vacuum at about 299,792 kilometres per second, "
+                                    "faster than anything else can move."),
+    ("How can I lower my electricity bill?", "Switching to LED bulbs, unplugging idle chargers and washing clothes "
+                                             "on a cold cycle all cut a household's electricity use."),
+    ("如何学好英语口语？", "想提高英语口语，每天坚持跟读原声材料，多和外国人交流，大胆开口，不要害怕犯错。"),
+    ("太阳系有几颗行星？", "太阳系共有八颗行星，由近到远依次是水星、金星、地球、火星、木星、土星、天王星和海王星。"),
+    ("怎样做红烧肉？", "红烧肉要先把五花肉切块焯水，再用冰糖炒出糖色，加入酱油、料酒和姜片，小火炖一个小时。"),
+)
+
+
+def ranks_of_relevant(score, cases=QL_CASES) -> list[int]:
+    """For each case, the rank (1 = first) `score` gives its relevant passage among the next
+    three cases' passages (ties against it: a scorer blind to the documents ranks it last)."""
+    from edgespec.bench.rerank import rank_of_relevant
+
+    n = len(cases)
+    return [rank_of_relevant(list(score(q, [d] + [cases[(i + k) % n][1] for k in (1, 2, 3)])))
+            for i, (q, d) in enumerate(cases)]
+
+
+@pytest.mark.slow
+def test_the_demo_reranker_puts_the_relevant_passage_first_and_broken_twins_do_not(make_daemon, demo_pair):
+    """The shipped demo reranker (configs/demo.toml: query likelihood on the demo target) ranks
+    each query's own passage first among unrelated ones, English and Chinese; the same check
+    rejects a twin blind to the documents and a twin that reads each score off the wrong one."""
+    from edgespec.bench.rerank import http_scorer
+
+    r = make_daemon(http=HTTP, rerank={"path": str(demo_pair.target), "name": "demo-rerank",
+                                       "kind": "causal-query-likelihood", "n_ctx": 1024, "n_batch": 1024})
+    score = http_scorer(f"http://127.0.0.1:{r.daemon.http_port}", timeout=600)
+    seen: dict[tuple, list[float]] = {}
+
+    def real(q, ds):
+        seen[(q, *ds)] = score(q, ds)
+        return seen[(q, *ds)]
+
+    assert ranks_of_relevant(real) == [1] * len(QL_CASES)
+    query, own = QL_CASES[0]
+    first = seen[(query, own, *[d for _, d in QL_CASES[1:4]])]
+    assert first[0] > 0.5 > min(first)  # its own passage makes the query likelier than no passage does
+    assert score(query, [QL_CASES[2][1]])[0] == pytest.approx(first[2], abs=1e-4)  # alone as beside others
+    blind = ranks_of_relevant(lambda q, ds: score(q, ds[:1]) * len(ds))  # one document's score for all
+    assert blind == [4] * len(QL_CASES)
+    shifted = ranks_of_relevant(lambda q, ds: (lambda s: s[1:] + s[:1])(seen[(q, *ds)]))  # the wrong document's
+    assert shifted != [1] * len(QL_CASES)
+    status, out = post(r, "/v1/rerank", {"query": "word " * 300, "documents": ["a"]})
+    assert status == 400 and out["error"]["param"] == "query", out
+
+
 def test_default_names_and_the_reranker_kind_come_from_the_config(small_model):
     from types import SimpleNamespace as NS
 
@@ -239,4 +293,8 @@ def test_default_names_and_the_reranker_kind_come_from_the_config(small_model):
     with pytest.raises(ConfigError) as e:  # refused at start, not by llama.cpp aborting on a forward
         rerank_kind_of(NS(path=small_model, kind="cross-encoder"))
     assert e.value.key == "rerank.kind"
+    assert rerank_kind_of(NS(path="", kind="causal-query-likelihood", template="")) == "causal-query-likelihood"
+    with pytest.raises(ConfigError) as e:  # the query read before the document: refused at start
+        rerank_kind_of(NS(path="", kind="causal-query-likelihood", template="{query}\n{document}"))
+    assert e.value.key == "rerank.template" and "after {document}" in str(e.value)
     assert len(build_registry("chat", NS(enabled=False), None).models) == 1
