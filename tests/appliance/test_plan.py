@@ -108,6 +108,13 @@ def test_the_embedding_context_is_the_third_model(tiny, tmp_path):
     assert own.embedding.weights_bytes == read_model_facts(other).weights_bytes
     assert plan_for_config(cfg, gpu=False, embedding=EmbeddingConfig(enabled=False)).embedding is None
 
+    # a query-likelihood reranker reads up to 256 rows of logits a forward, a yes/no one 64 (a row a document)
+    from edgespec.server.config import RerankConfig
+
+    yes_no = plan_for_config(cfg, gpu=False, rerank=RerankConfig(n_ctx=500, n_batch=64)).rerank
+    ql = plan_for_config(cfg, gpu=False, rerank=RerankConfig(n_ctx=500, n_batch=64, kind="causal-query-likelihood")).rerank
+    assert ql.output_bytes - yes_no.output_bytes == 4 * f.n_vocab * (256 - 64)
+
 
 def test_plan_rejects_bad_values(tiny):
     f = read_model_facts(tiny)
