@@ -213,7 +213,7 @@ def test_concurrent_embeddings_share_forwards_and_get_their_own_vectors(make_dae
 
 @pytest.mark.skipif(not os.environ.get("EDGESPEC_TEST_RERANKER"),
                     reason="set EDGESPEC_TEST_RERANKER to a reranker GGUF (a cross-encoder, or a Qwen3-Reranker); "
-                           "the demo's 135M chat model ranks no better than chance")
+                           "the demo model is held to its ordering by query likelihood below")
 def test_a_real_reranker_puts_the_relevant_passage_first(make_daemon):
     r = make_daemon(http=HTTP, rerank={"path": os.environ["EDGESPEC_TEST_RERANKER"], "name": "rr"})
     docs = ["The capital of France is Paris.", "Bananas are rich in potassium.",
