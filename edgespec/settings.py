@@ -315,13 +315,13 @@ SETTINGS: tuple[Setting, ...] = (
             "share its forward (0 = never waits; a full batch goes at once)", lo=0, hi=1000),
     Setting("rerank", "enabled", B, True, "serve /v1/rerank and Inference.Rerank"),
     Setting("rerank", "path", S, "", "GGUF file of a reranker; empty = the target's weights (a context of "
-            "their own, scored as causal-yes-no)", check=_file_or_empty),
+            "their own, scored by query likelihood with kind auto)", check=_file_or_empty),
     Setting("rerank", "kind", S, "auto", "cross-encoder = llama.cpp's rank pooling over the GGUF's "
             "classifier head (BGE/Jina rerankers); causal-yes-no = a causal LM's p(yes) / (p(yes) + p(no)) "
             "at the end of `template`, as Qwen3-Reranker is read; causal-query-likelihood = how likely a "
             "causal LM finds the query after reading the document (zero-shot, for a chat LM that is no "
-            "reranker: docs/appliance.md); auto = cross-encoder when the GGUF's pooling_type is rank, else "
-            "causal-yes-no", choices=("auto", "cross-encoder", "causal-yes-no", "causal-query-likelihood")),
+            "reranker: docs/appliance.md); auto = cross-encoder when the GGUF's pooling_type is rank, "
+            "causal-yes-no when its name says reranker (Qwen3-Reranker), else causal-query-likelihood", choices=("auto", "cross-encoder", "causal-yes-no", "causal-query-likelihood")),
     Setting("rerank", "template", S, "", "causal kinds only: the prompt, with {query} and {document} (and "
             "optionally {instruction}) where they go (special tokens in the template are read as such, "
             "never in the query or document; causal-query-likelihood needs {query} after {document} and "

@@ -86,11 +86,12 @@ class Registry:
 def rerank_kind_of(cfg: Any) -> str:
     """The reranker [rerank] configures: with kind auto, cross-encoder when the GGUF's
     `<arch>.pooling_type` is rank (4, llama.cpp's LLAMA_POOLING_TYPE_RANK; read from the header,
-    nothing loaded), else causal-yes-no (the target's weights are a causal LM's). A cross-encoder
+    nothing loaded), else as `rerank.auto_kind` reads the name (the target's weights:
+    causal-query-likelihood). A cross-encoder
     asked of a file without rank pooling is a ConfigError naming rerank.kind (llama.cpp would
     abort the process on its first forward); a template the kind cannot use, one naming
     rerank.template."""
-    ranks = False
+    ranks, name = False, ""
     if cfg.path:
         from gguf import GGUFReader
 
@@ -99,12 +100,13 @@ def rerank_kind_of(cfg: Any) -> str:
             arch = fields["general.architecture"].contents()
             pooling = fields.get(f"{arch}.pooling_type")
             ranks = pooling is not None and int(pooling.contents()) == 4
+            name = f"{fields['general.name'].contents() if 'general.name' in fields else ''} {cfg.path}"
         except Exception:
             return str(cfg.kind)
     from edgespec.errors import ConfigError
-    from edgespec.server.rerank import template_problem
+    from edgespec.server.rerank import auto_kind, template_problem
 
-    kind = str(cfg.kind) if cfg.kind != "auto" else "cross-encoder" if ranks else "causal-yes-no"
+    kind = str(cfg.kind) if cfg.kind != "auto" else auto_kind(ranks, name)
     if kind == "cross-encoder" and not ranks:
         raise ConfigError("rerank.kind", f"cross-encoder needs a GGUF with rank pooling (a classifier head); "
                                          f"{cfg.path or 'the target'} has none: use causal-yes-no or "

@@ -103,6 +103,17 @@ def _utf8(text: str, field: str) -> int:
         raise BadRequest(field, "must be valid Unicode text (a lone surrogate escape?)") from None
 
 
+def auto_kind(ranks: bool, name: str) -> str:
+    """[rerank] kind = auto: a cross-encoder when the GGUF pools by rank (its classifier head);
+    causal-yes-no for a causal LM trained to answer yes or no (its name says reranker, as
+    Qwen3-Reranker's does); else causal-query-likelihood, the zero-shot method for a chat LM that
+    is no reranker (the target's weights): on the demo's held-out cases it ranked 24 of 24 right
+    where yes/no ranked 3 (docs/api.md, "Choosing a reranker")."""
+    if ranks:
+        return "cross-encoder"
+    return "causal-yes-no" if "rerank" in name.lower() else "causal-query-likelihood"
+
+
 def template_problem(kind: str, template: str) -> str:
     """Why `template` cannot serve a reranker of `kind` ("" when it can): a causal kind needs
     {query} and {document}; query likelihood scores the query where it stands, so it needs the
@@ -162,7 +173,10 @@ class Reranker:
             from edgespec import backend
 
             model = side_model(self.cfg, self._encoder, "rerank")
-            kind = self.cfg.kind if self.cfg.kind != "auto" else backend.rank_kind(model)
+            kind = self.cfg.kind
+            if kind == "auto":
+                name = f"{backend.model_meta(model, 'general.name') or ''} {self.cfg.path}"
+                kind = auto_kind(backend.rank_kind(model) == "cross-encoder", name)
             if kind == "causal-yes-no":
                 yes, no = model.tokenize("yes", False, False), model.tokenize("no", False, False)
                 if not yes or not no:

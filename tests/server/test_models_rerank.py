@@ -128,7 +128,7 @@ def test_models_are_listed_with_their_roles_and_requests_route_by_name(make_daem
     listed = {m.id: m.role for m in c.models.list()}
     assert listed == {MODEL: "chat", "demo-embed": "embedding", "demo-rerank": "rerank"}
     assert [(m.id, m.role, m.kind) for m in r.inference.ListModels(pb.ListModelsRequest(), timeout=5).models] == \
-        [(MODEL, "chat", ""), ("demo-embed", "embedding", ""), ("demo-rerank", "rerank", "causal-yes-no")]
+        [(MODEL, "chat", ""), ("demo-embed", "embedding", ""), ("demo-rerank", "rerank", "causal-query-likelihood")]
     v = c.embeddings.create(model="demo-embed", input=["a cat", "a dog"], encoding_format="float")
     assert v.model == "demo-embed" and len(v.data) == 2
     # another role's name: a 400 naming the field; an unknown name: a 404 listing the served ones
@@ -289,7 +289,9 @@ def test_default_names_and_the_reranker_kind_come_from_the_config(small_model):
     assert [(m.id, m.role, m.aliases) for m in reg.models] == [
         ("chat", "chat", ()), ("chat-embedding", "embedding", ("chat",)),
         ("SmolLM2-135M-Instruct.Q8_0", "rerank", ())]
-    assert rerank_kind_of(NS(path=small_model, kind="auto")) == "causal-yes-no"  # no rank pooling in a chat LM
+    # a chat LM (no rank pooling, not named a reranker): scored by query likelihood
+    assert rerank_kind_of(NS(path=small_model, kind="auto", template="")) == "causal-query-likelihood"
+    assert rerank_kind_of(on_target) == "causal-query-likelihood"
     with pytest.raises(ConfigError) as e:  # refused at start, not by llama.cpp aborting on a forward
         rerank_kind_of(NS(path=small_model, kind="cross-encoder"))
     assert e.value.key == "rerank.kind"
