@@ -130,7 +130,7 @@ def test_every_http_route_is_documented():
 
 def test_every_http_field_and_status_is_documented():
     from edgespec.server import openai_api as oa
-    from edgespec.server.http_api import STATUS
+    from edgespec.server.http_errors import STATUS
 
     doc = text(API)
     fields = set(oa._KNOWN) | set(oa._REFUSED) | set(oa._NEUTRAL)

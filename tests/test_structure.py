@@ -20,7 +20,7 @@ TICK_FILES = ("tick/", "session.py", "engine.py", "server/engine_loop.py")
 # Over the limit today, being split (issue 54): each may shrink, none may grow. Take an entry out
 # once it is under the limit (the test says when).
 KNOWN_FUNCTIONS: dict[str, int] = {}
-KNOWN_CLASSES = {"server/http_api.py::HttpApi": 670}
+KNOWN_CLASSES: dict[str, int] = {}
 
 
 def _modules() -> dict[str, Path]:

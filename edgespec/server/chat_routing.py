@@ -117,9 +117,9 @@ def admitted(auth: Callable[[], Any], scope: dict) -> bool:
 
 def error_app(exc: BaseException, path: str) -> Any:
     """The HTTP API's own error answer (status and body shape) for `exc` on `path`."""
-    from edgespec.server.http_api import _anthropic_error, error_response
+    from edgespec.server.http_errors import anthropic_error, error_response
 
-    return error_response(exc, path, _anthropic_error if path.startswith("/v1/messages") else None)
+    return error_response(exc, path, anthropic_error if path.startswith("/v1/messages") else None)
 
 
 class _Replay:

@@ -139,16 +139,18 @@ def build_registry(chat_id: str, embedding: Any = None, rerank: Any = None, *, r
 
 
 class ModelRoutes:
-    """The HTTP routes of the models beside the chat model: GET /v1/models and POST /v1/rerank
-    (with llama-server's /rerank and /v2/rerank). Built by HttpApi; `read_json` reads a body
-    within the size limit, `run` runs a blocking call on a worker thread, `admit` holds the
-    caller's place under its limits while a request runs."""
+    """The HTTP routes of the models beside the chat model: GET /v1/models, POST /v1/embeddings
+    and POST /v1/rerank (with llama-server's /rerank and /v2/rerank). Built by HttpApi;
+    `read_json` reads a body within the size limit, `run` runs a blocking call on a worker
+    thread, `admit` holds the caller's place under its limits while a request runs."""
 
     def __init__(self, registry: Registry, *, reranker: Any, max_prompt_bytes: int,
                  read_json: Callable[[Any], Awaitable[Any]], run: Callable[..., Awaitable[Any]],
-                 admit: Callable[[], Any], record: Callable[[str, str, int, float], None] | None = None):
+                 admit: Callable[[], Any], record: Callable[[str, str, int, float], None] | None = None,
+                 embedder: Any = None):
         self.registry = registry
         self.reranker = reranker  # an edgespec.server.rerank.Reranker, None when [rerank] is off
+        self.embedder = embedder  # an edgespec.server.embeddings.Embedder, None when [embedding] is off
         self.max_prompt_bytes = max_prompt_bytes
         self.read_json, self.run, self.admit = read_json, run, admit
         self.record = record or (lambda model, role, items, seconds: None)
@@ -157,6 +159,27 @@ class ModelRoutes:
         from starlette.responses import JSONResponse
 
         return JSONResponse({"object": "list", "data": self.registry.listing()})
+
+    async def embeddings(self, request: Any, rid: str) -> Any:
+        from starlette.responses import JSONResponse
+
+        from edgespec.server import embeddings as emb
+
+        body = await self.read_json(request)
+        if self.embedder is None:
+            from edgespec.errors import UnknownModel
+
+            raise UnknownModel("model", "embeddings are off on this server ([embedding] enabled = false)")
+        req = emb.parse_request(body, models=None, max_inputs=self.embedder.cfg.max_inputs,
+                                max_bytes=self.max_prompt_bytes)
+        served = self.registry.pick("embedding", req.model)
+        started = time.monotonic()
+        with self.admit() as place:  # runs at once, outside the engine's slots
+            vectors, n = await self.run(self.embedder.embed, req.inputs)
+            place.used(n)
+        self.record(served.id, "embedding", len(req.inputs), time.monotonic() - started)
+        return JSONResponse(emb.response_body(vectors, model=served.id, prompt_tokens=n,
+                                              encoding_format=req.encoding_format))
 
     async def rerank(self, request: Any, rid: str) -> Any:
         from starlette.responses import JSONResponse

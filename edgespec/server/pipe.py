@@ -7,7 +7,7 @@ between submitting a job to the engine loop and converting its answer to their p
 - `job_events`: the same, one event at a time, until the job's result (raising its error).
 - `raise_error`: a batch's error event raised.
 - `check_end`: a result that ended by deadline, cancel or engine failure raised as its domain
-  error (mapped to a status code by each protocol's one mapping: status.py, http_api.STATUS).
+  error (mapped to a status code by each protocol's one mapping: status.py, http_errors.STATUS).
 
 No protocol types here: each layer keeps only its conversion."""
 

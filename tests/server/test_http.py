@@ -61,9 +61,9 @@ def test_chat_unary_and_stream_agree(make_daemon):
 
 def test_steps_slower_than_the_poll_interval(make_daemon, monkeypatch):
     """The waiting thread wakes up between chunks (POLL_SECONDS) without losing any."""
-    from edgespec.server import http_api
+    from edgespec.server import http_jobs
 
-    monkeypatch.setattr(http_api, "POLL_SECONDS", 0.001)
+    monkeypatch.setattr(http_jobs, "POLL_SECONDS", 0.001)
     r = make_daemon(http=HTTP, step_seconds=0.02)
     c = client(r)
     assert c.completions.create(model=MODEL, prompt="Hi", max_tokens=4).choices[0].text == "alpha beta gamma delta "
@@ -242,9 +242,9 @@ def test_a_queued_stream_gets_its_headers_at_once_with_a_keep_alive(make_daemon)
 
 
 def test_a_silent_stream_sends_keep_alives(make_daemon, monkeypatch):
-    from edgespec.server import http_api
+    from edgespec.server import http_stream
 
-    monkeypatch.setattr(http_api, "KEEPALIVE_SECONDS", 0.02)
+    monkeypatch.setattr(http_stream, "KEEPALIVE_SECONDS", 0.02)
     r = make_daemon(http=HTTP, step_seconds=0.1)
     status, _, out = raw(r, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 3, "stream": True})
     lines = out.decode().splitlines()
