@@ -38,14 +38,6 @@ def text_within(text: str, field: str, limits: LimitsConfig) -> str:
     return text
 
 
-def constraint_within(constraint: ConstraintSpec | None, field: str, limits: LimitsConfig) -> None:
-    """A constraint's text no longer than limits.max_constraint_bytes (UTF-8)."""
-    n = len(constraint.value.encode("utf-8")) if constraint is not None else 0
-    cap = getattr(limits, "max_constraint_bytes", n)
-    if n > cap:
-        raise BadRequest(field, f"at most {cap} bytes (limits.max_constraint_bytes), got {n}")
-
-
 def tools_from(req: pb.GenerateRequest) -> ToolSpec | None:
     """GenerateRequest.tools as OpenAI's fields, checked by edgespec.tools (fields named tools.*)."""
     if not req.HasField("tools") or not req.tools.tools:

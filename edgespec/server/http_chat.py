@@ -1,8 +1,9 @@
 """The generating routes: OpenAI's chat and completions (openai_api.py), Anthropic's Messages and
 count_tokens (anthropic_api.py) and OpenAI's Responses (responses_api.py). Each parses its body
 into the chat pipeline's request (Messages and Responses translate theirs, a field error renamed
-as that API names it), checks what the engine must apply, runs its jobs (http_jobs.py) and
-writes the answer in its own shape: a JSON body, or a stream (http_stream.py)."""
+as that API names it), checks what the engine must apply (pipe.check_capabilities, shared with
+gRPC), runs its jobs (http_jobs.py) and writes the answer in its own shape: a JSON body, or a
+stream (http_stream.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from edgespec import reasoning
 from edgespec import tools as tools_mod
 from edgespec.errors import BadRequest, UnknownModel
 from edgespec.server import anthropic_api as an
-from edgespec.server import convert, models_api
+from edgespec.server import models_api, pipe
 from edgespec.server import openai_api as oa
 from edgespec.server import responses_api as ra
 from edgespec.server.callers import Place, Unlimited
@@ -107,11 +108,11 @@ class ChatRoutes:
         return reasoning.format_for(chat_encoding.template_of(enc, self.jobs.chat_template or None))
 
     def _check_capabilities(self, req: oa.CompletionRequest, field: str) -> None:
-        """A constraint (`field` names where the request asked for one) needs an engine that applies it."""
-        if req.constraint is not None:
-            if "constraint" not in self.loop.capabilities:
-                raise BadRequest(field, "structured output is not available on this server's engine yet")
-            convert.constraint_within(req.constraint, field, self.limits)
+        """What the engine must apply, checked as gRPC checks it: a constraint (`field` names where
+        the request asked for one) and a reasoning budget."""
+        pipe.check_capabilities(self.loop, self.limits, constraint=req.constraint, field=field,
+                                budget=req.reasoning_budget if req.reasons else None,
+                                budget_field="edgespec.reasoning_budget")
 
     def _translated(self, chat: dict, rename: Callable[[BadRequest], BadRequest]) -> oa.CompletionRequest:
         """A chat body translated from another API's (Messages, Responses) as the chat pipeline's
@@ -191,9 +192,6 @@ class ChatRoutes:
     async def count_tokens(self, request: Request, rid: str) -> Response:
         req, ignored = self._anthropic(await self.read_json(request), count=True)
         tokens = await self.jobs.prompt_tokens(req)
-        if tokens is None:  # an engine without an encoder: on its own thread, the engine the tokenizer
-            tokens = tuple(await self.jobs.call(
-                lambda tok: chat_encoding.encode_prompt(tok, req.prompt, req.messages)))
         return JSONResponse({"input_tokens": len(tokens)},
                             headers=_warning_headers(ignored, req.unserved_model, self.model_id))
 

@@ -1,6 +1,6 @@
 """A request's engine jobs as the HTTP handlers run them, without ever blocking the event loop:
 admitted under the caller's own limits ([limits] caller_*), the prompt tokenised on a worker
-thread (as gRPC does in its handler thread), a constraint compiled there too,
+thread (pipe.prompt_tokens, as gRPC does in its handler thread), a constraint compiled there too,
 n choices submitted together as engine_loop.Jobs, a stream's jobs opened before its status line,
 a unary job waited for (the client going away cancels it), and event batches read on a worker
 thread, one hop per batch (pipe.next_events)."""
@@ -21,8 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from edgespec import reasoning
-from edgespec import tools as tools_mod
-from edgespec.errors import BadRequest, NotReady
+from edgespec.errors import NotReady
 from edgespec.server import openai_api as oa
 from edgespec.server import pipe
 from edgespec.server.callers import UNLIMITED, CallerLimits, Place, Unlimited, current_caller
@@ -99,24 +98,13 @@ class HttpJobs:
         return self._vocab
 
     async def prompt_tokens(self, req: oa.CompletionRequest, rendered: list[str] | None = None
-                            ) -> tuple[int, ...] | None:
-        """The prompt tokenised here (a worker thread), as the gRPC servicer does: the engine
-        thread gets token ids. None for an engine without an encoder (its thread tokenises;
-        then a request with tools or tool turns is refused: they need the chat template here).
+                            ) -> tuple[int, ...]:
+        """The prompt tokenised on a worker thread by pipe.prompt_tokens, as the gRPC servicer
+        does: the engine thread gets token ids.
         `rendered`: the chat template's text is appended (when the Jinja template was rendered)."""
-        enc = self.loop.encoder
-        if enc is None:
-            if not self.loop.ready:
-                raise NotReady("the models are still loading")
-            if req.tools is not None or req.extras:
-                raise BadRequest("tools", "tool calling is not available on this server's engine")
-            return None
-
-        def encode() -> list[int]:
-            return tools_mod.encode_request(enc, req.prompt, req.messages, req.extras, req.tools, self.chat_template,
-                                            variables=dict(req.template_vars), jinja=req.reasons, rendered=rendered)
-
-        return tuple(await anyio.to_thread.run_sync(encode, limiter=self.limiter))
+        return await self.run(lambda: pipe.prompt_tokens(
+            self.loop, self.chat_template, req.prompt, req.messages, req.extras, req.tools,
+            variables=dict(req.template_vars), jinja=req.reasons, rendered=rendered))
 
     async def events(self, events: queue.SimpleQueue, until_result: bool = False,
                      wait: float | None = None) -> list[tuple]:
@@ -172,7 +160,8 @@ class HttpJobs:
 
     async def start(self, req: oa.CompletionRequest, rid: str, hold: contextlib.ExitStack,
                     place: Place | Unlimited, constraint_field: str = "constraint") -> Run:
-        """The request's jobs submitted; a stream's, once they are open (see _opening)."""
+        """The request's jobs submitted; a stream's, once they are open (see _opening). Its
+        capabilities were checked (pipe.check_capabilities) by the route that parsed it."""
         deadline = time.monotonic() + req.timeout_seconds if req.timeout_seconds else None
         rendered: list[str] = []
         tokens = await self.prompt_tokens(req, rendered)
@@ -180,8 +169,6 @@ class HttpJobs:
         thinking = reasoning.Reasoning(bool(rendered) and reasoning.opened(rendered[-1]), req.reasoning_budget) \
             if req.reasons else None
         sub = req
-        if thinking is not None and thinking.budget is not None and "constraint" not in self.loop.capabilities:
-            raise BadRequest("edgespec.reasoning_budget", "a reasoning budget is not available on this server's engine")
         if thinking is not None and (req.constraint is not None or thinking.budget is not None):
             # the constraint holds after the reasoning; the budget on it (edgespec/budget.py)
             calls = req.tools is not None and req.tools.calls_allowed

@@ -8,6 +8,9 @@ between submitting a job to the engine loop and converting its answer to their p
 - `raise_error`: a batch's error event raised.
 - `check_end`: a result that ended by deadline, cancel or engine failure raised as its domain
   error (mapped to a status code by each protocol's one mapping: status.py, http_errors.STATUS).
+- `check_capabilities`: what a request asks beyond plain generation (a constraint, a reasoning
+  budget) refused, naming the field, when the engine does not apply it.
+- `prompt_tokens`: a request's prompt tokenised in the handler's thread, never the engine's.
 
 No protocol types here: each layer keeps only its conversion."""
 
@@ -16,11 +19,13 @@ from __future__ import annotations
 import queue
 import string
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from edgespec.errors import BadRequest, Cancelled, DeadlineExceeded, ModelError, NotReady
-from edgespec.types import GenerationResult
+from edgespec.server.config import LimitsConfig
+from edgespec.tools import ToolSpec, encode_request
+from edgespec.types import ConstraintSpec, GenerationResult
 
 POLL_SECONDS = 0.25  # how often a waiting request looks whether the engine is still there
 REQUEST_ID_CHARS = frozenset(string.ascii_letters + string.digits + "-_.:")
@@ -33,6 +38,19 @@ class Events(Protocol):
     def get(self, block: bool = True, timeout: float | None = None) -> Any: ...
 
     def get_nowait(self) -> Any: ...
+
+
+class Loaded(Protocol):
+    """What the request checks read of the engine loop (EngineLoop, or a chat model's)."""
+
+    @property
+    def encoder(self) -> Any: ...  # the loaded target's thread-safe tokenizer and chat template, or None
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def capabilities(self) -> frozenset[str]: ...  # "constraint": constraints and reasoning budgets apply
 
 
 def request_id(rid: str, field: str = "request_id") -> str:
@@ -104,5 +122,37 @@ def check_end(result: GenerationResult, *, deadline: str = "deadline exceeded", 
         raise ModelError("the engine failed on this request")
 
 
-__all__: Sequence[str] = ("POLL_SECONDS", "REQUEST_ID_CHARS", "check_end", "job_events", "next_events",
-                          "raise_error", "request_id")
+def check_capabilities(loop: Loaded, limits: LimitsConfig, *, constraint: ConstraintSpec | None, field: str,
+                       value_field: str = "", budget: int | None = None, budget_field: str = "") -> None:
+    """Refuse, naming the field in the protocol's words, what the engine does not apply: a
+    constraint (`field`: where the request asked for one; its text at most
+    limits.max_constraint_bytes, `value_field` naming the text when it is not `field`) and a
+    reasoning budget (`budget_field`; the engine holds a budget as a constraint)."""
+    if constraint is not None:
+        if "constraint" not in loop.capabilities:
+            raise BadRequest(field, "structured output is not available on this server's engine yet")
+        n = len(constraint.value.encode("utf-8"))
+        cap = getattr(limits, "max_constraint_bytes", n)
+        if n > cap:
+            raise BadRequest(value_field or field, f"at most {cap} bytes (limits.max_constraint_bytes), got {n}")
+    if budget is not None and "constraint" not in loop.capabilities:
+        raise BadRequest(budget_field, "a reasoning budget is not available on this server's engine")
+
+
+def prompt_tokens(loop: Loaded, chat_template: str, prompt: str, messages: Sequence[tuple[str, str]],
+                  extras: Sequence[Mapping[str, Any]] = (), spec: ToolSpec | None = None, *,
+                  variables: Mapping[str, Any] | None = None,
+                  jinja: bool = False, rendered: list[str] | None = None) -> tuple[int, ...]:
+    """The prompt's token ids, tokenised in the calling thread (a handler's: the engine thread gets
+    token ids) with the loaded target's encoder and `chat_template` ([target] chat_template, "" =
+    the GGUF's own); `rendered` gets the Jinja template's text (tools.encode_request). NotReady
+    while the models load (the encoder is set as the engine is built)."""
+    enc = loop.encoder
+    if enc is None:
+        raise NotReady("the models are still loading")
+    return tuple(encode_request(enc, prompt, messages, extras, spec, chat_template, variables=variables,
+                                jinja=jinja, rendered=rendered))
+
+
+__all__: Sequence[str] = ("POLL_SECONDS", "REQUEST_ID_CHARS", "check_capabilities", "check_end", "job_events",
+                          "next_events", "prompt_tokens", "raise_error", "request_id")

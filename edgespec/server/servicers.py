@@ -23,7 +23,7 @@ from edgespec.server.callers import UNLIMITED, CallerLimits, Place, Unlimited, c
 from edgespec.server.config import LimitsConfig
 from edgespec.server.engine_loop import EngineLoop, Job
 from edgespec.server.policy import Policy
-from edgespec.tools import ToolSpec, call_format, encode_request
+from edgespec.tools import call_format, encode_request
 from edgespec.types import GenerationResult
 
 POLL_SECONDS = pipe.POLL_SECONDS
@@ -65,12 +65,6 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             raise NotReady("the models are still loading")
         return enc
 
-    def _prompt_tokens(self, prompt: str, messages: tuple[tuple[str, str], ...], extras: tuple[dict, ...] = (),
-                       spec: ToolSpec | None = None, variables: dict | None = None, jinja: bool = False,
-                       rendered: list[str] | None = None) -> tuple[int, ...]:
-        return tuple(encode_request(self._encoder(), prompt, messages, extras, spec, self.chat_template, variables=variables,
-                                    jinja=jinja, rendered=rendered))
-
     def _reasons(self, messages: tuple) -> bool:
         """Whether the model writes a <think> block: [target] reasoning_format, or its template's."""
         if not messages:
@@ -107,18 +101,16 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 raise BadRequest("sampling.constraint", "cannot be combined with tools unless tools.choice is none")
             constraint = constraint or spec.constraint()
         field = "tools" if spec is not None else "sampling.constraint"
-        if constraint is not None:
-            if "constraint" not in self.loop.capabilities:
-                raise BadRequest(field, "structured output is not available on this server's engine yet")
-            convert.constraint_within(constraint, f"{field}.value" if spec is None else field, self.limits)
         variables, budget = convert.reasoning_from(request)
         reasons = self._reasons(messages)
+        pipe.check_capabilities(self.loop, self.limits, constraint=constraint, field=field,
+                                value_field=field if spec is not None else f"{field}.value",
+                                budget=budget if reasons else None, budget_field="reasoning.budget_tokens")
         rendered: list[str] = []
-        tokens = self._prompt_tokens(prompt, messages, extras, spec, variables, reasons, rendered)
+        tokens = pipe.prompt_tokens(self.loop, self.chat_template, prompt, messages, extras, spec,
+                                    variables=variables, jinja=reasons, rendered=rendered)
         thinking = reasoning.Reasoning(bool(rendered) and reasoning.opened(rendered[-1]), budget) if reasons else None
         if thinking is not None and (constraint is not None or budget is not None):
-            if budget is not None and "constraint" not in self.loop.capabilities:
-                raise BadRequest("reasoning.budget_tokens", "a reasoning budget is not available on this server's engine")
             # the constraint holds after the reasoning; the budget on it (edgespec/budget.py)
             calls = spec is not None and spec.calls_allowed
             constraint = thinking.constraint(spec.constraint((reasoning.OPEN,)) if calls and spec else constraint)

@@ -1,5 +1,6 @@
 """The request pipe under both APIs (edgespec/server/pipe.py): an event queue fed by a thread, as
-the engine thread feeds a job's; the end-of-request check for every finish reason; request ids."""
+the engine thread feeds a job's; the end-of-request check for every finish reason; request ids;
+the capability check and the prompt's tokens (test_structured_api.py: both protocols use them)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import pytest
 
 from edgespec.errors import BadRequest, Cancelled, DeadlineExceeded, ModelError, NotReady
 from edgespec.server import pipe
-from edgespec.types import Chunk, GenerationResult, SpecStats
+from edgespec.server.config import LimitsConfig
+from edgespec.tools import Tool, ToolSpec
+from edgespec.types import Chunk, ConstraintSpec, GenerationResult, SpecStats
+from tests.server.fake_engine import FakeEncoder
 
 
 def result(reason: str, n: int = 3) -> GenerationResult:
@@ -118,3 +122,49 @@ def test_request_ids():
         assert str(info.value) == "x-request-id: at most 128 characters of [A-Za-z0-9-_.:]"
     with pytest.raises(BadRequest, match="^request_id: "):
         pipe.request_id("a b")
+
+
+class Loop:
+    """What pipe's request checks read of an engine loop."""
+
+    def __init__(self, encoder: object = None, ready: bool = True, capabilities: frozenset[str] = frozenset()):
+        self.encoder, self.ready, self.capabilities = encoder, ready, capabilities
+
+
+CAPABLE = Loop(capabilities=frozenset({"constraint"}))
+LIMITS = LimitsConfig(max_constraint_bytes=8)
+
+
+def test_a_constraint_or_budget_the_engine_cannot_apply_is_refused_by_the_protocols_field():
+    json_object = ConstraintSpec("json_object")
+    with pytest.raises(BadRequest, match="^response_format: structured output is not available"):
+        pipe.check_capabilities(Loop(), LIMITS, constraint=json_object, field="response_format")
+    with pytest.raises(BadRequest, match="^reasoning.budget_tokens: a reasoning budget is not available"):
+        pipe.check_capabilities(Loop(), LIMITS, constraint=None, field="sampling.constraint", budget=64,
+                                budget_field="reasoning.budget_tokens")
+    pipe.check_capabilities(Loop(), LIMITS, constraint=None, field="sampling.constraint")  # nothing asked
+    pipe.check_capabilities(CAPABLE, LIMITS, constraint=json_object, field="response_format", budget=64)
+
+
+def test_a_constraints_text_is_held_to_its_limit_naming_the_text_field():
+    long = ConstraintSpec("regex", "a" * 9)
+    with pytest.raises(BadRequest) as info:
+        pipe.check_capabilities(CAPABLE, LIMITS, constraint=long, field="sampling.constraint",
+                                value_field="sampling.constraint.value")
+    assert str(info.value) == "sampling.constraint.value: at most 8 bytes (limits.max_constraint_bytes), got 9"
+    with pytest.raises(BadRequest, match="^edgespec.constraint: at most 8 bytes"):
+        pipe.check_capabilities(CAPABLE, LIMITS, constraint=long, field="edgespec.constraint")
+    pipe.check_capabilities(CAPABLE, LIMITS, constraint=ConstraintSpec("regex", "a" * 8), field="x")
+
+
+def test_prompt_tokens_in_the_callers_thread_or_none_for_an_engine_that_tokenises():
+    enc = FakeEncoder()
+    assert pipe.prompt_tokens(Loop(enc), "", "Hi", ()) == (1, ord("H") % 200 + 20, ord("i") % 200 + 20)
+    assert enc.threads == {threading.get_ident()}
+    assert pipe.prompt_tokens(Loop(), "", "Hi", ()) is None  # the engine thread tokenises
+    with pytest.raises(NotReady, match="still loading"):
+        pipe.prompt_tokens(Loop(ready=False), "", "Hi", ())
+    spec = ToolSpec(tools=(Tool("f", "", {}),))
+    for extras, tools in (((), spec), (({"tool_calls": []},), None)):
+        with pytest.raises(BadRequest, match="^tools: tool calling is not available"):
+            pipe.prompt_tokens(Loop(), "", "", (("user", "x"),), extras, tools)

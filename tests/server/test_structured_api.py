@@ -11,7 +11,7 @@ import pytest
 
 from edgespec.types import ConstraintSpec
 from tests.server.test_daemon import req
-from tests.server.test_http import HTTP, MODEL, client
+from tests.server.test_http import HTTP, MODEL, client, raw
 
 
 def test_grpc_constraint_and_logprobs_round_trip(make_daemon):
@@ -93,6 +93,41 @@ def test_an_engine_without_the_capability_refuses_by_field(make_daemon, monkeypa
         assert e.value.body["param"] == param
     assert not r.engine.requests
     assert c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2, logprobs=True).choices[0].logprobs
+
+
+def test_both_protocols_check_and_tokenise_through_the_one_pipe(make_daemon, monkeypatch):
+    """gRPC and every HTTP API check capabilities with pipe.check_capabilities and tokenise with
+    pipe.prompt_tokens, naming the fields in their own words: a protocol with checks of its own
+    would be missing here, and its prompt would reach the engine untold."""
+    from edgespec.server import pipe
+
+    checked: list[tuple[str, str]] = []
+    tokenised: list[tuple[int, ...] | None] = []
+    check, tokens = pipe.check_capabilities, pipe.prompt_tokens
+
+    def check_spy(loop, limits, **kw):
+        checked.append((kw["field"], kw.get("value_field", "")))
+        return check(loop, limits, **kw)
+
+    def tokens_spy(*args, **kw):
+        tokenised.append(tokens(*args, **kw))
+        return tokenised[-1]
+
+    monkeypatch.setattr(pipe, "check_capabilities", check_spy)
+    monkeypatch.setattr(pipe, "prompt_tokens", tokens_spy)
+    r = make_daemon(http=HTTP)
+    g = req(max_tokens=2)
+    g.sampling.constraint.kind = "json_object"
+    r.inference.Generate(g, timeout=10)
+    msgs = [{"role": "user", "content": "x"}]
+    client(r).chat.completions.create(model=MODEL, messages=msgs, max_tokens=2,
+                                      response_format={"type": "json_object"})
+    assert raw(r, "POST", "/v1/messages", {"model": MODEL, "max_tokens": 2, "messages": msgs})[0] == 200
+    assert raw(r, "POST", "/v1/responses", {"model": MODEL, "input": "x", "max_output_tokens": 2,
+                                            "text": {"format": {"type": "json_object"}}})[0] == 200
+    assert checked == [("sampling.constraint", "sampling.constraint.value"), ("response_format", ""),
+                       ("tools", ""), ("text.format", "")]
+    assert tokenised == [tuple(sent.prompt_tokens) for sent in r.engine.requests] and len(tokenised) == 4
 
 
 def test_constraints_compile_in_the_handlers_thread_never_the_engines(make_daemon):
