@@ -1,7 +1,7 @@
 """A streamed answer as the HTTP APIs see it, whatever their wire format: typed events that
-http_api produces from the engine's chunks (tool calls already parsed out of the text) and each
-API's stream formatter turns into its own server-sent events (openai_api.CompletionStream,
-anthropic_api.MessageStream, responses_api.ResponseStream).
+http_stream.py produces from the engine's chunks (tool calls already parsed out of the text)
+and each API's stream formatter turns into its own server-sent events
+(openai_api.CompletionStream, anthropic_api.MessageStream, responses_api.ResponseStream).
 
 One answer may hold n choices (OpenAI's `n`): every event names its choice's index. Order: for
 each choice, Text and Call events as the engine steps it, then its End; once every choice has

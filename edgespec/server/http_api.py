@@ -89,16 +89,16 @@ class HttpApi:
         self.model_id = model_id
         self.max_body_bytes = max_body_bytes
         self.jobs = HttpJobs(loop, threads=threads, chat_template=chat_template, callers=callers)
-        self.chat = ChatRoutes(self.jobs, self.registry, policy, model_id=model_id, limits=self.limits,
-                               strict=strict, read_json=self._json, tool_format=tool_format,
-                               reasoning_format=reasoning_format)
+        self.chat_routes = ChatRoutes(self.jobs, self.registry, policy, model_id=model_id, limits=self.limits,
+                                      strict=strict, read_json=self._json, tool_format=tool_format,
+                                      reasoning_format=reasoning_format)
         self.model_routes = models_api.ModelRoutes(
             self.registry, reranker=reranker, max_prompt_bytes=self.limits.max_prompt_bytes, read_json=self._json,
             run=self.jobs.run, admit=self.jobs.admit_now, record=record, embedder=embedder)
         self.app = Starlette(routes=self._routes(), exception_handlers={HTTPException: self._http_exception})
 
     def _routes(self) -> list[Route]:
-        chat, models = self.chat, self.model_routes
+        chat, models = self.chat_routes, self.model_routes
         rerank = self._endpoint(models.rerank)
         return [
             Route("/v1/chat/completions", self._endpoint(chat.chat), methods=["POST"]),

@@ -1,5 +1,6 @@
-"""The one request pipe under both APIs: what gRPC (servicers.py) and HTTP (http_api.py) do alike
-between submitting a job to the engine loop and converting its answer to their protocol.
+"""The one request pipe under both APIs: what gRPC (servicers.py) and HTTP (http_chat.py,
+http_jobs.py) do alike between checking a request, submitting a job to the engine loop and
+converting its answer to their protocol.
 
 - `request_id`: a caller's request id checked (both APIs, and the gRPC interceptor's x-request-id).
 - `next_events`: blocking, the next batch of a job's events (or a stream's, tagged with their
