@@ -13,7 +13,6 @@ import pytest
 from edgespec.errors import BadRequest, Cancelled, DeadlineExceeded, ModelError, NotReady
 from edgespec.server import pipe
 from edgespec.server.config import LimitsConfig
-from edgespec.tools import Tool, ToolSpec
 from edgespec.types import Chunk, ConstraintSpec, GenerationResult, SpecStats
 from tests.server.fake_engine import FakeEncoder
 
@@ -157,14 +156,12 @@ def test_a_constraints_text_is_held_to_its_limit_naming_the_text_field():
     pipe.check_capabilities(CAPABLE, LIMITS, constraint=ConstraintSpec("regex", "a" * 8), field="x")
 
 
-def test_prompt_tokens_in_the_callers_thread_or_none_for_an_engine_that_tokenises():
+def test_prompt_tokens_in_the_callers_thread_and_not_ready_without_an_encoder():
     enc = FakeEncoder()
     assert pipe.prompt_tokens(Loop(enc), "", "Hi", ()) == (1, ord("H") % 200 + 20, ord("i") % 200 + 20)
     assert enc.threads == {threading.get_ident()}
-    assert pipe.prompt_tokens(Loop(), "", "Hi", ()) is None  # the engine thread tokenises
-    with pytest.raises(NotReady, match="still loading"):
-        pipe.prompt_tokens(Loop(ready=False), "", "Hi", ())
-    spec = ToolSpec(tools=(Tool("f", "", {}),))
-    for extras, tools in (((), spec), (({"tool_calls": []},), None)):
-        with pytest.raises(BadRequest, match="^tools: tool calling is not available"):
-            pipe.prompt_tokens(Loop(), "", "", (("user", "x"),), extras, tools)
+    for loop in (Loop(ready=False), Loop()):  # the encoder is set as the engine is built
+        with pytest.raises(NotReady, match="still loading"):
+            pipe.prompt_tokens(loop, "", "Hi", ())
+
+
