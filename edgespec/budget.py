@@ -165,6 +165,9 @@ class BudgetMatcher:
         self.inner.commit(tokens)
         self.state = st
 
+    def allow(self, constrained: int) -> None:
+        self.inner.allow(constrained)
+
     def reset(self) -> None:
         self.inner.reset()
         self.state = self._initial()

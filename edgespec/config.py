@@ -80,6 +80,10 @@ ENGINE_KEYS = {
     "suffix_cache_scope": ("speculation", "suffix_cache_scope"),
     "fast_kernels": ("target", "fast_kernels"),
     "pad_forwards": ("speculation", "pad_forwards"),
+    "constraint_step_seconds": ("limits", "constraint_step_seconds"),
+    "constraint_tick_seconds": ("limits", "constraint_tick_seconds"),
+    "constraint_burst_seconds": ("limits", "constraint_burst_seconds"),
+    "constraint_share": ("limits", "constraint_share"),
 }
 
 
@@ -128,6 +132,12 @@ class EngineConfig:
     # forwards padded to a few fixed widths, the padding in a scratch sequence (backend.Context):
     # "auto" = on when the target is offloaded to a GPU (pads_forwards)
     pad_forwards: str | bool = setting("speculation", "pad_forwards").default
+    # the engine thread's CPU time grammar masks may take (constraint.MaskLimits): one request's in a
+    # step, all requests' in a tick, one request's over its run (a burst and a share)
+    constraint_step_seconds: float = setting("limits", "constraint_step_seconds").default
+    constraint_tick_seconds: float = setting("limits", "constraint_tick_seconds").default
+    constraint_burst_seconds: float = setting("limits", "constraint_burst_seconds").default
+    constraint_share: float = setting("limits", "constraint_share").default
 
     def pads_forwards(self, gpu: bool) -> bool:
         """Whether the forwards are padded, `gpu`: whether the target's layers run on a GPU."""

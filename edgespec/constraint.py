@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -59,10 +60,29 @@ LIMITS = llg.LLParserLimits(verbose_errors=False)
 # chain of 4,400 one-line rules (64 KB) overflows a thread's default 8 MiB stack and kills the
 # process. Compiles run on a thread of their own with this much stack (reserved, touched only as used)
 COMPILE_STACK_BYTES = 512 << 20
-# the engine thread's CPU time for one request's token masks in one step (drafting and the tree's
-# masks): past it the request fails (Matcher.failure), so one caller's grammar cannot stall the tick
+# how much of the engine thread's CPU time grammar masks may take (MaskLimits: limits.constraint_*)
 STEP_MASK_SECONDS = 0.5
 SPECIAL_PREFIX = b"\xff"  # llguidance's marker for special tokens (never matched by grammar text)
+
+
+@dataclass(frozen=True)
+class MaskLimits:
+    """The engine thread's CPU time that grammar masks may take, so that no caller's grammar slows
+    the others' decoding at will (the [limits] constraint_* settings). A request whose masks pass
+    one of them fails alone (Matcher.failure: a 400 / INVALID_ARGUMENT naming its constraint field).
+
+    With `parallel` requests in a tick, P of them constrained, a tick's masks take at most
+        min(P * step_seconds, tick_seconds) + P * (one mask)      # checked between masks
+    and over any stretch of E seconds of engine-thread CPU, one request's masks take at most
+        burst_seconds + share * E   (+ one mask)
+    so a request that costs just under `step_seconds` every step is stopped within a few steps,
+    and another caller's request of E0 seconds waits for a hostile grammar at most about
+    (burst_seconds + share * E0) / (1 - share) more."""
+
+    step_seconds: float = STEP_MASK_SECONDS  # one request's masks in one decoding step
+    tick_seconds: float = 0.5  # every request's masks in one tick: each constrained one gets 1/P of it
+    burst_seconds: float = 0.25  # one request's masks over its whole run, beyond its share ...
+    share: float = 0.25  # ... of the engine thread's CPU time since its first step
 
 
 @dataclass(frozen=True)
@@ -110,10 +130,10 @@ class _Wrapped:
 class Compiler:
     """Compiles constraints for one vocabulary (the tokenizer's token trie is built once)."""
 
-    def __init__(self, vocab: Vocabulary, step_seconds: float = STEP_MASK_SECONDS):
+    def __init__(self, vocab: Vocabulary, limits: MaskLimits = MaskLimits()):
         self.vocab = vocab
         self.n_vocab = len(vocab.tokens)
-        self.step_seconds = step_seconds
+        self.limits = limits
         self.tokenizer = llg.LLTokenizer(llg.TokenizerWrapper(_Wrapped(vocab)), eos_token=list(vocab.eos) or None)
         self._stack_lock = threading.Lock()
 
@@ -176,9 +196,9 @@ class Compiler:
 
     def _matcher(self, spec: ConstraintSpec) -> Matcher:
         m = Matcher(llg.LLMatcher(self.tokenizer, self.grammar(spec), log_level=0, limits=LIMITS), self.n_vocab,
-                    tuple(self.vocab.eos), step_seconds=self.step_seconds)
+                    tuple(self.vocab.eos), limits=self.limits)
         m.bitmask()
-        m.spent = 0.0  # the first mask is the caller's, not a step's
+        m.spent = m.total = 0.0  # the first mask is the caller's, not the engine's
         if m.error is not None:
             raise BadRequest("constraint.value", f"{spec.kind} is too complex for the grammar engine's limits: "
                              f"{m.error}")
@@ -194,18 +214,30 @@ class Matcher:
     and the commit of emitted tokens. Engine thread only.
 
     A grammar can pass llguidance's limits while the request runs (its lexer building too many
-    states after some text), or its masks can take more than `step_seconds` of one step: the
-    matcher then records `error` (`failure`) and allows only end-of-generation tokens, so that the
-    tick serving the others goes on, and the engine fails that one request with the reason."""
+    states after some text), or its masks can take more of the engine thread than `limits`
+    allow (a step's, its share of a tick's, its share over its whole run): the matcher then
+    records `error` (`failure`) and allows only end-of-generation tokens, so that the tick serving
+    the others goes on, and the engine fails that one request with the reason."""
 
-    def __init__(self, m: Any, n_vocab: int, eos: Sequence[int] = (), step_seconds: float = STEP_MASK_SECONDS):
+    def __init__(self, m: Any, n_vocab: int, eos: Sequence[int] = (), limits: MaskLimits = MaskLimits()):
         self._m = m
         self.n_vocab = n_vocab
         self._words = (n_vocab + 31) // 32
         self.eos = tuple(eos)
         self.error: str | None = None  # the first line of llguidance's error, once it failed
-        self.step_seconds = step_seconds
+        self.limits = limits
+        self.step_seconds = limits.step_seconds  # this request's bound for one step
+        self.tick_seconds = math.inf  # its share of the tick under way (`allow`)
         self.spent = 0.0  # seconds of mask computation in the step under way (node_bits ends it)
+        self.total = 0.0  # seconds of mask computation in all its steps
+        self._since: float | None = None  # the engine thread's CPU clock at its first tick (`allow`)
+
+    def allow(self, constrained: int) -> None:
+        """A tick begins with `constrained` requests under a grammar, this one among them: its
+        masks may take its equal part of the tick's mask time (limits.tick_seconds)."""
+        self.tick_seconds = self.limits.tick_seconds / max(1, constrained)
+        if self._since is None:
+            self._since = time.thread_time()
 
     @property
     def failure(self) -> str | None:
@@ -214,10 +246,23 @@ class Matcher:
         return self.error if self._failed() else None
 
     def _over_budget(self) -> bool:
-        if self.error is None and self.spent > self.step_seconds:
-            self.error = (f"its token masks took over {self.step_seconds:g} s of one decoding step "
+        if self.error is not None:
+            return True
+        limit = min(self.step_seconds, self.tick_seconds)
+        if self.spent > limit:
+            shared = " (its share of the tick, beside other constrained requests)" if limit < self.step_seconds else ""
+            self.error = (f"its token masks took over {limit:g} s of one decoding step{shared} "
                           f"(the grammar is too costly to apply)")
+        elif self._since is not None and self.total > (allowed := self._allowed()):
+            self.error = (f"its token masks took {self.total:.3g} s of the engine, over its share of "
+                          f"{allowed:.3g} s so far (the grammar is too costly to apply)")
         return self.error is not None
+
+    def _allowed(self) -> float:
+        """Mask seconds this request may have spent by now: the burst, and its share of the
+        engine thread's CPU time since its first step."""
+        assert self._since is not None
+        return self.limits.burst_seconds + self.limits.share * (time.thread_time() - self._since)
 
     def _failed(self) -> bool:
         if self.error is None and self._m.is_error():
@@ -235,7 +280,9 @@ class Matcher:
             return
         t0 = time.thread_time()  # this thread's CPU time: a busy host's preemption is not the grammar's
         self._m.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
-        self.spent += time.thread_time() - t0
+        dt = time.thread_time() - t0
+        self.spent += dt
+        self.total += dt
         if self._failed():
             self._eos_bits(out)
 

@@ -96,11 +96,14 @@ class LoadedModels:
         grammar (llguidance drops the GIL while it compiles) nor the first request's reading of the
         whole vocabulary stalls the engine thread, which decodes every caller's requests."""
         from edgespec import budget
-        from edgespec.constraint import Compiler, Vocabulary
+        from edgespec.constraint import Compiler, MaskLimits, Vocabulary
 
+        cfg = self.cfg
         with self._compiler_lock:
             if self._compiler is None:
-                self._compiler = Compiler(Vocabulary.from_model(self.target))
+                limits = MaskLimits(cfg.constraint_step_seconds, cfg.constraint_tick_seconds,
+                                    cfg.constraint_burst_seconds, cfg.constraint_share)
+                self._compiler = Compiler(Vocabulary.from_model(self.target), limits)
         return budget.matcher(self._compiler, spec)
 
     def cost_kind(self, kind: str | None) -> str:

@@ -380,6 +380,22 @@ SETTINGS: tuple[Setting, ...] = (
     _limits("max_constraint_bytes", I, 64 << 10, "largest structured-output constraint in UTF-8 bytes: a JSON "
             "schema, regex or grammar (a request's own, or the one its tools make); it is compiled in the "
             "request's handler thread, never the engine's", lo=1, hi=1 << 30),
+    _limits("constraint_step_seconds", F, 0.5, "the engine thread's CPU time one request's grammar masks may "
+            "take in one decoding step (its drafts' and its tree's); past it the request fails with a 400 / "
+            "INVALID_ARGUMENT naming its constraint field, and the tick goes on for the others",
+            lo=0, hi=60, lo_open=True),
+    _limits("constraint_tick_seconds", F, 0.5, "every request's grammar masks together in one engine tick: each "
+            "constrained request in the tick may take an equal part of it (and at most "
+            "limits.constraint_step_seconds), so `server.parallel` hostile grammars cannot stall a tick "
+            "for more than this", lo=0, hi=60, lo_open=True),
+    _limits("constraint_burst_seconds", F, 0.25, "one request's grammar masks over its whole run may take this "
+            "much of the engine thread's CPU time beyond limits.constraint_share of it; past both the request "
+            "fails as above (a grammar just under the step's bound every step is stopped within a few steps)",
+            lo=0, hi=3600),
+    _limits("constraint_share", F, 0.25, "the fraction of the engine thread's CPU time since a request's first "
+            "step that its grammar masks may take (beyond limits.constraint_burst_seconds): another caller's "
+            "request of T seconds then waits at most about (burst + share * T) / (1 - share) more for it",
+            lo=0, hi=1, lo_open=True, hi_open=True),
     _limits("max_stop_strings", I, MAX_STOP_STRINGS, "stop strings in one request", lo=0, hi=MAX_STOP_STRINGS),
     _limits("max_stop_chars", I, 256, "longest stop string, in characters", lo=1, hi=4096),
     _limits("anonymous_rpcs", I, 8, "health calls without a valid token served at once (Watch streams "

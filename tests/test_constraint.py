@@ -6,6 +6,7 @@ A real-vocabulary check on the demo target is marked slow."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -425,3 +426,71 @@ def test_masks_past_the_step_budget_fail_the_grammar_not_the_tick(compiler):
     roomy = compiler.matcher(REGEX)  # the default budget: a toy grammar's tree is far within it
     roomy.node_bits(_fork())
     assert roomy.failure is None and roomy.spent == 0.0
+
+
+class _Slow:
+    """A real matcher whose every mask costs `seconds` of the calling thread's CPU time."""
+
+    def __init__(self, m, seconds: float):
+        self._m, self.seconds = m, seconds
+
+    def __getattr__(self, name):
+        return getattr(self._m, name)
+
+    def unsafe_compute_mask_ptr(self, ptr, nbytes):
+        end = time.thread_time() + self.seconds
+        while time.thread_time() < end:
+            pass
+        return self._m.unsafe_compute_mask_ptr(ptr, nbytes)
+
+
+def _slow(limits: C.MaskLimits, seconds: float) -> C.Matcher:
+    """A matcher after "a" (then b, c and cc are allowed, again and again), each mask `seconds`."""
+    m = C.Compiler(C.Vocabulary(TOKENS, (EOS,), (EOS,), None, toy_tokenize), limits).matcher(REGEX)
+    m.commit((0,))
+    m._m = _Slow(m._m, seconds)
+    return m
+
+
+def test_a_grammar_just_under_the_step_bound_every_step_is_stopped_by_its_share():
+    """Masks of 0.04 s a step pass a step's bound of 0.05 s every time: per step alone, such a
+    request took the engine 0.04 s a step for as long as it ran. Over its run its masks may take
+    the burst and its share of the engine thread's time since its first step, so it fails within
+    a few steps (the engine fails the request, naming its field), its masks bounded by that."""
+    limits = C.MaskLimits(step_seconds=0.05, tick_seconds=1.0, burst_seconds=0.05, share=0.25)
+    m = _slow(limits, 0.01)
+    tree = two_level([1, 2, 5], {})  # the root and three children: 4 masks, 0.04 s a step
+    t0, steps = time.thread_time(), 0
+    while m.failure is None and steps < 20:
+        m.allow(1)
+        m.node_bits(tree)
+        m.commit((1,))
+        steps += 1
+    assert m.failure is not None and "over its share" in m.failure, m.failure
+    assert steps <= 3, steps  # 0.04 k > 0.05 + 0.25 * 0.04 k from the second step on
+    assert m.total <= 0.05 + 0.25 * (time.thread_time() - t0) + 0.01  # the burst, the share, one mask
+
+
+def test_grammars_in_one_tick_share_its_mask_time():
+    """Two requests whose masks take 0.04 s a step each (under the step's 0.05 s) in one tick
+    whose masks may take 0.05 s together, beside a third request: each may take a third, so both fail, and the tick's masks
+    took at most its bound and one mask each (today: 0.08 s). A cheap grammar beside them in the
+    same tick is served."""
+    from types import SimpleNamespace
+
+    from edgespec.tick.schedule import share_masks
+
+    limits = C.MaskLimits(step_seconds=0.05, tick_seconds=0.05, burst_seconds=10.0, share=0.5)
+    costly = [_slow(limits, 0.005) for _ in range(2)]
+    cheap = _slow(limits, 0.0)
+    tree = two_level([1, 2, 5], {1: [1, 2], 2: [1, 2]})  # 8 masks: 0.04 s a step for a costly one
+    share_masks([SimpleNamespace(matcher=m) for m in (*costly, cheap)] + [SimpleNamespace(matcher=None)])
+    t0 = time.thread_time()
+    for m in costly:
+        m.node_bits(tree)
+    took = time.thread_time() - t0
+    assert all("share of the tick" in (m.failure or "") for m in costly), [m.failure for m in costly]
+    assert took <= 0.05 + 2 * 0.005 + 0.005, took
+    nm = cheap.node_bits(tree)
+    assert cheap.failure is None and nm.valid.all()
+

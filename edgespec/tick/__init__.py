@@ -4,7 +4,8 @@
                                            whole batch); which prefill pieces and draft catch-ups ride
                                            along. It changes nothing:
     start(engine, plan)                    each decoding session's step begins as planned (the
-                                           guard and its controller are told what was decided)
+                                           guard and its controller are told what was decided); the
+                                           grammars' masks share the tick's mask time
     drafts = draft(engine, plan)           all drafters, level by level: ONE draft forward per level
     fwd    = verify_forward(engine, plan)  ONE target forward: every decoding session's [root] + tree;
                                            then the prefill pieces (a piece that ends its prompt
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING
 from edgespec.tick.draft import draft
 from edgespec.tick.forward import verify_forward
 from edgespec.tick.observe import observe
-from edgespec.tick.schedule import schedule, start
+from edgespec.tick.schedule import schedule, share_masks, start
 from edgespec.types import Chunk
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ def tick(engine: TickEngine, sessions: list[TickSession]) -> dict[TickSession, C
     t0 = time.perf_counter()
     plan = schedule(engine, sessions)
     start(engine, plan)
+    share_masks(sessions)
     t1 = time.perf_counter()
     drafts = draft(engine, plan)
     t2 = time.perf_counter()

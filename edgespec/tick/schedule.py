@@ -170,6 +170,15 @@ def start(engine: TickEngine, plan: Plan) -> None:
         s.begin_step(step.shape, batch, bare=step.bare)
 
 
+def share_masks(sessions: list[TickSession]) -> None:
+    """Each request under a grammar gets an equal part of the tick's mask time (constraint.
+    MaskLimits.tick_seconds): however many of them a tick holds, their masks together stall it
+    for at most that (and one mask each)."""
+    matchers = [s.matcher for s in sessions if s.matcher is not None]
+    for m in matchers:
+        m.allow(len(matchers))
+
+
 def _guard(engine: TickEngine, plan: Plan, decoding: list[TickSession], cost: CostModel) -> set[TickSession]:
     """The goodput guard (controller/goodput.py): where speculation has measured slower than
     plain decoding at this load level, every auto session decodes plainly this tick (returned),

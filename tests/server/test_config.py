@@ -142,7 +142,9 @@ def test_engine_errors_name_the_toml_key_a_user_writes():
     engine = load(None, env={}).engine
     for change, key in (({"parallel": 65}, "server.parallel"), ({"draft_window": 8}, "draft.window"),
                         ({"prompt_cache": "yes"}, "server.prompt_cache"), ({"prefill_share": -1.0}, "server.prefill_share"),
-                        ({"max_tree_leaves": 0}, "server.max_tree_leaves")):
+                        ({"max_tree_leaves": 0}, "server.max_tree_leaves"),
+                        ({"constraint_share": 1.0}, "limits.constraint_share"),
+                        ({"constraint_tick_seconds": 0.0}, "limits.constraint_tick_seconds")):
         with pytest.raises(ConfigError) as e:
             replace(engine, **change).validate()
         assert e.value.key == key and str(e.value).startswith(f"{key}: must be"), (change, str(e.value))
@@ -177,3 +179,11 @@ def asdict_(obj: object) -> dict:
     from dataclasses import asdict
 
     return asdict(obj)
+
+
+def test_the_grammar_mask_limits_reach_the_engine_and_are_checked_by_name():
+    engine = load(None, env={"EDGESPEC_LIMITS_CONSTRAINT_SHARE": "0.1"},
+                  overrides={"limits": {"constraint_burst_seconds": 1.5}}).engine
+    assert (engine.constraint_share, engine.constraint_burst_seconds) == (0.1, 1.5)
+    with pytest.raises(InvalidConfig, match=r"limits.constraint_step_seconds: must be in \(0, 60\], got -1"):
+        load(None, env={}, overrides={"limits": {"constraint_step_seconds": -1}})

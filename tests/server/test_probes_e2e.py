@@ -235,8 +235,9 @@ def test_hostile_constraints_are_refused_by_field_or_bounded_while_another_calle
     median = probe_seconds[len(probe_seconds) // 2]
     print(f"baseline {baseline:.2f} s; during the corpus median {median:.2f} s, worst {probe_seconds[-1]:.2f} s;",
           outcomes)
-    # the goal (0.5 s) holds for the median. A hostile grammar's masks take at most
-    # constraint.STEP_MASK_SECONDS of the engine thread per step (past it, its own request fails);
-    # the worst here is the loaded 2-core box's target forwards (8.9 s measured at load 17, the
-    # masks ~1 ms each), so it is only bounded loosely
+    # the goal (0.5 s) holds for the median. A hostile grammar's masks take a bounded share of the
+    # engine thread (constraint.MaskLimits: a step's, a tick's, its run's; past one, its own request
+    # fails), and its compile runs below the forwards' CPU priority; this corpus's masks take about
+    # 1 ms a tick in all. The worst here is the loaded 2-core box's target forwards (seconds each at
+    # load 14 or more, the engine thread getting a sixth of a core), so it is only bounded loosely
     assert median < baseline + 0.5 and probe_seconds[-1] < baseline + 30, (baseline, probe_seconds, outcomes)
