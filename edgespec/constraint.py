@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -62,6 +63,10 @@ LIMITS = llg.LLParserLimits(verbose_errors=False)
 COMPILE_STACK_BYTES = 512 << 20
 # how much of the engine thread's CPU time grammar masks may take (MaskLimits: limits.constraint_*)
 STEP_MASK_SECONDS = 0.5
+# a compile thread's nice value above the process's own: a compile (seconds of CPU for a hostile
+# grammar, in the caller's handler) yields the cores to the engine's forwards, which decode every
+# caller's requests, and takes what they leave
+COMPILE_NICE = 10
 SPECIAL_PREFIX = b"\xff"  # llguidance's marker for special tokens (never matched by grammar text)
 
 
@@ -177,6 +182,7 @@ class Compiler:
         out: dict[str, Any] = {}
 
         def run() -> None:
+            _lower_priority(COMPILE_NICE)
             try:
                 out["value"] = fn()
             except BaseException as exc:
@@ -203,6 +209,16 @@ class Compiler:
             raise BadRequest("constraint.value", f"{spec.kind} is too complex for the grammar engine's limits: "
                              f"{m.error}")
         return m
+
+
+def _lower_priority(by: int) -> None:
+    """This thread's CPU priority lowered by `by` nice levels (Linux gives each thread its own
+    nice value; elsewhere, or where it is refused, nothing changes)."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
+    except (AttributeError, OSError):
+        pass
 
 
 def _first_line(s: str) -> str:

@@ -494,3 +494,16 @@ def test_grammars_in_one_tick_share_its_mask_time():
     nm = cheap.node_bits(tree)
     assert cheap.failure is None and nm.valid.all()
 
+
+def test_compiles_run_below_the_engines_cpu_priority(compiler):
+    """A compile (seconds of CPU for a hostile grammar) takes what the engine's forwards leave of
+    the cores: its thread's nice value is COMPILE_NICE above the caller's (Linux)."""
+    import os
+    import threading
+
+    if not hasattr(os, "getpriority"):
+        pytest.skip("no per-thread nice values here")
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    theirs = compiler._on_large_stack(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+    assert theirs == min(19, mine + C.COMPILE_NICE)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine  # the caller's own is kept
