@@ -9,7 +9,7 @@
 # The patch (see tools/patches/README.md): ggml-batch-invariant.patch makes every CPU forward
 # batch-invariant (one reduction order per element in the F32 and Q8_0 mat-muls and in flash
 # attention, cells visited in position order), streams each F32 weight row once for all
-# of a forward's tokens (verification costs about what a plain step costs), gives Q8_0 a multi-column kernel, and adds
+# of a forward's tokens (verification costs about what a plain step costs), gives Q8_0, Q6_K and Q5_K multi-column kernels, and adds
 # an abort flag the engine sets to stop a forward between graph nodes; ggml-repack-invariant.patch makes the x86
 # repacked Q4_K kernels batch-invariant, so exact CPU targets keep ggml's repacked layouts.
 #
