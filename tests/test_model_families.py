@@ -24,9 +24,8 @@ FTYPES = {
     "q4_k_m": {"Q4_K", "Q5_0", "Q6_K"}, "q5_k_m": {"Q5_K", "Q6_K"}, "q6_k": {"Q6_K"}, "q2_k": {"Q3_K", "Q4_0"},
 }
 # the patch's multi-column kernels take columns in groups (Q8_0: 8; Q6_K and Q5_K: 8 with
-# AVX-512, 4 with AVX2) up to 32 columns for Q8_0 and at every width for the K-quants: partial,
-# whole and several groups, and past Q8_0's hand-over to tinyBLAS at 32
-WIDTHS = (2, 3, 4, 5, 8, 9, 16, 17, 40)
+# AVX-512, 4 with AVX2): partial, whole and several groups
+WIDTHS = (2, 3, 4, 5, 8, 9, 16, 17)
 
 
 def chain_vs_one_by_one(model: backend.Model, ctx: backend.Context, widths=WIDTHS) -> list[tuple[int, float]]:
