@@ -6,8 +6,7 @@ from edgespec.bench import report as rep
 from edgespec.bench.plot import plot
 from edgespec.bench.runner import Row, run
 from edgespec.bench.suite import Prompt
-
-from .fake_engine import FakeEngine
+from tests.fake_engine import FakeEngine
 
 MODES = ("plain", "chain", "tree", "auto")
 PROMPTS = [Prompt(f"{c}-{i}", c, f"{c} prompt {i}") for c in ("code", "json", "drift") for i in range(2)]

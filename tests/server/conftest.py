@@ -12,7 +12,7 @@ import pytest
 from edgespec.proto.edgespec.v1 import admin_pb2_grpc, inference_pb2_grpc
 from edgespec.server.config import load
 from edgespec.server.daemon import Daemon
-from tests.server.fake_engine import FakeEngine
+from tests.fake_engine import FakeEngine
 
 
 class Running:

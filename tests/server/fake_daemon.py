@@ -9,7 +9,7 @@ import sys
 from edgespec.logs import configure
 from edgespec.server.config import load
 from edgespec.server.daemon import run
-from tests.server.fake_engine import FakeEngine
+from tests.fake_engine import FakeEngine
 
 
 def main() -> int:

@@ -19,8 +19,8 @@ from edgespec.server.callers import OTHER, CallerLimited, CallerLimits, Caps, pa
 from edgespec.server.config import LimitsConfig, load
 from edgespec.server.engine_loop import EngineLoop, Job
 from edgespec.types import SpeculationParams
+from tests.fake_engine import FakeEngine
 from tests.server import test_audit
-from tests.server.fake_engine import FakeEngine
 from tests.server.test_audit import ADMIN_SECRET, USER_SECRET
 from tests.server.test_daemon import req
 from tests.server.test_http import HTTP, MODEL, raw

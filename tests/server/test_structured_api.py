@@ -74,7 +74,7 @@ def test_http_response_format_and_logprobs(make_daemon):
 def test_an_engine_without_the_capability_refuses_by_field(make_daemon, monkeypatch):
     """Until the engine applies constraints, asking for one is a 400 naming the field, not a
     silently unconstrained answer."""
-    from tests.server.fake_engine import FakeEngine
+    from tests.fake_engine import FakeEngine
 
     monkeypatch.setattr(FakeEngine, "capabilities", frozenset())
     r = make_daemon(http=HTTP)

@@ -1,19 +1,36 @@
-"""A fake engine with the real Engine's API: no llama.cpp, deterministic, with a configurable
-step time so cancel/deadline/overload can be exercised quickly. It records the threads that
-call it so tests can assert the one-engine-thread rule."""
+"""The tests' one fake engine: the whole engine_loop.LoopEngine (tests/server/test_loop_engine.py
+checks it) and bench.runner.BenchEngine, with no llama.cpp and no model. Deterministic, with a
+configurable step time so cancel/deadline/overload can be exercised quickly; it records the
+threads that call it so tests can assert the one-engine-thread rule, and every request it gets.
+
+The real Engine over a fake llama.cpp (tests/fake_backend.py) is what tests of the tick, the
+session and the KV bookkeeping use; this one is for what sits around an engine: the loop, the
+daemon, the HTTP and gRPC APIs, the bench."""
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 from edgespec import chat
 from edgespec.drafters.suffix import SuffixCache
 from edgespec.errors import BadRequest, ForwardAborted, Overloaded
-from edgespec.types import Chunk, GenerationRequest, GenerationResult, SpecStats, TokenLogprob
+from edgespec.types import Chunk, FinishReason, GenerationRequest, GenerationResult, SpecStats, TokenLogprob
 
 WORDS = ("alpha ", "beta ", "gamma ", "delta ")
+# generate(): mode -> (tokens per target forward, seconds per target forward)
+SHAPES = {"plain": (1, 0.010), "chain": (2, 0.012), "tree": (4, 0.016), "auto": (3, 0.012)}
+N_VOCAB = 256
+
+
+def _tokenize(text: str, add_special: bool) -> list[int]:
+    return ([1] if add_special else []) + [ord(c) % 200 + 20 for c in text]
+
+
+def _chat_prompt(messages: Sequence[tuple[str, str]]) -> str:
+    return "".join(f"<{role}>{content}\n" for role, content in messages) + "<assistant>"
 
 
 class FakeSession:
@@ -23,7 +40,7 @@ class FakeSession:
         self.engine, self.req = engine, req
         self.out: list[int] = []
         self.text = ""
-        self.finish_reason: str | None = None
+        self.finish_reason: FinishReason | None = None
         self.stats = SpecStats()
         self.closed = False
         self.logprobs: list[TokenLogprob] = []
@@ -75,7 +92,7 @@ class FakeSession:
     def close(self, reason: str | None = None) -> None:
         self.engine._touch()
         if self.finish_reason is None:
-            self.finish_reason = reason or "cancelled"
+            self.finish_reason = cast("FinishReason", reason or "cancelled")
         if not self.closed:
             self.closed = True
             self.engine.busy -= 1
@@ -83,23 +100,30 @@ class FakeSession:
 
 
 class FakeEncoder:
-    """The engine's thread-safe tokenizer and chat template (Engine.encoder): used by the daemon's
-    handler threads, so it records its own callers' threads, apart from the engine's."""
+    """The target's vocabulary and chat template (Engine.encoder, a backend.Model): used by the
+    daemon's handler threads, so it records its own callers' threads, apart from the engine's."""
 
-    special_tokens: dict[str, int] = {}  # none: every text is text
+    special_tokens: Mapping[str, int] = {}  # none: every text is text
+    n_vocab = N_VOCAB
 
     def __init__(self) -> None:
         self.threads: set[int] = set()
         self.calls = 0
 
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         self.threads.add(threading.get_ident())
         self.calls += 1
-        return ([1] if add_special else []) + [ord(c) % 200 + 20 for c in text]
+        return _tokenize(text, add_special)
 
-    def chat_prompt(self, messages: list[tuple[str, str]]) -> str:
+    def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> str:
         self.threads.add(threading.get_ident())
-        return "".join(f"<{role}>{content}\n" for role, content in messages) + "<assistant>"
+        return _chat_prompt(messages)
+
+    def piece(self, token: int) -> bytes:
+        return chr(token).encode()
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return "".join(chr(t) for t in tokens)
 
 
 class FakeEngine:
@@ -124,12 +148,16 @@ class FakeEngine:
         self.idle_aborts: list[bool] = []  # abort_idle_work's calls, in order
         self._idle_stop = threading.Event()
         self.in_piece = False  # a piece of idle work is under way
-        self.encoder = FakeEncoder()
-        self.tick_totals: dict[str, float] = {}
-        self.suffix_cache = SuffixCache()  # never filled: these sessions draft nothing from it
+        self.target = FakeEncoder()  # the model whose vocabulary and chat template `encoder` is
+        self.tick_totals: Mapping[str, float] = {}  # none: this engine has no tick phases
+        # the cross-request suffix cache, as Engine's: on, empty (these sessions never feed it)
+        self.suffix_cache = SuffixCache(1 << 20)
+        self.suffix_enabled = True
         self._aborted = threading.Event()  # abort_forward's flag, lowered as a tick starts
         self.aborts = 0  # abort_forward's calls
         self.suffix_calls: list[tuple[bool | None, bool]] = []  # suffix_control's (enabled, clear)
+        self.tokenized: list[tuple[bool, bool]] = []  # tokenize's (add_special, parse_special), in order
+        self.answer = '{"name": "Ann", "age": 3}'  # generate(): the text of a constrained answer
         self.words = WORDS  # what tokens 10, 11, ... render as (a test may make them a tool call)
         self.seeded = False  # a request's seed shifts its answer (see FakeSession)
         self.eos_after: int | None = None  # end of sequence after this many tokens
@@ -143,14 +171,23 @@ class FakeEngine:
         self.aborts += 1
         self._aborted.set()
 
-    def suffix_stats(self) -> dict:
-        """Engine.suffix_stats: no figures (the cache is never filled)."""
-        return {}
+    @property
+    def encoder(self) -> FakeEncoder:
+        """Engine.encoder: the target's vocabulary and chat template, for the handler threads."""
+        return self.target
 
-    def suffix_control(self, enabled: bool | None = None, clear: bool = False) -> dict:
-        """Engine.suffix_control: this engine has no suffix cache, so the calls are only recorded."""
+    def suffix_control(self, enabled: bool | None = None, clear: bool = False) -> dict[str, Any]:
+        """Engine.suffix_control, every call recorded: the cache on or off (off empties it) and/or
+        emptied; its stats."""
         self.suffix_calls.append((enabled, clear))
-        return {}
+        if enabled is not None:
+            self.suffix_enabled = bool(enabled)
+        if clear or not self.suffix_enabled:
+            self.suffix_cache.clear()
+        return self.suffix_stats()
+
+    def suffix_stats(self) -> dict[str, Any]:
+        return {"enabled": self.suffix_enabled, **self.suffix_cache.stats()}
 
     def compile_constraint(self, spec: Any) -> tuple[str, Any, int]:
         """Engine.compile_constraint, from any thread: a stand-in grammar state naming the spec and
@@ -192,25 +229,26 @@ class FakeEngine:
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         self._touch()
-        return ([1] if add_special else []) + [ord(c) % 200 + 20 for c in text]
+        self.tokenized.append((add_special, parse_special))
+        return _tokenize(text, add_special)
 
-    def detokenize(self, ids: list[int]) -> str:
+    def detokenize(self, ids: Sequence[int]) -> str:
         return "".join(chr(i) for i in ids)
 
-    def chat_prompt(self, messages: list[tuple[str, str]]) -> str:
+    def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> str:
         self._touch()
-        return "".join(f"<{role}>{content}\n" for role, content in messages) + "<assistant>"
+        return _chat_prompt(messages)
 
-    def encode_chat(self, messages: list[tuple[str, str]]) -> list[int]:
+    def encode_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
         self._touch()
         return chat.encode_chat(self.encoder, messages)
 
     def model_info(self) -> dict:
         self._touch()
         return {"target": {"path": "/fake/target.gguf", "n_params": 1}, "draft": {"path": "/fake/draft.gguf"},
-                "n_vocab": 256, "n_ctx": self.n_ctx, "parallel": self.parallel, "backend": "cpu"}
+                "n_vocab": N_VOCAB, "n_ctx": self.n_ctx, "parallel": self.parallel, "backend": "cpu"}
 
-    def tick(self, sessions: list) -> dict:
+    def tick(self, sessions: Sequence[Any]) -> dict[Any, Chunk]:
         """One engine tick: every session one step (the real engine batches them)."""
         self._aborted.clear()
         return {s: s.step() for s in sessions}
@@ -227,3 +265,18 @@ class FakeEngine:
         self.busy += 1
         self.requests.append(req)
         return FakeSession(self, req)
+
+    def generate(self, req: GenerationRequest) -> GenerationResult:
+        """Engine.generate, as the bench calls it: deterministic stats per mode (SHAPES), every
+        step accepting all its drafts; each forward 10 ms of target time, the rest drafting."""
+        self._touch()
+        self.requests.append(req)
+        n = req.sampling.max_tokens
+        per_forward, seconds = SHAPES[req.speculation.mode]
+        forwards = -(-n // per_forward)
+        stats = SpecStats(target_forwards=forwards, emitted_tokens=n, seconds=forwards * seconds,
+                          target_seconds=forwards * 0.010, draft_seconds=forwards * (seconds - 0.010),
+                          draft_forwards=forwards * (per_forward - 1),
+                          accepted_per_depth=[forwards] * (per_forward - 1))
+        return GenerationResult(text=self.answer if req.constraint else "x" * n, token_ids=[0] * n,
+                                finish_reason="length", prompt_tokens=len(req.prompt_tokens), stats=stats)
