@@ -1,5 +1,7 @@
 """A fake llama.cpp backend with scripted logits, for fast unit tests of the tick, the KV commit
-and the emit logic (the real backend is exercised by the slow tests).
+and the emit logic (the real backend is exercised by the slow tests). The engine over it,
+fake_backed_engine(), is the real Engine: only the models and contexts are fakes. (The tests'
+one fake engine, for what sits around an engine, is tests/fake_backed_engine.py.)
 
 The fake "model" is a bigram table: the logits after a token depend on that token only, so
 every decoding order (plain, chain, tree, batched or alone) must produce the same greedy text;
@@ -181,9 +183,9 @@ def bigram_table(seed: int = 0, eos_bias: float = -4.0) -> np.ndarray:
     return t
 
 
-def fake_engine(parallel: int = 3, n_ctx: int = 256, draft_noise: float = 0.5, max_tree_leaves: int = 8,
+def fake_backed_engine(parallel: int = 3, n_ctx: int = 256, draft_noise: float = 0.5, max_tree_leaves: int = 8,
                 **cfg_changes) -> Engine:
-    """An Engine over fake contexts: the target's bigram table, and a draft that is the same table
+    """The real Engine over fake contexts: the target's bigram table, and a draft that is the same table
     plus noise (so drafts are mostly, not always, right)."""
     table = bigram_table()
     target = FakeModel(table, "/fake/target.gguf")

@@ -47,7 +47,7 @@ JsonModel = fake_backend.piece_model(PIECES)
 @pytest.fixture
 def engine(monkeypatch):
     monkeypatch.setattr(fake_backend, "FakeModel", JsonModel)
-    eng = fake_backend.fake_engine(parallel=8, draft_noise=1.5)
+    eng = fake_backend.fake_backed_engine(parallel=8, draft_noise=1.5)
     assert isinstance(eng.target, JsonModel)
     return eng
 

@@ -9,7 +9,7 @@ import pytest
 
 from edgespec.sampling import SamplingParams
 from edgespec.types import GenerationRequest, SpeculationParams
-from tests.fake_backend import fake_engine
+from tests.fake_backend import fake_backed_engine
 
 SECRET = [1] + [(7 * i) % 50 + 5 for i in range(150)]  # what only alice sends
 
@@ -25,7 +25,7 @@ def _reuse(result) -> tuple[int, int]:
 
 @pytest.mark.parametrize("parallel", [1, 3])
 def test_a_finished_requests_caches_serve_its_caller_only(parallel):
-    eng = fake_engine(parallel=parallel, n_ctx=512, prompt_cache_bytes=0)  # the slots alone
+    eng = fake_backed_engine(parallel=parallel, n_ctx=512, prompt_cache_bytes=0)  # the slots alone
     eng.generate(_req(SECRET, "token:alice"))
     while eng.idle_work():  # idle time brings the draft up to alice's whole context
         pass
@@ -42,7 +42,7 @@ def test_a_finished_requests_caches_serve_its_caller_only(parallel):
 
 
 def test_a_running_requests_published_prefill_serves_its_caller_only():
-    eng = fake_engine(parallel=3, n_ctx=512, prompt_cache_bytes=0)
+    eng = fake_backed_engine(parallel=3, n_ctx=512, prompt_cache_bytes=0)
     alice = eng.open_session(_req(SECRET, "token:alice", max_tokens=40))
     while alice.prefilling:
         eng.tick([alice])
@@ -56,7 +56,7 @@ def test_a_running_requests_published_prefill_serves_its_caller_only():
 
 
 def test_pooled_shares_every_slot_cache():
-    eng = fake_engine(parallel=1, n_ctx=512, prompt_cache_bytes=0, prompt_cache_scope="pooled")
+    eng = fake_backed_engine(parallel=1, n_ctx=512, prompt_cache_bytes=0, prompt_cache_scope="pooled")
     eng.generate(_req(SECRET, "token:alice"))
     while eng.idle_work():
         pass
@@ -66,7 +66,7 @@ def test_pooled_shares_every_slot_cache():
 
 def test_a_foreign_slot_is_emptied_before_another_caller_uses_it():
     """The prompt store keeps alice's prefill in her partition when bob's request takes her slot."""
-    eng = fake_engine(parallel=1, n_ctx=512)
+    eng = fake_backed_engine(parallel=1, n_ctx=512)
     eng.generate(_req(SECRET, "token:alice"))
     eng.generate(_req(SECRET + [9], "token:bob"))
     assert eng.slots[0].caller == "token:bob" and len(eng.prompt_store) == 1
@@ -77,7 +77,7 @@ def test_a_foreign_slot_is_emptied_before_another_caller_uses_it():
 def test_another_callers_request_takes_the_least_recently_used_slot():
     """Bob's request, which can reuse nothing, takes the slot alice used least recently, and
     leaves her the one she used last (its draft cache included)."""
-    eng = fake_engine(parallel=2, n_ctx=512, prompt_cache_bytes=0)
+    eng = fake_backed_engine(parallel=2, n_ctx=512, prompt_cache_bytes=0)
     eng.generate(_req([2] + SECRET[1:], "token:alice"))  # slot 0
     eng.generate(_req(SECRET, "token:alice"))  # slot 1: the least recently used of two empty ones
     while eng.idle_work():

@@ -76,9 +76,9 @@ def test_the_engine_writes_a_dropped_prefill_back_and_survives_a_full_cache(monk
     cache has no room for an entry's cells the request prefills everything instead, and still
     gives the same output."""
     from edgespec.errors import ModelError
-    from tests.fake_backend import fake_engine
+    from tests.fake_backend import fake_backed_engine
 
-    eng = fake_engine(parallel=1, n_ctx=512)
+    eng = fake_backed_engine(parallel=1, n_ctx=512)
     assert eng.prompt_store is not None and eng.reuse_chunk == 64
     first = [1] + [(7 * i) % 50 + 5 for i in range(150)]
     second = [2] + [(11 * i) % 50 + 5 for i in range(150)]

@@ -161,7 +161,7 @@ PieceModel = fake_backend.piece_model(PIECES)
 @pytest.fixture
 def engine(monkeypatch):
     monkeypatch.setattr(fake_backend, "FakeModel", PieceModel)
-    eng = fake_backend.fake_engine(parallel=8, draft_noise=1.5)
+    eng = fake_backend.fake_backed_engine(parallel=8, draft_noise=1.5)
     eng.target.table[:, 2] += 4.0  # </think> likely, so that the first L tokens cross the switch often
     return eng
 

@@ -9,7 +9,7 @@ from edgespec.errors import ForwardAborted
 from edgespec.sampling import SamplingParams
 from edgespec.session import SessionState
 from edgespec.types import GenerationRequest, SpeculationParams
-from tests.fake_backend import fake_engine
+from tests.fake_backend import fake_backed_engine
 
 
 def req(prompt, mode="plain", max_tokens=6):
@@ -20,7 +20,7 @@ LONG = [0] + [5 + i % 40 for i in range(150)]  # more than one n_batch (64) piec
 
 
 def test_a_request_reads_its_prompt_then_steps_then_closes():
-    eng = fake_engine(parallel=1, n_ctx=512)
+    eng = fake_backed_engine(parallel=1, n_ctx=512)
     s = eng.open_session(req(LONG, "chain"))
     assert s.state is SessionState.PREFILLING and s.prefilling and s.consistent
     while s.prefilling:
@@ -42,7 +42,7 @@ def test_a_request_reads_its_prompt_then_steps_then_closes():
 def test_a_fused_first_step_begins_while_the_prompt_is_read():
     """plain and auto take their first step in the forward that reads the prompt's last piece:
     the step begins while PREFILLING and the session counts as prefilling until the piece is in."""
-    eng = fake_engine(parallel=1, n_ctx=512)
+    eng = fake_backed_engine(parallel=1, n_ctx=512)
     s = eng.open_session(req(LONG, "plain"))
     seen = []
     real = s.prefill_done
@@ -62,7 +62,7 @@ def test_a_fused_first_step_begins_while_the_prompt_is_read():
 
 
 def test_an_aborted_forward_leaves_the_slot_nothing():
-    eng = fake_engine(parallel=1, n_ctx=512)
+    eng = fake_backed_engine(parallel=1, n_ctx=512)
     s = eng.open_session(req([0, 5, 9, 14], "chain", max_tokens=20))
     while s.prefilling:
         eng.tick([s])
@@ -81,7 +81,7 @@ def test_an_aborted_forward_leaves_the_slot_nothing():
 def test_a_drafter_judged_not_to_pay_is_dropped_once_for_auto_only():
     """session_parts.draft_range reads calibration's verdict, once: an auto session gets no drafter and
     its controller knows it has none; an explicit chain still drafts with it."""
-    eng = fake_engine(parallel=2, n_ctx=512)
+    eng = fake_backed_engine(parallel=2, n_ctx=512)
     eng.draft_verdicts["draft"] = {"pays": False}
     auto = eng.open_session(req([0, 5, 9, 14], "auto", max_tokens=8))
     chain = eng.open_session(req([0, 5, 9, 14], "chain", max_tokens=8))

@@ -96,10 +96,10 @@ def test_a_new_request_starts_from_what_recent_requests_lookups_achieved():
     # from one reach
     from edgespec.sampling import SamplingParams
     from edgespec.types import GenerationRequest, SpeculationParams
-    from tests.fake_backend import fake_engine
+    from tests.fake_backend import fake_backed_engine
 
     for scope, shared in (("pooled", True), ("caller", False)):
-        eng = fake_engine(parallel=1, suffix_cache_scope=scope)
+        eng = fake_backed_engine(parallel=1, suffix_cache_scope=scope)
         eng.lookup_priors.reach(eng.suffix_cache.partition_of("alice"))[0][0] = 0.1
         s = eng.open_session(GenerationRequest((0, 5, 9), SamplingParams(max_tokens=4),
                                                SpeculationParams(mode="auto"), caller="bob"))
@@ -181,14 +181,14 @@ def test_a_session_keys_its_lookup_by_the_suffix_cache_proposal_of_that_step(mon
     from edgespec.drafters.ngram import DISAGREES, NGRAM, kind_of
     from edgespec.sampling import SamplingParams
     from edgespec.types import GenerationRequest, SpeculationParams
-    from tests.fake_backend import fake_engine
+    from tests.fake_backend import fake_backed_engine
 
     _prompt_only(monkeypatch)
     prompt = (10, 1, 2, 3, 4, 9, 1, 2, 3)  # the prompt's own "1 2 3" was followed by 4
     for cached, kind in (([30, 31, 1, 2, 3, 5, 6, 7, 8], kind_of(NGRAM, DISAGREES)),  # a reply went 1 2 3 5
                          ([30, 31, 1, 2, 3, 4, 9, 7, 8], kind_of(NGRAM, 1)),  # ... or 1 2 3 4: agrees
                          (None, kind_of(NGRAM))):
-        eng = fake_engine(parallel=1, suffix_cache=True)
+        eng = fake_backed_engine(parallel=1, suffix_cache=True)
         if cached:
             eng.suffix_cache.insert("", (20, 21), cached)
         s = eng.open_session(GenerationRequest(prompt, SamplingParams(max_tokens=8), SpeculationParams(mode="auto")))
@@ -205,10 +205,10 @@ def test_a_step_the_guard_holds_bare_looks_nothing_up(monkeypatch):
     cache's proposal too (Python time that a fast forward would feel)."""
     from edgespec.sampling import SamplingParams
     from edgespec.types import GenerationRequest, SpeculationParams
-    from tests.fake_backend import fake_engine
+    from tests.fake_backend import fake_backed_engine
 
     _prompt_only(monkeypatch)
-    eng = fake_engine(parallel=1, suffix_cache=True)
+    eng = fake_backed_engine(parallel=1, suffix_cache=True)
     eng.suffix_cache.insert("", (20, 21), [30, 31, 1, 2, 3, 5, 6, 7, 8])
     s = eng.open_session(GenerationRequest((10, 1, 2, 3, 4, 9, 1, 2, 3), SamplingParams(max_tokens=8),
                                            SpeculationParams(mode="auto")))

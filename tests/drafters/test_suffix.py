@@ -17,7 +17,7 @@ from edgespec.sampling import SamplingParams, logits_to_probs
 from edgespec.selftest import ALPHA, chi2_sf, chi_square_gof
 from edgespec.tree import DraftTree
 from edgespec.types import GenerationRequest, SpeculationParams
-from tests.fake_backend import bigram_table, fake_engine
+from tests.fake_backend import bigram_table, fake_backed_engine
 
 TEMPLATE = [50, 51, 52, 53, 54, 55, 56, 57, 58, 59]
 
@@ -251,8 +251,8 @@ PROMPTS = [[0, 5, 9, 14], [0, 7, 7, 7, 21, 30], [0, 5, 9, 14], [0, 40, 41, 42], 
 
 @pytest.mark.parametrize("mode", ["auto", "chain", "tree"])
 def test_greedy_output_with_the_cache_equals_plain(mode):
-    ref = [r.token_ids for r in stream(fake_engine(parallel=1), PROMPTS, "plain")]
-    eng = fake_engine(parallel=1)
+    ref = [r.token_ids for r in stream(fake_backed_engine(parallel=1), PROMPTS, "plain")]
+    eng = fake_backed_engine(parallel=1)
     got = stream(eng, PROMPTS, mode)
     assert [r.token_ids for r in got] == ref
     assert sum(r.stats.accepted_by_source.get("suffix", 0) for r in got) > 0
@@ -260,8 +260,8 @@ def test_greedy_output_with_the_cache_equals_plain(mode):
 
 
 def test_batched_sessions_with_the_cache_equal_plain():
-    ref = {tuple(p): r.token_ids for p, r in zip(PROMPTS, stream(fake_engine(parallel=1), PROMPTS, "plain"))}
-    eng = fake_engine(parallel=3)
+    ref = {tuple(p): r.token_ids for p, r in zip(PROMPTS, stream(fake_backed_engine(parallel=1), PROMPTS, "plain"))}
+    eng = fake_backed_engine(parallel=3)
     stream(eng, PROMPTS[:3], "auto")  # warm the cache
     for batch in (PROMPTS[:3], PROMPTS[3:6]):
         sess = [eng.open_session(GenerationRequest(tuple(p), SamplingParams(max_tokens=30))) for p in batch]
@@ -275,7 +275,7 @@ def test_batched_sessions_with_the_cache_equal_plain():
 
 
 def test_a_caller_never_drafts_from_another_callers_text():
-    eng = fake_engine(parallel=1)
+    eng = fake_backed_engine(parallel=1)
     stream(eng, PROMPTS[:2], "auto", caller="token:alice")
     other = stream(eng, PROMPTS[:1], "auto", caller="token:bob")  # bob's first request: nothing of his yet
     assert "suffix" not in other[0].stats.proposed_by_source
@@ -284,7 +284,7 @@ def test_a_caller_never_drafts_from_another_callers_text():
 
 
 def test_plain_requests_neither_read_nor_feed_the_cache_and_off_empties_it():
-    eng = fake_engine(parallel=1)
+    eng = fake_backed_engine(parallel=1)
     stream(eng, PROMPTS[:2], "plain")
     assert eng.suffix_stats()["documents"] == 0
     stream(eng, PROMPTS[:2], "auto")
@@ -339,7 +339,7 @@ def transitions_p_value(eng_factory, shape: str, trials: int = TRIALS, seed: int
 
 @pytest.mark.parametrize("shape", ["chain", "tree"])
 def test_sampled_output_with_the_cache_is_distributed_as_the_targets(shape):
-    p, accepted = transitions_p_value(lambda: fake_engine(parallel=1, draft_noise=2.0), shape)
+    p, accepted = transitions_p_value(lambda: fake_backed_engine(parallel=1, draft_noise=2.0), shape)
     assert accepted > 200  # the cache's tokens really were verified and accepted
     assert p > ALPHA, p
 
@@ -362,7 +362,7 @@ def test_grafting_the_caches_tokens_as_sampled_drafts_is_detected(monkeypatch):
         return added
 
     monkeypatch.setattr(SuffixDrafter, "graft", staticmethod(as_sampled))
-    p, _ = transitions_p_value(lambda: fake_engine(parallel=1, draft_noise=2.0), "chain", trials=3 * TRIALS)
+    p, _ = transitions_p_value(lambda: fake_backed_engine(parallel=1, draft_noise=2.0), "chain", trials=3 * TRIALS)
     assert p < ALPHA, p
 
 
@@ -377,15 +377,15 @@ def test_the_daemon_loads_its_snapshot_and_starts_empty_on_a_bad_one(tmp_path, m
     from edgespec.server.daemon import _load_suffix, suffix_model
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
-    eng = fake_engine(parallel=1)
+    eng = fake_backed_engine(parallel=1)
     stream(eng, PROMPTS[:2], "auto", caller="token:a")
     eng.suffix_cache.save(snapshot_path(), model=suffix_model(eng))
-    fresh = fake_engine(parallel=1)
+    fresh = fake_backed_engine(parallel=1)
     _load_suffix(fresh)
     assert fresh.suffix_stats()["documents"] == 2
     assert fresh.suffix_cache.propose("token:a", list(PROMPTS[0]) + stream(eng, PROMPTS[:1], "plain")[0].token_ids[:4])
     snapshot_path().write_bytes(snapshot_path().read_bytes()[:-5])  # truncated
-    fresh = fake_engine(parallel=1)
+    fresh = fake_backed_engine(parallel=1)
     _load_suffix(fresh)
     assert fresh.suffix_stats()["documents"] == 0
     # a [[chat]] model's snapshot: a file of its own beside the default model's, by its name
@@ -393,10 +393,10 @@ def test_the_daemon_loads_its_snapshot_and_starts_empty_on_a_bad_one(tmp_path, m
     paths = [snapshot_path(n) for n in names]
     assert len({*paths, snapshot_path()}) == 4 and all(p.parent == tmp_path and "/" not in p.name[6:] for p in paths)
     eng.suffix_cache.save(paths[1], model=suffix_model(eng))
-    fresh = fake_engine(parallel=1)
+    fresh = fake_backed_engine(parallel=1)
     _load_suffix(fresh, "org/model:q8")
     assert fresh.suffix_stats()["documents"] == 2
-    _load_suffix(fresh := fake_engine(parallel=1), "org_model_q8")  # a name like it: not its snapshot
+    _load_suffix(fresh := fake_backed_engine(parallel=1), "org_model_q8")  # a name like it: not its snapshot
     assert fresh.suffix_stats()["documents"] == 0
 
 
@@ -408,7 +408,7 @@ def test_a_daemons_drain_writes_the_snapshot_the_next_one_loads(tmp_path, monkey
     from edgespec.server.daemon import Daemon, _load_suffix
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
-    eng = fake_engine(parallel=1)
+    eng = fake_backed_engine(parallel=1)
     eng.warmup = lambda: None  # the cache holds what the stream below leaves, nothing more
     stream(eng, PROMPTS[:2], "auto", caller="token:a")
     cfg = load(None, env={}, overrides={"server": {"port": 0, "parallel": 1, "queue_size": 1},
@@ -423,7 +423,7 @@ def test_a_daemons_drain_writes_the_snapshot_the_next_one_loads(tmp_path, monkey
     finally:
         d.shutdown(grace=0.5)
     assert snapshot_path().is_file()  # the stop writes it too
-    fresh = fake_engine(parallel=1)
+    fresh = fake_backed_engine(parallel=1)
     _load_suffix(fresh)
     assert fresh.suffix_stats()["documents"] == 2
 
@@ -459,10 +459,10 @@ def test_a_snapshot_of_another_model_or_vocabulary_is_discarded_with_a_log_line(
     from edgespec.server.daemon import _load_suffix, suffix_model
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
-    eng = fake_engine(parallel=1)
+    eng = fake_backed_engine(parallel=1)
     stream(eng, PROMPTS[:2], "auto", caller="token:a")
     eng.suffix_cache.save(snapshot_path(), model="another-target.gguf:123:32000")
-    fresh = fake_engine(parallel=1)
+    fresh = fake_backed_engine(parallel=1)
     with capture_logs() as logs:
         _load_suffix(fresh)
     assert fresh.suffix_stats()["documents"] == 0

@@ -25,7 +25,7 @@ PIECES = [" ", ".", "ab", "ba", "abc", *string.ascii_letters, *string.digits][:f
 @pytest.fixture
 def loop(monkeypatch):
     monkeypatch.setattr(fake_backend, "FakeModel", fake_backend.piece_model(PIECES))
-    engine = fake_backend.fake_engine(parallel=2)
+    engine = fake_backend.fake_backed_engine(parallel=2)
     lp = EngineLoop(lambda: engine, parallel=2, queue_size=2).start()
     assert lp.wait_loaded(30)
     yield lp, engine

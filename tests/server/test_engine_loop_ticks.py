@@ -19,14 +19,14 @@ from edgespec.sampling import SamplingParams
 from edgespec.server.engine_loop import EngineLoop, Job
 from edgespec.server.metrics import Metrics
 from edgespec.types import SpeculationParams
-from tests.fake_backend import fake_engine
+from tests.fake_backend import fake_backed_engine
 
 
 class Hooked:
     """A fake-backend engine whose every tick first calls `before_tick(sessions)`."""
 
     def __init__(self, **kw):
-        self.eng = fake_engine(**kw)
+        self.eng = fake_backed_engine(**kw)
         self.before_tick = lambda sessions: None
         self.gate = threading.Event()
         self.gate.set()
@@ -261,7 +261,7 @@ def test_streams_get_tokens_while_a_long_prompt_is_prefilled():
 
 def test_breaker_gauge_reports_the_last_auto_requests_state():
     metrics = Metrics()
-    loop = EngineLoop(lambda: fake_engine(parallel=2), parallel=2, queue_size=4, metrics=metrics).start()
+    loop = EngineLoop(lambda: fake_backed_engine(parallel=2), parallel=2, queue_size=4, metrics=metrics).start()
     metrics.state = loop.stats
     try:
         assert loop.wait_loaded(10)

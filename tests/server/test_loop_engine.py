@@ -10,7 +10,7 @@ from edgespec.engine import Engine
 from edgespec.sampling import SamplingParams
 from edgespec.server.engine_loop import EngineLoop, Job, LoopEngine
 from edgespec.types import SpeculationParams
-from tests.fake_backend import fake_engine
+from tests.fake_backend import fake_backed_engine
 from tests.fake_engine import FakeEngine
 
 
@@ -21,7 +21,7 @@ def _watches() -> list[threading.Thread]:
 def test_the_engine_and_the_fake_are_loop_engines() -> None:
     fake: LoopEngine = FakeEngine()  # mypy checks this assignment (a typed test): the whole Protocol
     # (not yet the real one's: its open_session and tick name its own Session, not LoopSession)
-    real = fake_engine(parallel=1)
+    real = fake_backed_engine(parallel=1)
     assert isinstance(real, Engine) and isinstance(real, LoopEngine)
     assert isinstance(fake, LoopEngine)
     for engine in (real, fake):
@@ -53,7 +53,7 @@ def test_an_engine_missing_a_member_is_not_one():
 
 
 def test_the_loop_watches_the_ticks_of_every_engine_until_it_stops():
-    for engine in (FakeEngine(), fake_engine(parallel=1)):
+    for engine in (FakeEngine(), fake_backed_engine(parallel=1)):
         before = set(_watches())
         loop = EngineLoop(lambda e=engine: e, parallel=1, queue_size=1).start()
         try:

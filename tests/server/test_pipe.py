@@ -14,7 +14,7 @@ from edgespec.errors import BadRequest, Cancelled, DeadlineExceeded, ModelError,
 from edgespec.server import pipe
 from edgespec.server.config import LimitsConfig
 from edgespec.types import Chunk, ConstraintSpec, GenerationResult, SpecStats
-from tests.server.fake_engine import FakeEncoder
+from tests.fake_engine import FakeEncoder
 
 
 def result(reason: str, n: int = 3) -> GenerationResult:

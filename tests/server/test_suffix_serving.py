@@ -8,12 +8,12 @@ from __future__ import annotations
 from edgespec.sampling import SamplingParams
 from edgespec.server.engine_loop import EngineLoop, Job
 from edgespec.types import SpeculationParams
-from tests.fake_backend import fake_engine
+from tests.fake_backend import fake_backed_engine
 
 
 class Warm:
     def __init__(self):
-        self.eng = fake_engine(parallel=1)
+        self.eng = fake_backed_engine(parallel=1)
 
     def __getattr__(self, name):
         return getattr(self.eng, name)

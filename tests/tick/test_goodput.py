@@ -7,7 +7,7 @@ from __future__ import annotations
 from edgespec.controller.goodput import GoodputGuard
 from edgespec.sampling import SamplingParams
 from edgespec.types import GenerationRequest, SpeculationParams
-from tests.fake_backend import fake_engine
+from tests.fake_backend import fake_backed_engine
 
 KEY = (1, 0)
 
@@ -28,7 +28,7 @@ def req(mode):
 
 
 def test_auto_decodes_plainly_where_the_guard_fell_back():
-    eng = fake_engine(parallel=1)
+    eng = fake_backed_engine(parallel=1)
     assert eng.generate(req("auto")).stats.draft_forwards > 0  # without the guard it speculates
     eng.goodput = fallen_back()
     res = eng.generate(req("auto"))
@@ -40,8 +40,8 @@ def test_auto_decodes_plainly_where_the_guard_fell_back():
 
 
 def test_greedy_output_is_unchanged_by_the_guard():
-    ref = fake_engine(parallel=1).generate(req("plain")).token_ids
-    eng = fake_engine(parallel=1)
+    ref = fake_backed_engine(parallel=1).generate(req("plain")).token_ids
+    eng = fake_backed_engine(parallel=1)
     eng.goodput = fallen_back()
     assert eng.generate(req("auto")).token_ids == ref
 
@@ -51,7 +51,7 @@ def test_a_fallen_back_level_grafts_no_prompt_lookups_either():
     back, an auto request's steps are bare plain ones."""
     looped = GenerationRequest((0, 5, 9, 14) * 6, SamplingParams(max_tokens=30),
                                SpeculationParams(mode="auto", ngram=True, suffix=False))
-    eng = fake_engine(parallel=1)
+    eng = fake_backed_engine(parallel=1)
     assert eng.generate(looped).stats.proposed_by_source.get("prompt_lookup", 0) > 0  # they graft unguarded
     eng.goodput = fallen_back()
     res = eng.generate(looped)
@@ -65,7 +65,7 @@ def test_sessions_the_guard_turned_plain_skip_the_controllers_search(monkeypatch
     calls = []
     real = Controller.decide
     monkeypatch.setattr(Controller, "decide", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
-    eng = fake_engine(parallel=1)
+    eng = fake_backed_engine(parallel=1)
     eng.generate(req("auto"))
     assert calls  # unguarded, every step asks
     calls.clear()
@@ -80,7 +80,7 @@ def test_a_tick_whose_drafter_first_reads_a_long_backlog_is_not_scored(monkeypat
     is not sunk by the fallback's own backlog."""
     import edgespec.tick as tick_pkg
 
-    eng = fake_engine(parallel=1)
+    eng = fake_backed_engine(parallel=1)
     catchups, scored = [], []
     real_schedule, real_record = tick_pkg.schedule, eng.goodput.record
 
@@ -104,7 +104,7 @@ def test_a_request_that_starts_alone_probes_a_fallen_back_level_at_once():
     """At one stream a level's evidence is the previous request's text: the next request probes
     at once (a few speculating ticks), where a guard that waits out its backoff decodes it all
     plainly; a probe that loses falls back again with the backoff kept."""
-    eng = fake_engine(parallel=1)
+    eng = fake_backed_engine(parallel=1)
     eng.goodput = g = fallen_back()
     g.probe_new = True
     # the probe's ticks score as slow as the evidence (50 tokens/s against plain's 100), whatever
@@ -124,7 +124,7 @@ def test_the_tick_scores_each_tick_at_its_key_in_its_unit_and_says_whether_it_sp
     recorded at the key of its decoding sessions and the cost model's host factor, in the cost
     model's plain-token unit for that many sessions (a plain forward of n over n), with the tokens
     it emitted, and flagged speculating exactly when a drafter ran for one of its sessions."""
-    eng = fake_engine(parallel=2)
+    eng = fake_backed_engine(parallel=2)
     monkeypatch.setattr(eng.cost, "host_factor", lambda kind="target": 4.0)  # load level log2(4) = 2
     calls: list[tuple] = []
     eng.goodput.record = lambda key, speculated, tokens, seconds, unit=1.0: calls.append((key, speculated, tokens, unit))

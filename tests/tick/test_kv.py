@@ -11,13 +11,13 @@ import pytest
 from edgespec.sampling import SamplingParams
 from edgespec.session import Session
 from edgespec.types import GenerationRequest, SpeculationParams
-from tests.fake_backend import fake_engine
+from tests.fake_backend import fake_backed_engine
 
 PROMPTS = [(0, 5, 9, 14), (0, 7, 7, 7, 21, 30), (0, 11)]
 
 
 def run(temperature: float = 0.0, ticks: int = 12) -> None:
-    eng = fake_engine(parallel=3)
+    eng = fake_backed_engine(parallel=3)
     sess = [eng.open_session(GenerationRequest(p, SamplingParams(max_tokens=30, temperature=temperature, seed=i),
                                                SpeculationParams(mode="tree", tree_nodes=12, tree_depth=4)))
             for i, p in enumerate(PROMPTS)]

@@ -27,7 +27,7 @@ from edgespec.sampling import SamplingParams, logits_to_probs
 from edgespec.selftest import ALPHA, chi_square_gof
 from edgespec.tree import DraftTree
 from edgespec.types import GenerationRequest, SpeculationParams
-from tests.fake_backend import EOS, VOCAB, bigram_table, fake_engine
+from tests.fake_backend import EOS, VOCAB, bigram_table, fake_backed_engine
 
 SAMPLES = 2500
 PROMPTS = ((0, 5, 9), (0, 7, 21))
@@ -93,7 +93,7 @@ def test_bad_logit_bias_is_refused_by_name(value, field):
 
 
 def test_a_bias_outside_the_vocabulary_is_refused_by_the_engine():
-    eng = fake_engine(parallel=1)
+    eng = fake_backed_engine(parallel=1)
     with pytest.raises(BadRequest) as e:
         eng.open_session(GenerationRequest((0, 5), SamplingParams(logit_bias={VOCAB: 1.0})))
     assert e.value.field == f"logit_bias.{VOCAB}"
@@ -101,7 +101,7 @@ def test_a_bias_outside_the_vocabulary_is_refused_by_the_engine():
 
 @pytest.mark.parametrize("mode", ["chain", "tree"])
 def test_greedy_speculation_with_penalties_equals_plain(mode):
-    eng = fake_engine(parallel=2, draft_noise=0.5)
+    eng = fake_backed_engine(parallel=2, draft_noise=0.5)
     s = SamplingParams(max_tokens=40, presence_penalty=1.0, frequency_penalty=0.8, repetition_penalty=1.4,
                        logit_bias={BOOSTED: 3.0})
     for prompt in PROMPTS:
@@ -151,7 +151,7 @@ def exact_joint(prompt) -> dict:
 
 
 def sample(n_each: int) -> list[dict]:
-    eng = fake_engine(parallel=8, draft_noise=1.0)
+    eng = fake_backed_engine(parallel=8, draft_noise=1.0)
     counts: list[dict[Any, int]] = [{} for _ in PROMPTS]
     todo = [(j, i) for i in range(n_each) for j in range(len(PROMPTS))]
     active: dict = {}

@@ -30,7 +30,7 @@ import pytest
 from edgespec.sampling import SamplingParams, logits_to_probs
 from edgespec.selftest import ALPHA, chi_square_gof
 from edgespec.types import GenerationRequest, SpeculationParams
-from tests.fake_backend import EOS, bigram_table, fake_engine
+from tests.fake_backend import EOS, bigram_table, fake_backed_engine
 
 TOP_K = 4
 SAMPLES = 2500  # per prompt
@@ -60,7 +60,7 @@ def exact_joint(prompt, top_k: int = TOP_K) -> dict:
 
 
 def sample(n_each: int, top_k: int = TOP_K, seed0: int = 0) -> list[dict]:
-    eng = fake_engine(parallel=8, draft_noise=1.5)
+    eng = fake_backed_engine(parallel=8, draft_noise=1.5)
     counts: list[dict[Any, int]] = [{} for _ in PROMPTS]
     todo = [(j, seed0 + i) for i in range(n_each) for j in range(len(PROMPTS))]
     active: dict = {}

@@ -8,7 +8,7 @@ import pytest
 
 from edgespec.sampling import SamplingParams
 from edgespec.types import GenerationRequest, SpeculationParams
-from tests.fake_backend import EOS, fake_engine
+from tests.fake_backend import EOS, fake_backed_engine
 
 
 def req(prompt, mode="auto", max_tokens=40, **spec):
@@ -24,7 +24,7 @@ def run_alone(eng, prompt, n):
 
 
 def test_batched_greedy_equals_each_alone_and_one_target_forward_per_tick():
-    eng = fake_engine(parallel=4)
+    eng = fake_backed_engine(parallel=4)
     modes = ["plain", "chain", "tree", "auto"]
     refs = [run_alone(eng, p, 40) for p in PROMPTS]
     sess = [eng.open_session(req(p, m)) for p, m in zip(PROMPTS, modes)]
@@ -48,7 +48,7 @@ def test_batched_greedy_equals_each_alone_and_one_target_forward_per_tick():
 
 
 def test_every_other_sequence_of_a_range_is_empty_after_each_tick():
-    eng = fake_engine(parallel=3)
+    eng = fake_backed_engine(parallel=3)
     sess = [eng.open_session(req(p, "tree", tree_nodes=12, tree_depth=4)) for p in PROMPTS[:3]]
     tctx = eng.target_ctx
     for _ in range(6):
@@ -67,7 +67,7 @@ def test_every_other_sequence_of_a_range_is_empty_after_each_tick():
 def test_tree_at_the_documented_limits_fits_the_slot_range():
     """TREE with 64 nodes and depth 16 (the limits a request may ask for) grows more leaves than a
     slot has sequences: the drafter stops branching when the range is full, it never fails."""
-    eng = fake_engine(parallel=2, max_tree_leaves=8)
+    eng = fake_backed_engine(parallel=2, max_tree_leaves=8)
     s = eng.open_session(req(PROMPTS[0], "tree", max_tokens=60, tree_nodes=64, tree_depth=16))
     s.check_kv = True
     while not s.done:
@@ -79,7 +79,7 @@ def test_tree_at_the_documented_limits_fits_the_slot_range():
 
 
 def test_long_prompt_is_prefilled_in_pieces_while_others_decode():
-    eng = fake_engine(parallel=2, n_ctx=512)
+    eng = fake_backed_engine(parallel=2, n_ctx=512)
     a = eng.open_session(req(PROMPTS[0], "plain", max_tokens=300))
     while a.prefilling:
         eng.tick([a])
@@ -108,7 +108,7 @@ def test_a_piece_is_sized_on_its_marginal_cost_beside_the_grafted_verification()
     from edgespec.controller.cost import CostModel
     from edgespec.tick.schedule import MIN_PIECE, Plan, pieces
 
-    eng = fake_engine(parallel=2, n_ctx=512)
+    eng = fake_backed_engine(parallel=2, n_ctx=512)
     # 20 ms a forward plus 1 ms a token: a piece of p tokens adds p ms beside any verification
     eng.cost = CostModel.from_tables({n: 0.020 + 0.001 * n for n in (1, 2, 4, 8, 16, 32, 64, 128)},
                                      {1: 0.005, 8: 0.006}, alpha=0.0)
@@ -132,7 +132,7 @@ def test_a_prompts_last_piece_brings_its_first_step_along():
     """The forward that reads a prompt's last piece also reads its last token (and in auto the
     suffix cache's graft on it): the first tokens come from that forward, as from a one-shot
     prefill, with no forward of their own; explicit modes keep their first step's shape."""
-    eng = fake_engine(parallel=1, n_ctx=512, suffix_cache=True, prompt_cache=False)
+    eng = fake_backed_engine(parallel=1, n_ctx=512, suffix_cache=True, prompt_cache=False)
     prompt = [0] + [5 + (7 * i) % 40 for i in range(150)]  # pieces of 64, 64 and 22 (n_batch 64)
     for mode in ("plain", "auto", "tree"):
         s = eng.open_session(req(prompt, mode, max_tokens=24))
@@ -163,7 +163,7 @@ def test_a_prompts_last_piece_brings_its_first_step_along():
 
 
 def test_a_prefill_piece_never_crosses_an_n_batch_boundary():
-    eng = fake_engine(parallel=1, n_ctx=512)
+    eng = fake_backed_engine(parallel=1, n_ctx=512)
     s = eng.open_session(req([0] + [5] * 150, "plain", max_tokens=2))
     starts = []
     while s.prefilling:
@@ -175,7 +175,7 @@ def test_a_prefill_piece_never_crosses_an_n_batch_boundary():
 
 
 def test_cancelled_mid_prefill_frees_the_slot_and_its_cells():
-    eng = fake_engine(parallel=2, n_ctx=512)
+    eng = fake_backed_engine(parallel=2, n_ctx=512)
     a = eng.open_session(req(PROMPTS[0], "plain", max_tokens=100))
     b = eng.open_session(req([0] + [6] * 300, "plain"))
     for _ in range(3):
@@ -188,7 +188,7 @@ def test_cancelled_mid_prefill_frees_the_slot_and_its_cells():
 
 
 def test_utf8_tail_cut_by_max_tokens_is_dropped_from_the_text():
-    eng = fake_engine(parallel=1)
+    eng = fake_backed_engine(parallel=1)
     s = eng.open_session(req(PROMPTS[0], "plain", max_tokens=3))
     s.emitter.push([5, 6])
     taken, text = s.emitter.push([2])  # the first byte of a two-byte character, then max_tokens
@@ -198,7 +198,7 @@ def test_utf8_tail_cut_by_max_tokens_is_dropped_from_the_text():
 
 
 def test_utf8_character_split_across_steps_is_sent_whole():
-    eng = fake_engine(parallel=1)
+    eng = fake_backed_engine(parallel=1)
     s = eng.open_session(req(PROMPTS[0], "plain", max_tokens=10))
     _, t1 = s.emitter.push([2])
     _, t2 = s.emitter.push([3])
@@ -207,7 +207,7 @@ def test_utf8_character_split_across_steps_is_sent_whole():
 
 
 def test_stop_string_and_eos():
-    eng = fake_engine(parallel=1)
+    eng = fake_backed_engine(parallel=1)
     s = eng.open_session(GenerationRequest((0, 5), SamplingParams(max_tokens=20, stop=("gh",))))
     _, t1 = s.emitter.push([5, 6])  # "fg": "g" may start the stop string
     assert t1 == "f"
@@ -224,7 +224,7 @@ def test_joint_schedule_keeps_solo_choice_when_alone_and_shrinks_when_verificati
     from edgespec.controller.cost import CostModel
     from edgespec.tick.schedule import schedule
 
-    eng = fake_engine(parallel=4)
+    eng = fake_backed_engine(parallel=4)
     def use(cost):  # the engine's and every controller's (the fake's timings teach it nothing real)
         eng.cost = cost
         for s in sess:
@@ -264,7 +264,7 @@ def test_the_schedule_decides_and_start_commits():
     from edgespec.controller.goodput import GoodputGuard
     from edgespec.tick.schedule import schedule, start
 
-    eng = fake_engine(parallel=2)
+    eng = fake_backed_engine(parallel=2)
     sess = [eng.open_session(req(p, "auto", max_tokens=200)) for p in PROMPTS[:2]]
     for _ in range(6):  # past the prompts and the plain first steps: the controllers are closed
         eng.tick(sess)
@@ -292,7 +292,7 @@ def test_the_schedule_decides_and_start_commits():
 
 @pytest.mark.parametrize("parallel", [1, 3])
 def test_sessions_arriving_and_leaving_keep_every_range_consistent(parallel):
-    eng = fake_engine(parallel=parallel)
+    eng = fake_backed_engine(parallel=parallel)
     todo = list(PROMPTS) * 2
     active, done = [], 0
     while todo or active:
@@ -312,7 +312,7 @@ def test_sessions_arriving_and_leaving_keep_every_range_consistent(parallel):
 def test_logprobs_are_the_same_in_every_mode():
     """Each emitted token's logprob comes from the row that verified it: its parent's, the
     target's distribution at that context whatever the mode."""
-    eng = fake_engine(parallel=2)
+    eng = fake_backed_engine(parallel=2)
     out = {}
     for mode in ("plain", "chain", "tree"):
         r = GenerationRequest(tuple(PROMPTS[1]), SamplingParams(max_tokens=30), SpeculationParams(mode=mode),
@@ -328,7 +328,7 @@ def test_a_busy_slots_prefill_is_shared_with_another_slot():
     """Two requests with the same long prefix at once: the second shares the first's prefill
     cells (a copy of sequence ids in the unified cache) in whole n_batch chunks, and decodes the
     same text."""
-    eng = fake_engine(parallel=2, n_ctx=512)
+    eng = fake_backed_engine(parallel=2, n_ctx=512)
     doc = [0] + [4 + i % 40 for i in range(200)]
     a = eng.open_session(req(doc + [50, 51], "plain", max_tokens=20))
     while a.prefilling:
@@ -337,7 +337,7 @@ def test_a_busy_slots_prefill_is_shared_with_another_slot():
     assert b.slot is not a.slot and b.stats.cached_prompt_tokens == 192  # 3 chunks of 64
     while not (a.done and b.done):
         eng.tick([s for s in (a, b) if not s.done])
-    ref = run_alone(fake_engine(parallel=1, n_ctx=512), doc + [52], 20)
+    ref = run_alone(fake_backed_engine(parallel=1, n_ctx=512), doc + [52], 20)
     assert list(b.out) == ref
     a.close()
     b.close()
@@ -347,7 +347,7 @@ def test_a_forward_with_prefill_riders_does_not_teach_the_cost_curves():
     """Prefill pieces riding in a verification's forward make it a forward of more tokens than
     its verification's: its time must not be filed as a forward of the verified tokens alone
     (that inflated the small sizes' levels at 8 streams). Pure verifications still teach."""
-    eng = fake_engine(parallel=2, n_ctx=512)
+    eng = fake_backed_engine(parallel=2, n_ctx=512)
     eng.cost.alpha = 0.1
     targets = []
     real = eng.cost.observe
