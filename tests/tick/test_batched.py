@@ -249,7 +249,7 @@ def gof(counts: dict, exact: dict) -> float:
     return chi_square_gof(c, p)[2]
 
 
-N_SAMPLES = 800
+N_SAMPLES = 400
 
 
 @pytest.fixture(scope="module")
