@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from edgespec.sampling import SamplingParams
 from edgespec.types import Chunk, FinishReason, GenerationRequest, GenerationResult, SpeculationParams
@@ -21,14 +21,15 @@ if TYPE_CHECKING:
 class LoopSession(Protocol):
     """What the loop needs of one request's session (edgespec.session.Session)."""
 
-    breaker_state: str | None  # an auto request's breaker state, None otherwise
+    @property
+    def breaker_state(self) -> str | None: ...  # an auto request's breaker state, None otherwise
 
     @property
     def done(self) -> bool: ...
 
     def result(self) -> GenerationResult: ...
 
-    def close(self, reason: str | None = None) -> None: ...
+    def close(self, reason: FinishReason | None = None) -> None: ...
 
 
 class CallerPlace(Protocol):
@@ -43,16 +44,21 @@ class CallerPlace(Protocol):
     def used(self, tokens: int) -> None: ...  # tokens the job cost, charged to its caller's window
 
 
+S = TypeVar("S", bound=LoopSession)
+
+
 @runtime_checkable
-class LoopEngine(Protocol):
+class LoopEngine(Protocol[S]):
     """What the loop and the daemon need of an engine (edgespec.engine.Engine; the tests'
     FakeEngine), every member required. All of it runs on the loop's thread, except `encoder`
     and `compile_constraint`, which the handler threads use, and `abort_forward` and
     `abort_idle_work`, which the loop's other threads call."""
 
     capabilities: frozenset[str]  # "constraint", "logprobs": what requests may ask of it
-    tick_totals: Mapping[str, float]  # seconds per tick phase, ticks, ... since load
     suffix_cache: SuffixCache  # the cross-request suffix cache (its snapshot: daemon.py)
+
+    @property
+    def tick_totals(self) -> Mapping[str, float]: ...  # seconds per tick phase, ticks, ... since load
 
     @property
     def encoder(self) -> Any: ...  # the thread-safe tokenizer and chat template (backend.Model)
@@ -61,9 +67,9 @@ class LoopEngine(Protocol):
 
     def warmup(self) -> None: ...
 
-    def open_session(self, req: GenerationRequest) -> LoopSession: ...
+    def open_session(self, req: GenerationRequest) -> S: ...  # S: its own session type
 
-    def tick(self, sessions: Sequence[LoopSession]) -> Mapping[LoopSession, Chunk]: ...
+    def tick(self, sessions: Sequence[S]) -> Mapping[S, Chunk]: ...
 
     def idle_work(self) -> bool: ...  # one piece of background work; True while more is left
 

@@ -5,10 +5,12 @@ optional), and the loop uses them without probing."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from edgespec.engine import Engine
 from edgespec.sampling import SamplingParams
 from edgespec.server.engine_loop import EngineLoop, Job, LoopEngine
+from edgespec.session import Session
 from edgespec.types import SpeculationParams
 from tests.fake_backend import fake_backed_engine
 from tests.fake_engine import FakeEngine
@@ -19,12 +21,12 @@ def _watches() -> list[threading.Thread]:
 
 
 def test_the_engine_and_the_fake_are_loop_engines() -> None:
-    fake: LoopEngine = FakeEngine()  # mypy checks this assignment (a typed test): the whole Protocol
-    # (not yet the real one's: its open_session and tick name its own Session, not LoopSession)
-    real = fake_backed_engine(parallel=1)
+    fake: LoopEngine[Any] = FakeEngine()  # mypy checks these assignments (a typed test): the whole
+    real: LoopEngine[Session] = fake_backed_engine(parallel=1)  # Protocol, over each one's sessions
     assert isinstance(real, Engine) and isinstance(real, LoopEngine)
     assert isinstance(fake, LoopEngine)
-    for engine in (real, fake):
+    engines: tuple[Any, ...] = (real, fake)  # and what the test asks beyond the Protocol
+    for engine in engines:
         assert callable(engine.abort_forward) and callable(engine.abort_idle_work)
         assert callable(engine.compile_constraint) and isinstance(engine.suffix_stats(), dict)
         assert engine.encoder is not None and engine.suffix_cache.save is not None
