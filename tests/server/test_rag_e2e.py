@@ -78,6 +78,9 @@ def test_a_langchain_rag_pipeline_with_only_the_base_url_changed(server):  # noq
     scores = [x["relevance_score"] for x in ranked]
     assert scores == sorted(scores, reverse=True)
     context = hits[ranked[0]["index"]].page_content
+    # the default reranker (query likelihood on the chat model's weights) puts the passage that
+    # answers first, over the whole corpus too
+    assert rerank(server.base, query, CORPUS)["results"][0]["index"] == 0
     llm = lc.ChatOpenAI(model=MODEL, base_url=base, api_key=KEY, temperature=0, max_tokens=32, max_retries=0)
     answer = llm.invoke(f"Context: {context}\n\nQuestion: {query}\nAnswer briefly.")
     assert isinstance(answer.content, str) and answer.content.strip()
