@@ -21,7 +21,8 @@ def test_wide_prompts_are_balanced_distinct_deterministic_and_not_the_benchmarks
     assert all("def " in p for p in code)
     assert all(any("\u4e00" <= ch <= "\u9fff" for ch in p) for c, p in ps if c == "chinese")
     suites = Path(__file__).resolve().parents[2] / "edgespec" / "bench" / "suites"
-    bench = {json.loads(ln)["prompt"] for f in suites.glob("*.jsonl") for ln in f.read_text().splitlines() if ln.strip()}
+    rows = [json.loads(ln) for f in suites.glob("*.jsonl") for ln in f.read_text().splitlines() if ln.strip()]
+    bench = {r.get("prompt", r.get("query")) for r in rows}  # the generation suites' prompts, rerank.jsonl's queries
     assert not bench & {p for _, p in ps}
     assert not {p for _, p in wide_prompts(12, seed=0, exclude=[p for _, p in ps[:6]])} & {p for _, p in ps[:6]}
 
