@@ -140,6 +140,15 @@ def check_capabilities(loop: Loaded, limits: LimitsConfig, *, constraint: Constr
         raise BadRequest(budget_field, "a reasoning budget is not available on this server's engine")
 
 
+def encoder(loop: Loaded) -> Any:
+    """The loaded target's thread-safe tokenizer and chat template (EngineLoop.encoder); NotReady
+    while the models load (it is set as the engine is built)."""
+    enc = loop.encoder
+    if enc is None:
+        raise NotReady("the models are still loading")
+    return enc
+
+
 def prompt_tokens(loop: Loaded, chat_template: str, prompt: str, messages: Sequence[tuple[str, str]],
                   extras: Sequence[Mapping[str, Any]] = (), spec: ToolSpec | None = None, *,
                   variables: Mapping[str, Any] | None = None,
@@ -147,13 +156,10 @@ def prompt_tokens(loop: Loaded, chat_template: str, prompt: str, messages: Seque
     """The prompt's token ids, tokenised in the calling thread (a handler's: the engine thread gets
     token ids) with the loaded target's encoder and `chat_template` ([target] chat_template, "" =
     the GGUF's own); `rendered` gets the Jinja template's text (tools.encode_request). NotReady
-    while the models load (the encoder is set as the engine is built)."""
-    enc = loop.encoder
-    if enc is None:
-        raise NotReady("the models are still loading")
-    return tuple(encode_request(enc, prompt, messages, extras, spec, chat_template, variables=variables,
+    while the models load."""
+    return tuple(encode_request(encoder(loop), prompt, messages, extras, spec, chat_template, variables=variables,
                                 jinja=jinja, rendered=rendered))
 
 
-__all__: Sequence[str] = ("POLL_SECONDS", "REQUEST_ID_CHARS", "check_capabilities", "check_end", "job_events",
+__all__: Sequence[str] = ("POLL_SECONDS", "REQUEST_ID_CHARS", "check_capabilities", "check_end", "encoder", "job_events",
                           "next_events", "prompt_tokens", "raise_error", "request_id")

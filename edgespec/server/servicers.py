@@ -58,13 +58,6 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     # ---- helpers -------------------------------------------------------------------------
 
-    def _encoder(self) -> Any:
-        """The loaded target's thread-safe tokenizer and chat template (EngineLoop.encoder)."""
-        enc = self.loop.encoder
-        if enc is None:  # set as the engine is built: none yet while it loads
-            raise NotReady("the models are still loading")
-        return enc
-
     def _reasons(self, messages: tuple) -> bool:
         """Whether the model writes a <think> block: [target] reasoning_format, or its template's."""
         if not messages:
@@ -206,7 +199,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             return chat.encode_prompt(tok, text, messages, add_special=request.add_special,
                                       parse_special=request.parse_special)
 
-        ids = encode(self._encoder())
+        ids = encode(pipe.encoder(self.loop))
         return pb.TokenizeResponse(token_ids=ids, count=len(ids))
 
     def Embed(self, request: pb.EmbedRequest, context: grpc.ServicerContext) -> pb.EmbedResponse:
