@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,9 +154,14 @@ _GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12:
 
 
 def weight_types(path: Path) -> frozenset[str]:
-    """The tensor types of a GGUF file, read from its tensor table. The metadata before it is
-    skipped by lengths, not decoded: gguf's reader builds every token string of a 262k vocabulary
-    in Python (11 s for Gemma 3's header), which the daemon's start need not pay."""
+    """The tensor types of a GGUF file ("F32", "Q4_K", ...), from its tensor table."""
+    return frozenset(t for _, t in tensor_table(path))
+
+
+def tensor_table(path: Path) -> list[tuple[str, str]]:
+    """(name, type) of each tensor of a GGUF file, read from its tensor table. The metadata before
+    it is skipped by lengths, not decoded: gguf's reader builds every token string of a 262k
+    vocabulary in Python (11 s for Gemma 3's header), which the daemon's start need not pay."""
     import mmap
 
     from gguf import GGMLQuantizationType
@@ -184,14 +189,15 @@ def weight_types(path: Path) -> frozenset[str]:
         for _ in range(n_kv):
             at = skip(8, at)  # the key
             at = skip(u(at, 4), at + 4)
-        types = set()
+        table = []
         for _ in range(n_tensors):
-            at = skip(8, at)  # the name
+            name = bytes(m[at + 8:at + 8 + u(at, 8)]).decode("utf-8", "replace")
+            at = skip(8, at)
             n_dims = u(at, 4)
             at += 4 + 8 * n_dims
-            types.add(GGMLQuantizationType(u(at, 4)).name)
+            table.append((name, GGMLQuantizationType(u(at, 4)).name))
             at += 4 + 8  # type, data offset
-    return frozenset(types)
+    return table
 
 
 class Model:
@@ -1139,15 +1145,26 @@ class EmbeddingContext:
 
 
 RERANK_KINDS = ("cross-encoder", "causal-yes-no", "causal-query-likelihood")
+CLASSIFIER_TENSORS = frozenset({"cls.weight", "cls.output.weight"})  # llama.cpp's LLM_TENSOR_CLS, _CLS_OUT
+
+
+def has_classifier_head(names: Iterable[str]) -> bool:
+    """Whether a GGUF's tensor names hold a sequence-classification head (llama.cpp's `cls`, the
+    dense layer of RoBERTa's head, or `cls.output`, the projection to the scores): what
+    llama.cpp's converter writes for a *ForSequenceClassification checkpoint (BGE, ms-marco
+    MiniLM and Jina rerankers), with or without a pooling type in the metadata."""
+    return any(n in CLASSIFIER_TENSORS for n in names)
 
 
 def rank_kind(model: Model) -> str:
-    """The reranker a GGUF is: "cross-encoder" when its `<arch>.pooling_type` is rank (a
-    classifier head llama.cpp pools with, as converted BGE/Jina rerankers carry), else
-    "causal-yes-no" (a causal LM, scored by its yes/no logits)."""
+    """The reranker a GGUF is: "cross-encoder" when its `<arch>.pooling_type` is rank or it
+    carries a classifier head (llama.cpp's converter writes the head of BGE and ms-marco
+    rerankers but no pooling type; llama-server is told `--reranking`), else "causal-yes-no"
+    (a causal LM, scored by its yes/no logits)."""
     pooling = model_meta(model, f"{model_arch(model)}.pooling_type")
-    return "cross-encoder" if pooling is not None and pooling.strip() == str(int(ll.LLAMA_POOLING_TYPE_RANK)) \
-        else "causal-yes-no"
+    if pooling is not None and pooling.strip() == str(int(ll.LLAMA_POOLING_TYPE_RANK)):
+        return "cross-encoder"
+    return "cross-encoder" if has_classifier_head(n for n, _ in tensor_table(model.path)) else "causal-yes-no"
 
 
 class RankContext:
@@ -1169,7 +1186,7 @@ class RankContext:
             raise ModelError(f"unknown reranker kind {kind!r} (known: {', '.join(RERANK_KINDS)})")
         if kind == "cross-encoder" and rank_kind(model) != "cross-encoder":
             # llama.cpp aborts the process on rank pooling without a classifier head: refuse first
-            raise ModelError(f"{model.path} has no classifier head (its pooling_type is not rank): "
+            raise ModelError(f"{model.path} has no classifier head (no cls tensors, pooling_type not rank): "
                              "not a cross-encoder; use kind = \"causal-yes-no\"")
         self.model, self.kind, self.yes_no, self.n_seq_max = model, kind, yes_no, n_seq_max
         cp = _context_params(cfg, n_seq_max, None)

@@ -320,7 +320,8 @@ SETTINGS: tuple[Setting, ...] = (
             "classifier head (BGE/Jina rerankers); causal-yes-no = a causal LM's p(yes) / (p(yes) + p(no)) "
             "at the end of `template`, as Qwen3-Reranker is read; causal-query-likelihood = how likely a "
             "causal LM finds the query after reading the document (zero-shot, for a chat LM that is no "
-            "reranker: docs/appliance.md); auto = cross-encoder when the GGUF's pooling_type is rank, "
+            "reranker: docs/appliance.md); auto = cross-encoder when the GGUF carries a classifier head (cls "
+            "tensors) or its pooling_type is rank, "
             "causal-yes-no when its name says reranker (Qwen3-Reranker), else causal-query-likelihood", choices=("auto", "cross-encoder", "causal-yes-no", "causal-query-likelihood")),
     Setting("rerank", "template", S, "", "causal kinds only: the prompt, with {query} and {document} (and "
             "optionally {instruction}) where they go (special tokens in the template are read as such, "

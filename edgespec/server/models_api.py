@@ -85,21 +85,26 @@ class Registry:
 
 def rerank_kind_of(cfg: Any) -> str:
     """The reranker [rerank] configures: with kind auto, cross-encoder when the GGUF's
-    `<arch>.pooling_type` is rank (4, llama.cpp's LLAMA_POOLING_TYPE_RANK; read from the header,
-    nothing loaded), else as `rerank.auto_kind` reads the name (the target's weights:
-    causal-query-likelihood). A cross-encoder
-    asked of a file without rank pooling is a ConfigError naming rerank.kind (llama.cpp would
-    abort the process on its first forward); a template the kind cannot use, one naming
+    `<arch>.pooling_type` is rank (4, llama.cpp's LLAMA_POOLING_TYPE_RANK) or it carries a
+    classifier head (backend.has_classifier_head: what llama.cpp's converter writes for BGE and
+    ms-marco rerankers, without a pooling type), read from the header, nothing loaded; else as
+    `rerank.auto_kind` reads the name (the target's weights: causal-query-likelihood). A
+    cross-encoder asked of a file with neither is a ConfigError naming rerank.kind (llama.cpp
+    would abort the process on its first forward); a template the kind cannot use, one naming
     rerank.template."""
     ranks, name = False, ""
     if cfg.path:
         from gguf import GGUFReader
 
+        from edgespec.backend import has_classifier_head
+
         try:
-            fields = GGUFReader(cfg.path).fields
+            reader = GGUFReader(cfg.path)
+            fields = reader.fields
             arch = fields["general.architecture"].contents()
             pooling = fields.get(f"{arch}.pooling_type")
-            ranks = pooling is not None and int(pooling.contents()) == 4
+            ranks = (pooling is not None and int(pooling.contents()) == 4) \
+                or has_classifier_head(t.name for t in reader.tensors)
             name = f"{fields['general.name'].contents() if 'general.name' in fields else ''} {cfg.path}"
         except Exception:
             return str(cfg.kind)
@@ -108,7 +113,7 @@ def rerank_kind_of(cfg: Any) -> str:
 
     kind = str(cfg.kind) if cfg.kind != "auto" else auto_kind(ranks, name)
     if kind == "cross-encoder" and not ranks:
-        raise ConfigError("rerank.kind", f"cross-encoder needs a GGUF with rank pooling (a classifier head); "
+        raise ConfigError("rerank.kind", f"cross-encoder needs a GGUF with a classifier head (or rank pooling); "
                                          f"{cfg.path or 'the target'} has none: use causal-yes-no or "
                                          "causal-query-likelihood")
     problem = template_problem(kind, getattr(cfg, "template", ""))
