@@ -151,6 +151,7 @@ class ChatModels:
         self.on_unload = on_unload
         self._cond = threading.Condition()
         self._stopping: dict[Any, int] = {}  # an unloaded model's loop still stopping -> its bytes
+        self._stopping_of: dict[Any, ChatModel] = {}  # that loop -> its model
         self._stoppers: list[threading.Thread] = []
         self._reaper: threading.Thread | None = None
         self._closed = False
@@ -214,6 +215,15 @@ class ChatModels:
     def _make_room(self, model: ChatModel, until: float) -> None:
         """Under the lock: `model` loaded (its load begun), after unloading idle models to make room."""
         while not model.loaded:
+            if model in self._stopping_of.values():
+                # its last unload still runs (on_unload writes its suffix-cache snapshot): a load
+                # begun now would read the snapshot before it is written, and lose what it learnt
+                now = time.monotonic()
+                if now >= until:
+                    raise DeadlineExceeded(f"model: chat model {model.name!r} was still unloading when its "
+                                           "deadline passed")
+                self._cond.wait(min(until - now, 1.0))
+                continue
             held = self.loaded_bytes()
             if held + model.need_bytes <= self.budget_bytes:
                 model._load()
@@ -275,7 +285,7 @@ class ChatModels:
         """Under the lock: unload `m`; its loop stops on a thread of its own, its bytes held until then."""
         loop = m._unload()
         log.info("chat_model_unloading", model=m.name, reason=reason, idle_seconds=round(time.monotonic() - m.last_used, 3))
-        self._stopping[loop] = m.need_bytes
+        self._stopping[loop], self._stopping_of[loop] = m.need_bytes, m
         stopper = threading.Thread(target=self._stop_loop, args=(m, loop), name=f"unload-{m.name}", daemon=True)
         self._stoppers = [t for t in self._stoppers if t.is_alive()] + [stopper]
         stopper.start()
@@ -291,6 +301,7 @@ class ChatModels:
         finally:
             with self._cond:
                 self._stopping.pop(loop, None)
+                self._stopping_of.pop(loop, None)
                 self._cond.notify_all()
 
     @staticmethod

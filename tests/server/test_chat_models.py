@@ -233,6 +233,37 @@ def test_an_idle_on_demand_model_unloads_after_its_keep_alive_with_memory_to_spa
     assert not models._reaper.is_alive()
 
 
+def test_a_model_loads_again_only_once_its_unload_has_saved_and_stopped():
+    """A request for a model whose unload still runs (its on_unload hook, the suffix-cache
+    snapshot, still writing) waits for it: a load begun before would read the snapshot before it
+    was written, and the next unload would overwrite it without what the model had learnt."""
+    models, loops = _models(keep_alive=0.05, budget=1000)
+    saving, saved = threading.Event(), threading.Event()
+    models.on_unload = lambda m, loop: (saving.set(), saved.wait(5))
+    models.start()
+    b = models.by_name["b"]
+    with models.use(b, None):
+        pass
+    assert saving.wait(5)  # idle past its keep_alive: the reaper unloads b, which saves
+    got = threading.Event()
+    threading.Thread(target=lambda: (models.acquire(b, None), got.set()), daemon=True).start()
+    time.sleep(0.2)
+    assert not got.is_set() and not b.loaded and len(loops) == 2  # no second loop of b while the first saves
+    saved.set()
+    assert got.wait(5) and b.loaded and b.loads == 2 and loops[1].stopped_
+    models.release(b)
+    with pytest.raises(DeadlineExceeded, match="still unloading"):  # and the wait ends at the deadline
+        saving.clear()
+        saved.clear()
+        deadline = time.monotonic() + 5
+        while b.loaded and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert saving.wait(5)
+        models.acquire(b, time.monotonic() + 0.1)
+    saved.set()
+    models.stop()
+
+
 def test_a_load_longer_than_the_deadline_is_a_deadline_error_and_goes_on():
     models, loops = _models(load_seconds=0.5, budget=1000)
     models.start()
