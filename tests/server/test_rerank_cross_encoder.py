@@ -2,7 +2,7 @@
 GGUF (tests/tiny_cross_encoder.py, written as llama.cpp's converter writes BGE and ms-marco
 rerankers) whose score is known by construction: a pair holding the word "paris" scores above
 sigmoid(-1), every other pair exactly sigmoid(-1). Through edgespec's Reranker, then through a
-daemon's POST /v1/rerank on loopback."""
+daemon's POST /v1/rerank and Inference.Rerank on loopback."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
+from edgespec.proto.edgespec.v1 import inference_pb2 as pb
 from edgespec.server import rerank as rr
 from tests.server.test_http import HTTP, raw
 from tests.tiny_cross_encoder import BIAS, write_cross_encoder
@@ -134,5 +135,7 @@ def test_the_daemon_serves_the_cross_encoder_over_http(make_daemon, files):
     assert top[0]["relevance_score"] == best  # the same score with the others in the forward or not
     status, _, body = raw(r, "POST", "/v1/rerank", {"query": QUERY, "documents": [DOCS[RELEVANT]]})
     assert status == 200 and json.loads(body)["results"][0]["relevance_score"] == best
+    g = r.inference.Rerank(pb.RerankRequest(model="tiny-xenc", query=QUERY, documents=DOCS, top_n=1), timeout=60)
+    assert [(x.index, x.relevance_score) for x in g.results] == [(RELEVANT, pytest.approx(best, abs=1e-7))]
     status, _, body = raw(r, "POST", "/v1/rerank", {"query": QUERY, "documents": ["a"], "top_n": 0})
     assert status == 400 and json.loads(body)["error"]["param"] == "top_n"
