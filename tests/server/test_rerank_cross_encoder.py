@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import time
 from pathlib import Path
 from types import SimpleNamespace as NS
 
@@ -15,6 +17,7 @@ import pytest
 
 from edgespec.proto.edgespec.v1 import inference_pb2 as pb
 from edgespec.server import rerank as rr
+from tests.bench.test_bench_serve_e2e import llama_server_bin
 from tests.server.test_http import HTTP, raw
 from tests.tiny_cross_encoder import BIAS, write_cross_encoder
 
@@ -139,3 +142,43 @@ def test_the_daemon_serves_the_cross_encoder_over_http(make_daemon, files):
     assert [(x.index, x.relevance_score) for x in g.results] == [(RELEVANT, pytest.approx(best, abs=1e-7))]
     status, _, body = raw(r, "POST", "/v1/rerank", {"query": QUERY, "documents": ["a"], "top_n": 0})
     assert status == 400 and json.loads(body)["error"]["param"] == "top_n"
+
+
+def test_the_pairs_and_scores_are_llama_servers(files):
+    """The converter-style file through llama.cpp's own llama-server --reranking (the anchor
+    build): the same tokens per request and the same head output for each document (edgespec's
+    score is its sigmoid), so edgespec assembles and scores the pair as llama.cpp's server does."""
+    import httpx
+
+    from edgespec.bench.serve_systems import free_port
+
+    bin_dir = llama_server_bin()
+    if bin_dir is None or not (bin_dir / "llama-server").is_file():
+        pytest.skip("llama-server not built (tools/llama-anchor.sh build)")
+    port = free_port()
+    proc = subprocess.Popen([str(bin_dir / "llama-server"), "-m", str(files["bert"]), "--reranking", "--host",
+                             "127.0.0.1", "--port", str(port), "-c", "512", "-b", "512", "-ub", "512", "-t", "2",
+                             "--no-webui", "-fa", "on"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        out = httpx.post(base + "/v1/rerank", json={"query": QUERY, "documents": list(DOCS)}, timeout=60).json()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    r = reranker(files["bert"])
+    try:
+        scores, tokens = r.score(QUERY, DOCS)
+    finally:
+        r.close()
+    head = {x["index"]: x["relevance_score"] for x in out["results"]}  # llama-server: the head's raw output
+    assert out["usage"]["prompt_tokens"] == tokens
+    assert [math.log(s / (1 - s)) for s in scores] == pytest.approx([head[i] for i in range(len(DOCS))], abs=1e-6)
