@@ -144,10 +144,11 @@ def test_the_daemon_serves_the_cross_encoder_over_http(make_daemon, files):
     assert status == 400 and json.loads(body)["error"]["param"] == "top_n"
 
 
-def test_the_pairs_and_scores_are_llama_servers(files):
-    """The converter-style file through llama.cpp's own llama-server --reranking (the anchor
-    build): the same tokens per request and the same head output for each document (edgespec's
-    score is its sigmoid), so edgespec assembles and scores the pair as llama.cpp's server does."""
+@pytest.mark.parametrize("flavour", ["bert", "roberta-rank"])
+def test_the_pairs_and_scores_are_llama_servers(files, flavour):
+    """Each head through llama.cpp's own llama-server --reranking (the anchor build): the same
+    tokens per request and the same head output for each document (edgespec's score is its
+    sigmoid), so edgespec assembles and scores the pair as llama.cpp's server does."""
     import httpx
 
     from edgespec.bench.serve_systems import free_port
@@ -156,7 +157,7 @@ def test_the_pairs_and_scores_are_llama_servers(files):
     if bin_dir is None or not (bin_dir / "llama-server").is_file():
         pytest.skip("llama-server not built (tools/llama-anchor.sh build)")
     port = free_port()
-    proc = subprocess.Popen([str(bin_dir / "llama-server"), "-m", str(files["bert"]), "--reranking", "--host",
+    proc = subprocess.Popen([str(bin_dir / "llama-server"), "-m", str(files[flavour]), "--reranking", "--host",
                              "127.0.0.1", "--port", str(port), "-c", "512", "-b", "512", "-ub", "512", "-t", "2",
                              "--no-webui", "-fa", "on"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
@@ -174,7 +175,7 @@ def test_the_pairs_and_scores_are_llama_servers(files):
     finally:
         proc.terminate()
         proc.wait(10)
-    r = reranker(files["bert"])
+    r = reranker(files[flavour])
     try:
         scores, tokens = r.score(QUERY, DOCS)
     finally:
