@@ -247,6 +247,7 @@ class Model:
         ft = model_meta(self, "general.file_type")
         self.ftype = _FILE_TYPES.get(int(ft), "other") if ft and ft.isdigit() else "other"
         self._eog = np.array([bool(ll.llama_vocab_is_eog(self._vocab, t)) for t in range(self.n_vocab)])
+        self.eog_tokens: tuple[int, ...] = tuple(int(t) for t in np.flatnonzero(self._eog))  # ignore_eos bans them
         # texts tokenize(parse_special=True) turns into one control token (`<|im_start|>`, `</s>`):
         # what edgespec.chat lets only the chat template produce
         special = ll.LLAMA_TOKEN_ATTR_CONTROL | ll.LLAMA_TOKEN_ATTR_UNKNOWN

@@ -12,6 +12,11 @@ samples each node from the distribution plain decoding would have used there, an
 distribution stays exactly plain decoding's (greedy: the same tokens). The draft's proposals
 need not be adjusted: the verifier accepts a proposal by the adjusted target over the q it was
 drawn from, which is exact for any q.
+
+ignore_eos bans the end-of-generation tokens, as llama.cpp's server does (its logit_bias_eog): their
+logits become -inf in every row, so no node samples one and the request runs to max_tokens, a
+stop string or its deadline. A ban is a bias like the others, applied to every row alike, so the
+argument above holds unchanged.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from edgespec.tree import DraftTree
 def adjusts(s: SamplingParams) -> bool:
     """Does `s` change the target's logits at all?"""
     return bool(s.logit_bias) or s.presence_penalty != 0.0 or s.frequency_penalty != 0.0 \
-        or s.repetition_penalty != 1.0
+        or s.repetition_penalty != 1.0 or s.ignore_eos
 
 
 def _penalty(s: SamplingParams, count: int) -> float:
@@ -41,10 +46,13 @@ class Adjuster:
     path (the repetition penalty) and its count in output + path: the same for plain decoding's
     row and a tree node's, so greedy speculation picks the same tokens bit for bit."""
 
-    def __init__(self, s: SamplingParams, n_vocab: int, prompt: Sequence[int] = ()):
+    def __init__(self, s: SamplingParams, n_vocab: int, prompt: Sequence[int] = (), eog: Sequence[int] = ()):
+        """`eog`: the model's end-of-generation tokens, banned when `s.ignore_eos`."""
         self.s = s
         self.n_vocab = n_vocab
         self._bias = dict(s.logit_bias)
+        if s.ignore_eos:
+            self._bias.update(dict.fromkeys((int(t) for t in eog), -np.inf))
         self.penalised = s.presence_penalty != 0.0 or s.frequency_penalty != 0.0
         self.rep = np.float32(s.repetition_penalty)
         self.repeating = s.repetition_penalty != 1.0

@@ -38,6 +38,9 @@ class SamplingParams:
     repetition_penalty: float = SAMPLING["repetition_penalty"].default
     # ((token id, bias), ...) sorted by id (a mapping is accepted and converted); see penalties.py
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    # end-of-generation tokens get no probability (their logits -inf, as llama.cpp's ignore_eos):
+    # the request ends only at max_tokens, a stop string or its deadline; see penalties.py
+    ignore_eos: bool = SAMPLING["ignore_eos"].default
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "logit_bias", parse_logit_bias(self.logit_bias))

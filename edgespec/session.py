@@ -120,7 +120,8 @@ class Session:
         self.emitter = Emitter(self.sampling.max_tokens, self.sampling.stop, model.is_eog, model.piece)
         self.logprobs: list[TokenLogprob] = []
         # logit_bias and the penalties (edgespec/penalties.py): None when the request sets none
-        self.adjuster = Adjuster(self.sampling, model.n_vocab, req.prompt_tokens) if adjusts(self.sampling) else None
+        self.adjuster = Adjuster(self.sampling, model.n_vocab, req.prompt_tokens, eog=model.eog_tokens) \
+            if adjusts(self.sampling) else None
         self.check_kv = False  # tests turn this on: assert the KV invariants after every step
         self.guard_seen = False  # the goodput guard has seen this request decode (tick/schedule.py)
         self.closed_reason: FinishReason | None = None  # why close() ended it before it finished

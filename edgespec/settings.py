@@ -588,6 +588,8 @@ SAMPLING: dict[str, Setting] = {s.key: s for s in (
          lo=-2, hi=2),
     _req("repetition_penalty", F, 1.0, "divides the positive logit (multiplies the negative one) of every token "
          "the prompt or output holds; 1 = off", lo=0, lo_open=True, hi=10),
+    _req("ignore_eos", B, False, "end-of-generation tokens are never sampled (as llama.cpp's ignore_eos): "
+         "the request runs to max_tokens, a stop string or its deadline"),
 )}
 MAX_LOGIT_BIAS = 1024  # logit_bias entries a request may set
 LOGIT_BIAS_RANGE = 100.0  # each in [-100, 100], as OpenAI's

@@ -26,6 +26,7 @@ class FakeModel:
         self.table = table  # [VOCAB, VOCAB] logits of the next token given the previous one
         self.n_vocab = VOCAB
         self.bos, self.eos = 0, EOS
+        self.eog_tokens = (EOS,)
         self.path = path
         self.desc, self.n_params, self.size_bytes = "fake", 1, 1
         self.n_swa = 0  # full attention

@@ -152,6 +152,21 @@ def test_eos_ends_exactly_like_plain(engine):
         assert r.finish_reason == "eos" and r.token_ids == plain.token_ids and r.text == plain.text
 
 
+def test_ignore_eos_runs_to_max_tokens_exactly_like_plain(engine):
+    """ignore_eos bans the end-of-generation tokens: the answer that ended after a few tokens runs
+    to max_tokens, the same tokens up to where EOS came; speculation equals plain decoding."""
+    toks = engine.encode_chat([("user", "What is the capital of France?")])
+    ended = run(engine, toks, "plain", max_tokens=24)
+    assert ended.finish_reason == "eos" and len(ended.token_ids) < 12  # "The capital of France is Paris."
+    plain = run(engine, toks, "plain", max_tokens=24, ignore_eos=True)
+    assert plain.finish_reason == "length" and len(plain.token_ids) == 24
+    assert plain.token_ids[:len(ended.token_ids)] == ended.token_ids
+    assert not any(engine.target.is_eog(t) for t in plain.token_ids)
+    for m in ("chain", "auto"):
+        r = run(engine, toks, m, max_tokens=24, ignore_eos=True)
+        assert r.finish_reason == "length" and r.token_ids == plain.token_ids and r.text == plain.text, m
+
+
 STOCHASTIC_PROMPT = "The three most popular programming languages are"
 STOCHASTIC_TOP_K = 4
 # One-sample chi-square against the exact distribution: with m samples its noncentrality for a

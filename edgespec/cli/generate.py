@@ -37,6 +37,7 @@ def generate(
     seed: Annotated[int | None, typer.Option(help=_help(SAMPLING["seed"]))] = SAMPLING["seed"].default,
     max_tokens: Annotated[int, typer.Option(help=_help(SAMPLING["max_tokens"]))] = SAMPLING["max_tokens"].default,
     stop: Annotated[list[str] | None, typer.Option(help="stop string (repeatable)")] = None,
+    ignore_eos: Annotated[bool, typer.Option(help=_help(SAMPLING["ignore_eos"]))] = SAMPLING["ignore_eos"].default,
     raw: Annotated[bool, typer.Option(help="no chat template")] = False,
     ngram: Annotated[bool, typer.Option(help=_help(_SPEC["ngram"]))] = _SPEC["ngram"].default,
     target: Annotated[str | None, typer.Option(help="target GGUF (default: demo F32)")] = None,
@@ -52,7 +53,7 @@ def generate(
         from edgespec.types import Mode, SpeculationParams
 
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                                  max_tokens=max_tokens, stop=tuple(stop or ()))
+                                  max_tokens=max_tokens, stop=tuple(stop or ()), ignore_eos=ignore_eos)
         # SpeculationParams checks the mode against MODES
         spec = SpeculationParams(mode=cast(Mode, mode), draft_tokens=draft_tokens, tree_nodes=tree_nodes,
                                  tree_depth=tree_depth, ngram=ngram)

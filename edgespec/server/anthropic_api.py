@@ -19,6 +19,7 @@ What maps to what:
                                             disable_parallel_tool_use -> parallel_tool_calls false
     output_config.format (json_schema)      response_format json_schema (the answer follows the schema)
     stop_sequences, max_tokens (required), temperature, top_p, top_k, stream, edgespec: as named
+    ignore_eos (llama-server's extension)   ignore_eos: runs to max_tokens
     thinking {type: enabled / disabled}     chat_template_kwargs enable_thinking; the reasoning of a
                                             thinking model comes back as a thinking block
     thinking.budget_tokens                  the <think> block's budget (edgespec.reasoning_budget:
@@ -47,7 +48,7 @@ from edgespec.tools import ToolCall
 _IGNORED = ("metadata", "thinking", "service_tier", "cache_control", "speed", "inference_geo", "diagnostics",
             "user_profile_id", "workspace_id")
 _KNOWN = {"model", "messages", "system", "max_tokens", "stop_sequences", "stream", "temperature", "top_p", "top_k",
-          "tools", "tool_choice", "output_config", "edgespec", *_IGNORED}
+          "tools", "tool_choice", "output_config", "edgespec", "ignore_eos", *_IGNORED}
 _COUNT_KNOWN = {"model", "messages", "system", "tools", "tool_choice", "output_config", *_IGNORED}
 STOP_REASONS = {"eos": "end_turn", "stop": "stop_sequence", "length": "max_tokens", "tool_calls": "tool_use"}
 # HTTP status -> Anthropic's error type
@@ -74,7 +75,7 @@ def to_chat(body: Any, *, strict: bool, count: bool = False) -> tuple[dict, tupl
     if body.get("model") is not None:
         chat["model"] = body["model"]
     if not count:
-        for k in ("max_tokens", "temperature", "top_p", "top_k", "stream", "edgespec"):
+        for k in ("max_tokens", "temperature", "top_p", "top_k", "stream", "edgespec", "ignore_eos"):
             if body.get(k) is not None:
                 chat[k] = body[k]
         if body.get("stop_sequences") is not None:

@@ -8,7 +8,8 @@ stream_options.include_usage, logprobs / top_logprobs, response_format (text, js
 json_schema), tools / tool_choice / parallel_tool_calls (edgespec.tools), user (ignored), and the `edgespec` extension object: mode,
 draft_tokens, tree_nodes, tree_depth, ngram, timeout_seconds, constraint {kind, value}; and
 presence_penalty, frequency_penalty, repetition_penalty and logit_bias (exact under speculation:
-edgespec.penalties).
+edgespec.penalties); ignore_eos (vLLM's and llama-server's: end-of-generation tokens are banned,
+the answer runs to max_tokens; refused with a constraint).
 Refused with a 400 naming the field: functions, function_call, audio, modalities, prediction, suffix, echo,
 best_of > 1, non-text message parts, token-id prompts; unknown fields and a model this server
 does not serve only under [http] strict = true (else the fields are ignored and the served model
@@ -29,7 +30,7 @@ from edgespec.errors import BadRequest
 from edgespec.sampling import SamplingParams
 from edgespec.server import answer
 from edgespec.server.config import LimitsConfig
-from edgespec.server.policy import Policy, sampling_for, speculation_for
+from edgespec.server.policy import Policy, check_ignore_eos, sampling_for, speculation_for
 from edgespec.settings import SAMPLING, SPECULATION, Setting, check_fields, check_stop
 from edgespec.types import MAX_TOP_LOGPROBS, ConstraintSpec, GenerationResult, SpeculationParams, TokenLogprob
 
@@ -48,7 +49,8 @@ _NEUTRAL = {"echo": False, "best_of": 1, "store": False}
 _KNOWN = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
           "min_p", "seed", "stop", "n", "stream", "stream_options", "logprobs", "top_logprobs", "response_format",
           "user", "metadata", "edgespec", "service_tier", "reasoning_effort", "tools", "tool_choice",
-          "parallel_tool_calls", "chat_template_kwargs", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", *_REFUSED, *_NEUTRAL}
+          "parallel_tool_calls", "chat_template_kwargs", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+          "ignore_eos", *_REFUSED, *_NEUTRAL}
 
 
 @dataclass(frozen=True)
@@ -300,6 +302,7 @@ def parse_request(body: Any, *, chat: bool, policy: Policy, models: Sequence[str
                              "cannot be combined with tools unless tool_choice is none")
         if constraint is None:
             constraint = tools.constraint()
+    check_ignore_eos(sampling, constraint is not None, "ignore_eos")
     check_fields({"timeout_seconds": ext.get("timeout_seconds")}, {"timeout_seconds": TIMEOUT}, prefix="edgespec.")
     timeout = None if ext.get("timeout_seconds") is None else float(ext["timeout_seconds"])
     return CompletionRequest(chat=chat, model=model, prompt=prompt, messages=messages, sampling=sampling,

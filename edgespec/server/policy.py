@@ -69,6 +69,14 @@ def sampling_for(policy: Any, limits: LimitsConfig, values: Mapping[str, Any], *
     return SamplingParams(**{**fallback, **given})
 
 
+def check_ignore_eos(sampling: SamplingParams, constrained: bool, field: str) -> None:
+    """ignore_eos with a constraint (response_format, a grammar, tool calls): refused, naming
+    `field`. A grammar ends the answer with an end-of-generation token, which ignore_eos bans."""
+    if sampling.ignore_eos and constrained:
+        raise BadRequest(field, "cannot be combined with a constraint (response_format, a grammar or tool calls): "
+                                "a constrained answer ends with the end-of-generation token it bans")
+
+
 def speculation_for(policy: Any, mode: str, shape: Mapping[str, int | None], ngram: bool | None, *,
                     prefix: str = "") -> SpeculationParams:
     """A request's SpeculationParams: its mode (auto, plain, chain, tree) as the policy resolves

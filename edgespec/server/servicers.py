@@ -22,7 +22,7 @@ from edgespec.server import convert, pipe
 from edgespec.server.callers import UNLIMITED, CallerLimits, Place, Unlimited, current_caller
 from edgespec.server.config import LimitsConfig
 from edgespec.server.engine_loop import EngineLoop, Job
-from edgespec.server.policy import Policy
+from edgespec.server.policy import Policy, check_ignore_eos
 from edgespec.tools import call_format, encode_request
 from edgespec.types import GenerationResult
 
@@ -93,6 +93,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             if constraint is not None and spec.calls_allowed:
                 raise BadRequest("sampling.constraint", "cannot be combined with tools unless tools.choice is none")
             constraint = constraint or spec.constraint()
+        check_ignore_eos(sampling, constraint is not None, "sampling.ignore_eos")
         field = "tools" if spec is not None else "sampling.constraint"
         variables, budget = convert.reasoning_from(request)
         reasons = self._reasons(messages)

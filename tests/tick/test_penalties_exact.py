@@ -99,6 +99,45 @@ def test_a_bias_outside_the_vocabulary_is_refused_by_the_engine():
     assert e.value.field == f"logit_bias.{VOCAB}"
 
 
+def test_ignore_eos_bans_the_end_of_generation_tokens_in_every_row():
+    rng = np.random.default_rng(1)
+    tree = _random_tree(rng, 6)
+    rows = rng.normal(size=(len(tree), VOCAB)).astype(np.float32)
+    rows[:, EOS] = 50.0  # every row would end the answer
+    adj = Adjuster(SamplingParams(ignore_eos=True, logit_bias={EOS: 10.0, 7: 1.0}), VOCAB, eog=(EOS,))
+    got = adj.rows(rows, tree, [])
+    assert np.all(got[:, EOS] == -np.inf)
+    assert np.array_equal(got[:, 7], rows[:, 7] + np.float32(1.0))
+    others = [j for j in range(VOCAB) if j not in (EOS, 7)]
+    assert np.array_equal(got[:, others], rows[:, others])
+    # without ignore_eos the model's EOS list is not read
+    assert Adjuster(SamplingParams(logit_bias={7: 1.0}), VOCAB, eog=(EOS,)).rows(rows, tree, [])[0, EOS] == 50.0
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_greedy_speculation_with_ignore_eos_equals_plain(mode):
+    eng = fake_backed_engine(parallel=2, draft_noise=0.5)
+    ends = SamplingParams(max_tokens=40, logit_bias={EOS: 9.0})  # greedy ends at EOS after 2 tokens
+    s = SamplingParams(max_tokens=40, logit_bias={EOS: 9.0}, ignore_eos=True)
+    for prompt in ((0, 5, 9), (0, 12, 30)):
+        ended = eng.generate(GenerationRequest(prompt, ends, SpeculationParams(mode="plain")))
+        assert ended.finish_reason == "eos" and len(ended.token_ids) < 40
+        plain = eng.generate(GenerationRequest(prompt, s, SpeculationParams(mode="plain")))
+        assert plain.finish_reason == "length" and len(plain.token_ids) == 40 and EOS not in plain.token_ids
+        assert plain.token_ids[:len(ended.token_ids)] == ended.token_ids
+        spec = eng.generate(GenerationRequest(prompt, s, SpeculationParams(mode=mode)))
+        assert spec.token_ids == plain.token_ids and spec.finish_reason == "length"
+        assert spec.stats.accepted_tokens > 0  # the drafts were verified, not skipped
+
+
+def test_sampling_with_ignore_eos_never_ends_early():
+    eng = fake_backed_engine(parallel=2, draft_noise=0.5)
+    for seed in range(8):
+        s = SamplingParams(max_tokens=30, temperature=1.0, seed=seed, logit_bias={EOS: 4.0}, ignore_eos=True)
+        r = eng.generate(GenerationRequest(PROMPTS[seed % 2], s, SpeculationParams(mode="tree")))
+        assert r.finish_reason == "length" and len(r.token_ids) == 30 and EOS not in r.token_ids
+
+
 @pytest.mark.parametrize("mode", ["chain", "tree"])
 def test_greedy_speculation_with_penalties_equals_plain(mode):
     eng = fake_backed_engine(parallel=2, draft_noise=0.5)
