@@ -5,7 +5,11 @@
   applies the target's chat template), speculation mode AUTO or OFF (plain decoding).
 - llama-server: its HTTP `/completion` with `stream: true`, the prompt sent as the very token ids
   the edgespec daemon's `Tokenize` gives for that chat message, `cache_prompt` as the run's
-  prompt cache (false unless `--prompt-cache`), temperature 0, `n_predict` = max tokens; EOS ends both.
+  prompt cache (false unless `--prompt-cache`), temperature 0, `n_predict` = max tokens.
+
+EOS ends a request in both, unless the run sets `ignore_eos` (`--ignore-eos`): then both get
+`ignore_eos: true` (the daemon's `sampling.ignore_eos`, llama-server's own field), both ban the
+end-of-generation tokens, and every request runs to max tokens: equal work in both systems.
 
 Both read their stream on the calling thread; one client object serves many threads.
 """
@@ -27,7 +31,7 @@ OnChunk = Callable[[Trace], None]  # called on the reading thread after each chu
 class EdgespecClient:
     """Streams from an edgespec daemon at `addr` (loopback, plaintext)."""
 
-    def __init__(self, addr: str, mode: str, *, timeout: float = 600.0, token: str = ""):
+    def __init__(self, addr: str, mode: str, *, timeout: float = 600.0, token: str = "", ignore_eos: bool = False):
         if mode not in EDGESPEC_MODES:
             raise ValueError(f"mode must be one of {EDGESPEC_MODES}, got {mode!r}")
         from edgespec.proto.edgespec.v1 import inference_pb2_grpc
@@ -39,6 +43,7 @@ class EdgespecClient:
         self.mode = mode
         self.timeout = timeout
         self.system = f"edgespec-{mode}"
+        self.ignore_eos = ignore_eos
 
     def close(self) -> None:
         self.channel.close()
@@ -79,17 +84,26 @@ class EdgespecClient:
         req.messages.add(role="user", content=prompt)
         return list(self.stub.Tokenize(req, timeout=60, metadata=self.options.metadata).token_ids)
 
-    def stream(self, prompt_id: str, prompt: str, max_tokens: int, tokens: Sequence[int] = (),
-               on_chunk: OnChunk | None = None) -> Trace:
-        import grpc
-
+    def request(self, prompt: str, max_tokens: int) -> Any:
+        """The GenerateRequest of one benchmark request: greedy, the run's mode and ignore_eos."""
         from edgespec.proto.edgespec.v1 import inference_pb2 as pb
 
         req = pb.GenerateRequest()
         req.messages.add(role="user", content=prompt)
         req.sampling.temperature = 0.0
         req.sampling.max_tokens = max_tokens
+        if self.ignore_eos:
+            req.sampling.ignore_eos = True
         req.speculation.mode = pb.AUTO if self.mode == "auto" else pb.OFF
+        return req
+
+    def stream(self, prompt_id: str, prompt: str, max_tokens: int, tokens: Sequence[int] = (),
+               on_chunk: OnChunk | None = None) -> Trace:
+        import grpc
+
+        from edgespec.proto.edgespec.v1 import inference_pb2 as pb
+
+        req = self.request(prompt, max_tokens)
         tr = Trace(system=self.system, prompt_id=prompt_id, submitted=time.perf_counter())
         try:
             for chunk in self.stub.GenerateStream(req, timeout=self.timeout, metadata=self.options.metadata):
@@ -116,13 +130,15 @@ class EdgespecClient:
 class LlamaServerClient:
     """Streams from llama.cpp's llama-server at http://127.0.0.1:`port`."""
 
-    def __init__(self, port: int, system: str, *, timeout: float = 600.0, cache_prompt: bool = False):
+    def __init__(self, port: int, system: str, *, timeout: float = 600.0, cache_prompt: bool = False,
+                 ignore_eos: bool = False):
         self.port = port
         self.system = system
         self.timeout = timeout
         # llama-server reuses the prefix its slot already holds (`cache_prompt`), as the daemon's
         # prompt cache does
         self.cache_prompt = cache_prompt
+        self.ignore_eos = ignore_eos  # llama-server bans the end-of-generation tokens (its logit_bias_eog)
 
     def close(self) -> None:
         pass
@@ -138,13 +154,16 @@ class LlamaServerClient:
         finally:
             conn.close()
 
+    def body(self, tokens: Sequence[int], max_tokens: int) -> dict[str, Any]:
+        """The /completion body of one benchmark request: greedy, the run's cache_prompt and ignore_eos."""
+        return {"prompt": list(tokens), "n_predict": max_tokens, "stream": True, "cache_prompt": self.cache_prompt,
+                "temperature": 0.0, "seed": 0, "ignore_eos": self.ignore_eos}
+
     def stream(self, prompt_id: str, prompt: str, max_tokens: int, tokens: Sequence[int] = (),
                on_chunk: OnChunk | None = None) -> Trace:
         if not tokens:
             raise ValueError("llama-server requests take the prompt as token ids (the edgespec daemon's Tokenize)")
-        body = json.dumps({"prompt": list(tokens), "n_predict": max_tokens, "stream": True,
-                           "cache_prompt": self.cache_prompt,
-                           "temperature": 0.0, "seed": 0}).encode()
+        body = json.dumps(self.body(tokens, max_tokens)).encode()
         tr = Trace(system=self.system, prompt_id=prompt_id, submitted=time.perf_counter(), prompt_tokens=len(tokens))
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
         try:

@@ -27,6 +27,14 @@ def _caches(s: dict[str, Any]) -> str:
     return f"{prompt}; {suffix}."
 
 
+def _length(s: dict[str, Any]) -> str:
+    """How long each request runs (settings of older reports lack ignore_eos)."""
+    if s.get("ignore_eos"):
+        return (f"every request runs to {s['max_tokens']} tokens (ignore_eos sent to both systems: "
+                "end-of-generation tokens banned)")
+    return f"max {s['max_tokens']} tokens per request (EOS ends earlier)"
+
+
 def to_markdown(report: dict[str, Any]) -> str:
     out = _main_table(report)
     for section in (_ratios, _warmup, _drafts, _scenario, _servers):
@@ -43,7 +51,7 @@ def _main_table(report: dict[str, Any]) -> list[str]:
         f"`{report['command']}`",
         "",
         f"Machine: {m.get('cpu')} ({m.get('cores')} cores), GPU: {m.get('gpu') or 'none'}; llama-cpp-python "
-        f"{m.get('llama_cpp_python')}. Greedy, max {s['max_tokens']} tokens per request (EOS ends earlier), "
+        f"{m.get('llama_cpp_python')}. Greedy, {_length(s)}, "
         f"{s['requests']} requests per cell in {s['rounds']} interleaved rounds, {s['threads']} threads, "
         f"suite `{s['suite']}` ({s['prompts']} prompts), per-request context {s['n_ctx']}. "
         f"{_caches(s)}",

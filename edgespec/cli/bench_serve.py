@@ -98,6 +98,9 @@ def bench_serve(
                                       "(its [server] prompt_cache, on by default in a deployment) and llama-server "
                                       "reuses its slot's prefix (cache_prompt: true): a prompt sharing a prefix "
                                       "with an earlier one prefills only what follows it, in both"),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="every request runs to --max-tokens: edgespec "
+                                    "and llama-server both get ignore_eos (end-of-generation tokens banned), so "
+                                    "both systems generate the same number of tokens"),
     pad_forwards: str = typer.Option("auto", "--pad-forwards", help="the daemon's [speculation] pad_forwards: "
                                      "auto (on with a target on a GPU), true or false; compare a level's auto / "
                                      "plain ratio with padding on and off"),
@@ -135,6 +138,7 @@ def _bench_serve(a: SimpleNamespace) -> None:
                        max_tokens=max(a.max_tokens, a.scenario_stream_tokens), systems=systems,
                        llama_bin=a.llama_server_bin, draft_max=a.draft_max, workdir=a.workdir or workdir_default(),
                        commands=commands, suffix_cache=a.suffix_cache, prompt_cache=a.prompt_cache,
+                       ignore_eos=a.ignore_eos,
                        chat_template=str(a.chat_template) if a.chat_template else None,
                        pad_forwards={"true": True, "false": False}.get(a.pad_forwards, a.pad_forwards))
     level_results = run_levels(lambda n: starter.start(n, a.n_ctx, prompts, a.max_tokens), systems, prompts, levels,
@@ -149,6 +153,7 @@ def _bench_serve(a: SimpleNamespace) -> None:
                      "target": target_path,
                      "draft": draft_path, "draft_max": a.draft_max, "addr": a.addr,
                      "prompt_cache": a.prompt_cache if a.addr is None else "as the attached daemon",
+                     "ignore_eos": a.ignore_eos,
                      "suffix_cache": a.suffix_cache if a.addr is None else "as the attached daemon",
                      "pad_forwards": a.pad_forwards if a.addr is None else "as the attached daemon"},
         "machine": machine_info(),
@@ -217,6 +222,7 @@ class _Starter:
     commands: dict = field(default_factory=dict)  # what the report lists under "commands"
     suffix_cache: bool = False  # the daemon's speculation.suffix_cache
     prompt_cache: bool = False  # the daemon's server.prompt_cache and llama-server's cache_prompt
+    ignore_eos: bool = False  # every request's ignore_eos (both systems): it runs to max_tokens
     pad_forwards: str | bool = "auto"  # the daemon's speculation.pad_forwards
     daemon_default_draft: bool = False  # the daemon drafts with its own default (no --draft)
     head: str | None = None  # --head: the daemon's [draft] head
@@ -288,7 +294,7 @@ class _Starter:
             info["prompt_tokens"] = {pid: len(ids) for pid, ids in tokens.items()}
             for name in self.systems:
                 if name.startswith("edgespec-"):
-                    clients[name] = EdgespecClient(addr, name.split("-", 1)[1])
+                    clients[name] = EdgespecClient(addr, name.split("-", 1)[1], ignore_eos=self.ignore_eos)
                 else:
                     with_draft = name == "llama-server-draft"
                     assert self.llama_bin is not None  # checked with the arguments: llama systems need it
@@ -300,7 +306,7 @@ class _Starter:
                     procs.append(p)
                     self.commands.setdefault(name, shlex.join(p.command))
                     clients[name] = LlamaServerClient(int(p.addr.rsplit(":", 1)[1]), name,
-                                                      cache_prompt=self.prompt_cache)
+                                                      cache_prompt=self.prompt_cache, ignore_eos=self.ignore_eos)
             try:  # what the daemon's drafts did before the level (an attached daemon's history)
                 base = tok.draft_stats()
             except Exception:  # Admin.Stats refused (an attached daemon's admin auth): no drafts figures

@@ -92,3 +92,20 @@ def test_http_error_is_recorded(server):
 def test_tokens_are_required():
     with pytest.raises(ValueError):
         LlamaServerClient(1, "x").stream("p", "text", 4)
+
+
+def test_ignore_eos_reaches_both_systems_requests(server):
+    """--ignore-eos: llama-server's /completion body and the daemon's GenerateRequest both carry
+    it (equal work: every request of both runs to max tokens); off by default in both."""
+    from edgespec.bench.serve_clients import EdgespecClient
+
+    for flag in (False, True):
+        assert LlamaServerClient(server, "llama-server", ignore_eos=flag).stream("p", "", 2, tokens=[1]).error is None
+        assert Handler.bodies[-1]["ignore_eos"] is flag
+        c = EdgespecClient("127.0.0.1:1", "auto", ignore_eos=flag)  # the channel connects lazily: no daemon needed
+        try:
+            req = c.request("hi", 7)
+        finally:
+            c.close()
+        assert req.sampling.HasField("ignore_eos") is flag and req.sampling.ignore_eos is flag
+        assert req.sampling.max_tokens == 7 and req.sampling.temperature == 0.0

@@ -212,6 +212,14 @@ def test_the_report_says_what_the_servers_reuse():
     assert _caches({"prompt_cache": "as the attached daemon"}).startswith("Prompt cache as the attached daemon")
 
 
+def test_the_report_says_whether_requests_ran_to_max_tokens():
+    from edgespec.bench.serve_report import _length
+
+    assert "EOS ends earlier" in _length({"max_tokens": 64})
+    both = _length({"max_tokens": 64, "ignore_eos": True})
+    assert "every request runs to 64 tokens" in both and "ignore_eos" in both and "EOS ends earlier" not in both
+
+
 def test_llama_server_command():
     plain = llama_server_cmd(Path("/b"), target="t.gguf", draft=None, parallel=4, n_ctx=1024, threads=2, port=9)
     def val(flag):
