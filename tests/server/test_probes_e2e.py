@@ -51,7 +51,7 @@ ROUTES: dict[str, tuple[str, dict | None]] = {  # path -> (method, a valid body)
 # fields the routes read, beyond their base bodies' (values are drawn at random)
 FIELDS = ["stream", "temperature", "top_p", "top_k", "n", "stop", "seed", "logprobs", "top_logprobs",
           "response_format", "tools", "tool_choice", "logit_bias", "stream_options", "presence_penalty",
-          "frequency_penalty", "max_completion_tokens", "system", "instructions", "text", "reasoning",
+          "frequency_penalty", "ignore_eos", "max_completion_tokens", "system", "instructions", "text", "reasoning",
           "messages", "prompt", "input", "tokens", "max_tokens", "model", "edgespec", "user", "metadata"]
 
 json_values = st.recursive(
