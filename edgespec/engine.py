@@ -53,20 +53,23 @@ log = get_logger("edgespec.engine")
 
 
 def pad_forwards(cost: CostModel, contexts: tuple[AnyContext | None, ...], cfg: EngineConfig) -> CostModel:
-    """`cost`, and where `[speculation] pad_forwards` asks for it (auto: a target on a GPU) its
-    forwards priced at the fixed widths (controller/widths.py) and the target's and draft model's
-    contexts padding each forward to the width it is priced at (backend.Context): a shape that
-    repeats from step to step keeps a GPU's CUDA graph warm. An EAGLE-3 head is not padded."""
+    """`cost`, with the target's and draft model's contexts padding each forward to the width it
+    is priced at (backend.Context). Where `[speculation] pad_forwards` asks for it (auto: a target
+    on a GPU) that is one of the fixed widths (controller/widths.py): a shape that repeats from
+    step to step keeps a GPU's CUDA graph warm. Otherwise a forward is padded only up to a wider
+    measured width that costs less (`CostModel.pad_to`): the controller prices n tokens at the
+    cheapest forward that holds them, and a CPU's repacked K-quant and Q4_0 kernels take 4
+    columns at a time, so there 3 tokens cost more than 4. An EAGLE-3 head is not padded."""
     from edgespec.controller.widths import WIDTHS
 
     on = cfg.pads_forwards(cfg.target.n_gpu_layers != 0 and backend.gpu_offload_supported())
-    log.info("pad_forwards", on=on, setting=cfg.pad_forwards, widths=list(WIDTHS) if on else None)
-    if not on:
-        return cost
-    cost.widths = WIDTHS
+    log.info("pad_forwards", on=on, setting=cfg.pad_forwards, widths=list(WIDTHS) if on else "cheaper measured")
+    if on:
+        cost.widths = WIDTHS
     for ctx, kind in zip(contexts, ("target", "draft")):
         if ctx is not None and not isinstance(ctx, backend.HeadContext):
             ctx.pad_width = partial(cost.pad_to, kind=kind)
+            cost.padded.add(kind)
     return cost
 
 

@@ -353,7 +353,9 @@ SETTINGS: tuple[Setting, ...] = (
           "to), the extra tokens inert in a scratch sequence whose cells are removed after the forward: on "
           "a GPU the forward's shape then repeats from step to step and llama.cpp replays it as a CUDA graph; "
           "outputs are unchanged (bit for bit on a CPU). auto = on when the target is offloaded to a GPU "
-          "(n_gpu_layers != 0), off on a CPU, where padding only costs (restart to change)",
+          "(n_gpu_layers != 0), off on a CPU. Off, a forward is still padded where a wider measured width "
+          "costs less than its own (on a CPU, ggml's repacked Q4_0 and Q4_K kernels take 4 tokens at a "
+          "time, so 2-3 tokens run as 4) (restart to change)",
           choices=("auto", True, False)),
     _spec("suffix_cache", B, True, "draft from a cross-request suffix cache of recent replies (point drafts: "
           "the output never changes); a request that does not speculate neither reads nor feeds it; false "

@@ -316,6 +316,9 @@ class CostModel:
         # the fixed widths every forward is padded into (backend.Context, `[speculation]
         # pad_forwards`): pad_to rounds up into them; None: forwards run at their own width
         self.widths: tuple[int, ...] | None = None
+        # the kinds whose forwards the backend pads to `pad_to`'s width (engine.pad_forwards): a
+        # forward of n tokens is timed at that width, and `observe` files it there
+        self.padded: set[str] = set()
         self.ctx = ContextFit(alpha)
 
     @property
@@ -434,6 +437,11 @@ class CostModel:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         if n < 1 or not seconds > 0 or self.alpha == 0.0:
             return
+        if kind in self.padded:
+            # the forward ran at the width pad_to names: filed under n, a padded forward's time
+            # would teach n's own size that it costs what the wider one does, and the next
+            # forward of n would run unpadded at n's real price
+            n = self.pad_to(n, kind)
         if kind == "target" and context is not None:
             s = max(1, sessions)
             d = context - s * self.calib_context

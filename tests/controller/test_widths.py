@@ -85,3 +85,26 @@ def test_a_table_that_dips_learns_each_size_against_its_own_time() -> None:
         m.observe("target", 12, GPU[12])
     assert m.as_dict()["online"]["target"]["level"]["12"] == pytest.approx(1.0)
     assert m.pad_to(12) == 16 and m.verify_seconds(12) == pytest.approx(GPU[16])
+
+
+# a CPU's repacked Q4_K target (the 1B-cost demo, one thread): 4 tokens take the 4-column gemm,
+# 2 and 3 the one-column gemv each
+REPACKED = {1: 0.1025, 2: 0.161, 3: 0.186, 4: 0.133, 8: 0.257, 12: 0.359, 16: 0.316}
+
+
+def test_a_padded_kind_files_each_forward_under_the_width_it_ran_at() -> None:
+    """3 tokens run padded as 4 (T(4) < T(3)), so they take T(4). Filed under 3, those times
+    would teach size 3 that it costs T(4): pad_to(3) would stop padding and the next forwards of
+    3 would run at T(3) (and so on, back and forth). Filed under 4, the decision holds."""
+    padded = CostModel.from_tables(REPACKED, {1: 0.015})
+    padded.padded.add("target")
+    unfiled = CostModel.from_tables(REPACKED, {1: 0.015})
+    for m in (padded, unfiled):
+        assert m.pad_to(3) == 4 and m.pad_to(2) == 4 and m.pad_to(12) == 16 and m.pad_to(5) == 5
+        assert m.verify_seconds(3) == pytest.approx(REPACKED[4])
+        for _ in range(10):
+            m.observe("target", 1, REPACKED[1])  # plain steps and 4-token ones, as calibrated
+            m.observe("target", 4, REPACKED[4])
+            m.observe("target", 3, REPACKED[4])  # the padded forward's time
+    assert padded.pad_to(3) == 4 and padded.as_dict()["online"]["target"]["level"]["3"] == pytest.approx(1.0)
+    assert unfiled.pad_to(3) == 3  # the flip the filing prevents

@@ -50,6 +50,25 @@ def test_a_padding_cost_model_prices_every_forward_at_a_fixed_width() -> None:
     assert cost.drafting("draft").at(100).pad_to(5) in WIDTHS  # the controller's views price alike
 
 
+def test_off_a_forward_is_padded_only_where_a_wider_measured_width_costs_less() -> None:
+    """pad_forwards off (a CPU's auto): no fixed widths, but a context still pads 2-3 tokens up to
+    the 4 a repacked 4-column kernel runs cheaper, and the cost model files those forwards there;
+    on a curve that grows with n nothing is padded. An EAGLE-3 head's context is never padded."""
+    from types import SimpleNamespace
+
+    from edgespec.engine import pad_forwards
+
+    repacked = CostModel.from_tables({1: 0.10, 2: 0.16, 3: 0.19, 4: 0.13, 8: 0.26}, {1: 0.015, 2: 0.03, 4: 0.02})
+    target, draft = SimpleNamespace(pad_width=None), SimpleNamespace(pad_width=None)
+    cfg = EngineConfig(ModelConfig(path="t.gguf"), None, pad_forwards=False)
+    cost = pad_forwards(repacked, (target, draft), cfg)
+    assert cost.widths is None and cost.padded == {"target", "draft"}
+    assert [target.pad_width(n) for n in (1, 2, 3, 4, 5, 8)] == [1, 4, 4, 4, 5, 8]
+    assert draft.pad_width(2) == 4 and draft.pad_width(1) == 1
+    rising = pad_forwards(CostModel(), (target,), cfg)
+    assert all(target.pad_width(n) == n for n in range(1, 17)) and rising.padded == {"target"}
+
+
 # ---- the demo pair ---------------------------------------------------------------------------
 
 
