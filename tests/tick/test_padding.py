@@ -61,11 +61,11 @@ def test_off_a_forward_is_padded_only_where_a_wider_measured_width_costs_less() 
     repacked = CostModel.from_tables({1: 0.10, 2: 0.16, 3: 0.19, 4: 0.13, 8: 0.26}, {1: 0.015, 2: 0.03, 4: 0.02})
     target, draft = SimpleNamespace(pad_width=None), SimpleNamespace(pad_width=None)
     cfg = EngineConfig(ModelConfig(path="t.gguf"), None, pad_forwards=False)
-    cost = pad_forwards(repacked, (target, draft), cfg)
+    cost = pad_forwards(repacked, (target, draft), cfg)  # type: ignore[arg-type]  # pad_width is all it reads
     assert cost.widths is None and cost.padded == {"target", "draft"}
     assert [target.pad_width(n) for n in (1, 2, 3, 4, 5, 8)] == [1, 4, 4, 4, 5, 8]
     assert draft.pad_width(2) == 4 and draft.pad_width(1) == 1
-    rising = pad_forwards(CostModel(), (target,), cfg)
+    rising = pad_forwards(CostModel(), (target,), cfg)  # type: ignore[arg-type]
     assert all(target.pad_width(n) == n for n in range(1, 17)) and rising.padded == {"target"}
 
 
