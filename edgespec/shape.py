@@ -38,10 +38,17 @@ class Shape:
     runner_ups: int = 0  # chain + runner-ups (see above)
     expand: int = 1  # EAGLE-2: frontier nodes expanded per level
     stop_prob: float = 0.0  # drafter stops adding levels when the best frontier path's acceptance estimate < this
+    # per level, where the economics set it lower than stop_prob: stop_levels[j - 1] is the
+    # threshold for drafting level j + 1 (ShapePolicy.stop_levels); levels beyond it use stop_prob
+    stop_levels: tuple[float, ...] = ()
     # P(accepted | the draft's probability for the token), by bucket of that probability
     # (acceptance.Calibration): the path estimate is the product of these along the path. Empty: the
     # draft's own cumulative probability is the estimate (a draft assumed calibrated).
     calib: tuple[float, ...] = ()
+
+    def stop_at(self, level: int) -> float:
+        """The path estimate below which the drafter stops after `level` levels."""
+        return self.stop_levels[level - 1] if 0 < level <= len(self.stop_levels) else self.stop_prob
 
     def accept_estimate(self, p: float) -> float:
         """The acceptance estimate of a drafted token to which the draft gave probability p."""
@@ -69,6 +76,7 @@ class Shape:
             "runner_ups": self.runner_ups,
             "expand": self.expand,
             "stop_prob": self.stop_prob,
+            **({"stop_levels": [round(x, 4) for x in self.stop_levels]} if self.stop_levels else {}),
         }
 
 

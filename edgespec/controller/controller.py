@@ -155,6 +155,9 @@ class Controller:
             else:
                 shape = choice.shape
                 predicted = choice.seconds
+                levels = self.policy.stop_levels(shape, a, cost, choice.rate)
+                if levels:
+                    shape = replace(shape, stop_levels=levels)
         if shape.mode != "plain" and shape.stop_prob > 0 and self.cfg.calibrate_stop:
             shape = replace(shape, calib=self.calibration.rates())
         return Decision(shape, cost, predicted, choice, check, a, skipped)

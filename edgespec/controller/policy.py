@@ -248,6 +248,25 @@ class ShapePolicy:
         shape, e, secs = best
         return Choice(shape, e, secs, e / secs, plain_rate, n, cost.pad_to(shape.verify_tokens))
 
+    def stop_levels(self, shape: Shape, a: list[list[float]], cost: CostModel, rate: float) -> tuple[float, ...]:
+        """Per level of a chain, the path estimate below which drafting the next level stops paying:
+        level j + 1 costs one draft forward and the verification's extra width, and is worth its
+        token's acceptance (a[j][0]) times the path estimate, at the step's `rate` (tokens per
+        second) that many seconds. So the threshold is marginal seconds x rate / a[j][0], capped at
+        `stop_prob` (the setting stays the most it may be). Where drafting is dear against a
+        forward (a draft a third of the target's cost) that is stop_prob itself; with a cheap draft
+        and a verification whose cost steps (a CPU's 4-token kernels) it is lower: a chain does
+        not stop short where its next token costs little. Other shapes: () (stop_prob)."""
+        if shape.mode != "chain" or shape.stop_prob <= 0 or rate <= 0 or shape.depth < 2:
+            return ()
+        verify = cost.verify_seconds
+        step = cost.draft_seconds(1) if self.has_draft_model else 0.0
+        out = []
+        for j in range(1, shape.depth):
+            marginal = step + max(0.0, verify(j + 2) - verify(j + 1))
+            out.append(min(shape.stop_prob, marginal * rate / max(a[j][0], 0.05)))
+        return tuple(out)
+
     def evaluate(self, shape: Shape, a: list[list[float]], cost: CostModel, *, catchup: int = 1,
                  overhead_spec: float = 0.0, overhead_plain: float = 0.0) -> tuple[float, float]:
         """(E[tokens], E[seconds]) of one given shape (used by tests and the simulator's reports)."""

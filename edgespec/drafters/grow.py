@@ -122,7 +122,8 @@ class Growth:
         shape = self.shape
         if level == depth or not new or (not self.greedy and self.budget <= 0):
             return []
-        if shape.stop_prob > 0 and max(self.est[i] for i in new) < shape.stop_prob:
+        stop = shape.stop_at(level)
+        if stop > 0 and max(self.est[i] for i in new) < stop:
             return []
         return sorted(new, key=lambda i: -self.cum[i])[: max(1, shape.expand)]
 

@@ -31,7 +31,7 @@ the piece the schedule foresees is absorbed in pieces too while the session deco
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from edgespec.controller import CostModel, Decision, expansion_batches
@@ -292,7 +292,8 @@ def _ladder(engine: TickEngine, s: TickSession, solo: Shape, cost: CostModel) ->
         return rungs
     depth = solo.depth if solo.mode == "chain" else min(solo.depth, 4)
     for k in range(1, depth):
-        rungs.append(_rung_of(engine, s, chain(k, solo.stop_prob), cost))
+        rungs.append(_rung_of(engine, s, replace(chain(k, solo.stop_prob), calib=solo.calib,
+                                                 stop_levels=solo.stop_levels[:k - 1]), cost))
     rungs.append(_rung_of(engine, s, solo, cost))
     return rungs
 

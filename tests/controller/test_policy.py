@@ -94,3 +94,31 @@ def test_without_draft_model_only_free_ngram_chains():
     assert best.shape.mode == "chain"
     off = ShapePolicy(ControllerConfig(enable_ngram=False), max_depth=8, max_nodes=16, has_draft_model=False)
     assert not off.has_speculative
+
+
+def test_a_chains_stop_levels_follow_the_economics_and_never_exceed_stop_prob():
+    """Drafting level j + 1 costs a draft forward plus the verification's extra width and is worth
+    a[j][0] x the path estimate tokens: below marginal x rate / a[j][0] it stops. With the draft a
+    third of a forward (the demo pair) the cap, stop_prob, binds at every level; with a draft at 13 %
+    and 4-token kernels (T(3) priced as T(4): the third drafted token costs one draft forward
+    only) a chain does not stop short at 0.6."""
+    from edgespec.controller import CostModel
+    from edgespec.shape import Shape
+
+    policy = ShapePolicy(ControllerConfig(), max_depth=8, max_nodes=16)
+    a = [[0.75, 0.3, 0.2, 0.2]] * 8
+    cheap = CostModel.from_tables({1: 0.1025, 2: 0.161, 3: 0.186, 4: 0.133, 8: 0.257, 16: 0.316}, {1: 0.0135})
+    dear = CostModel.from_tables({1: 0.0196, 2: 0.0204, 4: 0.0245, 8: 0.0349, 16: 0.0408}, {1: 0.007})
+    for cost, binds in ((cheap, False), (dear, True)):
+        tokens, secs = policy.evaluate(chain(3, 0.6), a, cost)
+        levels = policy.stop_levels(chain(3, 0.6), a, cost, tokens / secs)
+        assert len(levels) == 2 and all(0 < x <= 0.6 for x in levels)
+        assert (levels == (0.6, 0.6)) == binds, levels
+    tokens, secs = policy.evaluate(chain(3, 0.6), a, cheap)
+    third = policy.stop_levels(chain(3, 0.6), a, cheap, tokens / secs)[1]
+    assert third == pytest.approx(0.0135 * tokens / secs / 0.75)  # one draft forward, no extra width
+    assert third < 0.75 * 0.75  # so a path of two accepted-looking tokens goes on to a third
+    assert policy.stop_levels(chain(3, 0.0), a, cheap, 10.0) == ()  # no stop rule: none
+    assert policy.stop_levels(runner_ups(3, 1, 0.6), a, cheap, 10.0) == ()  # trees keep stop_prob
+    s = Shape("chain", depth=4, nodes=4, stop_prob=0.6, stop_levels=(0.2, 0.3))
+    assert [s.stop_at(level) for level in (1, 2, 3, 4)] == [0.2, 0.3, 0.6, 0.6]

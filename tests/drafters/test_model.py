@@ -22,17 +22,23 @@ def test_draft_stops_early_below_stop_prob(engine):
     slot = next(s for s in engine.slots if not s.busy)
     toks = engine.encode_chat([("user", "Write a haiku about the sea, then explain its imagery.")])
     greedy = SamplingParams(max_tokens=8)
+    from dataclasses import replace
+
     levels = {}
-    for sp in (0.0, 0.6, 1.0):
+    shapes = {0.0: chain(6, 0.0), 0.6: chain(6, 0.6), 1.0: chain(6, 1.0),
+              # the per-level thresholds the economics set (Shape.stop_levels) come before stop_prob
+              "levels": replace(chain(6, 1.0), stop_levels=(0.0,) * 4)}
+    for key, shape in shapes.items():
         drafter = ModelDrafter(slot.draft)
         drafter.begin(toks)
         tree = DraftTree.root(toks[-1])
-        rep = drafter.propose(tree, toks, chain(6, sp), greedy, np.random.default_rng(0))
+        rep = drafter.propose(tree, toks, shape, greedy, np.random.default_rng(0))
         drafter.end()
-        levels[sp] = (rep.levels, len(tree) - 1)
+        levels[key] = (rep.levels, len(tree) - 1)
     assert levels[0.0] == (6, 6)  # never stops
     assert levels[1.0] == (1, 1)  # a path probability is < 1 after one token: stops at once
     assert 1 <= levels[0.6][0] <= 6
+    assert levels["levels"] == (5, 5)  # levels 2-5 drafted past stop_prob 1.0, then it stops
 
 
 def test_draft_stop_rule_multiplies_the_calibrated_estimates(engine):
