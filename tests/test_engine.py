@@ -59,12 +59,15 @@ def changed_config(engine, **changes):
 def greedy(engine):
     """greedy(prompt, mode) -> the greedy result at 96 tokens, run once per module: the plain run
     every mode is compared with, and the chain and tree runs the tau comparison reads, are shared
-    by the tests below instead of being decoded again by each (KV invariants checked every step)."""
-    done: dict[tuple[str, str], object] = {}
+    by the tests below instead of being decoded again by each (KV invariants checked every step).
+    `prompt`: the user's message, or a tuple of (role, content) messages. Greedy plain decoding
+    at max_tokens n is the first n tokens of this run (it ends at n, or at the same EOS)."""
+    done: dict[tuple[str | tuple[tuple[str, str], ...], str], object] = {}
 
-    def result(prompt: str, mode: str):
+    def result(prompt: str | tuple[tuple[str, str], ...], mode: str):
         if (prompt, mode) not in done:
-            done[prompt, mode] = run(engine, engine.encode_chat([("user", prompt)]), mode)
+            messages = [("user", prompt)] if isinstance(prompt, str) else list(prompt)
+            done[prompt, mode] = run(engine, engine.encode_chat(messages), mode)
         return done[prompt, mode]
 
     return result
@@ -116,9 +119,10 @@ def test_tree_tau_beats_chain_tau(greedy):
     assert chain_f / tree_f >= 1.2, (chain_f, tree_f)  # 1.25-1.35 measured on the demo pair
 
 
-def test_max_tokens_inside_an_accepted_run(engine):
+def test_max_tokens_inside_an_accepted_run(engine, greedy):
     toks = engine.encode_chat([("user", PROMPTS[0])])
-    plain = run(engine, toks, "plain", max_tokens=40)
+    plain = greedy(PROMPTS[0], "plain")  # 96 tokens: n of them are plain's at max_tokens n
+    assert plain.finish_reason == "length"
     for n in (1, 2, 7, 13):
         res = run(engine, toks, "tree", max_tokens=n)
         assert res.token_ids == plain.token_ids[:n]
@@ -126,12 +130,12 @@ def test_max_tokens_inside_an_accepted_run(engine):
         assert res.text == engine.detokenize(plain.token_ids[:n])
 
 
-def test_stop_string_spanning_tokens(engine):
+def test_stop_string_spanning_tokens(engine, greedy):
     toks = engine.encode_chat([("user", PROMPTS[0])])
-    plain_full = run(engine, toks, "plain", max_tokens=60)
-    text = plain_full.text
+    plain_ids = greedy(PROMPTS[0], "plain").token_ids[:60]  # plain's 60 tokens, without a stop string
+    text = engine.detokenize(plain_ids)
     # a stop string covering parts of several tokens, from the middle of the answer
-    pieces = [engine.target.piece(t).decode(errors="replace") for t in plain_full.token_ids]
+    pieces = [engine.target.piece(t).decode(errors="replace") for t in plain_ids]
     start = len("".join(pieces[:20])) + 1
     stop = text[start:start + 9]
     assert len(stop) == 9 and stop.strip()
@@ -443,13 +447,15 @@ SYSTEM = ("You are the support assistant of a utility company. Answer politely a
           "EUR per kWh with two decimals. Tariffs: Basic 0.31 EUR/kWh, monthly fee 9.90 EUR; Green 0.34 EUR/kWh, "
           "renewable, monthly fee 7.50 EUR; Night 0.24 EUR/kWh from 22:00 to 06:00, else 0.36 EUR/kWh. For an "
           "outage, ask for the meter number and the postal code. Billing disputes: form D-7 within 30 days.")
+# the second turn of the draft-cache tests: its plain run is the module's (the `greedy` fixture)
+POWER_OUT = (("system", SYSTEM), ("user", "My power is out, what should I do?"))
 
 
 def _shared(a, b) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def test_draft_cache_keeps_any_shared_prefix(engine):
+def test_draft_cache_keeps_any_shared_prefix(engine, greedy):
     """The draft keeps what a request left in its sequence 0: the next request on the slot absorbs
     only what follows the prefix they share (a system prompt here: any length, not whole chunks),
     decodes plain decoding's tokens (KV invariants every step), and its draft sees the same
@@ -458,12 +464,10 @@ def test_draft_cache_keeps_any_shared_prefix(engine):
     from edgespec.drafters.model import DraftCache
 
     a = engine.encode_chat([("system", SYSTEM), ("user", "What does the Green tariff cost?")])
-    b = engine.encode_chat([("system", SYSTEM), ("user", "My power is out, what should I do?")])
+    b = engine.encode_chat(list(POWER_OUT))
     shared = _shared(a, b)
     assert 80 < shared < len(b) - 4
-    for slot in engine.slots:
-        slot.reset()
-    want = run(engine, b, "plain", check_kv=False)
+    want = greedy(POWER_OUT, "plain")
     for slot in engine.slots:
         slot.reset()
     first = run(engine, a, "chain")
@@ -550,7 +554,7 @@ def test_draft_cache_behind_the_draft_window(engine):
     assert got.token_ids == want.token_ids
 
 
-def test_idle_work_brings_the_draft_up_to_the_last_context(engine):
+def test_idle_work_brings_the_draft_up_to_the_last_context(engine, greedy):
     """A request whose draft never ran (plain here; auto declining the draft's prefill of a long
     prompt is the same) leaves its context to idle time: idle_work absorbs it into the draft one
     `budget` piece per call (a piece stopped by abort_idle_work leaves the draft as it was), and the next request sharing a prefix with it finds the draft there
@@ -559,11 +563,9 @@ def test_idle_work_brings_the_draft_up_to_the_last_context(engine):
     import math
 
     a = engine.encode_chat([("system", SYSTEM), ("user", "What does the Green tariff cost?")])
-    b = engine.encode_chat([("system", SYSTEM), ("user", "My power is out, what should I do?")])
+    b = engine.encode_chat(list(POWER_OUT))
     shared = _shared(a, b)
-    for slot in engine.slots:
-        slot.reset()
-    want = run(engine, b, "plain", check_kv=False)
+    want = greedy(POWER_OUT, "plain")
     for slot in engine.slots:
         slot.reset()
     ra = run(engine, a, "plain", max_tokens=8)
@@ -633,11 +635,11 @@ def test_draft_cache_limits(engine):
         d.end()
 
 
-def test_a_draft_that_cannot_pay_on_this_box_leaves_auto_to_model_free_drafts(engine):
+def test_a_draft_that_cannot_pay_on_this_box_leaves_auto_to_model_free_drafts(engine, greedy):
     """Calibration judges each drafter by plan --measure's arithmetic; where no chain pays, auto
     requests never run the draft model (n-grams and the suffix cache only), and the text holds."""
     prompt = engine.encode_chat([("user", PROMPTS[0])])
-    plain = run(engine, prompt, "plain", max_tokens=24)
+    plain_ids = greedy(PROMPTS[0], "plain").token_ids[:24]  # plain's at max_tokens 24
     saved = dict(engine.draft_verdicts)
     engine.draft_verdicts["draft"] = {"pays": False, "acceptance": 0.8, "ceiling": 0.7, "depth": 1,
                                       "draft_share": 0.6, "break_even": None}
@@ -647,6 +649,6 @@ def test_a_draft_that_cannot_pay_on_this_box_leaves_auto_to_model_free_drafts(en
     finally:
         engine.draft_verdicts.clear()
         engine.draft_verdicts.update(saved)
-    assert got.stats.draft_forwards == 0 and got.token_ids == plain.token_ids
+    assert got.stats.draft_forwards == 0 and got.token_ids == plain_ids
     # the calibrated engine reports its own verdict (whatever this host makes of it)
     assert set(engine.model_info()["draft_economics"]["draft"]) >= {"pays", "ceiling", "draft_share"}
