@@ -149,8 +149,11 @@ def test_logprobs_of():
 
 # ---- statistical exactness under a constraint ------------------------------------------------
 
-TRIALS = 30_000
-BROKEN_TRIALS = 10_000
+# Both broken twins are rejected at 5,000 trials with p < 1e-300 (q_left_unmasked) and p = 0
+# (parents_mask); the exact verifier gets twice that. Its p is uniform under the null, so its
+# false-failure rate is ALPHA (1e-3) at any count (seeds 1, 2, 3 at 10,000: p = 0.015, 0.33, 0.30).
+TRIALS = 10_000
+BROKEN_TRIALS = 5_000
 P = np.array([0.30, 0.05, 0.20, 0.05, 0.10, 0.05, 0.20, 0.05])  # x (forbidden) has real mass
 Q = np.array([0.05, 0.30, 0.05, 0.20, 0.05, 0.10, 0.05, 0.20])
 
