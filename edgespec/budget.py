@@ -168,6 +168,16 @@ class BudgetMatcher:
     def allow(self, constrained: int) -> None:
         self.inner.allow(constrained)
 
+    def waiting(self) -> bool:
+        return self.inner.waiting()
+
+    def defer(self) -> None:
+        self.inner.defer()
+
+    @property
+    def deferred(self) -> int:
+        return self.inner.deferred
+
     def reset(self) -> None:
         self.inner.reset()
         self.state = self._initial()

@@ -84,6 +84,7 @@ ENGINE_KEYS = {
     "constraint_tick_seconds": ("limits", "constraint_tick_seconds"),
     "constraint_burst_seconds": ("limits", "constraint_burst_seconds"),
     "constraint_share": ("limits", "constraint_share"),
+    "constraint_wait_seconds": ("limits", "constraint_wait_seconds"),
 }
 
 
@@ -133,11 +134,13 @@ class EngineConfig:
     # "auto" = on when the target is offloaded to a GPU (pads_forwards)
     pad_forwards: str | bool = setting("speculation", "pad_forwards").default
     # the engine thread's CPU time grammar masks may take (constraint.MaskLimits): one request's in a
-    # step, all requests' in a tick, one request's over its run (a burst and a share)
+    # step, all requests' in a tick (past these it fails); over its run one request's are paced by
+    # a bucket (a burst, a share), a request waiting for it at most constraint_wait_seconds a step
     constraint_step_seconds: float = setting("limits", "constraint_step_seconds").default
     constraint_tick_seconds: float = setting("limits", "constraint_tick_seconds").default
     constraint_burst_seconds: float = setting("limits", "constraint_burst_seconds").default
     constraint_share: float = setting("limits", "constraint_share").default
+    constraint_wait_seconds: float = setting("limits", "constraint_wait_seconds").default
 
     def pads_forwards(self, gpu: bool) -> bool:
         """Whether the forwards are padded, `gpu`: whether the target's layers run on a GPU."""

@@ -73,21 +73,27 @@ SPECIAL_PREFIX = b"\xff"  # llguidance's marker for special tokens (never matche
 @dataclass(frozen=True)
 class MaskLimits:
     """The engine thread's CPU time that grammar masks may take, so that no caller's grammar slows
-    the others' decoding at will (the [limits] constraint_* settings). A request whose masks pass
-    one of them fails alone (Matcher.failure: a 400 / INVALID_ARGUMENT naming its constraint field).
+    the others' decoding at will (the [limits] constraint_* settings).
 
-    With `parallel` requests in a tick, P of them constrained, a tick's masks take at most
+    One mask past a bound is a grammar too costly to apply: with `parallel` requests in a tick,
+    P of them constrained, a tick's masks take at most
         min(P * step_seconds, tick_seconds) + P * (one mask)      # checked between masks
-    and over any stretch of E seconds of engine-thread CPU, one request's masks take at most
-        burst_seconds + share * E   (+ one mask)
-    so a request that costs just under `step_seconds` every step is stopped within a few steps,
-    and another caller's request of E0 seconds waits for a hostile grammar at most about
-    (burst_seconds + share * E0) / (1 - share) more."""
+    and a request past its part fails alone (Matcher.failure: a 400 / INVALID_ARGUMENT naming its
+    constraint field).
+
+    Over its run a request's masks are paced, not failed: a token bucket of `burst_seconds` that
+    fills at `share` of the engine thread's CPU time. A request whose bucket lacks its next step
+    (its last step's mask time, at most the burst) sits out ticks (Matcher.waiting: its slot
+    held, the others decoding) until the bucket has refilled, so over any E seconds of engine
+    time beside others its masks take at most about burst_seconds + share * E (+ one step),
+    and it fails only when its deadline passes or it waited `wait_seconds` for one step. Alone
+    (no one else to step) it is never held back."""
 
     step_seconds: float = STEP_MASK_SECONDS  # one request's masks in one decoding step
     tick_seconds: float = 0.5  # every request's masks in one tick: each constrained one gets 1/P of it
-    burst_seconds: float = 0.25  # one request's masks over its whole run, beyond its share ...
-    share: float = 0.25  # ... of the engine thread's CPU time since its first step
+    burst_seconds: float = 0.25  # the bucket: one request's masks beyond its share, at most ...
+    share: float = 0.25  # ... and the fraction of the engine thread's CPU time it refills at
+    wait_seconds: float = 30.0  # the longest (wall-clock) wait for its share before one step: then it fails
 
 
 @dataclass(frozen=True)
@@ -231,9 +237,11 @@ class Matcher:
 
     A grammar can pass llguidance's limits while the request runs (its lexer building too many
     states after some text), or its masks can take more of the engine thread than `limits`
-    allow (a step's, its share of a tick's, its share over its whole run): the matcher then
-    records `error` (`failure`) and allows only end-of-generation tokens, so that the tick serving
-    the others goes on, and the engine fails that one request with the reason."""
+    allow in one step (a step's bound, its share of a tick's): the matcher then records `error`
+    (`failure`) and allows only end-of-generation tokens, so that the tick serving the others goes
+    on, and the engine fails that one request with the reason. Over its run its masks are paced by
+    a token bucket (`waiting`: the schedule holds the request out of ticks until its share has
+    refilled; `defer` counts the ticks it sat out)."""
 
     def __init__(self, m: Any, n_vocab: int, eos: Sequence[int] = (), limits: MaskLimits = MaskLimits()):
         self._m = m
@@ -246,14 +254,50 @@ class Matcher:
         self.tick_seconds = math.inf  # its share of the tick under way (`allow`)
         self.spent = 0.0  # seconds of mask computation in the step under way (node_bits ends it)
         self.total = 0.0  # seconds of mask computation in all its steps
-        self._since: float | None = None  # the engine thread's CPU clock at its first tick (`allow`)
+        self.deferred = 0  # ticks it sat out waiting for its share (`defer`)
+        self._level = limits.burst_seconds  # the bucket: mask seconds it may take now (as of _clock)
+        self._clock: float | None = None  # the engine thread's CPU clock at the bucket's last update
+        self._last_step = 0.0  # mask seconds of its last tick: what its next step is expected to take
+        self._step_from = 0.0  # `total` as its current tick began
+        self._waiting_since: float | None = None  # monotonic time it was first held for the step to come
 
     def allow(self, constrained: int) -> None:
-        """A tick begins with `constrained` requests under a grammar, this one among them: its
-        masks may take its equal part of the tick's mask time (limits.tick_seconds)."""
+        """A tick begins with `constrained` requests under a grammar, this one among them stepping:
+        its masks may take its equal part of the tick's mask time (limits.tick_seconds)."""
         self.tick_seconds = self.limits.tick_seconds / max(1, constrained)
-        if self._since is None:
-            self._since = time.thread_time()
+        if self._clock is None:
+            self._clock = time.thread_time()
+        self._last_step, self._step_from = self.total - self._step_from, self.total
+        self._waiting_since = None
+
+    def level(self, now: float | None = None) -> float:
+        """The bucket at engine-thread CPU time `now` (default: this thread's clock now): refilled at
+        limits.share of the time since its last update, at most limits.burst_seconds; at least
+        -limits.step_seconds (the debt of steps taken while no one else could step)."""
+        lim = self.limits
+        if self._clock is None:
+            return self._level
+        now = time.thread_time() if now is None else now
+        return max(-lim.step_seconds, min(lim.burst_seconds, self._level + lim.share * (now - self._clock)))
+
+    def waiting(self) -> bool:
+        """Whether its bucket lacks its next step (the last one's mask time, at most the burst):
+        the schedule then holds it out of the tick when another request can step. Asks only (on
+        the engine thread, whose CPU clock fills the bucket)."""
+        if self.error is not None or self._clock is None:
+            return False
+        return self.level() < min(self._last_step, self.limits.burst_seconds)
+
+    def defer(self) -> None:
+        """The tick goes on without it (`waiting`). Past limits.wait_seconds of waiting for one
+        step it fails: its next step allows only end-of-generation."""
+        now = time.monotonic()
+        self.deferred += 1
+        if self._waiting_since is None:
+            self._waiting_since = now
+        elif now - self._waiting_since > self.limits.wait_seconds and self.error is None:
+            self.error = (f"its token masks waited over {self.limits.wait_seconds:g} s for their share of "
+                          f"the engine (the grammar is too costly to apply beside the other requests)")
 
     @property
     def failure(self) -> str | None:
@@ -269,16 +313,7 @@ class Matcher:
             shared = " (its share of the tick, beside other constrained requests)" if limit < self.step_seconds else ""
             self.error = (f"its token masks took over {limit:g} s of one decoding step{shared} "
                           f"(the grammar is too costly to apply)")
-        elif self._since is not None and self.total > (allowed := self._allowed()):
-            self.error = (f"its token masks took {self.total:.3g} s of the engine, over its share of "
-                          f"{allowed:.3g} s so far (the grammar is too costly to apply)")
         return self.error is not None
-
-    def _allowed(self) -> float:
-        """Mask seconds this request may have spent by now: the burst, and its share of the
-        engine thread's CPU time since its first step."""
-        assert self._since is not None
-        return self.limits.burst_seconds + self.limits.share * (time.thread_time() - self._since)
 
     def _failed(self) -> bool:
         if self.error is None and self._m.is_error():
@@ -296,9 +331,13 @@ class Matcher:
             return
         t0 = time.thread_time()  # this thread's CPU time: a busy host's preemption is not the grammar's
         self._m.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
-        dt = time.thread_time() - t0
+        t1 = time.thread_time()
+        dt = t1 - t0
         self.spent += dt
         self.total += dt
+        if self._clock is not None:  # the bucket pays for it (masks before its first tick are the compile's)
+            self._level = max(-self.limits.step_seconds, self.level(t1) - dt)
+            self._clock = t1
         if self._failed():
             self._eos_bits(out)
 

@@ -102,7 +102,7 @@ class LoadedModels:
         with self._compiler_lock:
             if self._compiler is None:
                 limits = MaskLimits(cfg.constraint_step_seconds, cfg.constraint_tick_seconds,
-                                    cfg.constraint_burst_seconds, cfg.constraint_share)
+                                    cfg.constraint_burst_seconds, cfg.constraint_share, cfg.constraint_wait_seconds)
                 self._compiler = Compiler(Vocabulary.from_model(self.target), limits)
         return budget.matcher(self._compiler, spec)
 

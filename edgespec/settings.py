@@ -391,14 +391,17 @@ SETTINGS: tuple[Setting, ...] = (
             "constrained request in the tick may take an equal part of it (and at most "
             "limits.constraint_step_seconds), so `server.parallel` hostile grammars cannot stall a tick "
             "for more than this", lo=0, hi=60, lo_open=True),
-    _limits("constraint_burst_seconds", F, 0.25, "one request's grammar masks over its whole run may take this "
-            "much of the engine thread's CPU time beyond limits.constraint_share of it; past both the request "
-            "fails as above (a grammar just under the step's bound every step is stopped within a few steps)",
-            lo=0, hi=3600),
-    _limits("constraint_share", F, 0.25, "the fraction of the engine thread's CPU time since a request's first "
-            "step that its grammar masks may take (beyond limits.constraint_burst_seconds): another caller's "
-            "request of T seconds then waits at most about (burst + share * T) / (1 - share) more for it",
-            lo=0, hi=1, lo_open=True, hi_open=True),
+    _limits("constraint_burst_seconds", F, 0.25, "one request's grammar masks over its run are paced by a token "
+            "bucket of this many seconds of the engine thread's CPU time, refilled at limits.constraint_share: "
+            "a request whose bucket lacks its next step (its last step's mask time) sits out ticks, its slot "
+            "kept, while the others decode, until the bucket has refilled", lo=0, hi=3600),
+    _limits("constraint_share", F, 0.25, "the fraction of the engine thread's CPU time that one request's grammar "
+            "masks may take over its run beside other requests (beyond limits.constraint_burst_seconds): a costly "
+            "grammar slows to it, and another caller's request of T seconds waits at most about "
+            "(burst + share * T) / (1 - share) more for it", lo=0, hi=1, lo_open=True, hi_open=True),
+    _limits("constraint_wait_seconds", F, 30.0, "the longest a request may sit out ticks waiting for its grammar's "
+            "share of the engine (limits.constraint_share) before one step; past it (or past its deadline) the "
+            "request fails as above", lo=0, hi=3600, lo_open=True),
     _limits("max_stop_strings", I, MAX_STOP_STRINGS, "stop strings in one request", lo=0, hi=MAX_STOP_STRINGS),
     _limits("max_stop_chars", I, 256, "longest stop string, in characters", lo=1, hi=4096),
     _limits("anonymous_rpcs", I, 8, "health calls without a valid token served at once (Watch streams "

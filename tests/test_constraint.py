@@ -455,23 +455,48 @@ def _slow(limits: C.MaskLimits, seconds: float) -> C.Matcher:
     return m
 
 
-def test_a_grammar_just_under_the_step_bound_every_step_is_stopped_by_its_share():
-    """Masks of 0.04 s a step pass a step's bound of 0.05 s every time: per step alone, such a
-    request took the engine 0.04 s a step for as long as it ran. Over its run its masks may take
-    the burst and its share of the engine thread's time since its first step, so it fails within
-    a few steps (the engine fails the request, naming its field), its masks bounded by that."""
+def _burn(seconds: float) -> None:
+    """The engine thread's other work: `seconds` of this thread's CPU time."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_a_grammar_just_under_the_step_bound_every_step_waits_for_its_share():
+    """Masks of 0.04 s a step pass a step's bound of 0.05 s every time: unpaced, such a request
+    took the engine 0.04 s a step for as long as it ran. Its bucket (a burst of 0.05 s, refilled
+    at a quarter of the engine thread's time) runs dry within two steps: it then waits (the
+    schedule holds it out of ticks) until the others' work has refilled it, and never fails; its
+    masks stay within the burst, its share, and one step."""
     limits = C.MaskLimits(step_seconds=0.05, tick_seconds=1.0, burst_seconds=0.05, share=0.25)
     m = _slow(limits, 0.01)
     tree = two_level([1, 2, 5], {})  # the root and three children: 4 masks, 0.04 s a step
-    t0, steps = time.thread_time(), 0
-    while m.failure is None and steps < 20:
+    t0, waits = time.thread_time(), []
+    for _ in range(8):
+        assert not m.waiting()
         m.allow(1)
         m.node_bits(tree)
         m.commit((1,))
-        steps += 1
-    assert m.failure is not None and "over its share" in m.failure, m.failure
-    assert steps <= 3, steps  # 0.04 k > 0.05 + 0.25 * 0.04 k from the second step on
-    assert m.total <= 0.05 + 0.25 * (time.thread_time() - t0) + 0.01  # the burst, the share, one mask
+        waits.append(0)
+        while m.waiting():  # sitting the tick out: another request's 5 ms tick runs
+            m.defer()
+            _burn(0.005)
+            waits[-1] += 1
+    assert m.failure is None and m.deferred == sum(waits)
+    assert waits[0] == 0 and all(w >= 4 for w in waits[2:]), waits  # 0.04 s refills in 0.16 s of engine time
+    assert m.total <= 0.05 + 0.25 * (time.thread_time() - t0) + 0.04 + 0.01, m.total
+
+
+def test_a_matcher_that_fails_is_never_held():
+    """A failed grammar's request must step to end: `waiting` is False once it failed."""
+    limits = C.MaskLimits(step_seconds=0.05, tick_seconds=1.0, burst_seconds=0.0, share=0.01)
+    m = _slow(limits, 0.01)
+    m.allow(1)
+    m.node_bits(two_level([1], {}))
+    m.allow(1)
+    assert m.waiting()
+    m.error = "failed"
+    assert not m.waiting()
 
 
 def test_grammars_in_one_tick_share_its_mask_time():

@@ -2,7 +2,8 @@
 
     plan   = schedule(engine, sessions)    who speculates with which shape (jointly, priced on the
                                            whole batch); which prefill pieces and draft catch-ups ride
-                                           along. It changes nothing:
+                                           along; who sits the tick out (a grammar waiting for its
+                                           share of the engine: an empty chunk). It changes nothing:
     start(engine, plan)                    each decoding session's step begins as planned (the
                                            guard and its controller are told what was decided); the
                                            grammars' masks share the tick's mask time
@@ -45,7 +46,7 @@ def tick(engine: TickEngine, sessions: list[TickSession]) -> dict[TickSession, C
     t0 = time.perf_counter()
     plan = schedule(engine, sessions)
     start(engine, plan)
-    share_masks(sessions)
+    share_masks(plan.decoding + plan.prefilling)
     t1 = time.perf_counter()
     drafts = draft(engine, plan)
     t2 = time.perf_counter()

@@ -71,6 +71,9 @@ class Plan:
     steps: dict[TickSession, StepPlan] = field(default_factory=dict)
     prefill: list[Piece] = field(default_factory=list)  # set by `pieces`
     prefilling: list[TickSession] = field(default_factory=list)  # reading their prompt, the oldest first
+    # sessions sitting this tick out: their grammar's masks wait for their share of the engine
+    # (constraint.Matcher.waiting); their slots are kept, and `start` tells their matchers
+    held: list[TickSession] = field(default_factory=list)
     draft_seconds: float = 0.0  # the drafters' predicted forwards this tick (decode work beside verification)
     context: int = 0  # positions cached by the tick's sessions together
     sequences: int = 1  # the tick's sessions (each query's attention reads its own sequence's cells)
@@ -107,7 +110,7 @@ def schedule(engine: TickEngine, sessions: Sequence[TickSession]) -> Plan:
     Controller.decide); `start` tells them what was decided. (A suffix view computes its
     proposal once per context length, SuffixDrafter.look: the step's grafts read the same one.)"""
     plan = Plan()
-    decoding = [s for s in sessions if not s.prefilling and not s.done]
+    decoding, plan.held = _pace(sessions)
     prefilling = [s for s in sessions if s.prefilling and not s.done]
     active = decoding + prefilling
     plan.sequences = len(active)
@@ -161,6 +164,9 @@ def start(engine: TickEngine, plan: Plan) -> None:
             s.guard_seen = True
         if plan.guard_asked:
             guard.allow(plan.guard_key)  # its counters: a blocked tick, a probe's start
+    for s in plan.held:
+        assert s.matcher is not None
+        s.matcher.defer()
     batch = plan.batch if len(plan.steps) > 1 else None
     for s, step in plan.steps.items():
         if s.controller is not None:
@@ -168,6 +174,20 @@ def start(engine: TickEngine, plan: Plan) -> None:
                 s.controller.commit(step.decision)
             s.controller.overridden(step.shape)
         s.begin_step(step.shape, batch, bare=step.bare)
+
+
+def _pace(sessions: Sequence[TickSession]) -> tuple[list[TickSession], list[TickSession]]:
+    """(decoding, held): the sessions ready to decode, and those whose grammar's masks have had
+    more than their share of the engine lately (constraint.Matcher.waiting): these sit the tick out
+    while another session steps or reads its prompt. With no one else to yield to they decode."""
+    ready = [s for s in sessions if not s.prefilling and not s.done]
+    held = [s for s in ready if s.matcher is not None and s.matcher.waiting()]
+    if not held:
+        return ready, []
+    decoding = [s for s in ready if s not in held]
+    if not decoding and not any(s.prefilling and not s.done for s in sessions):
+        return ready, []
+    return decoding, held
 
 
 def share_masks(sessions: list[TickSession]) -> None:

@@ -144,7 +144,8 @@ def test_engine_errors_name_the_toml_key_a_user_writes():
                         ({"prompt_cache": "yes"}, "server.prompt_cache"), ({"prefill_share": -1.0}, "server.prefill_share"),
                         ({"max_tree_leaves": 0}, "server.max_tree_leaves"),
                         ({"constraint_share": 1.0}, "limits.constraint_share"),
-                        ({"constraint_tick_seconds": 0.0}, "limits.constraint_tick_seconds")):
+                        ({"constraint_tick_seconds": 0.0}, "limits.constraint_tick_seconds"),
+                        ({"constraint_wait_seconds": 0.0}, "limits.constraint_wait_seconds")):
         with pytest.raises(ConfigError) as e:
             replace(engine, **change).validate()
         assert e.value.key == key and str(e.value).startswith(f"{key}: must be"), (change, str(e.value))
@@ -183,7 +184,7 @@ def asdict_(obj: object) -> dict:
 
 def test_the_grammar_mask_limits_reach_the_engine_and_are_checked_by_name():
     engine = load(None, env={"EDGESPEC_LIMITS_CONSTRAINT_SHARE": "0.1"},
-                  overrides={"limits": {"constraint_burst_seconds": 1.5}}).engine
-    assert (engine.constraint_share, engine.constraint_burst_seconds) == (0.1, 1.5)
+                  overrides={"limits": {"constraint_burst_seconds": 1.5, "constraint_wait_seconds": 5}}).engine
+    assert (engine.constraint_share, engine.constraint_burst_seconds, engine.constraint_wait_seconds) == (0.1, 1.5, 5)
     with pytest.raises(InvalidConfig, match=r"limits.constraint_step_seconds: must be in \(0, 60\], got -1"):
         load(None, env={}, overrides={"limits": {"constraint_step_seconds": -1}})

@@ -290,6 +290,66 @@ def test_the_schedule_decides_and_start_commits():
         s.close()
 
 
+class _Paced:
+    """A real matcher of a grammar allowing any text, its pacing scripted: `waiting` (its bucket
+    lacks its next step) as told, and `defer` (it sat a tick out) and `allow` counted."""
+
+    def __init__(self, eng, waiting: bool):
+        from edgespec.constraint import Compiler, Vocabulary
+        from edgespec.types import ConstraintSpec
+
+        self._m = Compiler(Vocabulary.from_model(eng.target)).matcher(ConstraintSpec("regex", "(.|\\n)*"))
+        self.waits, self.deferred, self.allowed = waiting, 0, 0
+
+    def waiting(self) -> bool:
+        return self.waits
+
+    def defer(self) -> None:
+        self.deferred += 1
+
+    def allow(self, constrained: int) -> None:
+        self.allowed += 1
+        self._m.allow(constrained)
+
+    def __getattr__(self, name):
+        return getattr(self._m, name)
+
+
+def test_a_grammar_waiting_for_its_share_sits_the_tick_out_unless_alone(monkeypatch):
+    """schedule() leaves a session whose grammar waits for its share out of the tick (plan.held,
+    no step, its slot kept) and tells it nothing; start() tells it (`defer`). The others decode.
+    With no one else to yield to it decodes: pacing never idles the engine."""
+    import string
+
+    from edgespec.tick.schedule import schedule, start
+    from tests import fake_backend
+
+    monkeypatch.setattr(fake_backend, "FakeModel", fake_backend.piece_model(list(string.printable)[:fake_backend.VOCAB - 2]))
+    eng = fake_backend.fake_backed_engine(parallel=2)
+    sess = [eng.open_session(req(p, "plain", max_tokens=200)) for p in PROMPTS[:2]]
+    for _ in range(3):  # past the prompts
+        eng.tick(sess)
+    held, other = sess
+    held.matcher = paced = _Paced(eng, waiting=True)
+    plan = schedule(eng, sess)
+    assert plan.decoding == [other] and plan.held == [held] and paced.deferred == 0
+    start(eng, plan)
+    assert paced.deferred == 1
+    other.cancel_step()
+    out, emitted = list(held.out), len(other.out)
+    for _ in range(3):
+        chunks = eng.tick(sess)
+        assert chunks[held].token_ids == () and held.out == out  # sat out, its slot kept
+    assert len(other.out) == emitted + 3 and paced.deferred == 4 and paced.allowed == 0
+    other.close()
+    plan = schedule(eng, [held])  # alone: it decodes
+    assert plan.decoding == [held] and plan.held == []
+    paced.waits = False
+    eng.tick([held])
+    assert len(held.out) == len(out) + 1 and paced.allowed == 1
+    held.close()
+
+
 @pytest.mark.parametrize("parallel", [1, 3])
 def test_sessions_arriving_and_leaving_keep_every_range_consistent(parallel):
     eng = fake_backed_engine(parallel=parallel)
