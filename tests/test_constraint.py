@@ -535,3 +535,51 @@ def test_compiles_run_below_the_engines_cpu_priority(compiler):
     theirs = compiler._on_large_stack(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
     assert theirs == min(19, mine + C.COMPILE_NICE)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine  # the caller's own is kept
+
+
+# 40 juxtaposed, highly ambiguous expressions: compiles at once and stays under llguidance's fuel,
+# but its Earley sets grow with the text, so its masks get costly (the demo target's greedy text
+# under it: ~3 ms a step by 10 tokens, ~25 ms by 40, ~0.1 s by 100, against ~24 ms for the
+# target's own step). Also in tests/server/test_probes_e2e.py's hostile corpus.
+COSTLY_LARK = ConstraintSpec("lark", "start: " + " ".join(["e"] * 40) + "\n"
+                             'e: e e e e | e e e | e e | e "+" e | /[a-z]/ | "(" e ")"\n')
+
+
+@pytest.mark.slow
+def test_a_real_costly_grammar_is_paced_to_its_share_while_a_plain_request_is_served(engine):
+    """The real demo target and the real llguidance matcher of COSTLY_LARK beside a plain request:
+    once its masks cost more than its share of the engine thread (a burst of 20 ms, a quarter of
+    the engine's time), it sits out ticks while the plain request gets a token every tick; it
+    never fails, and while both run its masks stay within the burst, the share and one step.
+    (Before: it failed past its share with a 400.)"""
+    from edgespec.sampling import SamplingParams
+    from edgespec.types import GenerationRequest, SpeculationParams
+
+    limits = C.MaskLimits(burst_seconds=0.02, share=0.25)
+    m = C.Compiler(C.Vocabulary.from_model(engine.target), limits).matcher(COSTLY_LARK)
+    prompt = tuple(engine.tokenize("Write a long expression:", add_special=True))
+    costly = engine.open_session(GenerationRequest(prompt, SamplingParams(max_tokens=60),
+                                                   SpeculationParams(mode="plain"), matcher=m))
+    plain = engine.open_session(GenerationRequest(prompt, SamplingParams(max_tokens=60),
+                                                  SpeculationParams(mode="plain")))
+    shared_cpu, shared_masks, step_max, held, idle = 0.0, 0.0, 0.0, 0, 0
+    try:
+        while not plain.done:  # the pacing is beside it (alone, the costly request is not held back)
+            beside = not plain.prefilling
+            t0, m0, n0, p0 = time.thread_time(), m.total, len(costly.out), len(plain.out)
+            engine.tick([plain, costly])
+            step_max = max(step_max, m.total - m0)
+            if beside:
+                shared_cpu += time.thread_time() - t0
+                shared_masks += m.total - m0
+                held += len(costly.out) == n0 and not costly.prefilling
+                idle += len(plain.out) == p0
+    finally:
+        costly.close()
+        plain.close()
+    assert m.failure is None and costly.finish_reason == "cancelled" and len(costly.out) >= 20, (m.failure, costly.out)
+    assert m.deferred > 0 and held > 0, (m.deferred, held)
+    assert idle == 0  # the plain request got a token every tick
+    assert shared_masks <= 0.02 + 0.25 * shared_cpu + step_max + 0.005, (shared_masks, shared_cpu, step_max)
+    print(f"costly grammar: {len(costly.out)} tokens, masks {shared_masks:.3f} s of {shared_cpu:.3f} s engine time "
+          f"beside the plain request; held {m.deferred} ticks; its largest step {step_max * 1000:.1f} ms")

@@ -186,6 +186,12 @@ HOSTILE: dict[str, tuple[str, str]] = {  # name -> (constraint kind, value)
     "lark 3,000 rules": ("lark", "start: r0\n" + "".join(f'r{i}: "t{i}" r{i + 1} | "u{i}"\n' for i in range(3000))
                          + 'r3000: "end"\n'),
     "lark left recursion": ("lark", 'start: e\ne: e "+" e | e "*" e | "(" e ")" | /[0-9]+/\n'),
+    # compiles at once and stays under llguidance's fuel, but its masks are costly: 40 juxtaposed,
+    # highly ambiguous expressions (Earley sets grow with the text). On the demo vocabulary, under
+    # the demo target's greedy text, its masks grow to ~0.1 s a step by 100 tokens; here (8 tokens)
+    # it is bounded, and tests/test_constraint.py shows the run-long share pacing it on a long run
+    "lark ambiguous x40 (costly masks)": ("lark", "start: " + " ".join(["e"] * 40) + "\n"
+                                          'e: e e e e | e e e | e e | e "+" e | /[a-z]/ | "(" e ")"\n'),
     "gbnf deep": ("grammar", "root ::= " + "(" * 2000 + '"a"' + ")" * 2000 + "\n"),
 }
 # a constraint that compiles costs its own caller at most this (the recursive $ref took 40 s on a
