@@ -173,11 +173,12 @@ def test_ignore_eos_runs_to_max_tokens_exactly_like_plain(engine):
 
 STOCHASTIC_PROMPT = "The three most popular programming languages are"
 STOCHASTIC_TOP_K = 4
-# One-sample chi-square against the exact distribution: with m samples its noncentrality for a
-# deviation d from p is m * sum(d^2 / p), where the two-sample test it replaced (1,500 plain and
-# 1,500 tree samples) had 1500/2 * sum(d^2 / p). 800 samples keep at least that power against any
-# broken sampler, at a quarter of the decodes.
-STOCHASTIC_SAMPLES = 800
+# One-sample chi-square against the exact distribution (alpha 1e-3: the correct engine fails 1 run
+# in 1,000 whatever the count). The count is sized by the broken twin below (each node's children
+# verified on its first sibling's row), which draws a pair the target cannot (top_k 4) in ~1.75% of
+# samples (7 in its first 400): with 500 samples it escapes about e^-8.75 ~ 2e-4 of the time by
+# that route alone. (A twin reading the parent's row instead drew 181 impossible pairs in 200.)
+STOCHASTIC_SAMPLES = 500
 
 
 def exact_first_two(engine, toks) -> dict:
@@ -193,9 +194,11 @@ def exact_first_two(engine, toks) -> dict:
     return out
 
 
-def tree_samples_p_value(engine, n: int) -> float:
+def tree_samples_p_value(engine, n: int, stop_at_impossible: bool = False) -> float:
     """n tree-decoded samples of the first two tokens, their chi-square p-value against the exact
-    distribution (edgespec.selftest's test: rare cells pooled, an impossible pair gives 0)."""
+    distribution (edgespec.selftest's test: rare cells pooled, an impossible pair gives 0).
+    `stop_at_impossible`: return that 0 at the first impossible pair, the p-value all n samples
+    would give (the seeds fix every sample), without decoding the rest."""
     from edgespec.selftest import chi_square_gof
 
     toks = engine.tokenize(STOCHASTIC_PROMPT)
@@ -207,6 +210,8 @@ def tree_samples_p_value(engine, n: int) -> float:
                                 SpeculationParams(mode="tree", tree_depth=2, tree_nodes=8))
         key = tuple(engine.generate(req).token_ids)
         counts[key] = counts.get(key, 0) + 1
+        if stop_at_impossible and key not in exact:
+            return 0.0
     keys = sorted(set(exact) | set(counts))
     return chi_square_gof(np.array([counts.get(k, 0) for k in keys]), np.array([exact.get(k, 0.0) for k in keys]))[2]
 
@@ -219,6 +224,25 @@ def test_stochastic_tree_matches_plain_distribution(engine):
 
     p_value = tree_samples_p_value(engine, STOCHASTIC_SAMPLES)
     assert p_value > ALPHA, p_value
+
+
+def test_a_tree_verified_on_another_branchs_rows_is_rejected(engine, monkeypatch):
+    """The broken twin: each drafted node's children verified against the target row of its
+    parent's first child (one branch's rows read for its siblings' branches: an indexing slip in
+    the real forward's layout that the fake-backend tests cannot see). Rejected by the same test
+    at the same sample count."""
+    import edgespec.tick.verdict as verdict
+    from edgespec.selftest import ALPHA
+
+    real = verdict.verify_stochastic
+
+    def first_siblings_rows(tree, probs, rng):
+        kids = tree.children()
+        return real(tree, lambda i: probs(kids[tree.parents[i]][0] if i else 0), rng)
+
+    monkeypatch.setattr(verdict, "verify_stochastic", first_siblings_rows)
+    p_value = tree_samples_p_value(engine, STOCHASTIC_SAMPLES, stop_at_impossible=True)
+    assert p_value < ALPHA, p_value
 
 
 def test_seeded_sampling_is_reproducible(engine):
