@@ -440,10 +440,14 @@ class _Slow:
     def __getattr__(self, name):
         return getattr(self._m, name)
 
-    def unsafe_compute_mask_ptr(self, ptr, nbytes):
+    def spend(self) -> None:
+        """Take `seconds` of the calling thread's CPU time."""
         end = time.thread_time() + self.seconds
         while time.thread_time() < end:
             pass
+
+    def unsafe_compute_mask_ptr(self, ptr, nbytes):
+        self.spend()
         return self._m.unsafe_compute_mask_ptr(ptr, nbytes)
 
 

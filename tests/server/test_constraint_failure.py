@@ -19,6 +19,7 @@ from edgespec.server import pipe
 from edgespec.server.engine_loop import EngineLoop, Job
 from edgespec.types import ConstraintSpec, SpeculationParams
 from tests import fake_backend
+from tests.test_constraint import _Slow
 
 pytest.importorskip("llguidance")
 
@@ -74,22 +75,18 @@ def test_a_grammar_failing_mid_run_is_that_requests_error_naming_its_field(loop)
     assert lp.ready  # the loop goes on
 
 
-class _Costly:
-    """A real matcher whose every mask costs `seconds` of the calling thread's (the engine
-    thread's) CPU time; it records that thread's CPU clock at each mask, and `beside()`."""
+class _Costly(_Slow):
+    """tests/test_constraint.py's slow matcher (every mask costs `seconds` of the calling
+    thread's, the engine thread's, CPU time) that also records that thread's CPU clock at each
+    mask, and `beside()`."""
 
     def __init__(self, m, seconds: float):
-        self._m, self.seconds = m, seconds
+        super().__init__(m, seconds)
         self.clock: list[tuple[float, bool]] = []  # (the engine thread's CPU clock, beside()) at each mask
         self.beside = lambda: False
 
-    def __getattr__(self, name):
-        return getattr(self._m, name)
-
     def unsafe_compute_mask_ptr(self, ptr, nbytes):
-        end = time.thread_time() + self.seconds
-        while time.thread_time() < end:
-            pass
+        self.spend()
         self.clock.append((time.thread_time(), self.beside()))
         return self._m.unsafe_compute_mask_ptr(ptr, nbytes)
 
