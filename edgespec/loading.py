@@ -51,7 +51,14 @@ log = get_logger("edgespec.engine")
 JUDGED_AT = 0.9
 # calibration times every size up to this one whatever its budget: a tick of 8 sessions verifies
 # 8 to 40 tokens, and a curve extrapolated from sizes 1-4 priced each of them at the 3-to-4 slope
-CALIBRATE_AT_LEAST = 16
+CALIBRATE_AT_LEAST = 32
+# a table whose size costs this much more than a larger one is jagged (a CPU's K-quant and Q4_0
+# kernels take 4, 8 or 16 tokens at a time: on the 1B-cost demo T(3) is 1.4x T(4), T(15) 1.3x
+# T(16)); calibration then also times these sizes (those it reached), so that every width a tick
+# of several sessions runs at is priced at its own time and `pad_to` pads where it pays, instead
+# of interpolating between two sizes that sit on either side of a step
+JAGGED = 1.05
+JAGGED_FILL = (*range(1, 17), 20, 24, 28)
 
 # a context the engine holds: the target's (a FeatureContext under a head), a draft model's, a head's
 AnyContext = backend.Context | backend.HeadContext
@@ -342,13 +349,25 @@ def log_loaded(eng: LoadedModels, m: Models, n_seq: int) -> None:
                  "`edgespec plan --draft FILE` checks the pair")
 
 
+def fill_sizes(table: dict[int, float]) -> list[int]:
+    """The sizes of JAGGED_FILL below `table`'s largest that it lacks, where some size of it
+    costs more than JAGGED times a larger one's; none where it rises."""
+    low, jagged = float("inf"), False
+    for n in sorted(table, reverse=True):
+        jagged = jagged or table[n] > JAGGED * low
+        low = min(low, table[n])
+    top = max(table, default=0)
+    return [n for n in JAGGED_FILL if n < top and n not in table] if jagged else []
+
+
 def calibrate(eng: LoadedModels, slots: Sequence[Slot], cost: CostModel,
               sizes: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64), repeats: int = 3,
               budget_seconds: float = 0.25) -> None:
     """Time target and draft forwards per batch size on slot 0 of `slots`, so the controller's
     cost model `cost` describes this machine; `eng.draft_verdicts` says whether each drafter
     pays on it. The sizes are those up to CALIBRATE_AT_LEAST, then those whose
-    first timing, in increasing order, fits in `budget_seconds` per model; then `repeats - 1`
+    first timing, in increasing order, fits in `budget_seconds` per model, and where that table
+    is jagged, the sizes `fill_sizes` names; then `repeats - 1`
     more rounds over all of them, and each size keeps its fastest. Rounds, not repeats in a
     row: a slow moment (another tenant, the page cache still filling after load) then
     inflates one timing of every size instead of every timing of the first sizes. A batched
@@ -393,6 +412,9 @@ def calibrate(eng: LoadedModels, slots: Sequence[Slot], cost: CostModel,
                 break  # the cost model extrapolates linearly beyond the last size
             table[kind][n] = measure(ctx, n)
             spent += table[kind][n]
+        for n in fill_sizes(table[kind]):
+            table[kind][n] = measure(ctx, n)
+        table[kind] = dict(sorted(table[kind].items()))
         for _ in range(repeats - 1):
             for n in table[kind]:
                 table[kind][n] = min(table[kind][n], measure(ctx, n))

@@ -7,14 +7,15 @@ usual load) times a recent factor (fast: how much slower the machine runs now th
 the last few forwards of any size). Both are medians of windows of ratios measured / calibrated:
 they follow a host whose speed changes within a few ticks and ignore a single slowed forward.
 Between calibrated sizes the time is piecewise linear;
-beyond the largest it extrapolates the last segment linearly. Lookups follow the curve's lower
-envelope from the right (a size costs at most what any larger size costs: `widths.py`): T(n) need
-not grow with n (a GPU's CUDA graphs and kernel switches, a CPU's K-quant tiles), and n tokens are
-priced at the cheapest forward that holds them, padded up to it (`pad_to` names that width). A
-calibration table is first cut to the same envelope: timing noise only ever adds, and one forward
-slowed by another tenant or a page fault must not make every larger batch look that slow too;
-where a size really costs more than a larger one, its own forwards teach the online curve so,
-and `pad_to` then pads it.
+beyond the largest it extrapolates linearly at the slope of the last doubling (the last segment's
+where that is steeper: a dip at the last size must not price every wider forward like it). Lookups
+follow the curve's lower envelope from the right (a size costs at most what any larger size costs:
+`widths.py`): T(n) need not grow with n (a GPU's CUDA graphs and kernel switches, a CPU's
+K-quant kernels, which take 4, 8 or 16 tokens at a time), and n tokens are priced at the cheapest
+forward that holds them, padded up to it (`pad_to` names that width). The table itself keeps each
+size's own time (the fastest of calibration's rounds): a slow timing of a small size never raises
+a larger one's price (the envelope comes from the right), and `pad_to` needs the real dips to pad
+from the first forward on; a size's own forwards correct it online.
 
 Context: a target forward at a longer context than calibration's costs more, because attention
 reads every cached token of a query's sequence for every query token (both the one-token cost and
@@ -38,7 +39,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from edgespec.controller.widths import envelope, pad_to, stable_width
+from edgespec.controller.widths import pad_to, stable_width
 
 KINDS = ("target", "draft", "head")
 # the drafter kinds a session may draft with: a draft model's forwards ("draft") or an EAGLE-3
@@ -87,23 +88,39 @@ class _Curve:
         i = bisect_left(sz, n)
         if i < len(sz) and sz[i] == n:
             return [(i, 1.0)]
-        if i >= len(sz):  # extrapolate the last segment
-            i = len(sz) - 1
+        if i >= len(sz):  # beyond the table: see _extrapolate
+            return []
         lo, hi = sz[i - 1], sz[i]
         w = (n - lo) / (hi - lo)
         return [(i - 1, 1.0 - w), (i, w)]
 
+    def _extrapolate(self, n: int, secs: list[float]) -> float:
+        """`secs` beyond the last size: linear at the steeper of the last segment's slope and the
+        slope over the last doubling (from the largest size at most half the last). A CPU's
+        K-quant kernels make T(16) about T(12) and T(32) about T(28); extrapolated from that last
+        segment, every wider forward would cost what the last size does."""
+        sz, last = self.sizes, len(self.sizes) - 1
+        j = max((k for k in range(last) if sz[k] * 2 <= sz[last]), default=0)
+        slopes = [(secs[last] - secs[k]) / (sz[last] - sz[k]) for k in {j, last - 1}]
+        return secs[last] + max(0.0, *slopes) * (n - sz[last])
+
     def __call__(self, n: int) -> float:
         v = self._cache.get(n)
         if v is None:
-            v = sum(w * self._mono[i] for i, w in self._weights(n))
-            v = max(v, self._mono[0] * 0.5)  # never extrapolate to ~0 or below
+            v = self._at(n, self._mono)
             self._cache[n] = v
         return v
 
+    def _at(self, n: int, secs: list[float]) -> float:
+        if len(self.sizes) > 1 and n > self.sizes[-1]:
+            v = self._extrapolate(n, secs)
+        else:
+            v = sum(w * secs[i] for i, w in self._weights(n))
+        return max(v, self._mono[0] * 0.5)  # never extrapolate to ~0 or below
+
     def raw(self, n: int) -> float:
         """Seconds of a forward of exactly n tokens, unpadded (the table itself, interpolated)."""
-        return max(sum(w * self.secs[i] for i, w in self._weights(n)), self._mono[0] * 0.5)
+        return self._at(n, self.secs)
 
     def as_dict(self) -> dict[str, float]:
         """The values lookups use (non-decreasing), by table size."""
@@ -374,7 +391,7 @@ class CostModel:
             if kind not in KINDS:
                 raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
             self.measured.add(kind)
-            secs = envelope({n: float(measure(kind, n)) for n in sizes})
+            secs = {n: float(measure(kind, n)) for n in sizes}
             self._online[kind] = OnlineCurve(_Curve(secs))
             self._curves[kind] = self._online[kind].curve
         self.calibrated = True

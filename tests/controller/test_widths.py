@@ -108,3 +108,51 @@ def test_a_padded_kind_files_each_forward_under_the_width_it_ran_at() -> None:
             m.observe("target", 3, REPACKED[4])  # the padded forward's time
     assert padded.pad_to(3) == 4 and padded.as_dict()["online"]["target"]["level"]["3"] == pytest.approx(1.0)
     assert unfiled.pad_to(3) == 3  # the flip the filing prevents
+
+
+# the 1B-cost demo's target on one core (cost_curve --threads 1), every size to 16 and beyond:
+# ggml's kernels take 4, 8 or 16 tokens at a time, so T(16) < T(12) and T(32) ~ T(28)
+JAGGED_CPU = {1: 0.0789, 2: 0.1233, 3: 0.1529, 4: 0.1100, 5: 0.1582, 6: 0.1858, 7: 0.2115, 8: 0.2012,
+              9: 0.2324, 10: 0.2580, 11: 0.2840, 12: 0.2844, 13: 0.3073, 14: 0.3386, 15: 0.3686,
+              16: 0.2723, 20: 0.3658, 24: 0.4445, 28: 0.5291, 32: 0.5381}
+
+
+def test_calibration_keeps_each_sizes_own_time_so_dips_pad_from_the_first_forward() -> None:
+    """Calibration used to cut its table to the envelope: T(3) became T(4), so `pad_to` saw no
+    dip and 3-token verifications ran unpadded at 1.4x T(4) until their own forwards taught the
+    online curve. Kept as measured, the dips pad at once; the prices are the envelope's."""
+    m = CostModel(alpha=0.0)
+    m.calibrate(lambda kind, n: JAGGED_CPU[n], sizes=tuple(JAGGED_CPU), kinds=("target",))
+    assert m.pad_to(3) == 4 and m.pad_to(2) == 4 and m.pad_to(7) == 8
+    assert all(m.pad_to(n) == 16 for n in range(12, 16))
+    assert m.pad_to(1) == 1 and m.pad_to(4) == 4 and m.pad_to(16) == 16
+    assert m.verify_seconds(3) == pytest.approx(JAGGED_CPU[4])
+    assert m.verify_seconds(13) == pytest.approx(JAGGED_CPU[16])
+
+
+def test_beyond_the_table_the_curve_keeps_the_last_doublings_slope() -> None:
+    """Calibration stopped at 16 on a slow model, where T(16) ~ T(12): extrapolating that last
+    segment priced every wider forward (a tick of 8 sessions' chains: 24-40 tokens) at T(16), so
+    the joint choice grew trees whose verification then cost twice the price."""
+    table = {n: JAGGED_CPU[n] for n in (1, 2, 3, 4, 6, 8, 12, 16)}
+    m = CostModel.from_tables(table, {1: 0.012})
+    slope = (table[16] - table[8]) / 8
+    for n in (20, 24, 32):
+        assert m.verify_seconds(n) == pytest.approx(table[16] + slope * (n - 16))
+    assert m.verify_seconds(32) > 1.4 * m.verify_seconds(16)
+    # a table that keeps rising keeps its last segment's (steeper) slope
+    rising = CostModel.from_tables({1: 0.01, 2: 0.011, 4: 0.013, 8: 0.02}, {1: 0.001})
+    assert rising.verify_seconds(16) == pytest.approx(0.02 + 8 * (0.02 - 0.013) / 4)
+
+
+def test_a_jagged_calibration_fills_in_the_sizes_between_its_steps() -> None:
+    from edgespec.loading import JAGGED_FILL, fill_sizes
+
+    sparse = {n: JAGGED_CPU[n] for n in (1, 2, 3, 4, 6, 8, 12, 16, 32)}
+    fill = fill_sizes(sparse)
+    assert fill == [n for n in JAGGED_FILL if n not in sparse]
+    assert {5, 7, 9, 11, 13, 15, 20, 24, 28} <= set(fill)
+    assert fill_sizes({n: 0.01 + 0.002 * n for n in (1, 2, 3, 4, 6, 8, 12, 16, 32)}) == []
+    # noise within JAGGED (5 %) is not a step; only sizes below the largest timed are filled
+    assert fill_sizes({1: 0.0100, 2: 0.0104, 4: 0.0102, 8: 0.0150}) == []
+    assert fill_sizes({1: 0.08, 2: 0.12, 4: 0.11, 8: 0.20}) == [3, 5, 6, 7]
