@@ -12,8 +12,8 @@ a session's draft batches join its own drafter's forwards, priced on that drafte
 greedy ascent from plain decoding, each move one session one rung up its ladder (plain,
 shorter chains, its own choice), while the rate grows. On a flat cost curve (one session, or a
 GPU) every session keeps its own choice; as verification tokens get dearer (more sessions on a
-CPU) the trees shrink by themselves, down to plain decoding. Explicit modes (CHAIN/TREE) keep
-their shape.
+CPU) the trees shrink by themselves, down to plain decoding. Sessions reading their prompt count
+as streams in that rate (`_joint`). Explicit modes (CHAIN/TREE) keep their shape.
 
 A session's suffix-cache proposal (drafters/suffix.py) costs no forward: when it alone promises
 more than the session's draft shape, the step decodes plainly with the proposal grafted (no draft
@@ -121,8 +121,8 @@ def schedule(engine: TickEngine, sessions: Sequence[TickSession]) -> Plan:
     # tick's Python time at 8 streams)
     decisions = {s: s.decide() for s in decoding if s not in bare}
     shapes = {s: _suffix_first(engine, s, decisions[s].shape, cost) if s in decisions else PLAIN for s in decoding}
-    if len(decoding) > 1 and not bare:
-        shapes = _joint(engine, decoding, shapes, cost)
+    if (len(decoding) > 1 or prefilling) and not bare:
+        shapes = _joint(engine, decoding, shapes, cost, waiting=len(prefilling))
     decode_seconds = 0.0
     if decoding:
         rungs = [_rung_of(engine, s, shapes[s], cost) for s in decoding]
@@ -343,9 +343,16 @@ def _tick_seconds(rungs: list[_Rung], cost: CostModel) -> float:
 
 
 def _joint(engine: TickEngine, decoding: list[TickSession], solo: dict[TickSession, Shape],
-           cost: CostModel) -> dict[TickSession, Shape]:
+           cost: CostModel, waiting: int = 0) -> dict[TickSession, Shape]:
     """The auto sessions' shapes chosen together: greedy ascent up their ladders while the
-    tick's expected tokens per second grow."""
+    tick's expected tokens per second grow.
+
+    `waiting`: sessions reading their prompt. Each is a stream whose first token waits for the
+    ticks its prompt's pieces ride, so a tick's seconds cost it what they cost a decoding stream:
+    it counts as one token of the tick, and the tick's seconds include the piece beside the
+    verification (what its tokens add on the curve). While seven prompts are read beside one
+    stream, a chain that makes that stream 1.4x faster but every tick 1.4x longer loses; beside
+    one prompt it still pays."""
     ladders: dict[TickSession, list[_Rung]] = {}
     for s in decoding:
         if s.controller is not None and solo[s].mode != "plain" and not s.controller.probing:
@@ -357,7 +364,11 @@ def _joint(engine: TickEngine, decoding: list[TickSession], solo: dict[TickSessi
 
     def rate(lv: dict[TickSession, int]) -> float:
         rungs = fixed + [ladders[s][lv[s]] for s in ladders]
-        return sum(r.tokens for r in rungs) / _tick_seconds(rungs, cost)
+        secs = _tick_seconds(rungs, cost)
+        if waiting:
+            n = sum(r.nodes + 1 for r in rungs)
+            secs += cost.extra_seconds(n, _piece(engine, cost, n, secs))
+        return (sum(r.tokens for r in rungs) + waiting) / secs
 
     best = rate(level)
     while True:

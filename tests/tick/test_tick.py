@@ -428,3 +428,33 @@ def test_a_forward_with_prefill_riders_does_not_teach_the_cost_curves():
         eng.tick([a])
     assert targets == [1, 1, 1]
     a.close()
+
+
+def test_prompts_being_read_count_as_streams_in_the_joint_choice():
+    """A stream alone speculates where verification is dear (a CPU's K-quant target), but while
+    seven prompts are read beside it a longer tick delays each of their first tokens: it decodes
+    plainly then. Beside one prompt its chain still pays. (The old rule left a lone decoding
+    session to its own choice whatever was waiting, and every tick of the prefill got longer.)"""
+    from edgespec.controller.cost import CostModel
+    from edgespec.tick.schedule import schedule
+
+    eng = fake_backed_engine(parallel=8, n_ctx=512, suffix_cache=False, draft_noise=1.5)
+    # the 1B-cost demo's measured shape, in seconds: 4 tokens cost 1.5 one-token forwards, each
+    # token beyond about 25 ms; a draft forward 12 ms
+    eng.cost = CostModel.from_tables({1: 0.080, 2: 0.110, 4: 0.115, 8: 0.210, 16: 0.280, 32: 0.540, 64: 1.06},
+                                     {1: 0.012, 2: 0.015, 4: 0.017, 8: 0.027, 16: 0.035, 32: 0.069}, alpha=0.0)
+    a = eng.open_session(req(PROMPTS[0], "auto", max_tokens=200, ngram=False))
+    for _ in range(30):  # past its first steps: the controller has learnt the draft's acceptance
+        eng.tick([a])
+    assert a.controller.decide().shape.mode != "plain"
+    long_prompt = [0] + [4 + i % 50 for i in range(200)]
+    modes = {}
+    for waiting in (0, 1, 7):
+        others = [eng.open_session(req(long_prompt, "plain", max_tokens=4)) for _ in range(waiting)]
+        plan = schedule(eng, [a, *others])
+        modes[waiting] = plan.steps[a].shape.mode
+        for o in others:
+            o.close()
+    assert modes[0] != "plain" and modes[1] != "plain"
+    assert modes[7] == "plain"
+    a.close()
