@@ -39,7 +39,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from edgespec.controller.widths import pad_to, stable_width
+from edgespec.controller.widths import envelope, pad_to, stable_width
 
 KINDS = ("target", "draft", "head")
 # the drafter kinds a session may draft with: a draft model's forwards ("draft") or an EAGLE-3
@@ -71,11 +71,7 @@ class _Curve:
         self._refresh()
 
     def _refresh(self) -> None:
-        mono, m = [], float("inf")
-        for s in reversed(self.secs):  # the lower envelope from the right: non-decreasing
-            m = min(m, s)
-            mono.append(m)
-        self._mono = mono[::-1]
+        self._mono = list(envelope(dict(zip(self.sizes, self.secs))).values())  # non-decreasing
         self._cache: dict[int, float] = {}
 
     def _weights(self, n: int) -> list[tuple[int, float]]:

@@ -110,8 +110,8 @@ def schedule(engine: TickEngine, sessions: Sequence[TickSession]) -> Plan:
     Controller.decide); `start` tells them what was decided. (A suffix view computes its
     proposal once per context length, SuffixDrafter.look: the step's grafts read the same one.)"""
     plan = Plan()
-    decoding, plan.held = _pace(sessions)
     prefilling = [s for s in sessions if s.prefilling and not s.done]
+    decoding, plan.held = _pace(sessions, prefilling)
     active = decoding + prefilling
     plan.sequences = len(active)
     plan.context = sum(s.context for s in active)
@@ -176,16 +176,17 @@ def start(engine: TickEngine, plan: Plan) -> None:
         s.begin_step(step.shape, batch, bare=step.bare)
 
 
-def _pace(sessions: Sequence[TickSession]) -> tuple[list[TickSession], list[TickSession]]:
+def _pace(sessions: Sequence[TickSession], prefilling: Sequence[TickSession]) -> tuple[list[TickSession], list[TickSession]]:
     """(decoding, held): the sessions ready to decode, and those whose grammar's masks have had
     more than their share of the engine lately (constraint.Matcher.waiting): these sit the tick out
-    while another session steps or reads its prompt. With no one else to yield to they decode."""
+    while another session steps or reads its prompt (`prefilling`). With no one else to yield to
+    they decode."""
     ready = [s for s in sessions if not s.prefilling and not s.done]
     held = [s for s in ready if s.matcher is not None and s.matcher.waiting()]
     if not held:
         return ready, []
     decoding = [s for s in ready if s not in held]
-    if not decoding and not any(s.prefilling and not s.done for s in sessions):
+    if not decoding and not prefilling:
         return ready, []
     return decoding, held
 
