@@ -16,6 +16,15 @@ against T_target(1) per token for plain decoding, so
 Break-even acceptance for depth k: the a where speedup(a, k) = 1 (speedup grows with a; a depth
 whose speedup stays below 1 even at a = 1, i.e. k+1 tokens for cost(k), never pays). The ceiling at
 acceptance a is the best depth's speedup.
+
+With N streams decoding together, plain decoding verifies N tokens a forward and each stream's
+chain adds k: the step costs T_target(N(k+1)) + k * T_draft(N) (a draft forward of N rows per
+level) against T_target(N) for N plain tokens, so
+
+    speedup_N(a, k) = tokens(a, k) / cost_N(k) * T_target(N).
+
+On a GPU T(N(k+1)) stays near T(N) for small N; on a CPU it grows nearly with the tokens, which
+is why a chain that pays alone stops paying beside other streams.
 """
 
 from __future__ import annotations
@@ -35,21 +44,29 @@ def tokens_per_step(a: float, k: int) -> float:
     return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
-def speedup(a: float, k: int, t_target: Mapping[int, float], t_draft: float) -> float:
-    """Tokens per second of a depth-k chain over plain decoding's (t_target must hold 1 and k+1)."""
-    return tokens_per_step(a, k) / (t_target[k + 1] + k * t_draft) * t_target[1]
+def step_cost(k: int, t_target: Mapping[int, float], t_draft: float, streams: int = 1) -> float:
+    """Seconds of one step of `streams` depth-k chains: their verification in one target forward
+    and k draft forwards of `streams` rows (`t_draft`: one such forward)."""
+    return t_target[streams * (k + 1)] + k * t_draft
 
 
-def break_even(k: int, t_target: Mapping[int, float], t_draft: float, tol: float = 1e-4) -> float | None:
-    """The acceptance at which a depth-k chain matches plain decoding; None if it never does."""
-    if speedup(1.0, k, t_target, t_draft) <= 1.0:  # not even k+1 tokens a step beat plain
+def speedup(a: float, k: int, t_target: Mapping[int, float], t_draft: float, streams: int = 1) -> float:
+    """Tokens per second of depth-k chains over plain decoding's, `streams` decoding together
+    (t_target must hold streams and streams * (k+1))."""
+    return tokens_per_step(a, k) / step_cost(k, t_target, t_draft, streams) * t_target[streams]
+
+
+def break_even(k: int, t_target: Mapping[int, float], t_draft: float, tol: float = 1e-4,
+               streams: int = 1) -> float | None:
+    """The acceptance at which depth-k chains match plain decoding; None if they never do."""
+    if speedup(1.0, k, t_target, t_draft, streams) <= 1.0:  # not even k+1 tokens a step beat plain
         return None
-    if speedup(0.0, k, t_target, t_draft) >= 1.0:
+    if speedup(0.0, k, t_target, t_draft, streams) >= 1.0:
         return 0.0
     lo, hi = 0.0, 1.0
     while hi - lo > tol:
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if speedup(mid, k, t_target, t_draft) < 1.0 else (lo, mid)
+        lo, hi = (mid, hi) if speedup(mid, k, t_target, t_draft, streams) < 1.0 else (lo, mid)
     return hi
 
 
@@ -64,9 +81,10 @@ class Depth:
 @dataclass(frozen=True)
 class Economics:
     t_target: dict[int, float]  # n -> seconds of a target forward of n tokens
-    t_draft: float  # seconds of one draft token (0: model-free drafting)
+    t_draft: float  # seconds of one draft forward of `streams` rows (0: model-free drafting)
     acceptances: tuple[float, ...] = ACCEPTANCES
     depths: list[Depth] = field(default_factory=list)
+    streams: int = 1  # streams decoding together
 
     def best(self, a: float) -> Depth:
         return max(self.depths, key=lambda d: d.speedups[a])
@@ -80,7 +98,8 @@ class Economics:
         return {
             "t_target_seconds": {str(n): t for n, t in sorted(self.t_target.items())},
             "t_draft_seconds": self.t_draft,
-            "draft_share": self.t_draft / self.t_target[1],
+            "streams": self.streams,
+            "draft_share": self.t_draft / self.t_target[self.streams],
             "depths": [{"k": d.k, "cost_ratio": d.cost_ratio, "break_even": d.break_even,
                         "speedup": {str(a): s for a, s in d.speedups.items()}} for d in self.depths],
             "best": {str(a): {"k": self.best(a).k, "speedup": self.best(a).speedups[a]} for a in self.acceptances},
@@ -89,14 +108,26 @@ class Economics:
 
 
 def economics(t_target: Mapping[int, float], t_draft: float,
-              acceptances: Sequence[float] = ACCEPTANCES) -> Economics:
-    """Every depth k whose verification width k+1 was measured."""
-    depths = [Depth(k, (t_target[k + 1] + k * t_draft) / t_target[1], break_even(k, t_target, t_draft),
-                    {a: speedup(a, k, t_target, t_draft) for a in acceptances})
-              for k in sorted(n - 1 for n in t_target if n > 1)]
-    if 1 not in t_target or not depths:
-        raise ValueError("t_target needs n = 1 and at least one wider forward")
-    return Economics(dict(t_target), t_draft, tuple(acceptances), depths)
+              acceptances: Sequence[float] = ACCEPTANCES, streams: int = 1) -> Economics:
+    """Every depth k whose verification width streams * (k+1) was measured."""
+    if streams < 1:
+        raise ValueError(f"streams must be at least 1, got {streams}")
+    ks = sorted(n // streams - 1 for n in t_target if n > streams and n % streams == 0)
+    if 1 not in t_target or streams not in t_target or not ks:
+        raise ValueError(f"t_target needs n = 1, n = {streams} and at least one wider forward of a multiple of it")
+    depths = [Depth(k, step_cost(k, t_target, t_draft, streams) / t_target[streams],
+                    break_even(k, t_target, t_draft, streams=streams),
+                    {a: speedup(a, k, t_target, t_draft, streams) for a in acceptances})
+              for k in ks]
+    return Economics(dict(t_target), t_draft, tuple(acceptances), depths, streams)
+
+
+def stream_sizes(streams: int, sizes: Sequence[int] = SIZES, widest: int = 64) -> tuple[int, ...]:
+    """The target widths `plan --measure` times for `streams` streams: `sizes` alone for one,
+    else plain's width and every chain's, streams * (k+1), up to `widest`."""
+    if streams <= 1:
+        return tuple(sizes)
+    return tuple(sorted({1, streams, *range(2 * streams, widest + 1, streams)}))
 
 
 def drafter_verdict(t_target: Mapping[int, float], t_draft: float,
@@ -117,14 +148,20 @@ def drafter_verdict(t_target: Mapping[int, float], t_draft: float,
 
 
 def render(e: Economics, draft_label: str = "draft") -> str:
-    t1 = e.t_target[1]
+    t1, n = e.t_target[1], e.streams
+    if n == 1:
+        head = [f"{draft_label}: one token {e.t_draft * 1e3:.2f} ms = {e.t_draft / t1:.1%} of a target forward"]
+    else:
+        head = [f"{draft_label}: a forward of {n} rows {e.t_draft * 1e3:.2f} ms = "
+                f"{e.t_draft / e.t_target[n]:.1%} of a target forward of {n}",
+                f"{n} streams: plain verifies {n} tokens a forward, chains of depth k verify {n}(k+1)"]
     lines = ["target forward cost T(n) (median):",
-             "  n      " + "".join(f"{n:>7}" for n in sorted(e.t_target)),
-             "  ms     " + "".join(f"{e.t_target[n] * 1e3:7.1f}" for n in sorted(e.t_target)),
-             "  T(n)/T(1)" + "".join(f"{e.t_target[n] / t1:7.2f}" for n in sorted(e.t_target))[2:],
-             f"{draft_label}: one token {e.t_draft * 1e3:.2f} ms = {e.t_draft / t1:.1%} of a target forward",
+             "  n      " + "".join(f"{m:>7}" for m in sorted(e.t_target)),
+             "  ms     " + "".join(f"{e.t_target[m] * 1e3:7.1f}" for m in sorted(e.t_target)),
+             "  T(n)/T(1)" + "".join(f"{e.t_target[m] / t1:7.2f}" for m in sorted(e.t_target))[2:],
+             *head,
              "",
-             "  k  cost/T(1)  break-even a  " + "  ".join(f"speedup a={a:g}" for a in e.acceptances)]
+             f"  k  cost/T({n})  break-even a  " + "  ".join(f"speedup a={a:g}" for a in e.acceptances)]
     for d in e.depths:
         be = "never" if d.break_even is None else f"{d.break_even:.2f}"
         lines.append(f"{d.k:>3}  {d.cost_ratio:9.2f}  {be:>12}  " +
@@ -132,10 +169,12 @@ def render(e: Economics, draft_label: str = "draft") -> str:
     lines.append("")
     for a in e.acceptances:
         b = e.best(a)
-        lines.append(f"ceiling at acceptance {a:g}: {b.speedups[a]:.2f}x plain (chain depth {b.k})")
+        at = "" if n == 1 else f" at {n} streams"
+        lines.append(f"ceiling at acceptance {a:g}: {b.speedups[a]:.2f}x plain{at} (chain depth {b.k})")
     amax = max(e.acceptances)
     if not e.pays:
-        lines.append(f"no chain depth pays on this box with this draft, even at acceptance {amax:g}: "
+        at = "" if n == 1 else f" at {n} streams"
+        lines.append(f"no chain depth pays on this box with this draft{at}, even at acceptance {amax:g}: "
                      "serve plain, or model-free drafts only where their acceptance is high")
     return "\n".join(lines)
 

@@ -43,7 +43,9 @@ def plan_cmd(
     head: Path | None = typer.Option(None, "--head", help="An EAGLE-3 head GGUF loaded beside the draft model "
                                      "([draft] head)."),
     n_ctx: int = typer.Option(4096, "--n-ctx", help="Context cells per slot (each model)."),
-    parallel: int = typer.Option(1, "--parallel", help="Slots decoded concurrently; each has its own KV caches."),
+    parallel: int = typer.Option(1, "--parallel", help="Slots decoded concurrently; each has its own KV caches. "
+                                 "With --measure: streams decoding together (plain verifies N tokens a forward, "
+                                 "chains N(k+1)): the ceiling at that load."),
     vram: float | None = typer.Option(None, "--vram", help="Device memory in GiB (default: the first GPU llama.cpp "
                                                   "lists, as the daemon's check, else RAM)."),
     kv_type: str = typer.Option("f16", "--kv-type", help="KV cache type: f16, q8_0, q4_0 (f32 also accepted)."),
@@ -89,8 +91,12 @@ def plan_cmd(
 
         fail("--target: required (or --config with --systemd)")
     if measure:
+        if not 1 <= parallel <= 16:
+            from edgespec.cli.common import fail
+
+            fail(f"--parallel: with --measure, streams from 1 to 16, got {parallel}")
         _measure(target, draft, context=context, rounds=rounds, threads=threads, gpu=not cpu, alternate=alternate,
-                 acceptances=_acceptances(acceptance), as_json=as_json)
+                 acceptances=_acceptances(acceptance), as_json=as_json, streams=parallel)
         return
 
     _memory(target, draft, head, n_ctx=n_ctx, parallel=parallel, vram=vram, kv_type=kv_type, n_batch=n_batch,
@@ -228,8 +234,8 @@ def _acceptances(text: str) -> tuple[float, ...]:
 
 
 def _measure(target: Path, draft: Path | None, *, context: int, rounds: int, threads: int, gpu: bool,
-             alternate: bool, acceptances: tuple[float, ...], as_json: bool) -> None:
-    from edgespec.economics import SIZES, economics, measure, render
+             alternate: bool, acceptances: tuple[float, ...], as_json: bool, streams: int = 1) -> None:
+    from edgespec.economics import economics, measure, render, stream_sizes
 
     with user_errors():
         from edgespec import backend
@@ -237,9 +243,10 @@ def _measure(target: Path, draft: Path | None, *, context: int, rounds: int, thr
         n_gpu = -1 if gpu and backend.gpu_offload_supported() else 0
         log = (lambda s: None) if as_json else (lambda s: typer.echo(s, err=True))
         log(f"timing {target.name}" + (f" and {draft.name}" if draft else "") + f" ({rounds} rounds)")
-        tables = measure([(target, SIZES), *([(draft, (1,))] if draft else [])], context=context, rounds=rounds,
-                         threads=threads or None, n_gpu_layers=n_gpu, alternate=alternate, log=log)
-        e = economics(tables[0], tables[1][1] if draft else 0.0, acceptances)
+        tables = measure([(target, stream_sizes(streams)), *([(draft, (streams,))] if draft else [])],
+                         context=context, rounds=rounds, threads=threads or None, n_gpu_layers=n_gpu,
+                         alternate=alternate, log=log)
+        e = economics(tables[0], tables[1][streams] if draft else 0.0, acceptances, streams)
     if as_json:
         typer.echo(json.dumps({"target": str(target), "draft": str(draft) if draft else None,
                                "context": context, "rounds": rounds, "alternate": alternate, "n_gpu_layers": n_gpu,
