@@ -13,6 +13,8 @@
 #              block shape, Q4_K_M) and `edgespec models synth --shape llama3-8b --type q4_k_m`
 #   tcurve     T(n), n = 1..64, of both, steady shapes and shapes alternating with one-token
 #              forwards (python -m edgespec.bench.cost_curve)
+#   ceiling-N  `edgespec plan --measure --parallel N` for N = 1, 4: the speedup over plain a chain
+#              with the Q8_0 draft can make at acceptance 0.6-0.9, one stream and four together
 #   serve-N    `edgespec bench-serve` at N = 1, 4, 8 streams: the daemon auto vs plain, then
 #              llama-server without and with the Q8_0 draft, on the same files
 #   serve-1-unpadded  the daemon auto vs plain at one stream with its forwards not padded to fixed
@@ -38,7 +40,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 DRY=0
 [[ "${1:-}" == "--dry-run" ]] && DRY=1
-[[ $# -gt 1 || ( $# -eq 1 && $DRY -eq 0 ) ]] && { sed -n '2,35p' "$0" >&2; exit 2; }
+[[ $# -gt 1 || ( $# -eq 1 && $DRY -eq 0 ) ]] && { sed -n '2,37p' "$0" >&2; exit 2; }
 OUT=$(mkdir -p "${OUT:-gpu-bench-out}" && cd "${OUT:-gpu-bench-out}" && pwd)
 BUDGET=${BUDGET_S:-720}
 SCALE=1  # the steps' time boxes: x3 on a CPU (a dry run)
@@ -49,11 +51,13 @@ if [[ $DRY == 1 ]]; then
   PY=$ROOT/.venv/bin/python
   BUDGET=${BUDGET_S:-2400} SCALE=3
   GPU=(--n-gpu-layers 0 --threads 1)  # one thread: on a shared host ggml's barriers wait on a descheduled one
+  PLAN=(--cpu --threads 1)
   SIZES=1,2,4,8 ROUNDS=1 CONTEXT=32 WIDTHS=2,4,8 CATEGORIES=(code chat)
   PER=1 MT=8 REQ=4 SROUNDS=1 MM_TOKENS=8 NPL=1,2,4 NPP=32 NTG=2
 else
   PY=$ROOT/${VENV:-.venv-cuda}/bin/python
   GPU=(--n-gpu-layers -1 --no-flash-attn)
+  PLAN=(--no-flash-attn)
   SIZES=1-64 ROUNDS=5 CONTEXT=256 WIDTHS=2,4,8,16,32,64 CATEGORIES=(code json legal rag chat chinese)
   PER=${PER_CATEGORY:-2} MT=${MAX_TOKENS:-96} REQ=${SERVE_REQUESTS:-16} SROUNDS=${SERVE_ROUNDS:-2}
   MM_TOKENS=64 NPL=1,2,4,8,16,32,64 NPP=256 NTG=8
@@ -198,6 +202,13 @@ echo "held-out prompts: $(wc -l < "$HELD") ($PER of each of ${CATEGORIES[*]})"
 if [[ $HAVE_MODELS == 1 ]]; then
   step tcurve 120 30 "$PY" -m edgespec.bench.cost_curve --model "widened=$TARGET" --model "synth=$SYNTH" \
     --sizes "$SIZES" --rounds "$ROUNDS" --context "$CONTEXT" "${GPU[@]}" --json "$OUT/tcurve.json" --markdown "$OUT/tcurve.md"
+  ceiling() {  # ceiling N: plan --measure at N streams, its table as the step's markdown
+    "${ES[@]}" plan --measure --target "$TARGET" --draft "$DRAFT" --parallel "$1" --rounds "$ROUNDS" \
+      --context "$CONTEXT" --acceptance 0.6,0.7,0.8,0.9 "${PLAN[@]}" > "$OUT/ceiling-$1.txt" || return 1
+    { echo '```'; cat "$OUT/ceiling-$1.txt"; echo '```'; } > "$OUT/ceiling-$1.md"
+  }
+  step ceiling-1 60 20 ceiling 1
+  step ceiling-4 60 20 ceiling 4
   if [[ -n "${ANCHOR_PID:-}" ]]; then
     say "waiting for llama-server's build ($OUT/build-anchor.log)"
     while kill -0 "$ANCHOR_PID" 2>/dev/null && (( $(left) > 120 )); do sleep 2; done

@@ -96,7 +96,7 @@ def plan_cmd(
 
             fail(f"--parallel: with --measure, streams from 1 to 16, got {parallel}")
         _measure(target, draft, context=context, rounds=rounds, threads=threads, gpu=not cpu, alternate=alternate,
-                 acceptances=_acceptances(acceptance), as_json=as_json, streams=parallel)
+                 acceptances=_acceptances(acceptance), as_json=as_json, streams=parallel, flash_attn=flash_attn)
         return
 
     _memory(target, draft, head, n_ctx=n_ctx, parallel=parallel, vram=vram, kv_type=kv_type, n_batch=n_batch,
@@ -234,7 +234,8 @@ def _acceptances(text: str) -> tuple[float, ...]:
 
 
 def _measure(target: Path, draft: Path | None, *, context: int, rounds: int, threads: int, gpu: bool,
-             alternate: bool, acceptances: tuple[float, ...], as_json: bool, streams: int = 1) -> None:
+             alternate: bool, acceptances: tuple[float, ...], as_json: bool, streams: int = 1,
+             flash_attn: bool = True) -> None:
     from edgespec.economics import economics, measure, render, stream_sizes
 
     with user_errors():
@@ -245,11 +246,12 @@ def _measure(target: Path, draft: Path | None, *, context: int, rounds: int, thr
         log(f"timing {target.name}" + (f" and {draft.name}" if draft else "") + f" ({rounds} rounds)")
         tables = measure([(target, stream_sizes(streams)), *([(draft, (streams,))] if draft else [])],
                          context=context, rounds=rounds, threads=threads or None, n_gpu_layers=n_gpu,
-                         alternate=alternate, log=log)
+                         alternate=alternate, flash_attn=flash_attn, log=log)
         e = economics(tables[0], tables[1][streams] if draft else 0.0, acceptances, streams)
     if as_json:
         typer.echo(json.dumps({"target": str(target), "draft": str(draft) if draft else None,
                                "context": context, "rounds": rounds, "alternate": alternate, "n_gpu_layers": n_gpu,
+                               "flash_attn": flash_attn,
                                **e.as_dict()}, indent=2))
     else:
         typer.echo(render(e, f"draft {draft.name}" if draft else "model-free drafts (cost taken as 0)"))

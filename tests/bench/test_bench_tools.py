@@ -23,17 +23,18 @@ def _help(*command: str) -> str:
                           env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"}, check=True).stdout
 
 
-@pytest.mark.parametrize("marker, command", [
-    ("bench-serve --concurrency", ("edgespec.cli.main", "bench-serve")),
-    ("edgespec.bench.cost_curve --model", ("edgespec.bench.cost_curve",)),
-    ("edgespec.bench.mismatch --target", ("edgespec.bench.mismatch",)),
+@pytest.mark.parametrize("marker, command, extra", [
+    ("bench-serve --concurrency", ("edgespec.cli.main", "bench-serve"), "GPU=(--n-gpu-layers -1"),
+    ("edgespec.bench.cost_curve --model", ("edgespec.bench.cost_curve",), "GPU=(--n-gpu-layers -1"),
+    ("edgespec.bench.mismatch --target", ("edgespec.bench.mismatch",), "GPU=(--n-gpu-layers -1"),
+    ("plan --measure --target", ("edgespec.cli.main", "plan"), "PLAN=(--no-flash-attn"),
 ])
-def test_gpu_bench_flags_exist(marker, command):
+def test_gpu_bench_flags_exist(marker, command, extra):
     """Every option tools/gpu-bench.sh passes to a command (up to the end of the step, and the
     GPU options it adds) is one the command takes."""
     text = (ROOT / "tools/gpu-bench.sh").read_text()
     call = re.split(r"(?<!\\)\n", text[text.index(marker):])[0]  # to the first line without a continuation
-    gpu = text[text.index("GPU=(--n-gpu-layers -1"):].split("\n")[0]
+    gpu = text[text.index(extra):].split("\n")[0]
     flags = set(re.findall(r"(--[a-z][a-z-]+)", call + gpu))
     help_text = _help(*command)
     assert flags and all(f in help_text for f in flags), flags - {f for f in flags if f in help_text}
