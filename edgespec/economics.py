@@ -149,6 +149,7 @@ def drafter_verdict(t_target: Mapping[int, float], t_draft: float,
 
 def render(e: Economics, draft_label: str = "draft") -> str:
     t1, n = e.t_target[1], e.streams
+    at = "" if n == 1 else f" at {n} streams"
     if n == 1:
         head = [f"{draft_label}: one token {e.t_draft * 1e3:.2f} ms = {e.t_draft / t1:.1%} of a target forward"]
     else:
@@ -169,11 +170,9 @@ def render(e: Economics, draft_label: str = "draft") -> str:
     lines.append("")
     for a in e.acceptances:
         b = e.best(a)
-        at = "" if n == 1 else f" at {n} streams"
         lines.append(f"ceiling at acceptance {a:g}: {b.speedups[a]:.2f}x plain{at} (chain depth {b.k})")
     amax = max(e.acceptances)
     if not e.pays:
-        at = "" if n == 1 else f" at {n} streams"
         lines.append(f"no chain depth pays on this box with this draft{at}, even at acceptance {amax:g}: "
                      "serve plain, or model-free drafts only where their acceptance is high")
     return "\n".join(lines)

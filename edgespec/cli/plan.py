@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from edgespec.cli.common import user_errors
+from edgespec.cli.common import fail, user_errors
 
 
 def _render(plan, device_bytes: int, device: str, headroom: float) -> str:
@@ -87,13 +87,9 @@ def plan_cmd(
         _config_plan(config, headroom=headroom, as_json=as_json)
         return
     if target is None:
-        from edgespec.cli.common import fail
-
         fail("--target: required (or --config with --systemd)")
     if measure:
         if not 1 <= parallel <= 16:
-            from edgespec.cli.common import fail
-
             fail(f"--parallel: with --measure, streams from 1 to 16, got {parallel}")
         _measure(target, draft, context=context, rounds=rounds, threads=threads, gpu=not cpu, alternate=alternate,
                  acceptances=_acceptances(acceptance), as_json=as_json, streams=parallel, flash_attn=flash_attn)
